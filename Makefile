@@ -1,0 +1,28 @@
+# The kit's two commands (README): `make lab` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup lab test unit notebooks e2e clean
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU wheel these machines keep on disk; then the project,
+# whose "torch>=2.4" is then already satisfied (no multi-GB CUDA download).
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (inkling_lab)" >/dev/null
+	touch $(STAMP)
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=. notebooks/00_start_here.ipynb
+
+test: setup
+	$(PY) -m pytest -n 2 --dist loadscope --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=15
+
+clean:
+	rm -rf $(VENV)

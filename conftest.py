@@ -1,0 +1,57 @@
+"""pytest configuration shared by the unit tests and the notebook run (nbval).
+
+* Notebook cells tagged ``gpu`` are skipped when CUDA is absent. They must be leaves:
+  no later cell may need them. The count of skipped cells is printed, so nothing is
+  skipped silently, and a notebook in which nothing ran fails the run.
+* stderr is not compared: torch and matplotlib warnings differ across versions.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+_NB_STATS: dict[str, dict[str, int]] = {}
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch is a dependency
+        return False
+
+
+def pytest_collectstart(collector):
+    if collector.fspath and collector.fspath.ext == ".ipynb":
+        collector.skip_compare += ("stderr",)
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = _cuda()
+    for item in items:
+        cell = getattr(item, "cell", None)
+        if cell is None:
+            continue
+        stats = _NB_STATS.setdefault(item.fspath.basename, {"cells": 0, "gpu_skipped": 0})
+        stats["cells"] += 1
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "gpu" in tags and not has_cuda:
+            stats["gpu_skipped"] += 1
+            item.add_marker(pytest.mark.skip(reason="gpu cell: CUDA is not available here"))
+    for name, stats in _NB_STATS.items():
+        if stats["cells"] and stats["cells"] == stats["gpu_skipped"]:
+            raise pytest.UsageError(f"{name}: every code cell is gpu-only; the notebook would run nothing here")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _NB_STATS:
+        return
+    terminalreporter.section("notebook cells")
+    for name, stats in sorted(_NB_STATS.items()):
+        ran = stats["cells"] - stats["gpu_skipped"]
+        terminalreporter.write_line(
+            f"{name}: {ran} of {stats['cells']} code cells run, {stats['gpu_skipped']} gpu cells skipped (no CUDA)")

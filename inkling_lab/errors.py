@@ -1,0 +1,479 @@
+"""The error catalog: every error the shared-sink LoRA path can raise, explained.
+
+Each entry has a stable code, the exception type, the exact message (a pattern where
+it is parametrized), what it means, when it happens, a minimal runnable snippet that
+triggers it, a runnable fix and related codes. ``explain`` finds the entry for any
+pasted message or exception; ``expect_error`` is the self-checking context manager
+for notebooks and tests: it fails loudly when nothing, or something else, is raised.
+
+Codes never change meaning. ``ISL-E…``: upstream's errors (sglang 0.5.23 and its
+"V2" wrapper), reproduced by the kit. ``ISL-K…``: the kit's own refusals, where
+upstream would fail later or silently. ``ISL-W…``: warnings about behaviour that
+raises nothing upstream but computes something else than intended.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+import textwrap
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+SNIPPET_PRELUDE = "import torch\nimport inkling_lab as il\n"
+"""What every snippet may assume: ``torch`` and ``inkling_lab as il``."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One error (or warning) of the shared-sink LoRA path."""
+
+    code: str
+    title: str
+    exc_type: type[BaseException] | None
+    message: str
+    pattern: str
+    meaning: str
+    when: str
+    setup: str
+    trigger: str
+    fix: str
+    related: tuple[str, ...] = ()
+    origin: str = "sglang 0.5.23"
+
+    def matches(self, text: str) -> bool:
+        return re.search(self.pattern, text) is not None
+
+    def trigger_source(self) -> str:
+        """The whole runnable snippet that raises this error."""
+        return SNIPPET_PRELUDE + self.setup + self.trigger
+
+    def fix_source(self) -> str:
+        """The whole runnable snippet that does the right thing instead."""
+        return SNIPPET_PRELUDE + self.setup + self.fix
+
+    def explain(self) -> str:
+        """The entry as plain text, in the order a reader needs it."""
+        kind = self.exc_type.__name__ if self.exc_type else "warning"
+        wrap = lambda s: textwrap.fill(s, 88, initial_indent="  ", subsequent_indent="  ")  # noqa: E731
+        parts = [f"{self.code}: {self.title}  [{self.origin}]",
+                 f"  {kind}: {self.message}", "", "What it means:", wrap(self.meaning), "",
+                 "When it happens:", wrap(self.when), "",
+                 "Minimal trigger:", textwrap.indent((self.setup + self.trigger).rstrip(), "    "), "",
+                 "Fix:", textwrap.indent((self.setup + self.fix).rstrip(), "    ")]
+        if self.related:
+            parts += ["", "Related: " + ", ".join(self.related)]
+        parts += ["", f"More: il.explain({self.code!r}); notebooks/03_error_walkthroughs.ipynb"]
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.explain())
+
+
+_SINK = "sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6)\n"
+_POOL = "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4)\n"
+_FACTORS = "factors = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=4, seed=0)\n"
+
+_ENTRIES: list[CatalogEntry] = [
+    CatalogEntry(
+        code="ISL-E001", title="a pool buffer is not 4D", exc_type=ValueError,
+        message="Inkling shared-sink LoRA requires four 4D MoE buffers",
+        pattern=r"Inkling shared-sink LoRA requires four 4D MoE buffers",
+        meaning="set_lora_info takes exactly four buffers, each with four axes: gate-up A "
+                "[S, O, 2R, H], gate-up B [S, n, 2F, R], down A [S, n, R, F], down B [S, O, H, R]. "
+                "At least one has fewer or more axes: usually the slot axis or the expert axis is missing.",
+        when="Handing one adapter's factors (3D, no slot axis) or PEFT's flat 2D matrices straight to "
+             "set_lora_info, or a dense (non-MoE) LoRA buffer.",
+        setup=_SINK + _POOL,
+        trigger="ga, gb, da, db = pool.buffers()\nsink.set_lora_info(ga[0], gb, da, db)  # ga[0] has lost the slot axis\n",
+        fix="ga, gb, da, db = pool.buffers()\nsink.set_lora_info(ga, gb, da, db)      # all four keep [S, ...]\n",
+        related=("ISL-E004", "ISL-E006")),
+    CatalogEntry(
+        code="ISL-E002", title="an outer factor's expert dimension is neither 1 nor n", exc_type=ValueError,
+        message="Inkling shared-sink LoRA outer factors must have expert dimension 1 or {n}",
+        pattern=r"Inkling shared-sink LoRA outer factors must have expert dimension 1 or \d+",
+        meaning="The outer factors (gate-up A and down B) are shared by all experts (dim 1 = 1) or "
+                "given per expert (dim 1 = n). Any other count cannot be mapped onto the sink's experts.",
+        when="An adapter exported for a model with another number of shared experts, or routed-expert "
+             "factors (many experts) sent to the shared sink.",
+        setup=_SINK,
+        trigger="pool = il.LoRAPool(n=3, hidden=8, intermediate=6, slots=2, max_rank=4, outer=3)\n"
+                "sink.set_lora_info(*pool.buffers())  # built for 3 experts; the sink has 2\n",
+        fix="pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=2, max_rank=4, outer=2)\n"
+            "sink.set_lora_info(*pool.buffers())\n",
+        related=("ISL-E003", "ISL-E004")),
+    CatalogEntry(
+        code="ISL-E003", title="gate-up A and down B use different outer layouts", exc_type=ValueError,
+        message="Inkling shared-sink gate-up A and down B must use the same expert layout",
+        pattern=r"Inkling shared-sink gate-up A and down B must use the same expert layout",
+        meaning="One outer factor is shared (dim 1 = 1) and the other per expert (dim 1 = n). The pool "
+                "has one layout for both.",
+        when="Mixing buffers from a shared-outer and a per-expert-outer export, or expanding only one "
+             "factor by hand.",
+        setup=_SINK + "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=2, max_rank=4, outer=1)\n"
+              "ga, gb, da, db = pool.buffers()\n",
+        trigger="sink.set_lora_info(ga.expand(-1, 2, -1, -1), gb, da, db)  # only A made per expert\n",
+        fix="sink.set_lora_info(ga.expand(-1, 2, -1, -1), gb, da, db.expand(-1, 2, -1, -1))  # both, exactly\n",
+        related=("ISL-E002",)),
+    CatalogEntry(
+        code="ISL-E004", title="an inner factor's expert count is not n", exc_type=ValueError,
+        message="Inkling shared-sink LoRA expert count does not match",
+        pattern=r"Inkling shared-sink LoRA expert count does not match",
+        meaning="Gate-up B and down A are always per expert: their dim 1 must equal the sink's "
+                "n_shared_experts.",
+        when="Flat PEFT factors given an expert axis of 1 instead of being split per expert, or an "
+             "adapter for a model with another number of shared experts.",
+        setup=_SINK + "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=2, max_rank=4)\n"
+              "ga, gb, da, db = pool.buffers()\n",
+        trigger="flat_b = gb.reshape(2, 1, 24, 4)   # experts stacked along rows, expert axis 1\n"
+                "sink.set_lora_info(ga, flat_b, da, db)\n",
+        fix="flat_b = gb.reshape(2, 1, 24, 4)\n"
+            "sink.set_lora_info(ga, flat_b.reshape(2, 2, 12, 4), da, db)  # split the stacked experts\n",
+        related=("ISL-E001", "ISL-E002")),
+    CatalogEntry(
+        code="ISL-E005", title="rank dimensions disagree", exc_type=ValueError,
+        message="Inkling shared-sink LoRA rank dimensions do not match",
+        pattern=r"Inkling shared-sink LoRA rank dimensions do not match",
+        meaning="R is read from gate-up B's last axis. Gate-up A must then have 2R rows (gate A, then up "
+                "A), down A R rows and down B R columns.",
+        when="Gate-up A holding one half only (R rows instead of 2R), a transposed factor, or buffers "
+             "padded to different max ranks.",
+        setup=_SINK + _POOL + "ga, gb, da, db = pool.buffers()\n",
+        trigger="sink.set_lora_info(ga[:, :, :4], gb, da, db)  # gate A only: R rows, not 2R\n",
+        fix="sink.set_lora_info(ga, gb, da, db)               # gate A at rows 0..R-1, up A at R..2R-1\n",
+        related=("ISL-E016", "ISL-E006")),
+    CatalogEntry(
+        code="ISL-E006", title="pool buffers do not agree (V2 wrapper)", exc_type=ValueError,
+        message="Inkling shared-sink LoRA pool buffers do not agree: expected gate-up A [slots, 1 or {n}, 2R, H], "
+                "gate-up B [slots, {n}, 2F, R], down A [slots, {n}, R, F], down B [slots, 1 or {n}, H, R] with one layout",
+        pattern=r"Inkling shared-sink LoRA pool buffers do not agree",
+        meaning="The newer dense-engine wrapper (InklingBatchDenseMLPWithLoRAV2) folds the outer-dim, "
+                "layout, expert-count and rank checks (ISL-E002..E005) into this one message. Run "
+                "il.diagnose_pool on the same buffers to see which of the four it is.",
+        when="Any of the ISL-E002..E005 situations, on the V2 wrapper.",
+        setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6, interleaved=False)\n"
+              "sink.initialize_lora(il.LoRABackend('triton', 3), generation='v2')\n" + _POOL
+              + "ga, gb, da, db = pool.buffers()\n",
+        trigger="sink.set_lora_info(ga[:, :, :4], gb, da, db)  # a rank mismatch, in V2's words\n",
+        fix="print(il.diagnose_pool(ga[:, :, :4], gb, da, db, n_shared_experts=2).codes)  # which check\n"
+            "sink.set_lora_info(ga, gb, da, db)\n",
+        related=("ISL-E002", "ISL-E003", "ISL-E004", "ISL-E005"), origin="sglang V2 dense engine"),
+    CatalogEntry(
+        code="ISL-E007", title="the pool's shape changed after initialization", exc_type=RuntimeError,
+        message="Shared-sink LoRA pool shape changed after initialization: gate-up {old} -> {new}, "
+                "down-A {old} -> {new}",
+        pattern=r"Shared-sink LoRA pool shape changed after initialization",
+        meaning="In the shared-outer layout the derived operands w1_delta [S, n*2F, 2R] and a_cat "
+                "[S, R, n*F] are allocated once and kept at a fixed address, because CUDA graphs replay "
+                "against it. A later set_lora_info whose buffers would change those shapes (more slots, "
+                "another rank, another F) cannot be honoured in place. The shapes in the message are "
+                "those of w1_delta and a_cat, not of the pool buffers; a change of H alone does not "
+                "trigger it. Upstream has already adopted the new buffers when it raises (the next "
+                "refresh then fails); the kit leaves the module as it was.",
+        when="Re-creating the pool with another max_loras_per_batch or max_lora_rank while the model "
+             "(and its captured graphs) lives on.",
+        setup=_SINK + "small = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=2)\n"
+              "sink.set_lora_info(*small.buffers())\n",
+        trigger="big = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=4, max_rank=2)\n"
+                "sink.set_lora_info(*big.buffers())  # 3 -> 4 slots\n",
+        fix="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6)  # a fresh module\n"
+            "big = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=4, max_rank=2)\n"
+            "sink.set_lora_info(*big.buffers())\n",
+        related=("ISL-E008",)),
+    CatalogEntry(
+        code="ISL-E008", title="a refreshed slot is out of range", exc_type=IndexError,
+        message="Shared-sink LoRA slot out of range: {sorted ids}",
+        pattern=r"Shared-sink LoRA slot out of range: \[",
+        meaning="After the pool changes a slot in place, on_lora_slots_updated copies it into the "
+                "derived operands. Every id must be a slot 0..S-1; the message lists every requested "
+                "id, sorted, not only the bad ones. Per-expert pools (and a module before set_lora_info) "
+                "have nothing derived and accept any id silently.",
+        when="An off-by-one between the engine's slot table and the pool, or -1 ('no adapter') passed "
+             "as a slot to refresh.",
+        setup=_SINK + _POOL + "sink.set_lora_info(*pool.buffers())\n" + _FACTORS
+              + "pool.load(2, factors)\n",
+        trigger="sink.on_lora_slots_updated([2, 3])  # the pool has slots 0..2\n",
+        fix="sink.on_lora_slots_updated([2])\n",
+        related=("ISL-E007", "ISL-K103")),
+    CatalogEntry(
+        code="ISL-E009", title="the dense LoRA wrapper is ineligible", exc_type=ValueError,
+        message='InklingBatchDenseMLPWithLoRA is ineligible: {problems joined by "; "}',
+        pattern=r"InklingBatchDenseMLPWithLoRA is ineligible: ",
+        meaning="The first-generation wrapper needs the Triton backend whenever a batch can hold more "
+                "than one adapter (problem 'multi-slot dense LoRA requires the Triton backend') and a "
+                "sink whose weights are linearized in bf16, which only the interleaved base is "
+                "('the shared sink does not use linearized BF16 weights').",
+        when="Serving with --lora-backend other than triton and max_loras_per_batch > 1; a float32 or "
+             "fp16 sink; a contiguous-layout sink on the first-generation wrapper.",
+        setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6,\n"
+              "                         interleaved=True, dtype=torch.bfloat16)\n",
+        trigger="sink.initialize_lora(il.LoRABackend(name='csgmv', max_loras_per_batch=4))\n",
+        fix="sink.initialize_lora(il.LoRABackend(name='triton', max_loras_per_batch=4))\n",
+        related=("ISL-E014",)),
+    CatalogEntry(
+        code="ISL-E010", title="a flat down A's width is not divisible by n", exc_type=ValueError,
+        message="Shared-sink down LoRA-A width must be divisible by {n}, got {width}",
+        pattern=r"Shared-sink down LoRA-A width must be divisible by \d+, got \d+",
+        meaning="A flat PEFT down A [r, n*F] holds the experts side by side; tensor-parallel slicing "
+                "first splits it into [n, r, F], which needs its width to be a multiple of n.",
+        when="An adapter for a sink with another n or F, or a down A that was already sharded.",
+        setup=_SINK + "down_a = torch.randn(4, 13)\n",
+        trigger="sink.slice_lora_a(down_a, tp_rank=0, target_module='down_proj', tp_size=1)  # 13 is not 2*F\n",
+        fix="down_a = torch.randn(4, 12)  # [r, n*F] = [4, 2*6]\n"
+            "sink.slice_lora_a(down_a, tp_rank=0, target_module='down_proj', tp_size=1)\n",
+        related=("ISL-E011", "ISL-E012")),
+    CatalogEntry(
+        code="ISL-E011", title="a flat gate/up B's height is not divisible by n", exc_type=ValueError,
+        message="Shared-sink gate/up LoRA-B height must be divisible by {n}, got {height}",
+        pattern=r"Shared-sink gate/up LoRA-B height must be divisible by \d+, got \d+",
+        meaning="A flat PEFT gate/up B [n*2F, r] holds the experts stacked; slicing first splits it "
+                "into [n, 2F, r], which needs its height to be a multiple of n.",
+        when="An adapter for a sink with another n or F, or a B from a dense (non-MoE) MLP.",
+        setup=_SINK + "gate_up_b = torch.randn(25, 4)\n",
+        trigger="sink.slice_lora_b(gate_up_b, tp_rank=0, target_module='gate_up_proj', tp_size=1)\n",
+        fix="gate_up_b = torch.randn(24, 4)  # [n*2F, r] = [2*12, 4]\n"
+            "sink.slice_lora_b(gate_up_b, tp_rank=0, target_module='gate_up_proj', tp_size=1)\n",
+        related=("ISL-E010", "ISL-E012")),
+    CatalogEntry(
+        code="ISL-E012", title="a raw reshape error: a size that does not split", exc_type=RuntimeError,
+        message="shape '[...]' is invalid for input of size {N}",
+        pattern=r"shape '\[[-\d, ]*\]' is invalid for input of size \d+",
+        meaning="Upstream does not check every size before it reshapes, so some mistakes surface as "
+                "torch's own reshape error. In set_lora_info (shared outer) it means gate-up B's 2F "
+                "is odd and cannot be split into gate and up halves; in adapter normalization it means "
+                "a flat factor's width or height is not a multiple of n. The bracketed shape is what "
+                "the code tried: [S, n, 2, F, R] for gate-up B, [r, n, F] for a flat down A.",
+        when="A gate-up B whose gate and up halves have different sizes, a missing row, or a flat "
+             "factor for another number of experts.",
+        setup=_SINK + "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=2, max_rank=4)\n"
+              "ga, gb, da, db = pool.buffers()\n",
+        trigger="sink.set_lora_info(ga, gb[:, :, :11], da, db)  # 2F = 11 is odd\n",
+        fix="print(il.diagnose_pool(ga, gb[:, :, :11], da, db, n_shared_experts=2).codes)  # ISL-D103\n"
+            "sink.set_lora_info(ga, gb, da, db)                # 2F = 12\n",
+        related=("ISL-E010", "ISL-E011", "ISL-E013")),
+    CatalogEntry(
+        code="ISL-E013", title="a raw IndexError: buffers with different slot counts", exc_type=IndexError,
+        message="index {i} is out of bounds for dimension 0 with size {S}",
+        pattern=r"index -?\d+ is out of bounds for dimension \d+ with size \d+",
+        meaning="set_lora_info does not compare the four buffers' slot counts. In the shared-outer "
+                "layout it then builds the derived operands slot by slot over gate-up B's slots, and a "
+                "down A with fewer slots runs out: torch's own IndexError.",
+        when="Buffers cut to different numbers of slots, e.g. one of them sliced to the active slots "
+             "only.",
+        setup=_SINK + _POOL + "ga, gb, da, db = pool.buffers()\n",
+        trigger="sink.set_lora_info(ga, gb, da[:2], db)  # down A has 2 slots, gate-up B 3\n",
+        fix="print(il.diagnose_pool(ga, gb, da[:2], db, n_shared_experts=2).codes)  # ISL-D104\n"
+            "sink.set_lora_info(ga, gb, da, db)\n",
+        related=("ISL-E012",)),
+    CatalogEntry(
+        code="ISL-E014", title="the multi-slot kernels need Triton on CUDA", exc_type=RuntimeError,
+        message="Multi-slot dense LoRA requires Triton on CUDA",
+        pattern=r"Multi-slot dense LoRA requires Triton on CUDA",
+        meaning="The Triton kernels run on a CUDA device (or, for tests, in Triton's CPU interpreter "
+                "with TRITON_INTERPRET=1). On a CPU tensor use the 'torch' backend, or 'auto', which "
+                "picks the fastest correct backend for the device.",
+        when="Asking for backend='triton' with CPU tensors, e.g. a notebook written on a GPU machine "
+             "run on a laptop.",
+        setup=_SINK + _POOL + "sink.set_lora_info(*pool.buffers())\n"
+              "x, gammas = torch.randn(5, 8), torch.rand(5, 2)\n"
+              "batch = il.SlotBatch.from_token_slots([0, 0, 1, 2, -1], num_slots=3)\n",
+        trigger="import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+                "sink(x, gammas, batch=batch, backend='triton')  # x is on the CPU\n",
+        fix="sink(x, gammas, batch=batch, backend='auto')  # torch on CPU, triton on CUDA\n",
+        related=("ISL-E009",)),
+    CatalogEntry(
+        code="ISL-E015", title="a per-expert outer adapter in a shared-outer pool", exc_type=ValueError,
+        message="experts_shared_outer_loras is enabled but {gate_up_proj_moe lora_A | down_proj_moe lora_B} "
+                "has expert_dim={k} (expected 1).",
+        pattern=r"experts_shared_outer_loras is enabled but \w+ lora_[AB] has expert_dim=\d+ \(expected 1\)",
+        meaning="The pool was sized for shared outer factors (one gate-up A and one down B for all "
+                "experts); this adapter ships k of them. Either its k outer factors are all equal (then "
+                "keep one: exact), or the pool must be per-expert outer.",
+        when="Loading a per-expert export with --experts-shared-outer-loras, or into a pool whose "
+             "layout was auto-detected from other adapters.",
+        setup=_POOL + "factors = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=4, outer=2, seed=0)\n",
+        trigger="pool.load(0, factors)\n",
+        fix="per_expert = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, outer=2)\n"
+            "per_expert.load(0, factors)\n",
+        related=("ISL-E002", "ISL-E003")),
+    CatalogEntry(
+        code="ISL-E016", title="an adapter does not fit its pool slot", exc_type=AssertionError,
+        message="LoRA buffer shape {buffer view} does not match weight shape {weight}.",
+        pattern=r"LoRA buffer shape .* does not match weight shape",
+        meaning="Loading copies each factor into its slot's view of the buffer. The view is cut at the "
+                "pool's max rank, H and F; an adapter of a larger rank, or of another H or F, does not "
+                "fit. A rank above max_rank needs a bigger pool (--max-lora-rank); another H or F is "
+                "another model.",
+        when="An r=16 adapter in a pool sized with max_lora_rank=8; an adapter trained with another "
+             "tensor-parallel F.",
+        setup=_POOL + "factors = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=8, seed=0)\n",
+        trigger="pool.load(0, factors)  # rank 8 > max_rank 4\n",
+        fix="big = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=8)\n"
+            "big.load(0, factors)\n",
+        related=("ISL-E005",)),
+    # -- the kit's own refusals --------------------------------------------------------
+    CatalogEntry(
+        code="ISL-K101", title="tp_rank outside the tensor-parallel group", exc_type=ValueError,
+        message="tp_rank {r} is outside the tensor-parallel group of size {tp}: use a rank in 0..{tp-1}",
+        pattern=r"tp_rank -?\d+ is outside the tensor-parallel group of size -?\d+",
+        meaning="Upstream's slicing does not check the rank: a rank past the end yields empty or "
+                "misplaced slices and a silently wrong (or zero) LoRA delta. The kit refuses it.",
+        when="A tp_rank/tp_size pair from another launch, or a 1-based rank.",
+        setup=_SINK + "down_a = torch.randn(4, 12)\n",
+        trigger="sink.slice_lora_a(down_a, tp_rank=2, target_module='down_proj', tp_size=2)\n",
+        fix="sink.slice_lora_a(down_a, tp_rank=1, target_module='down_proj', tp_size=2)\n",
+        related=("ISL-K102",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K102", title="the intermediate size does not split over tp ranks", exc_type=ValueError,
+        message="{factor}: intermediate size {F} is not divisible by tp_size={tp}",
+        pattern=r"intermediate size \d+ is not divisible by tp_size=\d+",
+        meaning="Each tensor-parallel rank holds F/tp features of every expert, so F must be a "
+                "multiple of tp; otherwise the LoRA shards and the base shards would not line up.",
+        when="Sharding an adapter (or a sink) for a tp that does not divide F.",
+        setup=_SINK + "down_a = torch.randn(4, 12)  # n=2 experts of F=6\n",
+        trigger="sink.slice_lora_a(down_a, tp_rank=0, target_module='down_proj', tp_size=4)\n",
+        fix="sink.slice_lora_a(down_a, tp_rank=0, target_module='down_proj', tp_size=3)\n",
+        related=("ISL-K101",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K103", title="a batch names a slot the pool does not have", exc_type=ValueError,
+        message="SlotBatch: {token|segment} {i} uses slot {s}, but the pool has slots 0..{S-1} "
+                "(-1 means base model only); {k} {token|segment}(s) out of range",
+        pattern=r"SlotBatch: \w+ \d+ uses slot -?\d+, but the pool has slots",
+        meaning="Every token names a slot of the pool, or -1 for the base model only. Upstream's "
+                "kernels would read another slot's (or unallocated) memory; the kit refuses.",
+        when="Slot ids from the engine's adapter table (which can be larger than the pool) instead of "
+             "the pool's slot indices.",
+        setup="",
+        trigger="il.SlotBatch.from_token_slots([0, 1, 3], num_slots=3)\n",
+        fix="il.SlotBatch.from_token_slots([0, 1, 2], num_slots=3)\n",
+        related=("ISL-E008", "ISL-K104"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K104", title="loading into a slot the pool does not have", exc_type=IndexError,
+        message="LoRAPool slot {s} is outside the pool: use a slot in 0..{S-1}",
+        pattern=r"LoRAPool slot -?\d+ is outside the pool",
+        meaning="A pool has max_loras_per_batch slots, numbered from 0.",
+        when="A 1-based slot number, or more adapters than slots.",
+        setup=_POOL + _FACTORS,
+        trigger="pool.load(3, factors)\n",
+        fix="pool.load(2, factors)\n",
+        related=("ISL-K103",), origin="inkling_lab"),
+    # -- adapters (issue 3): entries for the adapter loader and converter go here ------
+    # -- warnings (issue 7): the per-expert outer defect goes here -----------------------
+]
+
+CATALOG: dict[str, CatalogEntry] = {e.code: e for e in _ENTRIES}
+"""Every entry by code. Closed: tests prove each is raised by the library, each fix
+runs clean and each code is walked through in notebook 03."""
+
+
+class NoCatalogEntry(LookupError):
+    """``explain`` found no entry for the text it was given."""
+
+
+def _text_of(message_or_exception: Any) -> str:
+    if isinstance(message_or_exception, BaseException):
+        exc = message_or_exception
+        text = f"{type(exc).__name__}: {exc}"
+        cause = exc.__cause__ or exc.__context__
+        return text + ("\n" + _text_of(cause) if cause is not None else "")
+    return str(message_or_exception)
+
+
+def find_entry(message_or_exception: Any) -> CatalogEntry | None:
+    """The entry whose pattern matches, or ``None`` (no error is raised)."""
+    if isinstance(message_or_exception, str) and message_or_exception.strip() in CATALOG:
+        return CATALOG[message_or_exception.strip()]
+    text = _text_of(message_or_exception)
+    for entry in _ENTRIES:
+        if entry.matches(text):
+            return entry
+    return None
+
+
+def explain(message_or_exception: Any) -> CatalogEntry:
+    """The catalog entry for a code (``"ISL-E001"``), a pasted message or traceback,
+    or an exception object. Raises ``NoCatalogEntry`` with the closest titles when
+    nothing matches."""
+    entry = find_entry(message_or_exception)
+    if entry is not None:
+        return entry
+    text = _text_of(message_or_exception).strip()
+    candidates = {e.message: e.code for e in _ENTRIES}
+    close = difflib.get_close_matches(text[-200:], list(candidates), n=2, cutoff=0.4)
+    hint = ("; closest: " + ", ".join(f"{candidates[c]} ({CATALOG[candidates[c]].title})" for c in close)
+            if close else "")
+    raise NoCatalogEntry(f"no catalog entry matches {text[:120]!r}{hint}. Codes: {', '.join(CATALOG)}")
+
+
+def format_traceback(exc: BaseException) -> str:
+    """A traceback a reader can follow and a notebook can store: library frames by
+    package path and function (no machine paths, no line numbers), notebook cells as
+    ``<cell>``, other libraries' frames folded."""
+    lines = ["Traceback (most recent call last):"]
+    folded = 0
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        if "inkling_lab" in path.parts:
+            where = "/".join(path.parts[path.parts.index("inkling_lab"):])
+        elif frame.filename.startswith("<") or "ipykernel" in frame.filename:
+            where = "<cell>"
+        else:
+            folded += 1
+            continue
+        if folded:
+            lines.append(f"  ... {folded} frame(s) in other libraries")
+            folded = 0
+        lines.append(f'  File "{where}", in {frame.name}')
+        if frame.line:
+            lines.append(f"    {frame.line.strip()}")
+    if folded:
+        lines.append(f"  ... {folded} frame(s) in other libraries")
+    lines.append(f"{type(exc).__name__}: {exc}")
+    return "\n".join(lines)
+
+
+class expect_error:
+    """``with expect_error("ISL-E001"): ...`` for error demos and tests.
+
+    Passes only when the block raises exactly that catalog error (its type and its
+    message); shows the traceback and the explanation. Fails with ``AssertionError``
+    when nothing is raised or another error is: a demo never passes by not raising.
+    """
+
+    def __init__(self, code: str, show: bool = True) -> None:
+        if code not in CATALOG:
+            raise KeyError(f"unknown catalog code {code!r}; codes: {', '.join(CATALOG)}")
+        self.entry = CATALOG[code]
+        self.show = show
+        self.exception: BaseException | None = None
+
+    def __enter__(self) -> "expect_error":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        code = self.entry.code
+        if exc is None:
+            raise AssertionError(f"expected {code} ({self.entry.title}), but nothing was raised")
+        if not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt and friends go through
+        got = find_entry(exc)
+        if got is None or got.code != code or (self.entry.exc_type and not isinstance(exc, self.entry.exc_type)):
+            label = got.code if got else "not in the catalog"
+            raise AssertionError(
+                f"expected {code} ({self.entry.title}), but got {type(exc).__name__}: {exc} [{label}]") from exc
+        self.exception = exc
+        if self.show:
+            print(format_traceback(exc))
+            print()
+            print(f"✓ raised as expected: {code}, {self.entry.title}")
+            print("  " + self.entry.meaning)
+            print(f"  → fix and more: il.explain({code!r})")
+            sys.stdout.flush()
+        return True

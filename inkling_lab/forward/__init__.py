@@ -1,0 +1,71 @@
+"""Forward backends for the shared sink with LoRA, and the dispatcher (SPEC §4).
+
+``reference`` (float64 loops, the ground truth), ``torch`` (vectorized, any device)
+and ``triton`` (GPU kernels; CPU only under ``TRITON_INTERPRET=1``). ``auto`` picks
+the fastest correct one for the device.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from .reference import reference_forward
+from .torch_backend import torch_forward
+
+if TYPE_CHECKING:
+    from ..batch import SlotBatch
+    from ..lora import SharedSinkLoRA
+
+Backend = Callable[["SharedSinkLoRA", torch.Tensor, torch.Tensor, "SlotBatch | None"], torch.Tensor]
+
+BACKENDS: dict[str, Backend] = {"reference": reference_forward, "torch": torch_forward}
+
+TRITON_ON_CUDA = "Multi-slot dense LoRA requires Triton on CUDA"
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _triton_backend() -> Backend:
+    from .triton_backend import triton_forward
+
+    return triton_forward
+
+
+def pick_backend(sink: "SharedSinkLoRA", x: torch.Tensor) -> str:
+    """``triton`` for half-precision work on CUDA where Triton imports, else ``torch``."""
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        try:
+            _triton_backend()
+            return "triton"
+        except ImportError:
+            pass
+    return "torch"
+
+
+def run_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
+                batch: "SlotBatch | None", backend: str = "auto") -> torch.Tensor:
+    """Base plus LoRA for ``x [T, H]`` (or ``[B, L, H]``) and ``gammas [T, n]``.
+
+    Returns ``x``'s shape; the ``reference`` backend returns float64.
+    """
+    x2, g2 = sink._check_inputs(x, gammas)
+    if batch is not None:
+        if batch.num_tokens != x2.shape[0]:
+            raise ValueError(f"the batch describes {batch.num_tokens} tokens but x has {x2.shape[0]}")
+        if sink.layout is not None and batch.num_slots != sink.layout.slots:
+            raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {sink.layout.slots}")
+    name = pick_backend(sink, x2) if backend == "auto" else backend
+    if name == "triton":
+        if not (x2.is_cuda or triton_interpreting()):
+            raise RuntimeError(TRITON_ON_CUDA)
+        fn = _triton_backend()
+    elif name in BACKENDS:
+        fn = BACKENDS[name]
+    else:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['triton', 'auto']}")
+    out = fn(sink, x2, g2, batch)
+    return out.reshape(x.shape)

@@ -1,0 +1,106 @@
+"""The symbols of the shared sink and its LoRA pool, in one small record (SPEC §1-2).
+
+``n`` shared experts, ``H`` hidden size, ``F`` per-rank intermediate size of one
+expert, ``R`` the pool's max LoRA rank, ``S`` adapter slots and ``O`` the outer
+expert dimension of the two outer factors (``1`` shared, ``n`` per expert).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+Shape = tuple[int, ...]
+
+BUFFER_NAMES = ("gate_up_a", "gate_up_b", "down_a", "down_b")
+"""The four pool buffers, in ``set_lora_info`` order."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Sizes of one shared sink and its LoRA pool.
+
+    ``outer`` is ``1`` (shared outer: one gate-up A and one down B for all experts)
+    or ``n`` (per-expert outer).
+    """
+
+    n: int
+    hidden: int
+    intermediate: int
+    rank: int = 4
+    slots: int = 1
+    outer: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("n", "hidden", "intermediate", "slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Geometry.{name} must be at least 1, got {getattr(self, name)}")
+        if self.rank < 0:
+            raise ValueError(f"Geometry.rank must be at least 0, got {self.rank}")
+        if self.outer not in (1, self.n):
+            raise ValueError(
+                f"Geometry.outer must be 1 (shared outer) or n={self.n} (per-expert outer), got {self.outer}"
+            )
+
+    @property
+    def shared_outer(self) -> bool:
+        return self.outer == 1
+
+    def with_(self, **changes: int) -> "Geometry":
+        """A copy with some symbols changed (``g.with_(rank=8)``)."""
+        return replace(self, **changes)
+
+    # The four buffers (SPEC §2).
+    @property
+    def gate_up_a(self) -> Shape:
+        """``[S, O, 2R, H]``: rows ``0..R-1`` gate A, ``R..2R-1`` up A."""
+        return (self.slots, self.outer, 2 * self.rank, self.hidden)
+
+    @property
+    def gate_up_b(self) -> Shape:
+        """``[S, n, 2F, R]``: per expert, rows ``0..F-1`` gate B, ``F..2F-1`` up B."""
+        return (self.slots, self.n, 2 * self.intermediate, self.rank)
+
+    @property
+    def down_a(self) -> Shape:
+        """``[S, n, R, F]``."""
+        return (self.slots, self.n, self.rank, self.intermediate)
+
+    @property
+    def down_b(self) -> Shape:
+        """``[S, O, H, R]``."""
+        return (self.slots, self.outer, self.hidden, self.rank)
+
+    def buffer_shapes(self) -> dict[str, Shape]:
+        """The four pool buffer shapes by name, in ``set_lora_info`` order."""
+        return {name: getattr(self, name) for name in BUFFER_NAMES}
+
+    # The base weights (SPEC §1).
+    @property
+    def w13(self) -> Shape:
+        """``[n, 2F, H]``."""
+        return (self.n, 2 * self.intermediate, self.hidden)
+
+    @property
+    def w2(self) -> Shape:
+        """``[n, H, F]``."""
+        return (self.n, self.hidden, self.intermediate)
+
+    # The derived operands of the shared-outer layout (SPEC §4).
+    @property
+    def w1_delta(self) -> Shape:
+        """``[S, n*2F, 2R]``."""
+        return (self.slots, self.n * 2 * self.intermediate, 2 * self.rank)
+
+    @property
+    def a_cat(self) -> Shape:
+        """``[S, R, n*F]``."""
+        return (self.slots, self.rank, self.n * self.intermediate)
+
+
+PRESETS: dict[str, Geometry] = {
+    # Small enough to print and to run in Triton's CPU interpreter.
+    "toy": Geometry(n=2, hidden=8, intermediate=6, rank=2, slots=3, outer=1),
+    # The two benchmark shapes of the profiling grid (issue 4), at R 64 and 4 slots.
+    "A": Geometry(n=2, hidden=1536, intermediate=768, rank=64, slots=4, outer=1),
+    "B": Geometry(n=2, hidden=4096, intermediate=2048, rank=64, slots=4, outer=1),
+}
+"""Named geometries: ``toy`` for reading, ``A`` and ``B`` for the benchmark grid."""

@@ -1,0 +1,209 @@
+"""The LoRA pool: four 4D buffers with one slot per adapter in a batch (SPEC §2).
+
+``gate_up_a [S, O, 2R, H]``, ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``,
+``down_b [S, O, H, R]``. Loading an adapter of rank ``r <= R`` zeroes its slot,
+writes gate A to rows ``0..r-1`` and up A to rows ``R..R+r-1`` (halves at max-rank
+offsets), and folds the scaling ``lora_alpha / r`` into the B factors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .geometry import Geometry
+
+
+def _outer_mismatch(which: str, k: int) -> ValueError:
+    return ValueError(
+        f"experts_shared_outer_loras is enabled but {which} has expert_dim={k} (expected 1).")
+
+
+def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
+    # Upstream's loader asserts exact shape equality before it copies (an adapter
+    # of too large a rank, or of another H or F, fails here).
+    assert view.shape == weight.shape, (
+        f"LoRA buffer shape {tuple(view.shape)} does not match weight shape {tuple(weight.shape)}.")
+    view.copy_(weight)
+
+
+@dataclass
+class LoRAFactors:
+    """One adapter's shared-sink factors, normalized for the pool (SPEC §6, step 3).
+
+    ``gate_up_a [O, 2r, H]`` (gate rows, then up rows), ``gate_up_b [n, 2F, r]``
+    (per expert: gate rows, then up rows), ``down_a [n, r, F]``, ``down_b [O, H, r]``;
+    ``O`` is 1 (shared outer) or ``n``. ``lora_alpha / r`` is the scaling.
+    """
+
+    gate_up_a: torch.Tensor
+    gate_up_b: torch.Tensor
+    down_a: torch.Tensor
+    down_b: torch.Tensor
+    lora_alpha: float = 1.0
+    name: str = ""
+
+    @property
+    def rank(self) -> int:
+        return int(self.down_a.shape[-2])
+
+    @property
+    def outer(self) -> int:
+        return int(self.gate_up_a.shape[0])
+
+    @property
+    def n(self) -> int:
+        return int(self.gate_up_b.shape[0])
+
+    @property
+    def scaling(self) -> float:
+        return self.lora_alpha / self.rank if self.rank else 0.0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"gate_up_a": self.gate_up_a, "gate_up_b": self.gate_up_b,
+                "down_a": self.down_a, "down_b": self.down_b}
+
+    @classmethod
+    def random(cls, n: int, hidden: int, intermediate: int, rank: int, outer: int = 1,
+               lora_alpha: float | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
+               name: str = "") -> "LoRAFactors":
+        """Seeded random factors of unit-ish size (B is not zero, unlike at PEFT init,
+        so that the delta is visible)."""
+        gen = torch.Generator().manual_seed(seed)
+        O = outer
+
+        def rnd(*shape: int, fan_in: int) -> torch.Tensor:
+            return (torch.randn(shape, generator=gen) / max(fan_in, 1) ** 0.5).to(dtype)
+
+        return cls(
+            gate_up_a=rnd(O, 2 * rank, hidden, fan_in=hidden),
+            gate_up_b=rnd(n, 2 * intermediate, rank, fan_in=rank),
+            down_a=rnd(n, rank, intermediate, fan_in=intermediate),
+            down_b=rnd(O, hidden, rank, fan_in=rank),
+            lora_alpha=float(rank if lora_alpha is None else lora_alpha),
+            name=name,
+        )
+
+
+@dataclass
+class _SlotRecord:
+    name: str
+    rank: int
+    scaling: float
+
+
+class LoRAPool:
+    """The four 4D buffers of a serving engine's shared-sink LoRA pool.
+
+    >>> pool = LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4)
+    >>> [tuple(b.shape) for b in pool.buffers()]
+    [(3, 1, 8, 8), (3, 2, 12, 4), (3, 2, 4, 6), (3, 1, 8, 4)]
+    """
+
+    def __init__(self, n: int, hidden: int, intermediate: int, slots: int, max_rank: int,
+                 outer: int = 1, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, rank=max_rank,
+                                 slots=slots, outer=outer)
+        g = self.geometry
+        self.gate_up_a = torch.zeros(g.gate_up_a, dtype=dtype, device=device)
+        self.gate_up_b = torch.zeros(g.gate_up_b, dtype=dtype, device=device)
+        self.down_a = torch.zeros(g.down_a, dtype=dtype, device=device)
+        self.down_b = torch.zeros(g.down_b, dtype=dtype, device=device)
+        self._slots: list[_SlotRecord | None] = [None] * slots
+
+    @classmethod
+    def from_geometry(cls, g: Geometry, dtype: torch.dtype = torch.float32,
+                      device: torch.device | str | None = None) -> "LoRAPool":
+        return cls(g.n, g.hidden, g.intermediate, g.slots, g.rank, g.outer, dtype, device)
+
+    @property
+    def slots(self) -> int:
+        return self.geometry.slots
+
+    @property
+    def max_rank(self) -> int:
+        return self.geometry.rank
+
+    @property
+    def shared_outer(self) -> bool:
+        return self.geometry.shared_outer
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(gate_up_a, gate_up_b, down_a, down_b)``, in ``set_lora_info`` order."""
+        return self.gate_up_a, self.gate_up_b, self.down_a, self.down_b
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"LoRAPool slot {slot} is outside the pool: use a slot in 0..{self.slots - 1}")
+
+    def load(self, slot: int, factors: LoRAFactors, name: str | None = None) -> None:
+        """Write one adapter into ``slot``: zero it, copy the gate/up halves at max-rank
+        offsets, and scale the B factors by ``lora_alpha / r``."""
+        self._check_slot(slot)
+        r, R = factors.rank, self.max_rank
+        if self.shared_outer:
+            if factors.gate_up_a.shape[0] != 1:
+                raise _outer_mismatch("gate_up_proj_moe lora_A", factors.gate_up_a.shape[0])
+            if factors.down_b.shape[0] != 1:
+                raise _outer_mismatch("down_proj_moe lora_B", factors.down_b.shape[0])
+        ga, gb, da, db = (t.to(self.gate_up_a.dtype) for t in
+                          (factors.gate_up_a, factors.gate_up_b, factors.down_a, factors.down_b))
+        if not self.shared_outer and ga.shape[0] == 1:
+            # A shared-outer adapter in a per-expert pool: every expert gets the same
+            # outer factor, which is exact.
+            ga = ga.expand(self.geometry.outer, -1, -1)
+            db = db.expand(self.geometry.outer, -1, -1)
+        scaling = factors.scaling
+        half = ga.shape[1] // 2
+        with torch.no_grad():
+            self.clear(slot)
+            _copy_checked(self.gate_up_a[slot, :, :min(half, R)], ga[:, :half])
+            _copy_checked(self.gate_up_a[slot, :, R:R + min(half, R)], ga[:, half:])
+            _copy_checked(self.gate_up_b[slot, :, :, :min(r, R)], gb * scaling)
+            _copy_checked(self.down_a[slot, :, :min(r, R)], da)
+            _copy_checked(self.down_b[slot, :, :, :min(r, R)], db * scaling)
+        self._slots[slot] = _SlotRecord(name if name is not None else factors.name, r, scaling)
+
+    def clear(self, slot: int) -> None:
+        """Zero one slot: a zero slot is the base model ("no adapter")."""
+        self._check_slot(slot)
+        with torch.no_grad():
+            for buf in self.buffers():
+                buf[slot].zero_()
+        self._slots[slot] = None
+
+    def evict(self, name: str) -> int:
+        """Clear the slot that holds adapter ``name``; returns that slot."""
+        for slot, rec in enumerate(self._slots):
+            if rec is not None and rec.name == name:
+                self.clear(slot)
+                return slot
+        loaded = [rec.name for rec in self._slots if rec is not None]
+        raise KeyError(f"no adapter named {name!r} is loaded; loaded: {loaded}")
+
+    def slot_of(self, name: str) -> int | None:
+        for slot, rec in enumerate(self._slots):
+            if rec is not None and rec.name == name:
+                return slot
+        return None
+
+    @property
+    def lora_ranks(self) -> list[int]:
+        """Per-slot adapter rank (0 for an empty slot)."""
+        return [rec.rank if rec else 0 for rec in self._slots]
+
+    @property
+    def adapter_scalings(self) -> list[float]:
+        """Per-slot ``lora_alpha / r`` as loaded (already folded into B)."""
+        return [rec.scaling if rec else 0.0 for rec in self._slots]
+
+    @property
+    def names(self) -> list[str | None]:
+        return [rec.name if rec else None for rec in self._slots]
+
+    def __repr__(self) -> str:
+        g = self.geometry
+        layout = "shared outer" if g.shared_outer else "per-expert outer"
+        return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.rank}, "
+                f"{layout}, dtype={self.gate_up_a.dtype}, ranks={self.lora_ranks})")

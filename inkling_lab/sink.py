@@ -1,0 +1,152 @@
+"""The base module: Inkling's dense shared-expert sink (SPEC §1).
+
+Every token goes through every shared expert; the gate's per-token, per-expert
+weights ``gammas [T, n]`` scale each expert's SwiGLU activation. Two forms compute
+the same function: the *per-expert* form (one small matmul per expert) and the
+*linearized* form serving uses (one GEMM up, one GEMM down for all experts).
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+Form = Literal["linearized", "per_expert"]
+
+
+def gate_up_rows(intermediate: int, interleaved: bool, device: torch.device | str | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices of the gate and up features inside one expert's ``2F`` rows.
+
+    Interleaved: row ``2f`` is gate feature ``f`` and row ``2f+1`` up feature ``f``.
+    Contiguous: rows ``0..F-1`` gate, ``F..2F-1`` up. Returns two ``[F]`` index tensors.
+    """
+    f = torch.arange(intermediate, device=device)
+    if interleaved:
+        return 2 * f, 2 * f + 1
+    return f, f + intermediate
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for working dtypes up to float32 (SPEC §1); float64 stays float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def swiglu_sink(y: torch.Tensor, gammas: torch.Tensor, interleaved: bool,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The sink activation ``silu(gate) * up * gamma``, in float32, cast once.
+
+    ``y [T, n, 2F]`` (gate/up rows in the sink's layout), ``gammas [T, n]`` ->
+    ``act [T, n, F]`` in ``out_dtype`` (default: ``y``'s dtype).
+    """
+    two_f = y.shape[-1]
+    if two_f % 2:
+        raise ValueError(f"swiglu_sink needs an even last dimension 2F, got {two_f}")
+    gate_idx, up_idx = gate_up_rows(two_f // 2, interleaved, y.device)
+    y32 = y.to(accumulation_dtype(y.dtype))
+    act = torch.nn.functional.silu(y32[..., gate_idx]) * y32[..., up_idx]
+    act = act * gammas.to(y32.dtype).unsqueeze(-1)
+    return act.to(out_dtype or y.dtype)
+
+
+def linearize(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The serving form of the weights: ``w13 [n, 2F, H] -> w13_lin [n*2F, H]`` (a view)
+    and ``w2 [n, H, F] -> w2_lin [n*F, H]`` (a copy: expert-major, feature-minor rows)."""
+    n, two_f, hidden = w13.shape
+    return w13.reshape(n * two_f, hidden), w2.transpose(1, 2).reshape(n * w2.shape[2], hidden)
+
+
+def _as_tokens(x: torch.Tensor, last: int, what: str) -> torch.Tensor:
+    if x.dim() < 1 or x.shape[-1] != last:
+        raise ValueError(f"{what} must end in a dimension of size {last}, got shape {tuple(x.shape)}")
+    return x.reshape(-1, last)
+
+
+class SharedSink(nn.Module):
+    """Inkling's shared-expert sink: ``w13 [n, 2F, H]``, ``w2 [n, H, F]``.
+
+    ``forward(x [T, H] or [B, L, H], gammas [T, n] or [B, L, n]) -> out`` of ``x``'s
+    shape: SwiGLU and the gamma weighting in float32, one cast back to the working
+    dtype, the expert sum accumulated in float32.
+    """
+
+    def __init__(self, n_shared_experts: int, hidden_size: int, intermediate_size: int,
+                 interleaved: bool = True, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        if min(n_shared_experts, hidden_size, intermediate_size) < 1:
+            raise ValueError(
+                "SharedSink needs n_shared_experts, hidden_size and intermediate_size of at least 1, got "
+                f"{n_shared_experts}, {hidden_size}, {intermediate_size}")
+        self.n_shared_experts = n_shared_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.interleaved = interleaved
+        n, H, F = n_shared_experts, hidden_size, intermediate_size
+        self.w13 = nn.Parameter(torch.empty(n, 2 * F, H, dtype=dtype, device=device), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(n, H, F, dtype=dtype, device=device), requires_grad=False)
+        self.reset_parameters(seed)
+        self._lin_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Seeded random weights, scaled so activations stay near unit size."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        H, F = self.hidden_size, self.intermediate_size
+        self.w13.copy_(torch.randn(self.w13.shape, generator=gen) / math.sqrt(H))
+        self.w2.copy_(torch.randn(self.w2.shape, generator=gen) / math.sqrt(F))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w13.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.device
+
+    def linearized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(w13_lin [n*2F, H], w2_lin [n*F, H])``, cached until the weights change."""
+        key = (self.w13.data_ptr(), self.w13._version, self.w2.data_ptr(), self.w2._version)
+        if self._lin_cache is None or self._lin_cache[0] != key:
+            self._lin_cache = (key, linearize(self.w13.detach(), self.w2.detach()))
+        return self._lin_cache[1]
+
+    def _check_inputs(self, x: torch.Tensor, gammas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x2 = _as_tokens(x, self.hidden_size, "x")
+        g2 = _as_tokens(gammas, self.n_shared_experts, "gammas")
+        if g2.shape[0] != x2.shape[0]:
+            raise ValueError(f"gammas has {g2.shape[0]} tokens but x has {x2.shape[0]}")
+        return x2, g2
+
+    def base_forward(self, x: torch.Tensor, gammas: torch.Tensor, form: Form = "linearized") -> torch.Tensor:
+        """The sink without LoRA, in either form."""
+        x2, g2 = self._check_inputs(x, gammas)
+        n, F = self.n_shared_experts, self.intermediate_size
+        if form == "linearized":
+            w13_lin, w2_lin = self.linearized()
+            y = (x2 @ w13_lin.T).view(-1, n, 2 * F)
+            act = swiglu_sink(y, g2, self.interleaved).reshape(-1, n * F)
+            # A GEMM accumulates its sum over n*F in float32 inside; this is the expert sum.
+            out = act @ w2_lin
+        elif form == "per_expert":
+            y = torch.einsum("th,efh->tef", x2, self.w13)
+            act = swiglu_sink(y, g2, self.interleaved)
+            acc = accumulation_dtype(act.dtype)
+            out = torch.zeros(x2.shape[0], self.hidden_size, dtype=acc, device=x2.device)
+            for e in range(n):
+                out += (act[:, e] @ self.w2[e].T).to(acc)
+        else:
+            raise ValueError(f"form must be 'linearized' or 'per_expert', got {form!r}")
+        return out.to(x.dtype).reshape(x.shape)
+
+    def forward(self, x: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:  # noqa: D401
+        """``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]`` -> ``out`` like ``x``."""
+        return self.base_forward(x, gammas)
+
+    def extra_repr(self) -> str:
+        layout = "interleaved" if self.interleaved else "contiguous"
+        return (f"n={self.n_shared_experts}, H={self.hidden_size}, F={self.intermediate_size}, "
+                f"{layout}, dtype={self.dtype}")
+
