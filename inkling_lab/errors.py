@@ -14,6 +14,7 @@ raises nothing upstream but computes something else than intended.
 from __future__ import annotations
 
 import difflib
+import linecache
 import re
 import sys
 import textwrap
@@ -419,9 +420,13 @@ def format_traceback(exc: BaseException) -> str:
     folded = 0
     for frame in traceback.extract_tb(exc.__traceback__):
         path = Path(frame.filename)
+        if path.name == "errors.py" and "inkling_lab" in path.parts:
+            continue  # the demo harness itself
         if "inkling_lab" in path.parts:
             where = "/".join(path.parts[path.parts.index("inkling_lab"):])
-        elif frame.filename.startswith("<") or "ipykernel" in frame.filename:
+        elif frame.filename.startswith("<"):  # a catalog snippet
+            where = frame.filename
+        elif "ipykernel" in frame.filename:
             where = "<cell>"
         else:
             folded += 1
@@ -473,7 +478,29 @@ class expect_error:
             print(format_traceback(exc))
             print()
             print(f"✓ raised as expected: {code}, {self.entry.title}")
-            print("  " + self.entry.meaning)
+            print(textwrap.fill(self.entry.meaning, 88, initial_indent="  ", subsequent_indent="  "))
             print(f"  → fix and more: il.explain({code!r})")
             sys.stdout.flush()
         return True
+
+
+def _run_snippet(source: str, name: str) -> None:
+    # Registered with linecache so that tracebacks show the snippet's own lines.
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    exec(compile(source, name, "exec"), {})
+
+
+def demonstrate(code: str, show: bool = True) -> None:
+    """Walk one entry through: run its trigger (it must raise exactly this error),
+    show the traceback and the meaning, then run its fix (it must run clean)."""
+    entry = CATALOG[code]
+    if show:
+        print(f"── {code}: {entry.title} ──")
+        print(textwrap.indent((entry.setup + entry.trigger).rstrip(), "  >>> ", lambda _: True))
+    with expect_error(code, show=show):
+        _run_snippet(entry.trigger_source(), f"<{code} trigger>")
+    _run_snippet(entry.fix_source(), f"<{code} fix>")
+    if show:
+        print("Fix:")
+        print(textwrap.indent(entry.fix.rstrip(), "  >>> ", lambda _: True))
+        print("✓ the fix runs clean")

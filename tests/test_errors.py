@@ -1,0 +1,94 @@
+"""The catalog is closed and complete (in the spirit of rustc's error index):
+every entry's trigger raises exactly its error through the library, every fix runs
+clean, every message is recognised by ``explain``, and notebook 03 walks every code."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import inkling_lab as il
+from inkling_lab.errors import CATALOG, NoCatalogEntry, demonstrate, expect_error, find_entry, format_traceback
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("code", sorted(CATALOG))
+def test_trigger_raises_exactly_its_error_and_the_fix_runs(code, capsys):
+    demonstrate(code, show=True)
+    out = capsys.readouterr().out
+    assert f"✓ raised as expected: {code}" in out and "✓ the fix runs clean" in out
+
+
+@pytest.mark.parametrize("code", sorted(CATALOG))
+def test_the_error_comes_from_the_library(code):
+    entry = CATALOG[code]
+    with expect_error(code, show=False) as caught:
+        exec(entry.trigger_source(), {})
+    if caught.exception is not None:  # warnings carry no traceback
+        frames = [f.filename for f in __import__("traceback").extract_tb(caught.exception.__traceback__)]
+        assert any("inkling_lab" in f for f in frames), f"{code} was raised outside the library: {frames}"
+
+
+@pytest.mark.parametrize("code", sorted(CATALOG))
+def test_entries_are_complete_and_explain_finds_them(code):
+    e = CATALOG[code]
+    assert re.fullmatch(r"ISL-[EKW]\d{3}", code)
+    assert all([e.title, e.message, e.meaning, e.when, e.trigger, e.fix]), code
+    assert all(r in CATALOG for r in e.related), f"{code} relates to unknown codes {e.related}"
+    assert il.explain(code) is e
+    assert code in e.explain() and e.meaning.split()[0] in e.explain()
+
+
+def test_explain_reads_pasted_tracebacks_and_exceptions():
+    pasted = """Traceback (most recent call last):
+  File "/srv/sglang/python/sglang/srt/models/inkling_common/lora.py", line 412, in set_lora_info
+    raise ValueError(
+ValueError: Inkling shared-sink LoRA outer factors must have expert dimension 1 or 4
+[2026-11-29 10:00:01] Scheduler hit an exception"""
+    assert il.explain(pasted).code == "ISL-E002"
+    assert il.explain(ValueError("Inkling shared-sink LoRA requires four 4D MoE buffers")).code == "ISL-E001"
+    assert il.explain("IndexError: Shared-sink LoRA slot out of range: [-1, 0, 2, 7]").code == "ISL-E008"
+    assert il.explain("RuntimeError: shape '[2, 3, 4]' is invalid for input of size 26").code == "ISL-E012"
+
+
+def test_explain_without_a_match_says_so_and_suggests():
+    with pytest.raises(NoCatalogEntry, match="no catalog entry matches 'Inkling shared-sink LoRA rank dims"):
+        il.explain("Inkling shared-sink LoRA rank dims do not agree")
+    with pytest.raises(NoCatalogEntry, match="closest: ISL-E005"):
+        il.explain("Inkling shared-sink LoRA rank dimensions do not agree")
+    assert find_entry("nothing like it") is None
+
+
+def test_expect_error_fails_when_nothing_or_something_else_is_raised():
+    with pytest.raises(AssertionError, match="expected ISL-E001 .* but nothing was raised"):
+        with expect_error("ISL-E001", show=False):
+            pass
+    with pytest.raises(AssertionError, match=r"expected ISL-E001 .* but got ValueError: .*\[ISL-E004\]"):
+        with expect_error("ISL-E001", show=False):
+            raise ValueError("Inkling shared-sink LoRA expert count does not match")
+    with pytest.raises(AssertionError, match=r"\[not in the catalog\]"):
+        with expect_error("ISL-E001", show=False):
+            raise ValueError("something else")
+    with pytest.raises(AssertionError, match="but got IndexError"):  # right words, wrong type
+        with expect_error("ISL-E001", show=False):
+            raise IndexError("Inkling shared-sink LoRA requires four 4D MoE buffers")
+    with pytest.raises(KeyError, match="unknown catalog code"):
+        expect_error("ISL-E999")
+
+
+def test_tracebacks_show_no_machine_paths():
+    try:
+        il.SharedSinkLoRA(2, 8, 6).set_lora_info(*il.LoRAPool(2, 8, 6, 1, 4).buffers()[:3], None)
+    except Exception as exc:  # noqa: BLE001 - any failure will do
+        text = format_traceback(exc)
+    assert "/work/" not in text and "/tmp/" not in text and str(ROOT) not in text
+    assert 'File "inkling_lab/' in text
+
+
+def test_notebook_03_walks_every_code():
+    nb = json.loads((ROOT / "notebooks" / "03_error_walkthroughs.ipynb").read_text())
+    shown = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                    for o in c.get("outputs", []))
+    missing = [code for code in CATALOG if f"✓ raised as expected: {code}" not in shown]
+    assert not missing, f"notebook 03 does not demonstrate {missing}: re-run it"

@@ -1,0 +1,33 @@
+import pytest
+
+from inkling_lab.geometry import BUFFER_NAMES, PRESETS, Geometry
+
+
+def test_buffer_shapes_follow_the_spec_symbols():
+    g = Geometry(n=3, hidden=16, intermediate=10, rank=4, slots=5, outer=3)
+    assert g.buffer_shapes() == {
+        "gate_up_a": (5, 3, 8, 16), "gate_up_b": (5, 3, 20, 4),
+        "down_a": (5, 3, 4, 10), "down_b": (5, 3, 16, 4)}
+    assert list(g.buffer_shapes()) == list(BUFFER_NAMES)
+    assert (g.w13, g.w2) == ((3, 20, 16), (3, 16, 10))
+    assert (g.w1_delta, g.a_cat) == ((5, 60, 8), (5, 4, 30))
+    assert not g.shared_outer and g.with_(outer=1).shared_outer
+
+
+@pytest.mark.parametrize("outer", [0, 2, 4])
+def test_outer_must_be_one_or_n(outer):
+    with pytest.raises(ValueError, match="outer must be 1"):
+        Geometry(n=3, hidden=4, intermediate=4, outer=outer)
+
+
+@pytest.mark.parametrize("field", ["n", "hidden", "intermediate", "slots"])
+def test_sizes_must_be_positive(field):
+    kwargs = dict(n=2, hidden=4, intermediate=4)
+    kwargs[field] = 0
+    with pytest.raises(ValueError, match=field):
+        Geometry(**kwargs)
+
+
+def test_presets_match_the_benchmark_shapes():
+    assert (PRESETS["A"].n, PRESETS["A"].hidden, PRESETS["A"].intermediate) == (2, 1536, 768)
+    assert (PRESETS["B"].n, PRESETS["B"].hidden, PRESETS["B"].intermediate) == (2, 4096, 2048)

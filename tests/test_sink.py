@@ -1,0 +1,96 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inkling_lab.sink import SharedSink, gate_up_rows, linearize, swiglu_sink
+
+
+def _inputs(sink, T, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, sink.hidden_size, generator=g).to(dtype)
+    gammas = torch.rand(T, sink.n_shared_experts, generator=g).to(dtype)
+    return x, gammas
+
+
+def _by_hand(sink, x, gammas):
+    """Every expert, every token, the SPEC §1 formula written out."""
+    F = sink.intermediate_size
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for e in range(sink.n_shared_experts):
+            y = sink.w13[e].double() @ x[t].double()
+            if sink.interleaved:
+                gate, up = y[0::2], y[1::2]
+            else:
+                gate, up = y[:F], y[F:]
+            act = torch.nn.functional.silu(gate) * up * gammas[t, e].double()
+            out[t] += sink.w2[e].double() @ act
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 4), H=st.integers(1, 12), F=st.integers(1, 9), T=st.integers(0, 7),
+       interleaved=st.booleans(), seed=st.integers(0, 2**16))
+def test_both_forms_equal_the_formula(n, H, F, T, interleaved, seed):
+    sink = SharedSink(n, H, F, interleaved=interleaved, dtype=torch.float64, seed=seed)
+    x, gammas = _inputs(sink, T, seed)
+    want = _by_hand(sink, x, gammas)
+    for form in ("linearized", "per_expert"):
+        got = sink.base_forward(x, gammas, form=form)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_layouts_are_a_row_permutation_of_each_other():
+    inter = SharedSink(2, 8, 5, interleaved=True, dtype=torch.float64, seed=3)
+    contig = SharedSink(2, 8, 5, interleaved=False, dtype=torch.float64)
+    gate, up = gate_up_rows(5, interleaved=True)
+    with torch.no_grad():
+        contig.w13.copy_(torch.cat([inter.w13[:, gate], inter.w13[:, up]], dim=1))
+        contig.w2.copy_(inter.w2)
+    x, gammas = _inputs(inter, 6)
+    torch.testing.assert_close(contig(x, gammas), inter(x, gammas), rtol=1e-12, atol=1e-12)
+
+
+def test_batched_input_keeps_its_shape_and_matches_flat():
+    sink = SharedSink(3, 6, 4, dtype=torch.float64)
+    x, gammas = _inputs(sink, 10)
+    out = sink(x.view(2, 5, 6), gammas.view(2, 5, 3))
+    assert out.shape == (2, 5, 6)
+    torch.testing.assert_close(out.view(10, 6), sink(x, gammas))
+
+
+def test_gammas_weight_each_expert_linearly():
+    sink = SharedSink(2, 6, 4, dtype=torch.float64)
+    x, _ = _inputs(sink, 4)
+    only0 = sink(x, torch.tensor([[1.0, 0.0]] * 4, dtype=torch.float64))
+    only1 = sink(x, torch.tensor([[0.0, 1.0]] * 4, dtype=torch.float64))
+    both = sink(x, torch.tensor([[2.0, 3.0]] * 4, dtype=torch.float64))
+    torch.testing.assert_close(both, 2 * only0 + 3 * only1)
+
+
+def test_activation_is_float32_and_cast_once():
+    y = torch.randn(3, 2, 8).to(torch.bfloat16)
+    act = swiglu_sink(y, torch.ones(3, 2, dtype=torch.bfloat16), interleaved=True)
+    assert act.dtype == torch.bfloat16
+    y32 = y.float()
+    want = (torch.nn.functional.silu(y32[..., 0::2]) * y32[..., 1::2]).to(torch.bfloat16)
+    assert torch.equal(act, want)
+
+
+def test_linearized_weights_are_expert_major():
+    w13, w2 = torch.randn(3, 4, 5), torch.randn(3, 5, 2)
+    w13_lin, w2_lin = linearize(w13, w2)
+    assert w13_lin.shape == (12, 5) and w2_lin.shape == (6, 5)
+    assert torch.equal(w13_lin[4 + 1], w13[1, 1])
+    assert torch.equal(w2_lin[1 * 2 + 1], w2[1, :, 1])
+
+
+def test_bad_inputs_name_the_tensor():
+    sink = SharedSink(2, 6, 4)
+    with pytest.raises(ValueError, match="x must end in a dimension of size 6"):
+        sink(torch.randn(3, 5), torch.rand(3, 2))
+    with pytest.raises(ValueError, match="gammas has 2 tokens but x has 3"):
+        sink(torch.randn(3, 6), torch.rand(2, 2))
+    with pytest.raises(ValueError, match="form must be"):
+        sink.base_forward(torch.randn(3, 6), torch.rand(3, 2), form="fused")

@@ -1,0 +1,130 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inkling_lab.errors import find_entry
+from inkling_lab.pool import LoRAFactors, LoRAPool
+from inkling_lab.validate import FINDING_TITLES, MSG_V2_DISAGREE, diagnose_pool, validate_pool
+
+N = 3
+GOOD = [(2, 1, 8, 16), (2, 3, 20, 4), (2, 3, 4, 10), (2, 1, 16, 4)]
+
+
+def _with(i, shape):
+    shapes = list(GOOD)
+    shapes[i] = shape
+    return shapes
+
+
+CASES = [  # (shapes, upstream message), one per check, in upstream's order
+    (_with(0, (1, 8, 16)), "Inkling shared-sink LoRA requires four 4D MoE buffers"),
+    (_with(3, (2, 1, 16, 4, 1)), "Inkling shared-sink LoRA requires four 4D MoE buffers"),
+    (_with(0, (2, 2, 8, 16)), "Inkling shared-sink LoRA outer factors must have expert dimension 1 or 3"),
+    (_with(3, (2, 4, 16, 4)), "Inkling shared-sink LoRA outer factors must have expert dimension 1 or 3"),
+    (_with(0, (2, 3, 8, 16)), "Inkling shared-sink gate-up A and down B must use the same expert layout"),
+    (_with(1, (2, 1, 60, 4)), "Inkling shared-sink LoRA expert count does not match"),
+    (_with(2, (2, 2, 4, 10)), "Inkling shared-sink LoRA expert count does not match"),
+    (_with(0, (2, 1, 4, 16)), "Inkling shared-sink LoRA rank dimensions do not match"),
+    (_with(2, (2, 3, 10, 4)), "Inkling shared-sink LoRA rank dimensions do not match"),
+    (_with(3, (2, 1, 16, 8)), "Inkling shared-sink LoRA rank dimensions do not match"),
+]
+
+
+@pytest.mark.parametrize("shapes,message", CASES)
+def test_upstream_messages_and_first_finding(shapes, message):
+    with pytest.raises(ValueError) as info:
+        validate_pool(*shapes, n_shared_experts=N)
+    assert str(info.value) == message
+    d = diagnose_pool(*shapes, n_shared_experts=N)
+    assert d.upstream_error == message
+    assert d.findings[0].upstream and d.findings[0].code == find_entry(message).code
+    assert d.findings[0].fix
+
+
+def test_first_failure_wins():
+    # not 4D *and* wrong experts: the 4D check comes first
+    shapes = [(1, 8, 16), (2, 5, 20, 4), GOOD[2], GOOD[3]]
+    with pytest.raises(ValueError, match="four 4D"):
+        validate_pool(*shapes, n_shared_experts=N)
+
+
+def test_v2_folds_checks_two_to_five():
+    for shapes, message in CASES:
+        with pytest.raises(ValueError) as info:
+            validate_pool(*shapes, n_shared_experts=N, generation="v2")
+        want = message if "4D" in message else MSG_V2_DISAGREE.format(n=N)
+        assert str(info.value) == want
+
+
+def test_valid_pool_layout():
+    layout = validate_pool(*GOOD, n_shared_experts=N)
+    assert (layout.slots, layout.outer, layout.rank, layout.hidden, layout.intermediate, layout.shared_outer) == \
+        (2, 1, 4, 16, 10, True)
+    assert diagnose_pool(*GOOD, n_shared_experts=N).ok
+
+
+shape_st = st.lists(st.integers(0, 7), min_size=0, max_size=6).map(tuple)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ga=shape_st, gb=shape_st, da=shape_st, db=shape_st, n=st.integers(1, 5))
+def test_validate_raises_iff_diagnose_reports_an_upstream_finding(ga, gb, da, db, n):
+    d = diagnose_pool(ga, gb, da, db, n_shared_experts=n, hidden_size=4, intermediate_size=3, max_loras=2)
+    try:
+        validate_pool(ga, gb, da, db, n_shared_experts=n)
+    except ValueError as exc:
+        assert d.upstream_findings, d
+        assert d.upstream_findings[0].code == find_entry(exc).code
+        assert d.upstream_error == str(exc)
+    else:
+        assert not d.upstream_findings and d.layout is not None
+    assert all(f.code in FINDING_TITLES and f.message and f.fix for f in d.findings)
+    str(d)  # the report renders for any input
+
+
+@settings(max_examples=100, deadline=None)
+@given(shapes=st.lists(shape_st.filter(lambda s: len(s) <= 4), min_size=4, max_size=4),
+       dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.int64]), min_size=4, max_size=4))
+def test_diagnose_never_raises_on_real_tensors(shapes, dtypes):
+    tensors = [torch.zeros(s, dtype=dt) for s, dt in zip(shapes, dtypes)]
+    diagnose_pool(*tensors, n_shared_experts=2, lora_ranks=[1, 2])
+
+
+def _codes(*buffers, **kw):
+    return diagnose_pool(*buffers, n_shared_experts=2, **kw).codes
+
+
+def _real_pool(**kw):
+    pool = LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, **kw)
+    pool.load(0, LoRAFactors.random(2, 8, 6, rank=2, seed=0))
+    return pool
+
+
+def test_what_upstream_does_not_check():
+    ga, gb, da, db = _real_pool().buffers()
+    assert _codes(ga, gb, da, db, hidden_size=8, intermediate_size=6, max_loras=3, lora_ranks=[2, 0, 0]) == []
+    assert _codes(ga, gb, da, db, hidden_size=9) == ["ISL-D101", "ISL-D101"]
+    assert _codes(ga, gb, da, db, intermediate_size=5) == ["ISL-D102", "ISL-D102"]
+    assert _codes(ga, gb, da[..., :5], db) == ["ISL-D102"]
+    assert "ISL-D103" in _codes(ga, gb[:, :, :11], da, db)
+    assert _codes(ga, gb, da[:2], db) == ["ISL-D104"]
+    assert _codes(ga.double(), gb, da, db) == ["ISL-D105"]
+    assert _codes(ga, gb, da, db, max_loras=2) == ["ISL-D108"]
+    bad = db.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    assert _codes(ga, gb, da, bad) == ["ISL-D107"]
+    padded = da.clone()
+    padded[0, :, 3] = 1.0
+    assert _codes(ga, gb, padded, db, lora_ranks=[2, 0, 0]) == ["ISL-D109"]
+    assert _codes(ga, gb, padded, db) == ["ISL-D109"]  # without ranks: the factors disagree
+
+
+def test_fixes_name_the_target_shape():
+    ga, gb, da, db = LoRAPool(n=2, hidden=8, intermediate=6, slots=1, max_rank=4).buffers()
+    d = diagnose_pool(ga[0, 0], gb, da, db, n_shared_experts=2)
+    assert "reshape(1, 1, 8, 8)" in d.findings[0].fix and "[1, 1, 8, 8]" in d.findings[0].fix
+    d = diagnose_pool(ga, gb, da.transpose(2, 3), db, n_shared_experts=2)
+    assert "transposed" in d.findings[0].fix and "[1, 2, 4, 6]" in d.findings[0].fix
+    d = diagnose_pool(ga.expand(-1, 2, -1, -1), gb, da, db, n_shared_experts=2)
+    assert d.codes == ["ISL-E003"] and "expand(-1, 2, -1, -1)" in d.findings[0].fix
