@@ -19,10 +19,16 @@ import re
 import sys
 import textwrap
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+
+class UpstreamDefectWarning(UserWarning):
+    """Upstream raises nothing here but computes something else than intended (``ISL-W…``)."""
+
 
 SNIPPET_PRELUDE = "import torch\nimport inkling_lab as il\n"
 """What every snippet may assume: ``torch`` and ``inkling_lab as il``."""
@@ -366,6 +372,35 @@ _ENTRIES: list[CatalogEntry] = [
         related=("ISL-K103",), origin="inkling_lab"),
     # -- adapters (issue 3): entries for the adapter loader and converter go here ------
     # -- warnings (issue 7): the per-expert outer defect goes here -----------------------
+    CatalogEntry(
+        code="ISL-W001", title="a per-expert outer adapter is computed wrongly by sglang 0.5.23",
+        exc_type=UpstreamDefectWarning,
+        message="{adapter or pool} uses the per-expert outer LoRA layout (O = {n}): sglang 0.5.23 computes a "
+                "wrong gate/up delta for it without raising (relative error {e} of the sink output on random "
+                "inputs). il.explain('ISL-W001') says what to do",
+        pattern=r"uses the per-expert outer LoRA layout \(O = \d+\): sglang 0\.5\.23 computes a wrong "
+                r"gate/up delta",
+        meaning="In the per-expert outer layout (O = n: every expert has its own gate-up A and down B) "
+                "sglang 0.5.23 loads and serves the adapter, but its gate/up delta is wrong: the up half of "
+                "gate-up A is never read (the gate shrink feeds the up B too), and gate-up B's [gate | up] "
+                "rows are added in contiguous order onto the interleaved activation input, so gate and up "
+                "deltas land on the wrong features. The down delta is right; the shared outer layout is "
+                "right. Upstream's own code, run on random inputs, was off by 0.6-1.2 of the sink output; "
+                "defect_report measures it for a given adapter. "
+                "When every expert's outer factors are the same, collapse them to shared outer (exact; "
+                "inkling-lab convert does it); otherwise do not serve the adapter from a per-expert pool "
+                "on sglang 0.5.23 (merge it into the base weights, or export shared outer factors).",
+        when="An adapter whose shared-sink factors are saved per expert (shared_experts.<e>.<proj>...), "
+             "e.g. a trainer that exports every expert's outer factors, or a pool created with outer=n.",
+        setup="from inkling_lab.upstream_defect import collapse_identical_outer, defect_report\n"
+              "shared = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=4, seed=0)\n"
+              "factors = il.LoRAFactors(shared.gate_up_a.expand(2, -1, -1), shared.gate_up_b, shared.down_a,\n"
+              "                         shared.down_b.expand(2, -1, -1))  # the same outer factors, once per expert\n",
+        trigger="defect_report(factors).warn()  # runs both computations; warns for the per-expert layout\n",
+        fix="ga, db, collapsed = collapse_identical_outer(factors.gate_up_a, factors.down_b)  # exact\n"
+            "fixed = il.LoRAFactors(ga, factors.gate_up_b, factors.down_a, db)\n"
+            "defect_report(fixed).warn()  # shared outer: computed as intended upstream, no warning\n",
+        related=("ISL-E015", "ISL-E003"), origin="sglang 0.5.23 (silent)"),
 ]
 
 CATALOG: dict[str, CatalogEntry] = {e.code: e for e in _ENTRIES}
@@ -459,10 +494,19 @@ class expect_error:
         self.exception: BaseException | None = None
 
     def __enter__(self) -> "expect_error":
+        self._warnings: warnings.catch_warnings | None = None
+        if isinstance(self.entry.exc_type, type) and issubclass(self.entry.exc_type, Warning):
+            # A warning raises nothing: inside the block it is made an error, so that a
+            # warning demo checks itself exactly like an error demo.
+            self._warnings = warnings.catch_warnings()
+            self._warnings.__enter__()
+            warnings.simplefilter("error", self.entry.exc_type)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:
+        if self._warnings is not None:
+            self._warnings.__exit__(None, None, None)
         code = self.entry.code
         if exc is None:
             raise AssertionError(f"expected {code} ({self.entry.title}), but nothing was raised")
