@@ -179,8 +179,8 @@ class DefectReport:
     slot_errors: dict[int, float] = field(default_factory=dict)
     tokens: int = 0
     seed: int = 0
-    intended: torch.Tensor | None = None
-    upstream: torch.Tensor | None = None
+    intended: torch.Tensor | None = field(default=None, repr=False)
+    upstream: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def affected(self) -> bool:
@@ -256,8 +256,10 @@ def _as_pool(source: Source, what: str | None) -> tuple[tuple[torch.Tensor, ...]
     if len(buffers) != 4 or any(b.dim() != 4 for b in buffers):
         raise ValueError("defect_report takes LoRAFactors, a LoRAPool or the four 4D pool buffers "
                          f"(gate_up_a, gate_up_b, down_a, down_b), got shapes {[tuple(b.shape) for b in buffers]}")
-    slots, rank = buffers[1].shape[0], buffers[1].shape[-1]
-    return buffers, [rank] * slots, what or "the pool"
+    # Without the pool's records, a slot whose four buffers are all zero is an empty one.
+    ranks = [0 if all(not b[s].any() for b in buffers) else buffers[1].shape[-1]
+             for s in range(buffers[1].shape[0])]
+    return buffers, ranks, what or "the pool"
 
 
 def defect_report(source: Source, *, interleaved: bool = True, tokens_per_slot: int = 8, seed: int = 0,
