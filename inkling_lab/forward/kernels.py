@@ -1,0 +1,203 @@
+"""The three Triton kernels of the batched shared-sink forward (SPEC §1, §4).
+
+One forward is three launches, each reading its weights once:
+
+1. ``shrink_kernel``: ``part[k, t, o, 0:2R] = x[t, kslice] @ gate_up_A[s(t), o, :, kslice].T``,
+   the gate/up LoRA shrink, split over ``H`` into ``SPLIT`` partial sums so that a
+   few tokens still keep many multiprocessors busy. It also zeroes ``mid``.
+2. ``up_kernel``: per tile of tokens and of ``BF`` features of one expert,
+   ``gate, up = x @ w13[e, rows].T`` (one dot: the tile's weight rows are read as
+   gate/up pairs, whatever the base layout), plus the LoRA expand
+   ``shrink @ gate_up_B[s, e].T`` for each slot present in the tile, then
+   ``act = silu(gate) * up * gamma`` in float32, stored once in the working dtype,
+   and the down shrink ``act @ down_A[s, e].T`` atomically added into ``mid [T, O, R]``
+   (for the shared outer, ``O = 1`` and the add over experts *is* the expert sum).
+3. ``down_kernel``: ``out = act @ w2_lin + Σ_o mid[:, o] @ down_B[s, o].T`` per slot.
+
+No token order is assumed: every tile reads its tokens' slots and loops over the
+slots it holds (tokens grouped by slot make that one slot per tile almost always).
+Slot ``-1`` (base only, or a rank-0 slot) skips the LoRA terms. The per-expert outer
+layout (``O = n``) runs through the same code: expert ``e`` uses outer index
+``o = e * O_STEP`` with ``O_STEP = 1``, the shared outer ``O_STEP = 0``.
+
+Shapes in SPEC symbols. Weights: ``w13 [n, 2F, H]``, ``w2 [n, H, F]``; pool:
+``gate_up_a [S, O, 2R, H]``, ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``,
+``down_b [S, O, H, R]``; all contiguous.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_slots(slot_ptr, rows, row_ok):
+    """The tile's token slots and the range of real slots in it (empty when none)."""
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=-1)
+    smin = tl.min(tl.where(slot >= 0, slot, 1 << 30), axis=0)
+    smax = tl.max(slot, axis=0)
+    return slot, smin, smax
+
+
+@triton.jit
+def shrink_kernel(x_ptr, slot_ptr, ga_ptr, part_ptr, mid_ptr,
+                  T, H, R, O, K_CHUNK,
+                  BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """Grid ``(cdiv(T, BM), O * S, SPLIT)``: program ``(m, o*S + s, k)`` writes the rows
+    of slot ``s`` in token tile ``m`` of ``part [SPLIT, T, O*2R]`` (float32)."""
+    pid_m, pid_os, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    S = tl.num_programs(1) // O
+    o, s_prog = pid_os // S, pid_os % S
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < T
+    slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
+    # The 2R output columns as two halves of BR: column j is half j // BR, rank j % BR.
+    j = tl.arange(0, 2 * BR)
+    r = j % BR
+    col_ok = r < R
+    a_row = (s_prog * O + o) * 2 * R + (j // BR) * R + r
+    k0 = pid_k * K_CHUNK
+    # 0 or 1 iterations: this program's slot, if the tile holds it.
+    for s in range(tl.maximum(smin, s_prog), tl.minimum(smax + 1, s_prog + 1)):
+        acc = tl.zeros((BM, 2 * BR), dtype=tl.float32)
+        for k in range(k0, k0 + K_CHUNK, BK):
+            kk = k + tl.arange(0, BK)
+            k_ok = kk < H
+            xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(ga_ptr + a_row[:, None] * H + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                         other=0.0)
+            acc = tl.dot(xt, tl.trans(at), acc)
+        dst = part_ptr + pid_k * T * O * 2 * R + rows[:, None] * (O * 2 * R) + o * 2 * R + (j // BR * R + r)[None, :]
+        tl.store(dst, acc, mask=(row_ok & (slot == s))[:, None] & col_ok[None, :])
+    if (pid_os == 0) & (pid_k == 0):
+        rr = tl.arange(0, BR)
+        for oo in range(0, O):
+            tl.store(mid_ptr + rows[:, None] * (O * R) + oo * R + rr[None, :],
+                     tl.zeros((BM, BR), dtype=tl.float32), mask=row_ok[:, None] & (rr < R)[None, :])
+
+
+@triton.jit
+def up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr,
+              slot_ptr, scale_ptr, part_ptr, gb_ptr, da_ptr, mid_ptr,
+              T, H, F, R, O, N_EXP, SPLIT, O_STEP, ROW_STEP, UP_OFFSET,
+              HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
+              BR: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
+    features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
+    up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F)."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(T, BM)
+    n_f = N_EXP * tl.cdiv(F, BF)
+    # Grouped order: GROUP_M token tiles walk the same weight columns while they sit in L2.
+    group = GROUP_M * n_f
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_f = (pid % group) // size_m
+    fb_per_e = tl.cdiv(F, BF)
+    e = pid_f // fb_per_e
+    f0 = (pid_f % fb_per_e) * BF
+
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < T
+    jj = tl.arange(0, 2 * BF)  # weight rows as (gate f0, up f0, gate f0+1, up f0+1, ...)
+    f_of_j = f0 + jj // 2
+    w_row = e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET
+    w_ok = f_of_j < F
+    acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
+    for k in range(0, H, BK):
+        kk = k + tl.arange(0, BK)
+        k_ok = kk < H
+        xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(xt, tl.trans(wt), acc)
+    gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
+
+    fs = f0 + tl.arange(0, BF)
+    f_ok = fs < F
+    if HAS_LORA:
+        slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
+        o = e * O_STEP
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            scale = tl.load(scale_ptr + s)
+            sg = tl.zeros((BM, BR), dtype=tl.float32)
+            su = tl.zeros((BM, BR), dtype=tl.float32)
+            src = part_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
+            ld = sel[:, None] & r_ok[None, :]
+            for k in range(0, SPLIT):
+                sg += tl.load(src + k * T * O * 2 * R, mask=ld, other=0.0)
+                su += tl.load(src + k * T * O * 2 * R + R, mask=ld, other=0.0)
+            b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
+            bmask = r_ok[:, None] & f_ok[None, :]
+            bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)        # [BR, BF]
+            bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
+            gate += scale * tl.dot(sg.to(bg.dtype), bg)
+            up += scale * tl.dot(su.to(bu.dtype), bu)
+
+    gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
+    act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
+    act_lp = act.to(act_ptr.dtype.element_ty)
+    tl.store(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :], act_lp,
+             mask=row_ok[:, None] & f_ok[None, :])
+
+    if HAS_LORA:
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            a_sel = tl.where(sel[:, None], act_lp, 0.0).to(act_lp.dtype)
+            da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None],
+                         mask=f_ok[:, None] & r_ok[None, :], other=0.0)                    # [BF, BR]
+            m = tl.dot(a_sel, da)
+            tl.atomic_add(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :], m,
+                          mask=sel[:, None] & r_ok[None, :])
+
+
+@triton.jit
+def down_kernel(act_ptr, w2_ptr, out_ptr,
+                slot_ptr, scale_ptr, mid_ptr, db_ptr,
+                T, H, F, R, O, N_EXP,
+                HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                BR: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
+    ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(T, BM)
+    n_n = tl.cdiv(H, BN)
+    group = GROUP_M * n_n
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+
+    rows = pid_m * BM + tl.arange(0, BM)
+    row_ok = rows < T
+    hs = pid_n * BN + tl.arange(0, BN)
+    h_ok = hs < H
+    kb = tl.cdiv(F, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for i in range(0, N_EXP * kb):
+        e = i // kb
+        fs = (i - e * kb) * BK + tl.arange(0, BK)
+        f_ok = fs < F
+        at = tl.load(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :],
+                     mask=row_ok[:, None] & f_ok[None, :], other=0.0)
+        wt = tl.load(w2_ptr + e * H * F + hs[None, :] * F + fs[:, None],
+                     mask=f_ok[:, None] & h_ok[None, :], other=0.0)                     # [BK, BN]
+        acc = tl.dot(at, wt, acc)
+
+    if HAS_LORA:
+        slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            scale = tl.load(scale_ptr + s)
+            for o in range(0, O):
+                m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
+                            mask=sel[:, None] & r_ok[None, :], other=0.0)
+                b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
+                            mask=r_ok[:, None] & h_ok[None, :], other=0.0)              # [BR, BN]
+                acc += scale * tl.dot(m.to(b.dtype), b)
+    tl.store(out_ptr + rows[:, None] * H + hs[None, :], acc, mask=row_ok[:, None] & h_ok[None, :])

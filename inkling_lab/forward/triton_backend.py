@@ -1,0 +1,129 @@
+"""The Triton backend: three launches per forward (``forward/kernels.py``).
+
+``triton_forward(sink, x, gammas, batch)`` is ``launch(sink, x, gammas, plan(...))``:
+``plan`` turns the ``SlotBatch`` into device tensors (each token's effective slot,
+``-1`` for base only and rank-0 slots, and the per-slot scalings) and picks tile
+sizes for the token count; ``launch`` only enqueues kernels, so a CUDA graph can
+capture it and replay it against the same plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+from . import kernels
+
+if TYPE_CHECKING:
+    from ..batch import SlotBatch
+    from ..lora import SharedSinkLoRA
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile sizes of the three kernels. ``bm`` tokens per tile; ``bf`` features per up
+    tile (its dot is ``2*bf`` wide: gate and up); ``bn`` hidden columns per down tile;
+    ``bk`` the reduction step; ``k_chunk`` the shrink's split of ``H``."""
+
+    bm: int
+    bf: int
+    bn: int
+    bk: int
+    k_chunk: int
+    warps: int
+    stages: int
+    group_m: int = 8
+
+
+def pick_tiles(num_tokens: int) -> Tiles:
+    """Tiles by token count: few tokens stream weights (narrow tiles, many programs,
+    the shrink split over ``H``); many tokens are a GEMM (wide tiles, one shrink pass).
+    Chosen from the H200 sweep recorded in KERNEL_NOTES.md."""
+    if num_tokens <= 16:
+        return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=4, stages=4)
+    if num_tokens <= 64:
+        return Tiles(bm=max(16, triton.next_power_of_2(num_tokens)), bf=16, bn=16, bk=128, k_chunk=128,
+                     warps=4, stages=4)
+    if num_tokens <= 512:
+        return Tiles(bm=64, bf=32, bn=64, bk=64, k_chunk=512, warps=4, stages=4)
+    return Tiles(bm=128, bf=64, bn=128, bk=64, k_chunk=1 << 30, warps=8, stages=3)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one batch needs on the device: ``slots [T]`` int32 (``-1``: no LoRA),
+    ``scalings [S]`` float32, ``has_lora`` and the tiles."""
+
+    slots: torch.Tensor
+    scalings: torch.Tensor
+    has_lora: bool
+    tiles: Tiles
+
+
+def plan(sink: "SharedSinkLoRA", num_tokens: int, batch: "SlotBatch | None", device: torch.device,
+         tiles: Tiles | None = None) -> Plan:
+    """The device-side description of ``batch`` for ``launch`` (host work, not capturable)."""
+    tiles = tiles or pick_tiles(num_tokens)
+    if batch is None or sink.lora_buffers is None or not batch.active_slots():
+        empty = torch.full((max(num_tokens, 1),), -1, dtype=torch.int32, device=device)
+        return Plan(empty, torch.ones(1, device=device), False, tiles)
+    slots = batch.token_slots().clone()
+    ranks = batch.lora_ranks
+    lora = slots >= 0
+    slots[lora] = torch.where(ranks[slots[lora]] == 0, -1, slots[lora])
+    return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
+                True, tiles)
+
+
+def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Plan,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Enqueue the forward for ``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` (x's dtype)."""
+    T, H = x.shape
+    n, F = sink.n_shared_experts, sink.intermediate_size
+    out = torch.empty_like(x) if out is None else out
+    if T == 0:
+        return out
+    x, gammas = x.contiguous(), gammas.contiguous()
+    w13, w2 = sink.w13.detach(), sink.w2.detach()
+    t = p.tiles
+    act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+    if p.has_lora:
+        ga, gb, da, db = (b.detach().contiguous() for b in sink.lora_buffers)
+        S, O, two_r, _ = ga.shape
+        R = two_r // 2
+        BR = max(16, triton.next_power_of_2(R))
+        split = triton.cdiv(H, t.k_chunk)
+        k_chunk = triton.cdiv(triton.cdiv(H, split), 16) * 16  # a multiple of the step below
+        bk_shrink = next(b for b in (64, 32, 16) if k_chunk % b == 0)
+        part = torch.empty(split, T, O * 2 * R, dtype=torch.float32, device=x.device)
+        mid = torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+        kernels.shrink_kernel[(triton.cdiv(T, t.bm), O * S, split)](
+            x, p.slots, ga, part, mid, T, H, R, O, k_chunk,
+            BM=t.bm, BR=BR, BK=bk_shrink, num_warps=4, num_stages=3)
+        o_step = 0 if O == 1 else 1
+    else:
+        gb = da = db = part = mid = x  # never read: HAS_LORA=False drops every use
+        O = R = split = o_step = 0
+        BR = 16
+    row_step, up_offset = (2, 1) if sink.interleaved else (1, F)
+    grid_up = (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf),)
+    kernels.up_kernel[grid_up](
+        x, w13, gammas, act, p.slots, p.scalings, part, gb, da, mid,
+        T, H, F, R, O, n, split, o_step, row_step, up_offset,
+        HAS_LORA=p.has_lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+        num_warps=t.warps, num_stages=t.stages)
+    grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
+    kernels.down_kernel[grid_down](
+        act, w2, out, p.slots, p.scalings, mid, db,
+        T, H, F, R, O, n,
+        HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+        num_warps=t.warps, num_stages=t.stages)
+    return out
+
+
+def triton_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
+                   batch: "SlotBatch | None") -> torch.Tensor:
+    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (base plus LoRA)."""
+    return launch(sink, x, gammas, plan(sink, x.shape[0], batch, x.device))

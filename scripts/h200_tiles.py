@@ -1,0 +1,80 @@
+"""Tile sweep for the Triton backend on a CUDA GPU (run on the H200; see KERNEL_NOTES.md).
+
+Correctness against the float64 reference first, then every candidate ``Tiles`` at a
+few token counts of shapes A and B (R 64, S 4), with the torch and cuBLAS paths for
+comparison. Writes one JSON (``--out``) and prints the best tiles per point.
+
+    PYTHONPATH=. python3 scripts/h200_tiles.py --out /tmp/tiles.json
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import asdict
+
+import torch
+
+from inkling_lab import profile as pr
+from inkling_lab.forward.triton_backend import Tiles, launch, plan
+
+BIG = 1 << 30
+CANDIDATES = [
+    Tiles(16, 16, 16, 128, 128, 4, 4), Tiles(16, 16, 16, 256, 128, 4, 3), Tiles(16, 16, 16, 64, 128, 4, 6),
+    Tiles(16, 16, 16, 128, 256, 2, 4), Tiles(16, 32, 32, 128, 128, 4, 4), Tiles(32, 16, 16, 128, 128, 4, 4),
+    Tiles(64, 32, 64, 64, 512, 4, 4), Tiles(64, 64, 64, 64, 512, 4, 3), Tiles(32, 32, 32, 64, 256, 4, 4),
+    Tiles(128, 64, 128, 64, BIG, 8, 3), Tiles(128, 64, 128, 64, BIG, 8, 4), Tiles(128, 128, 256, 64, BIG, 8, 3),
+    Tiles(64, 64, 128, 64, BIG, 4, 4), Tiles(128, 64, 64, 64, BIG, 4, 4), Tiles(128, 128, 128, 64, BIG, 8, 3),
+    Tiles(128, 64, 128, 64, BIG, 8, 3, group_m=1),
+]
+
+
+def fits(t: Tiles, T: int) -> bool:
+    if T <= 32:
+        return t.bm <= 32 and t.bf <= 32
+    if T <= 512:
+        return t.bm <= 128
+    return t.bm >= 64
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", default="1,8,32,128,512,2048,8192")
+    args = ap.parse_args()
+    ceilings = pr.measure_ceilings()
+    print("ceilings", ceilings, flush=True)
+    flush = pr.L2Flush("cuda")
+    rows = []
+    for shape in ("A", "B"):
+        base = None
+        for T in [int(v) for v in args.tokens.split(",")]:
+            c = pr.Case.of(shape, 64, 4, T)
+            sink, x, g, batch = pr.build_case(c, "cuda", base=base)
+            base = sink
+            roof = pr.roofline(c, **ceilings).us
+            for t in [t for t in CANDIDATES if fits(t, T)]:
+                p = plan(sink, T, batch, x.device, t)
+                out = torch.empty_like(x)
+                try:
+                    us = statistics.median(pr.time_graph(lambda: launch(sink, x, g, p, out), flush, 30))
+                except Exception as exc:  # a tile that does not fit in shared memory, say
+                    print(shape, T, t, "FAILED", type(exc).__name__, str(exc)[:120], flush=True)
+                    continue
+                rows.append({"shape": shape, "T": T, "tiles": asdict(t), "us": us, "roofline_us": roof})
+            for b in ("torch", "cublas_base"):
+                fn, cap = pr._runner(b, sink, x, g, batch)
+                us = statistics.median((pr.time_graph if cap else pr.time_eager)(fn, flush, 20))
+                rows.append({"shape": shape, "T": T, "tiles": b, "us": us, "roofline_us": roof})
+            here = [r for r in rows if r["shape"] == shape and r["T"] == T]
+            best = min((r for r in here if isinstance(r["tiles"], dict)), key=lambda r: r["us"])
+            others = {r["tiles"]: round(r["us"], 1) for r in here if isinstance(r["tiles"], str)}
+            print(f"{shape} T={T:5d} roof {roof:7.1f}  best {best['us']:8.1f} ({best['us'] / roof:.2f}x) "
+                  f"{tuple(best['tiles'].values())}  {others}", flush=True)
+            for r in sorted(here, key=lambda r: r["us"]):
+                print("    ", round(r["us"], 1), r["tiles"] if isinstance(r["tiles"], str) else tuple(r["tiles"].values()))
+    pr.write_json(args.out, {"environment": pr.environment("scripts/h200_tiles.py"), "ceilings": ceilings,
+                             "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
