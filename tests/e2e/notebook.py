@@ -1,0 +1,238 @@
+"""A person's steps in one JupyterLab notebook, through Playwright: open it, wait for its
+kernel, Run All from the Run menu, read what every cell shows, and play with the first
+slider or dropdown.
+
+Actions go through the page as a person makes them (menu clicks, mouse drags, choosing
+an option); the checks read JupyterLab's own notebook model (``window.jupyterapp``,
+exposed by the server flag in lab.py) for execution counts, tags and output types, and
+the DOM for what is drawn.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from playwright.sync_api import Error as PlaywrightError, Locator, Page
+
+from .lab import LabServer
+
+APP_TIMEOUT_MS = 90_000
+KERNEL_TIMEOUT_MS = 120_000
+RUN_TIMEOUT_MS = 240_000
+WIDGET_TIMEOUT_MS = 60_000
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+TRACEBACK = "Traceback (most recent call last)"
+# What a notebook shows instead of a widget when the widget manager is not working.
+WIDGET_FALLBACKS = ("Loading widgets...", "Error displaying widget")
+
+# The notebook panel of `path` among JupyterLab's main-area widgets.
+_PANEL = """const panel = Array.from(window.jupyterapp.shell.widgets('main'))
+    .find(w => w.context && w.context.path === path);"""
+
+_KERNEL_IDLE = f"""path => {{ {_PANEL}
+    const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
+    return Boolean(kernel) && kernel.status === 'idle'; }}"""
+
+_RUN_DONE = f"""path => {{ {_PANEL}
+    const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+    return Boolean(kernel) && kernel.status === 'idle'
+        && panel.content.widgets.every(cell => cell.model.executionState !== 'running'); }}"""
+
+_CELLS = f"""path => {{ {_PANEL}
+    return panel.content.widgets.map((cell, index) => {{
+        const model = cell.model;
+        const report = {{index, type: model.type, source: model.sharedModel.getSource(),
+                        tags: model.getMetadata('tags') || [], count: null, outputs: []}};
+        if (model.type !== 'code') return report;
+        report.count = model.executionCount;
+        for (let i = 0; i < model.outputs.length; i++) {{
+            const output = model.outputs.get(i).toJSON();
+            report.outputs.push({{type: output.output_type, ename: output.ename || '',
+                                 evalue: output.evalue || '', mimes: Object.keys(output.data || {{}})}});
+        }}
+        // What is drawn: top-level outputs holding a live widget, and widget-held
+        // outputs (ipywidgets.Output) showing a traceback.
+        const area = cell.outputArea.node;
+        const tops = Array.from(area.querySelectorAll(':scope > .jp-OutputArea-child'));
+        report.drawnWidgets = tops.filter(top => top.querySelector('.jupyter-widgets')).length;
+        report.widgetTracebacks = Array.from(area.querySelectorAll(
+            '.widget-output [data-mime-type="application/vnd.jupyter.stderr"]'))
+            .map(node => node.innerText).filter(text => text.includes({TRACEBACK!r}));
+        report.text = area.innerText;
+        return report;
+    }}); }}"""
+
+# Everything a widget's cell shows except the control itself (whose own readout changes
+# with it): text, plus images by their data, so a redrawn plot counts as a change.
+_SHOWN_BESIDE = """control => {
+    const own = control.closest('.jupyter-widgets');
+    const area = control.closest('.jp-Cell-outputArea');
+    const parts = [];
+    const walker = document.createTreeWalker(area, NodeFilter.SHOW_TEXT | NodeFilter.SHOW_ELEMENT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        if (own.contains(node)) continue;
+        if (node.nodeType === Node.TEXT_NODE) parts.push(node.textContent);
+        else if (node.tagName === 'IMG') parts.push(node.getAttribute('src'));
+        else if (node.tagName === 'svg') parts.push(node.outerHTML);
+    }
+    return parts.join('');
+}"""
+
+_CONTROLS = ".jp-Notebook .widget-slider .noUi-handle, .jp-Notebook .widget-dropdown select"
+
+
+class KernelUnavailable(RuntimeError):
+    """The notebook's kernel did not start or did not become idle."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one cell shows after Run All.
+
+    ``errors`` holds "Name: value" for each error output; ``widget_tracebacks`` the
+    tracebacks drawn inside widgets; ``widget_outputs`` counts the outputs that are
+    widget views in the model and ``drawn_widgets`` those drawn as live widgets.
+    """
+
+    index: int
+    kind: str
+    source: str
+    tags: tuple[str, ...]
+    count: int | None
+    errors: tuple[str, ...]
+    widget_outputs: int
+    drawn_widgets: int
+    widget_tracebacks: tuple[str, ...]
+    text: str
+
+    @property
+    def where(self) -> str:
+        first = self.source.strip().splitlines()[0] if self.source.strip() else ""
+        return f"cell {self.index} ({first[:60]!r})"
+
+
+@dataclass(frozen=True)
+class WidgetChange:
+    """The first slider or dropdown, moved: its kind and what its cell showed before and after."""
+
+    kind: str
+    before: str
+    after: str
+
+
+class NotebookPage:
+    """One notebook (``path``, relative to the server root) open in ``page``."""
+
+    def __init__(self, page: Page, lab: LabServer, path: str) -> None:
+        self.page = page
+        self.lab = lab
+        self.path = path
+
+    def _until(self, script: str, timeout_ms: float) -> None:
+        self.page.wait_for_function(script, arg=self.path, timeout=timeout_ms, polling=250)
+
+    def open(self) -> None:
+        """Load JupyterLab on this notebook (a fresh workspace) and wait for an idle kernel.
+
+        Raises KernelUnavailable, with the server's log, when the kernel never gets idle.
+        """
+        self.page.goto(self.lab.url(f"lab/tree/{self.path}") + "&reset", timeout=APP_TIMEOUT_MS)
+        self.page.wait_for_function(
+            f"path => {{ {_PANEL} return Boolean(panel); }}", arg=self.path, timeout=APP_TIMEOUT_MS)
+        try:
+            self._until(_KERNEL_IDLE, KERNEL_TIMEOUT_MS)
+        except PlaywrightError as exc:
+            raise KernelUnavailable(
+                f"{self.path}: the kernel did not become idle within {KERNEL_TIMEOUT_MS / 1000:.0f} s "
+                f"({exc}). Server log:\n{self.lab.log_tail()}") from exc
+
+    def run_all(self) -> None:
+        """Run > Run All Cells, then wait until no cell is queued or running."""
+        self.page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        try:
+            self._until(_RUN_DONE, RUN_TIMEOUT_MS)
+        except PlaywrightError as exc:
+            raise KernelUnavailable(
+                f"{self.path}: Run All did not finish within {RUN_TIMEOUT_MS / 1000:.0f} s ({exc}). "
+                f"Server log:\n{self.lab.log_tail()}") from exc
+
+    def cells(self) -> list[Cell]:
+        """What every cell shows now."""
+        return [
+            Cell(index=raw["index"], kind=raw["type"], source=raw["source"], tags=tuple(raw["tags"]),
+                 count=raw["count"],
+                 errors=tuple(f"{o['ename']}: {o['evalue']}" for o in raw["outputs"] if o["type"] == "error"),
+                 widget_outputs=sum(WIDGET_MIME in o["mimes"] for o in raw["outputs"]),
+                 drawn_widgets=raw.get("drawnWidgets", 0),
+                 widget_tracebacks=tuple(raw.get("widgetTracebacks", ())), text=raw.get("text", ""))
+            for raw in self.page.evaluate(_CELLS, self.path)
+        ]
+
+    def change_first_widget(self) -> WidgetChange:
+        """Move the notebook's first slider (drag its handle across the track) or choose
+        another option of its first dropdown, and wait until the rest of that cell's
+        output changes.
+
+        Raises AssertionError when the notebook has no slider or dropdown, or when
+        nothing beside the control changes within WIDGET_TIMEOUT_MS.
+        """
+        controls = self.page.locator(_CONTROLS)
+        if controls.count() == 0:
+            raise AssertionError(f"{self.path}: no slider or dropdown drawn to play with")
+        control = controls.first
+        control.scroll_into_view_if_needed()
+        before = control.evaluate(_SHOWN_BESIDE)
+        kind = self._drag_slider(control) if control.evaluate("n => n.tagName") != "SELECT" \
+            else self._choose_other_option(control)
+        try:
+            self.page.wait_for_function(
+                f"([control, before]) => ({_SHOWN_BESIDE})(control) !== before",
+                arg=[control.element_handle(), before], timeout=WIDGET_TIMEOUT_MS, polling=250)
+        except PlaywrightError:
+            raise AssertionError(
+                f"{self.path}: moved the first {kind}, but its cell's output did not change within "
+                f"{WIDGET_TIMEOUT_MS / 1000:.0f} s; it shows:\n{before[:2000]}") from None
+        self._until(_RUN_DONE, WIDGET_TIMEOUT_MS)
+        return WidgetChange(kind=kind, before=before, after=control.evaluate(_SHOWN_BESIDE))
+
+    def _drag_slider(self, handle: Locator) -> str:
+        track = handle.locator("xpath=ancestor::*[contains(@class, 'noUi-target')]").bounding_box()
+        grip = handle.bounding_box()
+        if track is None or grip is None:
+            raise AssertionError(f"{self.path}: the first slider is not visible")
+        y = grip["y"] + grip["height"] / 2
+        start = grip["x"] + grip["width"] / 2
+        # Across to the far side of the track from where the handle sits.
+        left_half = start < track["x"] + track["width"] / 2
+        end = track["x"] + track["width"] * (0.8 if left_half else 0.2)
+        self.page.mouse.move(start, y)
+        self.page.mouse.down()
+        self.page.mouse.move(end, y, steps=8)
+        self.page.mouse.up()
+        return "slider"
+
+    def _choose_other_option(self, select: Locator) -> str:
+        options = select.locator("option")
+        if options.count() < 2:
+            raise AssertionError(f"{self.path}: the first dropdown has fewer than two options")
+        current = select.evaluate("s => s.selectedIndex")
+        select.select_option(index=(current + 1) % options.count())
+        return "dropdown"
+
+    def screenshot(self, path: Path, *, at_first_widget: bool = False) -> None:
+        """Save what the window shows: the notebook's top, or its first widget's cell."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if at_first_widget:
+            self.page.locator(_CONTROLS).first.evaluate(
+                "n => n.closest('.jp-Cell').scrollIntoView({block: 'start'})")
+        else:
+            self.page.locator(".jp-Notebook .jp-Cell").first.scroll_into_view_if_needed()
+        self.page.wait_for_timeout(300)  # let the scroll settle before the picture
+        self.page.screenshot(path=str(path))
+
+    def shut_kernel_down(self) -> None:
+        """Stop this notebook's kernel, so the next notebook has the CPU."""
+        self.page.evaluate(f"async path => {{ {_PANEL} if (panel) await panel.sessionContext.shutdown(); }}",
+                           self.path)
