@@ -371,6 +371,228 @@ _ENTRIES: list[CatalogEntry] = [
         fix="pool.load(2, factors)\n",
         related=("ISL-K103",), origin="inkling_lab"),
     # -- adapters (issue 3): entries for the adapter loader and converter go here ------
+    CatalogEntry(
+        code="ISL-K201", title="no adapter_config.json in the adapter folder", exc_type=FileNotFoundError,
+        message="{folder}/adapter_config.json: no adapter_config.json: a PEFT adapter is a folder with "
+                "adapter_config.json and adapter_model.safetensors",
+        pattern=r"no adapter_config\.json",
+        meaning="load_adapter (and inkling-lab doctor/convert) read a PEFT adapter folder: its config gives "
+                "the rank r and lora_alpha, without which the factors cannot be checked or scaled. The path "
+                "named no such file: a wrong folder, a parent folder, or a checkpoint saved without its config.",
+        when="Pointing at the training run's output folder instead of the adapter inside it, a typo, or "
+             "copying only the weights file.",
+        setup=("import tempfile\nfrom pathlib import Path\n"
+              "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+              "folder = Path(tempfile.mkdtemp()) / 'my_adapter'\n"
+              "save_adapter(synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4), folder)\n"),
+        trigger="(folder / 'adapter_config.json').unlink()  # only the weights are left\n"
+                "load_adapter(folder)\n",
+        fix="load_adapter(folder)  # the folder that holds adapter_config.json and adapter_model.safetensors\n",
+        related=("ISL-K202", "ISL-K203"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K202", title="a malformed adapter config", exc_type=ValueError,
+        message="{folder}/adapter_config.json: malformed adapter config: {what is wrong}",
+        pattern=r"malformed adapter config: ",
+        meaning="adapter_config.json must be a JSON object of a LoRA adapter with a positive integer r and "
+                "a numeric lora_alpha (PEFT's default 8 when absent). The message names the field and the "
+                "value found.",
+        when="A hand-edited config (a string for r, a trailing comma), a config of another PEFT method, or "
+             "a file truncated on copy.",
+        setup="import tempfile\nfrom pathlib import Path\n"
+              "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+              "folder = Path(tempfile.mkdtemp()) / 'my_adapter'\n"
+              "save_adapter(synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4), folder)\n"
+              "config = folder / 'adapter_config.json'\n",
+        trigger="config.write_text('{\"peft_type\": \"LORA\", \"r\": \"four\", \"lora_alpha\": 8}')\n"
+                "load_adapter(folder)\n",
+        fix="config.write_text('{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8}')\n"
+            "load_adapter(folder)\n",
+        related=("ISL-K201", "ISL-K206"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K203", title="no adapter_model.safetensors (pickle checkpoints are refused)",
+        exc_type=FileNotFoundError,
+        message="{folder}/adapter_model.safetensors: no adapter_model.safetensors{ (found adapter_model.bin: "
+                "pickle checkpoints are never loaded ...)}",
+        pattern=r"no adapter_model\.safetensors",
+        meaning="The kit loads adapter weights only from safetensors: unpickling a .bin or .pt file can run "
+                "arbitrary code, so such files are never opened. Convert a checkpoint you trust once, with "
+                "torch.load(..., weights_only=True) and safetensors.torch.save_file.",
+        when="Old PEFT versions (adapter_model.bin), or a folder whose weights were not copied.",
+        setup="import tempfile\nfrom pathlib import Path\n"
+              "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+              "folder = Path(tempfile.mkdtemp()) / 'my_adapter'\n"
+              "save_adapter(synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4), folder)\n"
+              "from safetensors.torch import load_file, save_file\n"
+              "bin_path = folder / 'adapter_model.bin'\n"
+              "torch.save(load_file(folder / 'adapter_model.safetensors'), bin_path)\n"
+              "(folder / 'adapter_model.safetensors').unlink()  # an old-style folder: weights as a pickle\n",
+        trigger="load_adapter(folder)\n",
+        fix="save_file(torch.load(bin_path, weights_only=True), folder / 'adapter_model.safetensors')\n"
+            "load_adapter(folder)\n",
+        related=("ISL-K201", "ISL-K204"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K204", title="a truncated or corrupt safetensors file", exc_type=ValueError,
+        message="{folder}/adapter_model.safetensors: not a readable safetensors file ({size} bytes: {reason}); "
+                "it is truncated or corrupt: export or download it again",
+        pattern=r"not a readable safetensors file",
+        meaning="The weights file does not parse as safetensors: its header or its data is cut short or "
+                "overwritten. Nothing of it is used.",
+        when="An interrupted download or copy, a full disk during export, a Git LFS pointer file instead of "
+             "the weights.",
+        setup="import tempfile\nfrom pathlib import Path\n"
+              "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+              "folder = Path(tempfile.mkdtemp()) / 'my_adapter'\n"
+              "save_adapter(synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4), folder)\n"
+              "weights = folder / 'adapter_model.safetensors'\ncomplete = weights.read_bytes()\n",
+        trigger="weights.write_bytes(complete[:100])  # cut short\nload_adapter(folder)\n",
+        fix="weights.write_bytes(complete)  # the whole file again\nload_adapter(folder)\n",
+        related=("ISL-K203",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K205", title="a shared-sink factor that is not a 2D matrix", exc_type=ValueError,
+        message="{file}: tensor '{key}' is {k}D [...]; a shared-sink LoRA factor is a 2D matrix {expected}: ...",
+        pattern=r"a shared-sink LoRA factor is a 2D matrix",
+        meaning="In a PEFT file every shared-sink factor is one plain matrix: A [r, in], B [out, r], with the "
+                "experts stacked (B) or side by side (down A) in the flat layout. The pool's expert and slot "
+                "axes are added by normalization and the converter, not stored in the adapter.",
+        when="An adapter re-saved from an engine's pool or from an MoE framework that keeps an expert axis.",
+        setup=("from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n"),
+        trigger="Adapter.from_state(ad.config, {**ad.weights, key: ad.weights[key].reshape(4, 2, 6)})  # [r, n, F]\n",
+        fix="Adapter.from_state(ad.config, ad.weights)  # down A as PEFT stores it: [r, n*F] = [4, 12]\n",
+        related=("ISL-K206", "ISL-E001"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K206", title="a factor's rank axis does not match r", exc_type=ValueError,
+        message="{file}: tensor '{key}' has shape [...]: its rank axis (dim {0 or 1}) is {k}, but "
+                "adapter_config.json says r={r}; ...",
+        pattern=r"its rank axis \(dim \d\) is \d+, but adapter_config\.json says r=\d+",
+        meaning="A is [r, in] (rank axis 0), B is [out, r] (rank axis 1), and r comes from the config. A "
+                "factor whose other axis is r is stored transposed: load_adapter transposes it and reports "
+                "the repair (repair=False refuses). Otherwise the config's r or the factor is wrong.",
+        when="An export that wrote A or B transposed (a Linear's weight vs. a matmul operand), an r edited in "
+             "the config, or a config of another adapter.",
+        setup=("from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n"),
+        trigger="Adapter.from_state(ad.config, {**ad.weights, key: ad.weights[key].T}, repair=False)  # [n*F, r]\n",
+        fix="repaired = Adapter.from_state(ad.config, {**ad.weights, key: ad.weights[key].T})  # repair=True\n"
+            "print(repaired.findings[0].code, 'repaired:', list(repaired.weights[key].shape))\n",
+        related=("ISL-K202", "ISL-K205"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K207", title="a tensor under shared_experts names no shared-sink projection", exc_type=ValueError,
+        message="{file}: tensor '{key}' is under shared_experts but is no shared-sink LoRA factor: expected "
+                "'<module>.shared_experts[.<e>].<proj>.lora_A.weight' (or lora_B) with <proj> one of ...",
+        pattern=r"is under shared_experts but is no shared-sink LoRA factor",
+        meaning="The shared sink's projections are gate_proj, up_proj, gate_up_proj and down_proj (or w1, "
+                "w3, w2). A key under shared_experts with another name, or that is no lora_A/lora_B weight, "
+                "would be silently skipped by an engine; the kit refuses it and suggests the closest name.",
+        when="A typo in an export script, another model family's names, or DoRA/bias tensors under the sink.",
+        setup=("from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n"),
+        trigger="typo = {k.replace('gate_proj', 'gate_prj'): v for k, v in ad.weights.items()}\n"
+                "Adapter.from_state(ad.config, typo)\n",
+        fix="Adapter.from_state(ad.config, ad.weights)  # gate_proj, up_proj, down_proj\n",
+        related=("ISL-K208",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K208", title="no shared-sink LoRA factors in the adapter", exc_type=ValueError,
+        message="{file}: no shared-sink LoRA factors: no tensor is named "
+                "'<module>.mlp.shared_experts.<proj>.lora_A.weight' (or lora_B), ...",
+        pattern=r"no shared-sink LoRA factors",
+        meaning="The adapter trains other modules only (attention, routed experts): there is nothing to put "
+                "in the shared sink's pool.",
+        when="An adapter whose target_modules did not include the shared experts' projections.",
+        setup=("from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n"),
+        trigger="attention_only = {'model.layers.0.self_attn.q_proj.lora_A.weight': torch.zeros(4, 8),\n"
+                "                  'model.layers.0.self_attn.q_proj.lora_B.weight': torch.zeros(8, 4)}\n"
+                "Adapter.from_state(ad.config, attention_only)\n",
+        fix="Adapter.from_state(ad.config, ad.weights)  # trained with the shared experts in target_modules\n",
+        related=("ISL-K207",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K209", title="a LoRA A without its B (or B without A)", exc_type=ValueError,
+        message="{file}: '{key}' has no matching '{other key}': every LoRA factor needs its A and its B",
+        pattern=r"has no matching .*: every LoRA factor needs its A and its B",
+        meaning="A LoRA delta is B @ A: one without the other is no delta at all, and usually means a tensor "
+                "was lost or renamed on export.",
+        when="A filtered or merged state dict, a renamed key.",
+        setup=("from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n"),
+        trigger="no_b = {k: v for k, v in ad.weights.items() if k != key.replace('lora_A', 'lora_B')}\n"
+                "Adapter.from_state(ad.config, no_b)\n",
+        fix="Adapter.from_state(ad.config, ad.weights)\n",
+        related=("ISL-K208",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K210", title="per-expert factors that do not cover the sink's experts", exc_type=ValueError,
+        message="{file}: per-expert factor {module}.<e>.{proj}.lora_{A|B} is given for experts [...] but the "
+                "sink has n={n} shared experts (it needs experts 0..{n-1})",
+        pattern=r"per-expert factor .* is given (for experts|both)",
+        meaning="Per-expert named factors (shared_experts.<e>.<proj>...) give one factor per expert; the "
+                "pool needs exactly experts 0..n-1, and one form per factor (not also a shared one).",
+        when="An adapter exported for a model with another number of shared experts, or a lost expert.",
+        setup="from inkling_lab.adapters import synthetic_adapter\n"
+              "per_expert = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True)\n",
+        trigger="per_expert.factors(3)  # exported for 2 experts\n",
+        fix="per_expert.factors(2)\n",
+        related=("ISL-E004", "ISL-E012"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K211", title="an up_proj without its gate_proj", exc_type=ValueError,
+        message="{file}: {module}: up_proj has no gate_proj, so upstream leaves it unstacked and never "
+                "applies it; ...",
+        pattern=r"up_proj has no gate_proj, so upstream leaves it unstacked",
+        meaning="Upstream's normalization stacks gate and up into gate_up_proj; a gate alone gets a zero up, "
+                "but an up alone stays unstacked and never reaches the pool: sglang serves the base model for "
+                "it, silently. The converter stacks it with a zero gate (exact) and reports it; repair=False "
+                "refuses.",
+        when="Training only up_proj of the shared experts.",
+        setup="from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n"
+              "up_only = {k: v for k, v in ad.weights.items() if '.gate_proj.' not in k}\n",
+        trigger="Adapter.from_state(ad.config, up_only, repair=False).factors(2)\n",
+        fix="repaired = Adapter.from_state(ad.config, up_only)  # repair=True\n"
+            "repaired.factors(2)\nprint(repaired.findings[-1].code, 'stacked with a zero gate')\n",
+        related=("ISL-K212",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K212", title="one outer factor per expert, the other shared", exc_type=ValueError,
+        message="{file}: {module}: {gate-up A | down B} is given per expert but {the other} is shared; both "
+                "outer factors must use one layout: ...",
+        pattern=r"both outer factors must use one layout",
+        meaning="A pool slot has one outer layout (O = 1 or n) for gate-up A and down B together. When one "
+                "of them is per expert and the other shared, giving the shared one to every expert is exact: "
+                "the converter does that and reports it; repair=False refuses.",
+        when="A per-expert export that kept down B (or gate/up A) shared.",
+        setup="from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n"
+              "per_expert = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True)\n"
+              "mixed = {k: v for k, v in per_expert.weights.items() if 'down_proj' not in k}\n"
+              "mixed.update({k: v for k, v in ad.weights.items() if 'down_proj' in k})\n",
+        trigger="Adapter.from_state(ad.config, mixed, repair=False).factors(2)\n",
+        fix="repaired = Adapter.from_state(ad.config, mixed)  # repair=True\n"
+            "print(next(iter(repaired.factors(2).values())).down_b.shape)  # down B for each of the 2 experts\n",
+        related=("ISL-E003", "ISL-K211"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K213", title="refusing to write over a file", exc_type=FileExistsError,
+        message="refusing to write {file}: it already exists; pass --force (force=True) to replace it | it is "
+                "one of the input adapters' files ...",
+        pattern=r"refusing to write .*: it (already exists|is one of the input adapters' files)",
+        meaning="The converter never replaces a file unless told to (--force), and never writes over one of "
+                "its input adapters, even with --force. Its writes are atomic: a reader sees the old file or "
+                "the whole new one.",
+        when="Re-running inkling-lab convert with the same -o, or -o pointing into an adapter folder.",
+        setup="import tempfile\nfrom pathlib import Path\n"
+              "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+              "folder = Path(tempfile.mkdtemp()) / 'my_adapter'\n"
+              "save_adapter(synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4), folder)\n"
+              "from inkling_lab.convert import convert\n"
+              "pool = convert([load_adapter(folder)], n_shared_experts=2)\n"
+              "out = folder.parent / 'pool.safetensors'\npool.save(out)\n",
+        trigger="pool.save(out)  # a second time\n",
+        fix="pool.save(out, force=True)\n",
+        related=(), origin="inkling_lab"),
     # -- warnings (issue 7): the per-expert outer defect goes here -----------------------
     CatalogEntry(
         code="ISL-W001", title="a per-expert outer adapter is computed wrongly by sglang 0.5.23",

@@ -1,0 +1,541 @@
+"""PEFT adapters on disk, read for the shared sink (SPEC §6).
+
+A PEFT adapter is a folder with ``adapter_config.json`` (``r``, ``lora_alpha``,
+``target_modules``, ...) and ``adapter_model.safetensors``. Its shared-sink factors
+are plain 2D LoRA matrices named ``<module>.<proj>.lora_A.weight`` /
+``lora_B.weight``, ``<module>`` ending in ``mlp.shared_experts`` (per-expert exports:
+``<module>.<e>.<proj>...``) and ``<proj>`` one of ``gate_proj``, ``up_proj``,
+``gate_up_proj``, ``down_proj`` (or ``w1``, ``w3``, ``w2``):
+
+* gate A, up A, fused A ``[r, H]``; down B ``[H, r]`` (the outer factors);
+* gate B, up B ``[n*F, r]``, fused B ``[n*2F, r]`` (experts stacked); down A
+  ``[r, n*F]`` (experts side by side). Per-expert exports: ``[F, r]``, ``[r, F]``...
+
+``load_adapter`` reads and checks a folder (safetensors only, never pickle); every
+bad input is refused with the file, the tensor and what was expected (``ISL-K2xx``).
+Where the intent is unambiguous it repairs instead (a transposed factor, an up
+without a gate, an outer factor missing its expert axis), and every repair is
+reported in ``Adapter.findings``; ``repair=False`` refuses those too.
+``normalize_shared_sink`` is upstream's normalization, step for step, with
+upstream's raw errors; ``Adapter.factors(n)`` assembles the result into one
+``LoRAFactors`` per module, ready for ``LoRAPool.load``.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes
+
+from .pool import LoRAFactors
+from .validate import Finding
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+RENAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+"""SPEC §6 step 2: the ``w``-names of the same three projections."""
+PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", *RENAMES)
+
+_FACTOR_KEY = re.compile(
+    r"^(?P<module>.*shared_experts)\.(?:(?P<expert>\d+)\.)?(?P<proj>[^.]+)\.lora_(?P<ab>[AB])\.weight$")
+
+NOTES = {
+    "ISL-N201": "the adapter trains only part of the sink: the other factors are zero",
+    "ISL-N202": "tensors for other modules are left out",
+    "ISL-N203": "a gate without an up: its up half is zero (SPEC §6 step 3)",
+}
+"""Finding codes that are information, not errors: nothing needs fixing."""
+
+
+@dataclass(frozen=True)
+class FactorName:
+    """One parsed factor key: ``<module>[.<expert>].<proj>.lora_<ab>.weight``."""
+
+    module: str
+    expert: int | None
+    proj: str
+    ab: str
+
+    @classmethod
+    def parse(cls, key: str) -> "FactorName | None":
+        m = _FACTOR_KEY.match(key)
+        if m is None:
+            return None
+        e = m["expert"]
+        return cls(m["module"], None if e is None else int(e), m["proj"], m["ab"])
+
+    @property
+    def key(self) -> str:
+        expert = "" if self.expert is None else f".{self.expert}"
+        return f"{self.module}{expert}.{self.proj}.lora_{self.ab}.weight"
+
+    def with_(self, **changes: Any) -> "FactorName":
+        return FactorName(**{**self.__dict__, **changes})
+
+    @property
+    def canonical(self) -> str:
+        """The projection under its ``gate_proj``/``up_proj``/``down_proj`` name."""
+        return RENAMES.get(self.proj, self.proj)
+
+    @property
+    def rank_axis(self) -> int:
+        """A is ``[r, in]``, B is ``[out, r]``."""
+        return 0 if self.ab == "A" else 1
+
+    @property
+    def is_outer(self) -> bool:
+        """Gate/up A and down B: shared by all experts unless named per expert."""
+        return (self.ab == "A") != (self.canonical == "down_proj")
+
+    def expected(self) -> str:
+        """The 2D shape this factor should have, in SPEC symbols."""
+        flat = self.expert is None
+        if self.canonical == "down_proj":
+            return ("[r, n*F]" if flat else "[r, F]") if self.ab == "A" else "[H, r]"
+        if self.ab == "A":
+            return "[r, H]"
+        rows = "2F" if self.canonical == "gate_up_proj" else "F"
+        return f"[n*{rows}, r]" if flat else f"[{rows}, r]"
+
+
+def _where(source: str, file: str) -> str:
+    # The folder's name and the file: enough to find it, and no machine path in a
+    # notebook's stored output. The full path travels as a note on the exception.
+    return f"{Path(source).name or source}/{file}" if source else file
+
+
+def _refuse(exc: Exception, folder: Path | None) -> Exception:
+    if folder is not None:
+        exc.add_note(f"adapter folder: {folder}")
+    return exc
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return [int(d) for d in t.shape]
+
+
+@dataclass
+class Adapter:
+    """One PEFT LoRA adapter: its config and its tensors, checked.
+
+    ``weights`` holds every tensor of the file by key; the shared-sink factors among
+    them are 2D ``[r, in]`` (A) or ``[out, r]`` (B), already repaired. ``findings``
+    lists every repair and note, each with its code and fix.
+    """
+
+    name: str
+    r: int
+    lora_alpha: float
+    target_modules: Any
+    weights: dict[str, torch.Tensor]
+    config: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    sha256: str = ""
+    repair: bool = True
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def scaling(self) -> float:
+        """PEFT's ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
+        if self.config.get("use_rslora"):
+            return self.lora_alpha / self.r ** 0.5
+        return self.lora_alpha / self.r
+
+    @property
+    def factor_keys(self) -> list[str]:
+        return [k for k in self.weights if FactorName.parse(k) is not None]
+
+    @property
+    def modules(self) -> list[str]:
+        """The shared-sink modules (one per layer) this adapter trains, in file order."""
+        return list(dict.fromkeys(FactorName.parse(k).module for k in self.factor_keys))
+
+    @classmethod
+    def from_state(cls, config: Mapping[str, Any], weights: Mapping[str, torch.Tensor], name: str = "",
+                   source: str = "", sha256: str = "", repair: bool = True) -> "Adapter":
+        """Check a config and its tensors (what ``load_adapter`` does after reading).
+
+        Raises ``ISL-K202`` (config), ``ISL-K205``..``K209`` (tensors); repairs or,
+        with ``repair=False``, refuses transposed factors (``ISL-K206``).
+        """
+        where_cfg, where_w = _where(source, CONFIG_FILE), _where(source, WEIGHTS_FILE)
+        r, alpha, targets = _read_config(config, where_cfg)
+        adapter = cls(name or Path(source).name, r, alpha, targets, dict(weights), dict(config), source,
+                      sha256, repair)
+        others = 0
+        for key, t in weights.items():
+            fn = FactorName.parse(key)
+            if fn is None or fn.proj not in PROJECTIONS:
+                if "shared_experts" in key:
+                    raise ValueError(_unknown_name(where_w, key, fn))
+                others += 1
+                continue
+            adapter.weights[key] = adapter._checked(fn, t, where_w)
+        if not adapter.factor_keys:
+            raise ValueError(
+                f"{where_w}: no shared-sink LoRA factors: no tensor is named "
+                f"'<module>.mlp.shared_experts.<proj>.lora_A.weight' (or lora_B), <proj> one of "
+                f"{', '.join(PROJECTIONS)}; the file holds {len(weights)} tensor(s) for other modules")
+        _check_pairs(adapter.factor_keys, where_w)
+        if others:
+            adapter.findings.append(Finding(
+                "ISL-N202", where_w, f"{others} tensor(s) for other modules are not part of the shared sink "
+                "and are left out of its pool", "none needed: serve them with their own LoRA modules"))
+        return adapter
+
+    def _checked(self, fn: FactorName, t: torch.Tensor, where: str) -> torch.Tensor:
+        if t.numel() == 0:
+            return t  # a zero-size placeholder (SPEC §6: an absent up)
+        if t.dim() != 2:
+            raise ValueError(
+                f"{where}: tensor {fn.key!r} is {t.dim()}D {_shape(t)}; a shared-sink LoRA factor is a 2D "
+                f"matrix {fn.expected()}: export the plain PEFT factor, one per module (per expert: "
+                f"'{fn.module}.<e>.{fn.proj}...')")
+        axis = fn.rank_axis
+        if t.shape[axis] == self.r:
+            return t
+        if t.shape[1 - axis] == self.r and self.repair:
+            self.findings.append(Finding(
+                "ISL-K206", fn.key, f"{fn.key} is stored transposed {_shape(t)}; read as {_shape(t.T)} "
+                f"{fn.expected()} (r={self.r})",
+                f"none needed: the converter transposes it; re-export it as {fn.expected()} to silence this",
+                consequence="sglang reads it as stored: a raw reshape error or a wrong delta"))
+            return t.T.contiguous()
+        raise ValueError(
+            f"{where}: tensor {fn.key!r} has shape {_shape(t)}: its rank axis (dim {axis}) is {t.shape[axis]}, "
+            f"but {CONFIG_FILE} says r={self.r}; lora_{fn.ab} is {fn.expected()}"
+            + (" (it is transposed: load with repair=True to transpose it)" if t.shape[1 - axis] == self.r
+               else ": fix r in the config or re-export this factor"))
+
+    def normalized(self, n_shared_experts: int) -> dict[str, torch.Tensor]:
+        """The shared-sink factors after upstream's normalization (SPEC §6)."""
+        return normalize_shared_sink({k: self.weights[k] for k in self.factor_keys}, n_shared_experts)
+
+    def factors(self, n_shared_experts: int) -> dict[str, LoRAFactors]:
+        """One ``LoRAFactors`` per module: ``gate_up_a [O, 2r, H]``, ``gate_up_b [n, 2F, r]``,
+        ``down_a [n, r, F]``, ``down_b [O, H, r]``, ``O`` 1 or ``n``.
+
+        Raises upstream's raw reshape ``RuntimeError`` for flat factors that do not
+        split into ``n`` experts, ``ISL-K210`` for per-expert factors that do not
+        cover the experts; repairs (or refuses, ``ISL-K211``/``K212``) an up without
+        a gate and mixed outer layouts.
+        """
+        normalized = self.normalized(n_shared_experts)
+        for key in self.factor_keys:
+            fn = FactorName.parse(key)
+            if fn.canonical == "gate_proj" and fn.ab == "A":
+                up = self.weights.get(fn.with_(proj={"gate_proj": "up_proj", "w1": "w3"}[fn.proj]).key)
+                if up is None or not up.numel():
+                    self._note(Finding("ISL-N203", key, f"{key} has no up_proj: its up half is zero",
+                                       "none needed: upstream does the same"))
+        return {m: self._assemble(normalized, m, n_shared_experts) for m in self.modules}
+
+    def _note(self, finding: Finding) -> None:
+        # factors() may run more than once (one pool per geometry): report each thing once.
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def _assemble(self, normalized: dict[str, torch.Tensor], module: str, n: int) -> LoRAFactors:
+        where = _where(self.source, WEIGHTS_FILE)
+        self._stack_lone_up(normalized, module)
+        parts = {(proj, ab): _gather(normalized, module, proj, ab, n, where)
+                 for proj in ("gate_up_proj", "down_proj") for ab in "AB"}
+        ga, gb = parts["gate_up_proj", "A"], parts["gate_up_proj", "B"]
+        da, db = parts["down_proj", "A"], parts["down_proj", "B"]
+        dtype = next(t.dtype for t in parts.values() if t is not None)
+        r = self.r
+        if ga is None or da is None:
+            missing = "gate/up" if ga is None else "down"
+            self._note(Finding(
+                "ISL-N201", module, f"{module}: the adapter has no {missing} factors; they are zero in the pool",
+                "none needed: a zero factor adds no delta"))
+            if ga is None:
+                H, F = db.shape[-2], da.shape[-1]
+                ga, gb = torch.zeros(1, 2 * r, H, dtype=dtype), torch.zeros(n, 2 * F, r, dtype=dtype)
+            else:
+                H, F = ga.shape[-1], gb.shape[-2] // 2
+                da, db = torch.zeros(n, r, F, dtype=dtype), torch.zeros(1, H, r, dtype=dtype)
+        ga, db = self._one_outer_layout(module, ga, db, where)
+        return LoRAFactors(ga, gb, da, db, lora_alpha=self.scaling * r, name=self.name)
+
+    def _stack_lone_up(self, normalized: dict[str, torch.Tensor], module: str) -> None:
+        """An up without a gate: upstream leaves it unstacked, so sglang never applies
+        it. The intent is plain (train up only): stack it with a zero gate."""
+        for key in [k for k in normalized if k.startswith(module)]:
+            fn = FactorName.parse(key)
+            if fn is None or fn.module != module or fn.proj != "up_proj":
+                continue
+            if not self.repair:
+                raise ValueError(
+                    f"{_where(self.source, WEIGHTS_FILE)}: {module}: up_proj has no gate_proj, so upstream "
+                    "leaves it unstacked and never applies it; export gate_proj too (zeros if only up was "
+                    "trained), or load with repair=True")
+            up = normalized.pop(key)
+            normalized[fn.with_(proj="gate_up_proj").key] = torch.cat([torch.zeros_like(up), up], dim=-2)
+            self._note(Finding(
+                "ISL-K211", module, f"{module}: up_proj has no gate_proj; stacked with a zero gate",
+                "none needed: the converter stacks it; export gate_proj too to silence this",
+                consequence="sglang leaves it unstacked and silently serves the base model for up"))
+
+    def _one_outer_layout(self, module: str, ga: torch.Tensor, db: torch.Tensor, where: str
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        if ga.shape[0] == db.shape[0]:
+            return ga, db
+        shared, per = ("gate-up A", "down B") if ga.shape[0] == 1 else ("down B", "gate-up A")
+        if not self.repair:
+            raise ValueError(
+                f"{where}: {module}: {per} is given per expert but {shared} is shared; both outer factors must "
+                f"use one layout: name {shared} per expert too, or load with repair=True to give every expert "
+                "the shared one")
+        n = max(ga.shape[0], db.shape[0])
+        self._note(Finding(
+            "ISL-K212", module, f"{module}: {per} is per expert but {shared} is shared; the shared one now "
+            f"serves each of the {n} experts (exact)", f"none needed: the converter expands {shared}; "
+            f"name it per expert to silence this"))
+        return ga.expand(n, -1, -1).contiguous(), db.expand(n, -1, -1).contiguous()
+
+
+def _read_config(config: Mapping[str, Any], where: str) -> tuple[int, float, Any]:
+    def bad(detail: str) -> ValueError:
+        return ValueError(f"{where}: malformed adapter config: {detail}")
+
+    if not isinstance(config, Mapping):
+        raise bad(f"expected a JSON object, got {type(config).__name__}")
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise bad(f"peft_type is {config['peft_type']!r}; only LoRA adapters have shared-sink factors")
+    r = config.get("r")
+    if r is None:
+        raise bad('no "r" (the LoRA rank), e.g. "r": 8')
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise bad(f'"r" must be a positive integer, got {r!r}')
+    alpha = config.get("lora_alpha", 8)  # PEFT's default
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise bad(f'"lora_alpha" must be a number, got {alpha!r}')
+    return r, float(alpha), config.get("target_modules")
+
+
+def _unknown_name(where: str, key: str, fn: FactorName | None) -> str:
+    known = ", ".join(PROJECTIONS)
+    hint = ""
+    if fn is not None:
+        close = difflib.get_close_matches(fn.proj, PROJECTIONS, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (f"{where}: tensor {key!r} is under shared_experts but is no shared-sink LoRA factor: expected "
+            f"'<module>.shared_experts[.<e>].<proj>.lora_A.weight' (or lora_B) with <proj> one of {known}{hint}")
+
+
+def _check_pairs(keys: list[str], where: str) -> None:
+    present = set(keys)
+    for key in keys:
+        fn = FactorName.parse(key)
+        other = fn.with_(ab="B" if fn.ab == "A" else "A").key
+        if other not in present:
+            raise ValueError(f"{where}: {key!r} has no matching {other!r}: every LoRA factor needs its A and its B")
+
+
+def _gather(normalized: dict[str, torch.Tensor], module: str, proj: str, ab: str, n: int, where: str
+            ) -> torch.Tensor | None:
+    """One factor of one module with its expert axis: the shared tensor, or the
+    per-expert ones stacked (``[n, ...]``)."""
+    name = FactorName(module, None, proj, ab)
+    shared = normalized.get(name.key)
+    per = {}
+    for key, t in normalized.items():
+        fn = FactorName.parse(key)
+        if fn is not None and fn.expert is not None and fn.with_(expert=None) == name:
+            per[fn.expert] = t
+    if not per:
+        return shared
+    label = f"{module}.<e>.{proj}.lora_{ab}"
+    if shared is not None:
+        raise ValueError(f"{where}: per-expert factor {label} is given both per expert (experts {sorted(per)}) "
+                         f"and as one shared {name.key!r}: keep one of the two")
+    if sorted(per) != list(range(n)):
+        raise ValueError(f"{where}: per-expert factor {label} is given for experts {sorted(per)} but the sink "
+                         f"has n={n} shared experts (it needs experts 0..{n - 1})")
+    return torch.stack([per[e] for e in range(n)])
+
+
+def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts: int) -> dict[str, torch.Tensor]:
+    """Upstream's normalization of shared-sink factors (SPEC §6), in its three steps.
+
+    1. Reshape: flat down A ``[r, n*F] -> [n, r, F]``; flat gate, up or fused B
+       ``[n*X, r] -> [n, X, r]``; gate, up or fused A ``[r, H] -> [1, r, H]`` and down B
+       ``[H, r] -> [1, H, r]``. Per-expert named factors stay as they are. A width
+       or height that does not split into ``n`` raises torch's own reshape
+       ``RuntimeError``, as upstream does (``ISL-E012``).
+    2. Rename ``w1``/``w3``/``w2`` to ``gate_proj``/``up_proj``/``down_proj``.
+    3. Stack gate and up into ``gate_up_proj`` (A along the rank axis, B along the
+       feature axis); a gate without an up gets a zero up; an up without a gate
+       stays ``up_proj``; a fused A is repeated along its rank axis.
+
+    Keys that are no shared-sink factor pass through untouched.
+    """
+    n = n_shared_experts
+    reshaped: dict[str, torch.Tensor] = {}
+    for key, t in weights.items():
+        fn = FactorName.parse(key)
+        if fn is not None and fn.expert is None and t.dim() == 2:  # at rank 0 too, silently
+            if not fn.is_outer and fn.ab == "A":  # down A: experts side by side
+                t = t.reshape(t.shape[0], n, t.shape[1] // n).transpose(0, 1)
+            elif not fn.is_outer:  # gate, up or fused B: experts stacked
+                t = t.reshape(n, t.shape[0] // n, t.shape[1])
+            else:
+                t = t.unsqueeze(0)
+        reshaped[fn.with_(proj=fn.canonical).key if fn is not None else key] = t
+
+    out: dict[str, torch.Tensor] = {}
+    for key, t in reshaped.items():
+        fn = FactorName.parse(key)
+        if fn is None or fn.proj not in ("gate_proj", "up_proj", "gate_up_proj"):
+            out[key] = t
+        elif fn.proj == "gate_proj":
+            up = reshaped.get(fn.with_(proj="up_proj").key)
+            up = up if up is not None and up.numel() else torch.zeros_like(t)
+            out[fn.with_(proj="gate_up_proj").key] = torch.cat([t, up], dim=-2)
+        elif fn.proj == "gate_up_proj":
+            out[key] = torch.cat([t, t], dim=-2) if fn.ab == "A" else t
+        elif fn.with_(proj="gate_proj").key not in reshaped and t.numel():
+            out[key] = t  # an up without a gate stays unstacked
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Reading and writing folders
+# ----------------------------------------------------------------------------
+
+def _adapter_folder(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    return p.parent if p.name in (CONFIG_FILE, WEIGHTS_FILE) else p
+
+
+def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
+    """Read a PEFT adapter folder (or its config or weights file) into an ``Adapter``.
+
+    Safetensors only: a pickle checkpoint (``adapter_model.bin``) is refused, never
+    opened. Errors name the file and tensor: ``ISL-K201`` no config, ``K202``
+    malformed config, ``K203`` no weights file, ``K204`` corrupt weights, ``K205``
+    a factor not 2D, ``K206`` a factor of another rank, ``K207`` a name that is no
+    shared-sink projection, ``K208`` no shared-sink factor, ``K209`` an A without
+    its B. The sha256 of the weights file identifies the adapter in converted pools.
+    """
+    folder = _adapter_folder(path)
+    source = str(folder)
+    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not config_path.is_file():
+        why = "" if folder.is_dir() else " (the folder does not exist)"
+        raise _refuse(FileNotFoundError(
+            f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE}{why}: a PEFT adapter is a folder with "
+            f"{CONFIG_FILE} and {WEIGHTS_FILE}"), folder)
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _refuse(ValueError(
+            f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON ({exc})"), folder) from None
+    if not weights_path.is_file():
+        pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        hint = (f" (found {', '.join(sorted(pickled))}: pickle checkpoints are never loaded, because "
+                "unpickling runs code; re-save it with safetensors.torch.save_file)") if pickled else ""
+        raise _refuse(FileNotFoundError(f"{_where(source, WEIGHTS_FILE)}: no {WEIGHTS_FILE}{hint}"), folder)
+    raw = weights_path.read_bytes()
+    try:
+        weights = load_safetensors_bytes(raw)
+    except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
+        raise _refuse(ValueError(
+            f"{_where(source, WEIGHTS_FILE)}: not a readable safetensors file ({len(raw)} bytes: {exc}); it is "
+            "truncated or corrupt: export or download it again"), folder) from None
+    try:
+        return Adapter.from_state(config, weights, source=source, sha256=hashlib.sha256(raw).hexdigest(),
+                                  repair=repair)
+    except ValueError as exc:
+        raise _refuse(exc, folder)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and
+    ``os.replace``: a reader never sees half a file, a crash leaves the old one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_adapter(adapter: Adapter, folder: str | os.PathLike[str]) -> Path:
+    """Write ``adapter`` as a PEFT folder (config and safetensors, each atomically)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", **adapter.config, "r": adapter.r, "lora_alpha": adapter.lora_alpha,
+              "target_modules": adapter.target_modules}
+    tensors = {k: v.contiguous() for k, v in adapter.weights.items()}
+    atomic_write(folder / WEIGHTS_FILE, save_safetensors_bytes(tensors))
+    atomic_write(folder / CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    return folder
+
+
+NAMINGS = {
+    "gate_up": ("gate_proj", "up_proj", "down_proj"),
+    "fused": ("gate_up_proj", None, "down_proj"),
+    "w": ("w1", "w3", "w2"),
+}
+"""The three ways to name the sink's projections (SPEC §6): gate and up apart,
+fused, or ``w1``/``w3``/``w2``."""
+
+
+def synthetic_adapter(n: int, hidden: int, intermediate: int, rank: int, *, naming: str = "gate_up",
+                      per_expert: bool = False, lora_alpha: float | None = None, layers: tuple[int, ...] = (0,),
+                      seed: int = 0, dtype: torch.dtype = torch.float32, name: str = "") -> Adapter:
+    """A seeded PEFT adapter for an ``n``-expert sink of ``H=hidden``, ``F=intermediate``.
+
+    ``naming``: ``"gate_up"``, ``"fused"`` or ``"w"`` (``NAMINGS``). ``per_expert``:
+    every factor named per expert (``shared_experts.<e>.<proj>``, the per-expert
+    outer layout) instead of flat (shared outer). B is not zero (unlike at PEFT's
+    init), so that the delta is visible.
+    """
+    if naming not in NAMINGS:
+        raise ValueError(f"naming must be one of {sorted(NAMINGS)}, got {naming!r}")
+    gen = torch.Generator().manual_seed(seed)
+    gate, up, down = NAMINGS[naming]
+    fused = up is None
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen) / max(shape[-1], 1) ** 0.5).to(dtype)
+
+    experts = range(n) if per_expert else [None]
+    k = 1 if per_expert else n  # experts inside one flat inner factor
+    weights: dict[str, torch.Tensor] = {}
+    for layer in layers:
+        module = f"base_model.model.model.layers.{layer}.mlp.shared_experts"
+        for e in experts:
+            def put(proj: str, a: torch.Tensor, b: torch.Tensor) -> None:
+                weights[FactorName(module, e, proj, "A").key] = a
+                weights[FactorName(module, e, proj, "B").key] = b
+
+            rows = 2 * intermediate if fused else intermediate
+            put(gate, rnd(rank, hidden), rnd(k * rows, rank))
+            if not fused:
+                put(up, rnd(rank, hidden), rnd(k * intermediate, rank))
+            put(down, rnd(rank, k * intermediate), rnd(hidden, rank))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": "inkling-toy",
+              "r": rank, "lora_alpha": float(2 * rank if lora_alpha is None else lora_alpha),
+              "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
+              "target_modules": [p for p in (gate, up, down) if p is not None]}
+    return Adapter.from_state(config, weights, name=name or f"{naming}{'_per_expert' if per_expert else ''}")
