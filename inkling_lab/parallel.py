@@ -165,6 +165,32 @@ def shard_owners(n: int, intermediate: int, tp: int, interleaved: bool = True) -
     return owners
 
 
+_HOW_CUT = {
+    "w13": "the gate and up rows of the rank's F/tp features, in the sink's layout",
+    "w2": "cut along F",
+    "gate_up_a": "replicated",
+    "gate_up_b": "cut in two places: the rank's slice of the gate half and of the up half",
+    "down_a": "cut along F",
+    "down_b": "replicated",
+    "w1_delta": "rebuilt on the rank from its gate-up B shard (set_lora_info)",
+    "a_cat": "rebuilt on the rank from its down A shard (set_lora_info)",
+}
+
+
+def describe_shards(geometry: Geometry, tp: int, interleaved: bool = True) -> str:
+    """What each of ``tp`` ranks holds, tensor by tensor: the full shape, a rank's
+    shape and how it is cut. Read off a seeded module of ``geometry`` and its shards."""
+    sink = TPCase.random(geometry, interleaved, torch.float32, tokens=1).sink
+    full, part = shard_sink(sink, 0, 1).shapes(), shard_sink(sink, 0, tp).shapes()
+    width = max(len(str(list(v))) for v in full.values())
+    lines = [f"n={geometry.n}, H={geometry.hidden}, F={geometry.intermediate}, R={geometry.rank}, "
+             f"S={geometry.slots}, O={geometry.outer}, tp={tp}: each rank holds F/tp = "
+             f"{geometry.intermediate // tp} features of every expert"]
+    for name, shape in full.items():
+        lines.append(f"  {name:9} {str(list(shape)):>{width}} -> {str(list(part[name])):>{width}}  {_HOW_CUT[name]}")
+    return "\n".join(lines)
+
+
 def sum_of_shards(sink: SharedSinkLoRA, tp: int, x: torch.Tensor, gammas: torch.Tensor,
                   batch: SlotBatch | None = None, backend: str = "torch") -> torch.Tensor:
     """The all-reduce done by hand, in one process: ``Σ_rank shard(x)``, ``[T, H]``.
