@@ -39,6 +39,7 @@ from .errors import UpstreamDefectWarning
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
 from .sink import gate_up_rows
+from .validate import Finding
 
 WARNING_CODE = "ISL-W001"
 
@@ -167,7 +168,8 @@ class DefectReport:
     all tokens that use an adapter; ``delta_error``: the same difference relative to the
     adapter's own effect ``‖intended − base‖``; ``slot_errors``: ``relative_error`` per
     loaded slot. ``intended``, ``upstream`` ``[T, H]`` (float64) are the two outputs,
-    ``None`` where nothing was computed (a shared outer source).
+    ``None`` where nothing was computed (a shared outer source). ``collapsible``: every
+    expert's outer factors are the same, so the shared outer layout is exact.
     """
 
     what: str
@@ -179,6 +181,7 @@ class DefectReport:
     slot_errors: dict[int, float] = field(default_factory=dict)
     tokens: int = 0
     seed: int = 0
+    collapsible: bool = False
     intended: torch.Tensor | None = field(default=None, repr=False)
     upstream: torch.Tensor | None = field(default=None, repr=False)
 
@@ -225,12 +228,18 @@ class DefectReport:
                  "wrongly: (1) the up half of gate-up A (rows R..2R-1) is never read; the gate shrink "
                  "feeds the up B too. " + placement + " The down delta is right."),
             wrap(measured),
-            wrap("What to do: if every expert's outer factors are the same, convert the adapter to the "
-                 "shared outer layout (inkling-lab convert; exact, and computed right upstream). "
-                 "Otherwise do not serve it from a per-expert pool on sglang 0.5.23: merge it into the "
-                 "base weights, export shared outer factors, or use an sglang with a fixed per-expert "
-                 "path (check it with notebooks/08_per_expert_defect.ipynb)."),
+            wrap("What to do: " + self.fix),
         ])
+
+    @property
+    def fix(self) -> str:
+        if self.collapsible:
+            return ("convert it (inkling-lab convert): its outer factors are the same for every expert, so the "
+                    "converter collapses them to the shared outer layout, exactly, and sglang 0.5.23 computes "
+                    "that layout right.")
+        return ("its experts' outer factors differ, so no shared outer form is exact: do not serve it from a "
+                "per-expert pool on sglang 0.5.23; merge it into the base weights, export shared outer factors, "
+                "or use an sglang whose per-expert path you have checked (notebooks/08_per_expert_defect.ipynb).")
 
     def __str__(self) -> str:
         return self.explanation
@@ -276,7 +285,8 @@ def defect_report(source: Source, *, interleaved: bool = True, tokens_per_slot: 
     buffers, ranks, label = _as_pool(source, what)
     ga, gb, _, _ = buffers
     n, outer = gb.shape[1], ga.shape[1]
-    report = DefectReport(what=label, n=n, outer=outer, interleaved=interleaved, seed=seed)
+    report = DefectReport(what=label, n=n, outer=outer, interleaved=interleaved, seed=seed,
+                          collapsible=collapse_identical_outer(ga, buffers[3])[2])
     if not report.affected:
         return report
     active = [s for s, r in enumerate(ranks) if r != 0]
@@ -304,3 +314,17 @@ def defect_report(source: Source, *, interleaved: bool = True, tokens_per_slot: 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
     d = float(den.norm())
     return float(num.norm()) / d if d > 0 else 0.0
+
+
+
+def doctor_finding(source: Source, *, interleaved: bool = True, what: str | None = None) -> Finding | None:
+    """The doctor's ``ISL-W001`` finding for a per-expert outer adapter or pool (``None``
+    for a shared outer one): what goes wrong on sglang 0.5.23, how large the error is
+    for this source on random inputs (``defect_report``), and what to do."""
+    report = defect_report(source, interleaved=interleaved, what=what)
+    if not report.affected:
+        return None
+    return Finding(WARNING_CODE, "gate_up_a", report.message, report.fix, upstream=False,
+                   consequence="sglang 0.5.23 loads it without an error and serves a wrong gate/up delta: the up "
+                               "half of gate-up A is never read, and gate-up B's rows land on the wrong features; "
+                               "the down delta is right")

@@ -11,7 +11,7 @@ import inkling_lab as il
 from inkling_lab.errors import UpstreamDefectWarning, expect_error
 from inkling_lab.sink import gate_up_rows
 from inkling_lab.upstream_defect import (GATE_SHRINK, UP_SHRINK, collapse_identical_outer, defect_report,
-                                         gate_up_routing, sglang_0_5_23_equivalent_buffers,
+                                         doctor_finding, gate_up_routing, sglang_0_5_23_equivalent_buffers,
                                          sglang_0_5_23_per_expert_forward)
 
 
@@ -157,7 +157,7 @@ def test_report_for_a_per_expert_adapter():
     assert list(report.slot_errors) == [0] and report.slot_errors[0] == pytest.approx(report.relative_error)
     text = str(report)
     assert "ISL-W001" in text and "'tuned'" in text and f"{report.relative_error:.2g}" in text
-    assert "never read" in text and "inkling-lab convert" in text
+    assert "never read" in text and "no shared outer form is exact" in text and not report.collapsible
     assert defect_report(factors, seed=1).relative_error == report.relative_error  # seeded
     contiguous = defect_report(factors, interleaved=False)
     assert "does not arise on a contiguous base" in str(contiguous) and contiguous.relative_error > 0
@@ -229,7 +229,9 @@ def test_the_collapse_computes_the_same_function_and_avoids_the_defect():
         batch = il.SlotBatch.from_token_slots([0] * 4, num_slots=1)
         outputs.append(sink(torch.ones(4, 8), torch.ones(4, 2), batch=batch, backend="reference"))
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-12, atol=1e-12)
-    assert defect_report(per_expert).relative_error > 0.1 and not defect_report(shared).affected
+    report = defect_report(per_expert)
+    assert report.relative_error > 0.1 and report.collapsible and "inkling-lab convert" in str(report)
+    assert not defect_report(shared).affected
     ga[0, 0, 0] = 123.0  # a copy: the adapter's own factors are untouched
     assert per_expert.gate_up_a[0, 0, 0] != 123.0
 
@@ -255,3 +257,16 @@ def test_the_collapse_refuses_what_differs_and_keeps_what_is_shared():
         collapse_identical_outer(ga, db[:1])
     with pytest.raises(ValueError, match=r"needs gate-up A \[..., O, 2R, H\]"):
         collapse_identical_outer(ga[0], db[0])
+
+
+def test_the_doctors_finding():
+    per_expert = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=2, outer=2, seed=4)
+    finding = doctor_finding(per_expert, what="adapter 'x'")
+    assert finding.code == "ISL-W001" and not finding.upstream
+    assert il.explain(finding.message).code == "ISL-W001"
+    error = defect_report(per_expert, what="adapter 'x'").relative_error
+    assert f"relative error {error:.2g}" in finding.message and "adapter 'x'" in finding.message
+    assert "no shared outer form is exact" in finding.fix and "never read" in finding.consequence
+    shared = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=2, seed=4)
+    assert doctor_finding(shared) is None
+    assert "inkling-lab convert" in doctor_finding(as_per_expert(shared, 2)).fix
