@@ -173,15 +173,20 @@ class Adapter:
         r, alpha, targets = _read_config(config, where_cfg)
         adapter = cls(name or Path(source).name, r, alpha, targets, dict(weights), dict(config), source,
                       sha256, repair)
-        others = 0
+        others, factors = 0, {}
         for key, t in weights.items():
             fn = FactorName.parse(key)
             if fn is None or fn.proj not in PROJECTIONS:
                 if "shared_experts" in key:
                     raise ValueError(_unknown_name(where_w, key, fn))
                 others += 1
-                continue
-            adapter.weights[key] = adapter._checked(fn, t, where_w)
+            else:
+                factors[key] = (fn, t)
+        # A factor reads as transposed only when others confirm the config's r: if none
+        # has rank r, the config (or the whole export) is wrong, and nothing is repaired.
+        r_confirmed = any(t.dim() == 2 and t.shape[fn.rank_axis] == r for fn, t in factors.values())
+        for key, (fn, t) in factors.items():
+            adapter.weights[key] = adapter._checked(fn, t, where_w, r_confirmed)
         if not adapter.factor_keys:
             raise ValueError(
                 f"{where_w}: no shared-sink LoRA factors: no tensor is named "
@@ -194,7 +199,7 @@ class Adapter:
                 "and are left out of its pool", "none needed: serve them with their own LoRA modules"))
         return adapter
 
-    def _checked(self, fn: FactorName, t: torch.Tensor, where: str) -> torch.Tensor:
+    def _checked(self, fn: FactorName, t: torch.Tensor, where: str, r_confirmed: bool) -> torch.Tensor:
         if t.numel() == 0:
             return t  # a zero-size placeholder (SPEC §6: an absent up)
         if t.dim() != 2:
@@ -205,7 +210,8 @@ class Adapter:
         axis = fn.rank_axis
         if t.shape[axis] == self.r:
             return t
-        if t.shape[1 - axis] == self.r and self.repair:
+        transposed = t.shape[1 - axis] == self.r and r_confirmed
+        if transposed and self.repair:
             self.findings.append(Finding(
                 "ISL-K206", fn.key, f"{fn.key} is stored transposed {_shape(t)}; read as {_shape(t.T)} "
                 f"{fn.expected()} (r={self.r})",
@@ -215,7 +221,7 @@ class Adapter:
         raise ValueError(
             f"{where}: tensor {fn.key!r} has shape {_shape(t)}: its rank axis (dim {axis}) is {t.shape[axis]}, "
             f"but {CONFIG_FILE} says r={self.r}; lora_{fn.ab} is {fn.expected()}"
-            + (" (it is transposed: load with repair=True to transpose it)" if t.shape[1 - axis] == self.r
+            + (" (it is transposed: load with repair=True to transpose it)" if transposed
                else ": fix r in the config or re-export this factor"))
 
     def normalized(self, n_shared_experts: int) -> dict[str, torch.Tensor]:

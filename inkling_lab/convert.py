@@ -80,17 +80,22 @@ class ConvertedPool:
         """Each slot's adapter rank (for ``SlotBatch``)."""
         return [s.rank for s in self.slots]
 
-    def metadata(self) -> dict[str, str]:
+    def summary(self) -> dict[str, Any]:
+        """Geometry, tensor-parallel rank, slots (adapter, rank, scaling, sha256), modules, dtype."""
         g = self.geometry
         return {
-            "format": POOL_FORMAT,
-            "geometry": json.dumps({"n": g.n, "hidden": g.hidden, "intermediate": g.intermediate,
-                                    "rank": g.rank, "slots": g.slots, "outer": g.outer}),
-            "tensor_parallel": json.dumps({"rank": self.tp_rank, "size": self.tp_size}),
-            "slots": json.dumps([{k: v for k, v in asdict(s).items() if k != "source"} for s in self.slots]),
-            "modules": json.dumps(list(self.layers)),
+            "geometry": {"n": g.n, "hidden": g.hidden, "intermediate": g.intermediate, "rank": g.rank,
+                         "slots": g.slots, "outer": g.outer},
+            "tensor_parallel": {"rank": self.tp_rank, "size": self.tp_size},
+            "slots": [{k: v for k, v in asdict(s).items() if k != "source"} for s in self.slots],
+            "modules": list(self.layers),
             "dtype": str(next(iter(self.layers.values()))[0].dtype).replace("torch.", ""),
         }
+
+    def metadata(self) -> dict[str, str]:
+        """``summary`` as safetensors metadata (strings; JSON where structured)."""
+        return {"format": POOL_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v)
+                                          for k, v in self.summary().items()}}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The buffers by file key ``<module>.<buffer>`` (``....shared_experts.gate_up_a``)."""
@@ -231,7 +236,9 @@ def shape_journey(adapter: Adapter, module: str, factors: LoRAFactors | None = N
             stacks = {"gate_proj", "up_proj", "gate_up_proj"} if proj == "gate_up_proj" else {"down_proj"}
             if fn.module == module and fn.ab == ab and fn.canonical in stacks:
                 label = f"{'' if fn.expert is None else f'{fn.expert}.'}{fn.proj}.lora_{ab}"
-                peft.append((label, [int(d) for d in adapter.weights[key].shape]))
+                order = (fn.expert or 0, fn.canonical == "up_proj")  # gate before up, as stacked
+                peft.append((order, label, [int(d) for d in adapter.weights[key].shape]))
+        peft = [(label, shape) for _, label, shape in sorted(peft)]
         rows.append({"buffer": name, "peft": peft,
                      "normalized": list(normalized[name].shape) if name in normalized else None,
                      "pool": list(pool_shapes[name]) if pool_shapes else None})

@@ -1,0 +1,175 @@
+"""The ``inkling-lab`` command: ``doctor``, ``convert``, ``explain`` (and ``profile``
+where the profiling module is installed). A thin front over the library: every
+answer comes from ``inkling_lab.convert`` and ``inkling_lab.errors``.
+
+Exit status: 0 done; 1 the adapter would fail to load, the conversion was refused,
+or no catalog entry matched; 2 a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from dataclasses import asdict
+from typing import Sequence
+
+import torch
+
+from .errors import NoCatalogEntry, explain, find_entry
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+_SINK_HELP = ("the model the adapter is for, from its config.json: --n-shared-experts "
+              "(n_shared_experts), --hidden (hidden_size) and --intermediate (the intermediate size of one "
+              "shared expert, before tensor parallelism)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def _add_sink_args(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("the sink", _SINK_HELP)
+    g.add_argument("--n-shared-experts", "-n", type=_positive, required=True, metavar="N",
+                   help="number of shared experts n")
+    g.add_argument("--hidden", type=_positive, required=required, metavar="H", help="hidden size H"
+                   + ("" if required else " (default: the adapter's)"))
+    g.add_argument("--intermediate", type=_positive, required=required, metavar="F",
+                   help="intermediate size F of one expert" + ("" if required else " (default: the adapter's)"))
+    g.add_argument("--max-rank", type=_positive, metavar="R",
+                   help="the pool's max LoRA rank, sglang's --max-lora-rank (default: the largest adapter rank)")
+    g.add_argument("--tp", type=_positive, default=1, metavar="T",
+                   help="tensor-parallel size: each rank holds F/T features of every expert (default 1)")
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    """A refused command: the error, its notes and where to read more, on stderr."""
+    print(f"inkling-lab {command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    for note in getattr(exc, "__notes__", []):
+        print(f"  {note}", file=sys.stderr)
+    entry = find_entry(exc)
+    if entry is not None:
+        print(f"  more: inkling-lab explain {entry.code}  ({entry.title})", file=sys.stderr)
+    return 1
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .convert import doctor
+
+    report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
+                    max_rank=args.max_rank, tp=args.tp)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 1 if report.fails else 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .adapters import load_adapter
+    from .convert import convert
+
+    outer = {"auto": None, "shared": 1, "per-expert": args.n_shared_experts}[args.outer]
+    try:
+        adapters = [load_adapter(path) for path in args.adapters]
+        pool = convert(adapters, args.n_shared_experts, hidden=args.hidden, intermediate=args.intermediate,
+                       max_rank=args.max_rank, outer=outer, tp_rank=args.tp_rank, tp_size=args.tp,
+                       dtype=DTYPES[args.dtype], progress=False if args.quiet else None)
+        written = pool.save(args.output, force=args.force)
+    except (OSError, ValueError, RuntimeError, AssertionError) as exc:
+        return _fail("convert", exc)
+    if args.json:
+        print(json.dumps({"output": str(written), **pool.summary(),
+                          "findings": [asdict(f) for f in pool.findings]}, indent=2))
+        return 0
+    print(f"wrote {written}: {pool!r}")
+    for s in pool.slots:
+        print(f"  slot {s.slot}: {s.adapter} (r={s.rank}, scaling {s.scaling:g} folded into B, "
+              f"sha256 {s.sha256[:12]}…)")
+    for f in pool.findings:
+        print(f)
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.message == ["-"] else " ".join(args.message)
+    try:
+        print(explain(text).explain())
+    except NoCatalogEntry as exc:
+        print(f"inkling-lab explain: {exc}", file=sys.stderr)
+        print("  paste the whole error line (type and message), a traceback (inkling-lab explain - < log.txt), "
+              "or a code such as ISL-E001", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inkling-lab",
+        description="Check, convert and explain LoRA adapters for the shared-expert sink of Inkling models "
+                    "served by sglang 0.5.23.",
+        epilog="Start with: inkling-lab doctor ADAPTER_FOLDER -n 2 --hidden 4096 --intermediate 2048")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "doctor", help="will this adapter load? what upstream raises, every finding and its fix",
+        description="Walk a PEFT adapter down sglang's loading path for the sink you give: read it, "
+                    "normalize it, load it into a pool and run set_lora_info's checks. Prints the exact "
+                    "error sglang 0.5.23 would raise, if any, then every finding with its fix. Exit status 1 "
+                    "when the adapter would fail to load.")
+    p.add_argument("adapter", metavar="ADAPTER", help="a PEFT adapter folder (adapter_config.json + "
+                   "adapter_model.safetensors)")
+    _add_sink_args(p, required=True)
+    p.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
+    p.set_defaults(func=_doctor)
+
+    p = sub.add_parser(
+        "convert", help="re-export adapters as the four pool buffers (one slot each), in one safetensors file",
+        description="The multi-slot dense converter: slot i holds the i-th adapter; per shared-sink module "
+                    "the four 4D buffers gate_up_a [S, O, 2R, H], gate_up_b [S, n, 2F, R], down_a "
+                    "[S, n, R, F], down_b [S, O, H, R], ranks padded to R, scaling folded into B. Repairs "
+                    "where the intent is plain (each reported), refuses the rest with the reason. Writes "
+                    "atomically, never over an input; refuses to replace OUT without --force.")
+    p.add_argument("adapters", nargs="+", metavar="ADAPTER", help="PEFT adapter folders, one per slot")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the .safetensors file to write")
+    _add_sink_args(p, required=False)
+    p.add_argument("--tp-rank", type=int, default=0, metavar="K",
+                   help="write tensor-parallel rank K's shard, 0..T-1 (default 0)")
+    p.add_argument("--outer", choices=("auto", "shared", "per-expert"), default="auto",
+                   help="outer layout: shared (O=1) or per expert (O=n); auto: shared when every adapter's is")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="buffer dtype (default float32)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.set_defaults(func=_convert)
+
+    p = sub.add_parser(
+        "explain", help="the catalog entry for an error message, a pasted traceback or a code",
+        description="Find the catalog entry for an error of the shared-sink LoRA path: what it means, when it "
+                    "happens, a minimal example and its fix. Exit status 1 when nothing matches.")
+    p.add_argument("message", nargs="+", metavar="MESSAGE",
+                   help="the error text (quote it), a code such as ISL-E005, or - to read stdin")
+    p.set_defaults(func=_explain)
+
+    # The profiling command ships with its own module; offer it where that module is installed.
+    if importlib.util.find_spec("inkling_lab.profile") is not None:
+        importlib.import_module("inkling_lab.profile").register_cli(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
