@@ -55,10 +55,10 @@ def artifacts() -> Path:
 def lab(scratch: Path, artifacts: Path) -> Iterator[LabServer]:
     server = LabServer(REPO, scratch / "jupyter", artifacts / "jupyterlab.log")
     try:
-        server.start()
-    except LabUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
+        try:
+            server.start()
+        except LabUnavailable as exc:
+            pytest.fail(str(exc), pytrace=False)
         yield server
     finally:
         server.stop()
@@ -126,9 +126,9 @@ def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
         _assert_ran_cleanly(path, cells)
         _assert_widgets_drawn(path, cells)
 
-        change = notebook.change_first_widget()
+        moved = notebook.change_first_widget()
         notebook.screenshot(ARTIFACTS / f"{stem}-widget.png", at_first_widget=True)
-        _assert_no_widget_tracebacks(path, notebook.cells(), change.kind)
+        _assert_no_widget_tracebacks(path, notebook.cells(), moved)
         if path == README_NOTEBOOK and os.environ.get("UPDATE_SCREENSHOT") == "1":
             _replace_atomically(ARTIFACTS / f"{stem}-widget.png", README_SCREENSHOT)
     except BaseException:

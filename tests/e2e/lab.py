@@ -1,7 +1,7 @@
 """JupyterLab started the README's way (scripts/lab.sh), on loopback, for one test run.
 
-The server gets a random token, a free port and its own config, settings and workspace
-directories, so neither the user's Jupyter setup nor an earlier run changes what the
+The server gets a random token, a free port and its own Jupyter config, data, runtime,
+settings and workspace directories (and IPython's), so neither the user's Jupyter setup nor an earlier run changes what the
 test sees, and the test changes nothing of theirs. Autosave is off: running cells in the
 browser must never rewrite the notebooks on disk.
 """
@@ -31,7 +31,7 @@ SETTINGS = {
 
 
 class LabUnavailable(RuntimeError):
-    """JupyterLab could not be started on the requested port."""
+    """JupyterLab exited or did not answer on its port."""
 
 
 def free_port() -> int:
@@ -96,9 +96,10 @@ class LabServer:
         # The test process forces matplotlib's Agg backend (conftest); a person's shell
         # does not, and the kernel must draw inline as it does for them.
         env.pop("MPLBACKEND", None)
-        for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
-                          ("JUPYTERLAB_SETTINGS_DIR", "settings"),
-                          ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")):
+        # Kernel specs and lab extensions stay found: they live in the venv (sys.prefix).
+        for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                          ("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+                          ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"), ("IPYTHONDIR", "ipython")):
             env[name] = str(self.state_dir / sub)
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         for plugin, values in SETTINGS.items():

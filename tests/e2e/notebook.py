@@ -27,7 +27,7 @@ TRACEBACK = "Traceback (most recent call last)"
 WIDGET_FALLBACKS = ("Loading widgets...", "Error displaying widget")
 
 # The notebook panel of `path` among JupyterLab's main-area widgets.
-_PANEL = """const panel = Array.from(window.jupyterapp.shell.widgets('main'))
+_PANEL = """const panel = window.jupyterapp && Array.from(window.jupyterapp.shell.widgets('main'))
     .find(w => w.context && w.context.path === path);"""
 
 _KERNEL_IDLE = f"""path => {{ {_PANEL}
@@ -112,15 +112,6 @@ class Cell:
         return f"cell {self.index} ({first[:60]!r})"
 
 
-@dataclass(frozen=True)
-class WidgetChange:
-    """The first slider or dropdown, moved: its kind and what its cell showed before and after."""
-
-    kind: str
-    before: str
-    after: str
-
-
 class NotebookPage:
     """One notebook (``path``, relative to the server root) open in ``page``."""
 
@@ -129,8 +120,21 @@ class NotebookPage:
         self.lab = lab
         self.path = path
 
-    def _until(self, script: str, timeout_ms: float) -> None:
-        self.page.wait_for_function(script, arg=self.path, timeout=timeout_ms, polling=250)
+    def _until(self, script: str, timeout_ms: float, waiting_for: str) -> None:
+        """Wait until ``script(path)`` is true. A JupyterLab dialog (no kernel found, the
+        kernel died) or the timeout ends the wait at once with KernelUnavailable."""
+        try:
+            outcome = self.page.wait_for_function(
+                f"path => document.querySelector('.jp-Dialog') ? 'dialog' : ({script})(path)",
+                arg=self.path, timeout=timeout_ms, polling=250).json_value()
+        except PlaywrightError as exc:
+            raise KernelUnavailable(
+                f"{self.path}: gave up after {timeout_ms / 1000:.0f} s waiting until {waiting_for} ({exc}).\n"
+                f"Server log:\n{self.lab.log_tail()}") from exc
+        if outcome == "dialog":
+            raise KernelUnavailable(
+                f"{self.path}: JupyterLab stopped to ask, while waiting until {waiting_for}:\n"
+                f"{self.page.locator('.jp-Dialog').first.inner_text()}\nServer log:\n{self.lab.log_tail()}")
 
     def open(self) -> None:
         """Load JupyterLab on this notebook (a fresh workspace) and wait for an idle kernel.
@@ -138,25 +142,15 @@ class NotebookPage:
         Raises KernelUnavailable, with the server's log, when the kernel never gets idle.
         """
         self.page.goto(self.lab.url(f"lab/tree/{self.path}") + "&reset", timeout=APP_TIMEOUT_MS)
-        self.page.wait_for_function(
-            f"path => {{ {_PANEL} return Boolean(panel); }}", arg=self.path, timeout=APP_TIMEOUT_MS)
-        try:
-            self._until(_KERNEL_IDLE, KERNEL_TIMEOUT_MS)
-        except PlaywrightError as exc:
-            raise KernelUnavailable(
-                f"{self.path}: the kernel did not become idle within {KERNEL_TIMEOUT_MS / 1000:.0f} s "
-                f"({exc}). Server log:\n{self.lab.log_tail()}") from exc
+        self._until(f"path => {{ {_PANEL} return Boolean(panel); }}", APP_TIMEOUT_MS,
+                    "JupyterLab showed the notebook")
+        self._until(_KERNEL_IDLE, KERNEL_TIMEOUT_MS, "the kernel started and became idle")
 
     def run_all(self) -> None:
         """Run > Run All Cells, then wait until no cell is queued or running."""
         self.page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        try:
-            self._until(_RUN_DONE, RUN_TIMEOUT_MS)
-        except PlaywrightError as exc:
-            raise KernelUnavailable(
-                f"{self.path}: Run All did not finish within {RUN_TIMEOUT_MS / 1000:.0f} s ({exc}). "
-                f"Server log:\n{self.lab.log_tail()}") from exc
+        self._until(_RUN_DONE, RUN_TIMEOUT_MS, "Run All finished")
 
     def cells(self) -> list[Cell]:
         """What every cell shows now."""
@@ -170,10 +164,10 @@ class NotebookPage:
             for raw in self.page.evaluate(_CELLS, self.path)
         ]
 
-    def change_first_widget(self) -> WidgetChange:
+    def change_first_widget(self) -> str:
         """Move the notebook's first slider (drag its handle across the track) or choose
         another option of its first dropdown, and wait until the rest of that cell's
-        output changes.
+        output changes. Returns which kind of control moved ("slider" or "dropdown").
 
         Raises AssertionError when the notebook has no slider or dropdown, or when
         nothing beside the control changes within WIDGET_TIMEOUT_MS.
@@ -191,11 +185,12 @@ class NotebookPage:
                 f"([control, before]) => ({_SHOWN_BESIDE})(control) !== before",
                 arg=[control.element_handle(), before], timeout=WIDGET_TIMEOUT_MS, polling=250)
         except PlaywrightError:
+            shown = control.evaluate("n => n.closest('.jp-Cell-outputArea').innerText")
             raise AssertionError(
                 f"{self.path}: moved the first {kind}, but its cell's output did not change within "
-                f"{WIDGET_TIMEOUT_MS / 1000:.0f} s; it shows:\n{before[:2000]}") from None
-        self._until(_RUN_DONE, WIDGET_TIMEOUT_MS)
-        return WidgetChange(kind=kind, before=before, after=control.evaluate(_SHOWN_BESIDE))
+                f"{WIDGET_TIMEOUT_MS / 1000:.0f} s; it shows:\n{shown[:2000]}") from None
+        self._until(_RUN_DONE, WIDGET_TIMEOUT_MS, "the widget's callback finished")
+        return kind
 
     def _drag_slider(self, handle: Locator) -> str:
         track = handle.locator("xpath=ancestor::*[contains(@class, 'noUi-target')]").bounding_box()
