@@ -1,7 +1,7 @@
 """Tile sweep for the Triton backend on a CUDA GPU (run on the H200; see KERNEL_NOTES.md).
 
 Correctness against the float64 reference first, then every candidate ``Tiles`` at a
-few token counts of shapes A and B (R 64, S 4), with the torch and cuBLAS paths for
+few token counts of shapes A and B (R 64, S 4 unless told), with the torch and cuBLAS paths for
 comparison. Writes one JSON (``--out``) and prints the best tiles per point.
 
     PYTHONPATH=. python3 scripts/h200_tiles.py --out /tmp/tiles.json
@@ -18,28 +18,37 @@ from inkling_lab import profile as pr
 from inkling_lab.forward.triton_backend import Tiles, launch, plan
 
 BIG = 1 << 30
-CANDIDATES = [
-    Tiles(16, 16, 16, 128, 128, 4, 4), Tiles(16, 16, 16, 256, 128, 4, 3), Tiles(16, 16, 16, 64, 128, 4, 6),
-    Tiles(16, 16, 16, 128, 256, 2, 4), Tiles(16, 32, 32, 128, 128, 4, 4), Tiles(32, 16, 16, 128, 128, 4, 4),
+SMALL = [  # weight streaming: narrow tiles, the shrink split over H
+    Tiles(16, 16, 16, 128, 128, 2, 4), Tiles(16, 16, 16, 128, 256, 2, 4), Tiles(16, 16, 16, 256, 256, 4, 3),
+    Tiles(16, 32, 32, 128, 128, 4, 4), Tiles(16, 16, 16, 128, 512, 4, 4), Tiles(16, 16, 16, 64, 128, 2, 8),
+    Tiles(32, 16, 16, 128, 128, 4, 4),
+]
+MID = [
     Tiles(64, 32, 64, 64, 512, 4, 4), Tiles(64, 64, 64, 64, 512, 4, 3), Tiles(32, 32, 32, 64, 256, 4, 4),
-    Tiles(128, 64, 128, 64, BIG, 8, 3), Tiles(128, 64, 128, 64, BIG, 8, 4), Tiles(128, 128, 256, 64, BIG, 8, 3),
-    Tiles(64, 64, 128, 64, BIG, 4, 4), Tiles(128, 64, 64, 64, BIG, 4, 4), Tiles(128, 128, 128, 64, BIG, 8, 3),
-    Tiles(128, 64, 128, 64, BIG, 8, 3, group_m=1),
+    Tiles(16, 32, 32, 128, 128, 4, 4), Tiles(32, 32, 32, 64, 512, 4, 3, cublas=True),
+]
+LARGE = [  # cuBLAS base GEMMs with the kernels as prologue/epilogues, and the all-Triton GEMM
+    Tiles(64, 64, 64, 64, BIG, 4, 3, cublas=True), Tiles(128, 64, 128, 64, BIG, 8, 3, cublas=True),
+    Tiles(64, 32, 64, 32, BIG, 4, 2, cublas=True), Tiles(32, 64, 64, 64, BIG, 4, 2, cublas=True),
+    Tiles(128, 128, 128, 64, BIG, 8, 3),
 ]
 
 
-def fits(t: Tiles, T: int) -> bool:
+def candidates(T: int) -> list[Tiles]:
     if T <= 32:
-        return t.bm <= 32 and t.bf <= 32
-    if T <= 512:
-        return t.bm <= 128
-    return t.bm >= 64
+        return SMALL
+    if T <= 256:
+        return MID + SMALL[:2] + LARGE[:1]
+    if T <= 1024:
+        return MID[:2] + LARGE
+    return LARGE
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tokens", default="1,8,32,128,512,2048,8192")
+    ap.add_argument("--tokens", default="1,4,16,32,64,128,256,512,1024,2048,8192")
+    ap.add_argument("--slots", type=int, default=4)
     args = ap.parse_args()
     ceilings = pr.measure_ceilings()
     print("ceilings", ceilings, flush=True)
@@ -48,11 +57,11 @@ def main() -> None:
     for shape in ("A", "B"):
         base = None
         for T in [int(v) for v in args.tokens.split(",")]:
-            c = pr.Case.of(shape, 64, 4, T)
+            c = pr.Case.of(shape, 64, args.slots, T)
             sink, x, g, batch = pr.build_case(c, "cuda", base=base)
             base = sink
             roof = pr.roofline(c, **ceilings).us
-            for t in [t for t in CANDIDATES if fits(t, T)]:
+            for t in candidates(T):
                 p = plan(sink, T, batch, x.device, t)
                 out = torch.empty_like(x)
                 try:

@@ -2,8 +2,8 @@
 
 One forward is three launches, each reading its weights once:
 
-1. ``shrink_kernel``: ``part[k, t, o, 0:2R] = x[t, kslice] @ gate_up_A[s(t), o, :, kslice].T``,
-   the gate/up LoRA shrink, split over ``H`` into ``SPLIT`` partial sums so that a
+1. ``shrink_kernel``: ``sh[t, o, 0:2R] += x[t, kslice] @ gate_up_A[s(t), o, :, kslice].T``,
+   the gate/up LoRA shrink, split over ``H`` into atomically added slices so that a
    few tokens still keep many multiprocessors busy. It also zeroes ``mid``.
 2. ``up_kernel``: per tile of tokens and of ``BF`` features of one expert,
    ``gate, up = x @ w13[e, rows].T`` (one dot: the tile's weight rows are read as
@@ -12,7 +12,13 @@ One forward is three launches, each reading its weights once:
    ``act = silu(gate) * up * gamma`` in float32, stored once in the working dtype,
    and the down shrink ``act @ down_A[s, e].T`` atomically added into ``mid [T, O, R]``
    (for the shared outer, ``O = 1`` and the add over experts *is* the expert sum).
-3. ``down_kernel``: ``out = act @ w2_lin + Σ_o mid[:, o] @ down_B[s, o].T`` per slot.
+3. ``down_kernel``: ``out = act @ w2_lin + Σ_o mid[:, o] @ down_B[s, o].T`` per slot,
+   and ``sh`` zeroed again for the next forward.
+
+For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
+ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
+(``Y_IN``) instead of computing it, and ``down_kernel`` writes only the LoRA term,
+which cuBLAS's ``addmm`` adds to ``act @ w2_lin``.
 
 No token order is assumed: every tile reads its tokens' slots and loops over the
 slots it holds (tokens grouped by slot make that one slot per tile almost always).
@@ -40,11 +46,12 @@ def _tile_slots(slot_ptr, rows, row_ok):
 
 
 @triton.jit
-def shrink_kernel(x_ptr, slot_ptr, ga_ptr, part_ptr, mid_ptr,
+def shrink_kernel(x_ptr, slot_ptr, ga_ptr, sh_ptr, mid_ptr,
                   T, H, R, O, K_CHUNK,
                   BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    """Grid ``(cdiv(T, BM), O * S, SPLIT)``: program ``(m, o*S + s, k)`` writes the rows
-    of slot ``s`` in token tile ``m`` of ``part [SPLIT, T, O*2R]`` (float32)."""
+    """Grid ``(cdiv(T, BM), O * S, SPLIT)``: program ``(m, o*S + s, k)`` adds its slice
+    of ``H`` for the tokens of slot ``s`` in tile ``m`` into ``sh [T, O*2R]`` (float32,
+    zero on entry: ``down_kernel`` zeroes it after use, so a graph replays cleanly)."""
     pid_m, pid_os, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     S = tl.num_programs(1) // O
     o, s_prog = pid_os // S, pid_os % S
@@ -67,8 +74,8 @@ def shrink_kernel(x_ptr, slot_ptr, ga_ptr, part_ptr, mid_ptr,
             at = tl.load(ga_ptr + a_row[:, None] * H + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
                          other=0.0)
             acc = tl.dot(xt, tl.trans(at), acc)
-        dst = part_ptr + pid_k * T * O * 2 * R + rows[:, None] * (O * 2 * R) + o * 2 * R + (j // BR * R + r)[None, :]
-        tl.store(dst, acc, mask=(row_ok & (slot == s))[:, None] & col_ok[None, :])
+        dst = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + (j // BR * R + r)[None, :]
+        tl.atomic_add(dst, acc, mask=(row_ok & (slot == s))[:, None] & col_ok[None, :])
     if (pid_os == 0) & (pid_k == 0):
         rr = tl.arange(0, BR)
         for oo in range(0, O):
@@ -77,10 +84,10 @@ def shrink_kernel(x_ptr, slot_ptr, ga_ptr, part_ptr, mid_ptr,
 
 
 @triton.jit
-def up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr,
-              slot_ptr, scale_ptr, part_ptr, gb_ptr, da_ptr, mid_ptr,
-              T, H, F, R, O, N_EXP, SPLIT, O_STEP, ROW_STEP, UP_OFFSET,
-              HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
+def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
+              slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
+              T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
+              Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
               BR: tl.constexpr, GROUP_M: tl.constexpr):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
@@ -104,13 +111,18 @@ def up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr,
     f_of_j = f0 + jj // 2
     w_row = e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET
     w_ok = f_of_j < F
-    acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
-    for k in range(0, H, BK):
-        kk = k + tl.arange(0, BK)
-        k_ok = kk < H
-        xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(xt, tl.trans(wt), acc)
+    if Y_IN:
+        acc = tl.load(y_ptr + rows[:, None] * (N_EXP * 2 * F) + w_row[None, :],
+                      mask=row_ok[:, None] & w_ok[None, :], other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
+        for k in range(0, H, BK):
+            kk = k + tl.arange(0, BK)
+            k_ok = kk < H
+            xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :],
+                         other=0.0)
+            acc = tl.dot(xt, tl.trans(wt), acc)
     gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
 
     fs = f0 + tl.arange(0, BF)
@@ -123,13 +135,10 @@ def up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr,
         for s in range(smin, smax + 1):
             sel = row_ok & (slot == s)
             scale = tl.load(scale_ptr + s)
-            sg = tl.zeros((BM, BR), dtype=tl.float32)
-            su = tl.zeros((BM, BR), dtype=tl.float32)
-            src = part_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
+            src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
             ld = sel[:, None] & r_ok[None, :]
-            for k in range(0, SPLIT):
-                sg += tl.load(src + k * T * O * 2 * R, mask=ld, other=0.0)
-                su += tl.load(src + k * T * O * 2 * R + R, mask=ld, other=0.0)
+            sg = tl.load(src, mask=ld, other=0.0)
+            su = tl.load(src + R, mask=ld, other=0.0)
             b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
             bmask = r_ok[:, None] & f_ok[None, :]
             bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)        # [BR, BF]
@@ -156,12 +165,14 @@ def up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr,
 
 @triton.jit
 def down_kernel(act_ptr, w2_ptr, out_ptr,
-                slot_ptr, scale_ptr, mid_ptr, db_ptr,
+                slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
                 T, H, F, R, O, N_EXP,
-                HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                BASE: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BR: tl.constexpr, GROUP_M: tl.constexpr):
     """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
-    ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``."""
+    ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
+    ``BASE=False``: only the LoRA term is written (cuBLAS adds ``act @ w2_lin`` to it).
+    The first column of tiles then zeroes ``sh`` for the next forward."""
     pid = tl.program_id(0)
     n_m = tl.cdiv(T, BM)
     n_n = tl.cdiv(H, BN)
@@ -175,17 +186,18 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
     row_ok = rows < T
     hs = pid_n * BN + tl.arange(0, BN)
     h_ok = hs < H
-    kb = tl.cdiv(F, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for i in range(0, N_EXP * kb):
-        e = i // kb
-        fs = (i - e * kb) * BK + tl.arange(0, BK)
-        f_ok = fs < F
-        at = tl.load(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :],
-                     mask=row_ok[:, None] & f_ok[None, :], other=0.0)
-        wt = tl.load(w2_ptr + e * H * F + hs[None, :] * F + fs[:, None],
-                     mask=f_ok[:, None] & h_ok[None, :], other=0.0)                     # [BK, BN]
-        acc = tl.dot(at, wt, acc)
+    if BASE:
+        kb = tl.cdiv(F, BK)
+        for i in range(0, N_EXP * kb):
+            e = i // kb
+            fs = (i - e * kb) * BK + tl.arange(0, BK)
+            f_ok = fs < F
+            at = tl.load(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :],
+                         mask=row_ok[:, None] & f_ok[None, :], other=0.0)
+            wt = tl.load(w2_ptr + e * H * F + hs[None, :] * F + fs[:, None],
+                         mask=f_ok[:, None] & h_ok[None, :], other=0.0)                 # [BK, BN]
+            acc = tl.dot(at, wt, acc)
 
     if HAS_LORA:
         slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
@@ -200,4 +212,10 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                 b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
                             mask=r_ok[:, None] & h_ok[None, :], other=0.0)              # [BR, BN]
                 acc += scale * tl.dot(m.to(b.dtype), b)
+        if pid_n == 0:
+            j = tl.arange(0, 2 * BR)
+            for o in range(0, O):
+                tl.store(sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + (j // BR * R + j % BR)[None, :],
+                         tl.zeros((BM, 2 * BR), dtype=tl.float32),
+                         mask=row_ok[:, None] & (j % BR < R)[None, :])
     tl.store(out_ptr + rows[:, None] * H + hs[None, :], acc, mask=row_ok[:, None] & h_ok[None, :])

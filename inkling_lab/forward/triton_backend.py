@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Tiles:
-    """Tile sizes of the three kernels. ``bm`` tokens per tile; ``bf`` features per up
-    tile (its dot is ``2*bf`` wide: gate and up); ``bn`` hidden columns per down tile;
-    ``bk`` the reduction step; ``k_chunk`` the shrink's split of ``H``."""
+    """Tile sizes of the kernels. ``bm`` tokens per tile; ``bf`` features per up tile
+    (its dot is ``2*bf`` wide: gate and up); ``bn`` hidden columns per down tile;
+    ``bk`` the reduction step; ``k_chunk`` the shrink's slice of ``H``; ``cublas``:
+    the two base GEMMs through cuBLAS, the kernels as their prologue and epilogues."""
 
     bm: int
     bf: int
@@ -35,29 +36,31 @@ class Tiles:
     warps: int
     stages: int
     group_m: int = 8
+    cublas: bool = False
 
 
 def pick_tiles(num_tokens: int) -> Tiles:
     """Tiles by token count: few tokens stream weights (narrow tiles, many programs,
-    the shrink split over ``H``); many tokens are a GEMM (wide tiles, one shrink pass).
-    Chosen from the H200 sweep recorded in KERNEL_NOTES.md."""
+    the shrink split over ``H``); many tokens are a GEMM, run by cuBLAS with the
+    kernels around it. Chosen from the H200 sweep recorded in KERNEL_NOTES.md."""
     if num_tokens <= 16:
-        return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=4, stages=4)
+        return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=2, stages=4)
     if num_tokens <= 64:
-        return Tiles(bm=max(16, triton.next_power_of_2(num_tokens)), bf=16, bn=16, bk=128, k_chunk=128,
-                     warps=4, stages=4)
-    if num_tokens <= 512:
+        return Tiles(bm=16, bf=32, bn=32, bk=128, k_chunk=128, warps=4, stages=4)
+    if num_tokens <= 256:
         return Tiles(bm=64, bf=32, bn=64, bk=64, k_chunk=512, warps=4, stages=4)
-    return Tiles(bm=128, bf=64, bn=128, bk=64, k_chunk=1 << 30, warps=8, stages=3)
+    return Tiles(bm=64, bf=64, bn=64, bk=64, k_chunk=1 << 30, warps=4, stages=3, cublas=True)
 
 
 @dataclass(frozen=True)
 class Plan:
     """What one batch needs on the device: ``slots [T]`` int32 (``-1``: no LoRA),
-    ``scalings [S]`` float32, ``has_lora`` and the tiles."""
+    ``scalings [S]`` float32, ``sh [T, O*2R]`` the shrink's float32 workspace (zero
+    between forwards), ``has_lora`` and the tiles."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
+    sh: torch.Tensor | None
     has_lora: bool
     tiles: Tiles
 
@@ -68,13 +71,14 @@ def plan(sink: "SharedSinkLoRA", num_tokens: int, batch: "SlotBatch | None", dev
     tiles = tiles or pick_tiles(num_tokens)
     if batch is None or sink.lora_buffers is None or not batch.active_slots():
         empty = torch.full((max(num_tokens, 1),), -1, dtype=torch.int32, device=device)
-        return Plan(empty, torch.ones(1, device=device), False, tiles)
+        return Plan(empty, torch.ones(1, device=device), None, False, tiles)
     slots = batch.token_slots().clone()
-    ranks = batch.lora_ranks
     lora = slots >= 0
-    slots[lora] = torch.where(ranks[slots[lora]] == 0, -1, slots[lora])
+    slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
+    ga = sink.lora_buffers[0]
+    sh = torch.zeros(max(num_tokens, 1), ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
     return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
-                True, tiles)
+                sh, True, tiles)
 
 
 def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Plan,
@@ -97,29 +101,34 @@ def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Pla
         split = triton.cdiv(H, t.k_chunk)
         k_chunk = triton.cdiv(triton.cdiv(H, split), 16) * 16  # a multiple of the step below
         bk_shrink = next(b for b in (64, 32, 16) if k_chunk % b == 0)
-        part = torch.empty(split, T, O * 2 * R, dtype=torch.float32, device=x.device)
-        mid = torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+        sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
         kernels.shrink_kernel[(triton.cdiv(T, t.bm), O * S, split)](
-            x, p.slots, ga, part, mid, T, H, R, O, k_chunk,
+            x, p.slots, ga, sh, mid, T, H, R, O, k_chunk,
             BM=t.bm, BR=BR, BK=bk_shrink, num_warps=4, num_stages=3)
         o_step = 0 if O == 1 else 1
     else:
-        gb = da = db = part = mid = x  # never read: HAS_LORA=False drops every use
-        O = R = split = o_step = 0
+        gb = da = db = sh = mid = x  # never read: HAS_LORA=False drops every use
+        O = R = o_step = 0
         BR = 16
+    y = torch.mm(x, w13.view(n * 2 * F, H).T) if t.cublas else x
     row_step, up_offset = (2, 1) if sink.interleaved else (1, F)
     grid_up = (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf),)
     kernels.up_kernel[grid_up](
-        x, w13, gammas, act, p.slots, p.scalings, part, gb, da, mid,
-        T, H, F, R, O, n, split, o_step, row_step, up_offset,
-        HAS_LORA=p.has_lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+        x, w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid,
+        T, H, F, R, O, n, o_step, row_step, up_offset,
+        Y_IN=t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
         num_warps=t.warps, num_stages=t.stages)
+    if t.cublas and not p.has_lora:
+        return torch.mm(act, sink.linearized()[1], out=out)
+    delta = torch.empty_like(x) if t.cublas else out
     grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
     kernels.down_kernel[grid_down](
-        act, w2, out, p.slots, p.scalings, mid, db,
+        act, w2, delta, p.slots, p.scalings, mid, db, sh,
         T, H, F, R, O, n,
-        HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+        BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
         num_warps=t.warps, num_stages=t.stages)
+    if t.cublas:
+        torch.addmm(delta, act, sink.linearized()[1], out=out)
     return out
 
 
