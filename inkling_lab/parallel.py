@@ -16,7 +16,6 @@ from the shell, and runs as one rank per process under ``torchrun``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import queue as queue_lib
@@ -538,19 +537,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float64", choices=("float64", "float32", "bfloat16", "float16"))
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the check records to this JSON file")
     return p
-
-
-def write_json(path: str, record: Any) -> None:
-    """Write ``record`` as JSON atomically (temp file, then ``os.replace``)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def format_checks(checks: Sequence[dict[str, Any]]) -> str:
@@ -589,8 +576,6 @@ def _main(args: argparse.Namespace) -> int:
         results = run_tp(cases, args.tp, args.dist_backend, args.forward_backend)
     checks = [r.check(c.reference()) for r, c in zip(results, cases)]
     print(format_checks(checks))
-    if args.json:
-        write_json(args.json, checks)
     return 0 if all(c["passed"] for c in checks) else 1
 
 

@@ -16,7 +16,6 @@ a dry run of the same logic. The record is ``<out>/<backend>_tp<tp>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import shlex
@@ -31,8 +30,8 @@ import types  # noqa: E402
 import torch  # noqa: E402
 
 
-def _load_parallel() -> types.ModuleType:
-    """``inkling_lab.parallel``, even where only torch is installed.
+def _load(module: str) -> types.ModuleType:
+    """``inkling_lab.<module>``, even where only torch is installed.
 
     The package's front-ends (figures, widgets, adapter files) need matplotlib,
     ipywidgets and safetensors, which the GPU machine lacks; the sharded forward needs
@@ -41,7 +40,7 @@ def _load_parallel() -> types.ModuleType:
     this file first, so they mount it the same way.
     """
     try:
-        return importlib.import_module("inkling_lab.parallel")
+        return importlib.import_module(f"inkling_lab.{module}")
     except ImportError as exc:
         folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "inkling_lab")
         bare = types.ModuleType("inkling_lab")
@@ -49,25 +48,21 @@ def _load_parallel() -> types.ModuleType:
         sys.modules["inkling_lab"] = bare
         print(f"note: inkling_lab's front-ends are not importable here ({exc.name} is missing); "
               "loading the tensor-parallel modules alone", file=sys.stderr)
-        return importlib.import_module("inkling_lab.parallel")
+        return importlib.import_module(f"inkling_lab.{module}")
 
 
-parallel = _load_parallel()
+parallel, profile = _load("parallel"), _load("profile")
 PRESETS, Geometry = parallel.PRESETS, parallel.Geometry
 
 EXACT = Geometry(n=2, hidden=64, intermediate=128, rank=8, slots=3)
 """Small enough for the float64 reference to be quick; large enough for real GEMMs."""
 
 
-def _versions() -> dict[str, str | None]:
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except (AttributeError, RuntimeError):
-            nccl = None
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
-            "python": platform.python_version(), "platform": platform.platform()}
+def _nccl_version() -> str | None:
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _devices() -> list[str]:
@@ -104,13 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "what": "tensor-parallel shared sink + LoRA: sharded forward with all-reduce vs unsharded and "
                 "float64 reference (inkling_lab.parallel), and all-reduce timings",
-        "command": f"{env} PYTHONPATH=. python3 {shlex.join(sys.argv)}".strip(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "tp": args.tp, "dist_backend": backend, "devices": _devices(), "versions": _versions(),
-        "passed": passed, "checks": checks, "allreduce": allreduce,
+        **profile.environment(f"{env} PYTHONPATH=. python3 {shlex.join(sys.argv)}".strip()),
+        "devices": _devices(), "nccl": _nccl_version(), "platform": platform.platform(),
+        "tp": args.tp, "dist_backend": backend, "passed": passed, "checks": checks, "allreduce": allreduce,
     }
     path = os.path.join(args.out, f"{backend}_tp{args.tp}.json")
-    parallel.write_json(path, record)
+    profile.write_json(path, record)
     print(f"{'PASSED' if passed else 'FAILED'}; record: {path}")
     return 0 if passed else 1
 
