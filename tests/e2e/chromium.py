@@ -6,9 +6,11 @@ is missing (CI runs as root with Debian's mirrors reachable).
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +45,16 @@ def ensure_chromium() -> str:
     """
     if os.path.exists(CHROMIUM):
         return CHROMIUM
+    # pytest-xdist workers may all get here; one installs, the others then find it.
+    with open(Path(tempfile.gettempdir()) / "inkling-e2e-chromium.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(CHROMIUM):
+            _apt_install()
+    return CHROMIUM
+
+
+def _apt_install() -> None:
+    """apt-get update, then install APT_PACKAGES without recommends; BrowserUnavailable on failure."""
     by_hand = f"apt-get update && apt-get install -y {' '.join(APT_PACKAGES)}"
     if os.geteuid() != 0:
         raise BrowserUnavailable(f"{CHROMIUM} is missing and installing it needs root; run: sudo {by_hand}")
@@ -65,7 +77,6 @@ def ensure_chromium() -> str:
                 f"`{' '.join(step)}` failed (exit {done.returncode}); run by hand: {by_hand}\n{tail}")
     if not os.path.exists(CHROMIUM):
         raise BrowserUnavailable(f"apt-get installed {APT_PACKAGES} but {CHROMIUM} is still missing")
-    return CHROMIUM
 
 
 @contextmanager
