@@ -83,7 +83,7 @@ _CONTROLS = ".jp-Notebook .widget-slider .noUi-handle, .jp-Notebook .widget-drop
 
 
 class KernelUnavailable(RuntimeError):
-    """The notebook's kernel did not start or did not become idle."""
+    """The notebook did not open, its kernel did not start or died, or its run did not finish."""
 
 
 @dataclass(frozen=True)
