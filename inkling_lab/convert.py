@@ -32,6 +32,7 @@ from .geometry import BUFFER_NAMES, Geometry
 from .lora import SharedSinkLoRA
 from .parallel import check_tp
 from .pool import LoRAFactors, LoRAPool
+from .upstream_defect import collapse_pool_outer, doctor_finding
 from .validate import PRETTY, Finding, diagnose_pool
 
 POOL_FORMAT = "inkling-lab shared-sink pool v1"
@@ -167,7 +168,8 @@ def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int |
     ``hidden``/``intermediate``: the model's ``H`` and full per-expert ``F`` (default:
     the first adapter's); each rank of ``tp_size`` holds ``F / tp_size``. ``max_rank``:
     the pool's ``R`` (default: the largest adapter rank). ``outer``: ``1`` or ``n``
-    (default: ``1`` when every adapter's outer factors are shared). ``progress``:
+    (default: ``1`` when every adapter's outer factors are shared, or the same for every
+    expert: those collapse to shared outer, exactly, with a note). ``progress``:
     a bar on stderr (default: for inputs over 64 MiB).
 
     Raises what upstream raises on the way: torch's reshape error for flat factors
@@ -185,6 +187,7 @@ def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int |
     check_tp(F_full, tp_size)
     sink = SharedSinkLoRA(n, H, F_full, device="meta")  # its slicing only: no weights are allocated
     per_adapter = [{m: _shard(sink, f, tp_rank, tp_size) for m, f in fs.items()} for fs in per_adapter]
+    per_adapter, collapse_notes = collapse_pool_outer(per_adapter, [a.name for a in adapters], outer)  # ISL-W001
     if outer is None:
         outer = 1 if all(f.outer == 1 for fs in per_adapter for f in fs.values()) else n
     R = max_rank if max_rank is not None else max(f.rank for fs in per_adapter for f in fs.values())
@@ -207,7 +210,7 @@ def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int |
             layers[m] = pool.buffers()
     slots = [SlotInfo(s, a.name, next(iter(fs.values())).rank, a.lora_alpha, a.scaling, a.sha256, a.source)
              for s, (a, fs) in enumerate(zip(adapters, per_adapter))]
-    findings = [f for a in adapters for f in a.findings]
+    findings = [f for a in adapters for f in a.findings] + collapse_notes
     return ConvertedPool(geometry, layers, slots, tp_rank, tp_size, findings)
 
 
@@ -306,7 +309,9 @@ class DoctorReport:
                 lines.append(f"  {PRETTY[row['buffer']]:<10} {peft} -> {norm} -> {pool}")
         lines.append(f"Findings ({len(self.findings)}):" if self.findings else "Findings: none")
         lines += [str(f) for f in self.findings]
+        warned = any(f.code.startswith("ISL-W") for f in self.findings)  # loads, but computed wrongly
         lines.append("Verdict: FAILS to load (exit status 1)" if self.fails
+                     else "Verdict: loads, but see the warning above" if warned
                      else "Verdict: loads" + (" after the repairs above" if self.findings else ""))
         return "\n".join(lines)
 
@@ -409,6 +414,8 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
         for module, bufs in pool.layers.items():
             report.findings += diagnose_pool(*bufs, n_shared_experts=n, hidden_size=hidden,
                                              intermediate_size=g.intermediate, lora_ranks=pool.lora_ranks).findings
+        defect = doctor_finding(adapter.factors(n), what=f"adapter {adapter.name!r}")  # loads, but computed wrongly
+        report.findings += [defect] if defect else []
     report.findings += [f for f in adapter.findings if f not in report.findings]
     _add_journey(report, adapter, n)
     return report

@@ -599,7 +599,7 @@ _ENTRIES: list[CatalogEntry] = [
         exc_type=UpstreamDefectWarning,
         message="{adapter or pool} uses the per-expert outer LoRA layout (O = {n}): sglang 0.5.23 computes a "
                 "wrong gate/up delta for it without raising (relative error {e} of the sink output on random "
-                "inputs). il.explain('ISL-W001') says what to do",
+                "inputs); what to do: inkling-lab explain ISL-W001",
         pattern=r"uses the per-expert outer LoRA layout \(O = \d+\): sglang 0\.5\.23 computes a wrong "
                 r"gate/up delta",
         meaning="In the per-expert outer layout (O = n: every expert has its own gate-up A and down B) "

@@ -30,7 +30,7 @@ import copy
 import textwrap
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 import torch
 
@@ -156,7 +156,7 @@ def _same_for_every_expert(t: torch.Tensor, atol: float) -> bool:
 
 MESSAGE = ("{what} uses the per-expert outer LoRA layout (O = {n}): sglang 0.5.23 computes a wrong "
            "gate/up delta for it without raising (relative error {error:.2g} of the sink output on "
-           "random inputs). il.explain('ISL-W001') says what to do")
+           "random inputs); what to do: inkling-lab explain ISL-W001")
 """The warning's words (catalog ISL-W001)."""
 
 
@@ -317,14 +317,61 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
 
 
 
-def doctor_finding(source: Source, *, interleaved: bool = True, what: str | None = None) -> Finding | None:
+
+def doctor_finding(source: Source | Mapping[str, LoRAFactors], *, interleaved: bool = True,
+                   what: str | None = None) -> Finding | None:
     """The doctor's ``ISL-W001`` finding for a per-expert outer adapter or pool (``None``
     for a shared outer one): what goes wrong on sglang 0.5.23, how large the error is
-    for this source on random inputs (``defect_report``), and what to do."""
-    report = defect_report(source, interleaved=interleaved, what=what)
+    for this source on random inputs (``defect_report``), and what to do.
+
+    ``source`` may also be an adapter's factors by module: the first per-expert module
+    is measured (one sink of the model's size is enough to show the size of the error),
+    and the collapse is offered only when it applies to every per-expert module.
+    """
+    if isinstance(source, Mapping):
+        per_expert = [m for m, f in source.items() if f.outer > 1]
+        if not per_expert:
+            return None
+        more = f" and {len(per_expert) - 1} more module(s)" if len(per_expert) > 1 else ""
+        report = defect_report(source[per_expert[0]], interleaved=interleaved,
+                               what=f"{what or 'the adapter'} ({per_expert[0]}{more})")
+        report.collapsible = all(collapse_identical_outer(source[m].gate_up_a, source[m].down_b)[2]
+                                 for m in per_expert)
+    else:
+        report = defect_report(source, interleaved=interleaved, what=what)
     if not report.affected:
         return None
     return Finding(WARNING_CODE, "gate_up_a", report.message, report.fix, upstream=False,
                    consequence="sglang 0.5.23 loads it without an error and serves a wrong gate/up delta: the up "
                                "half of gate-up A is never read, and gate-up B's rows land on the wrong features; "
                                "the down delta is right")
+
+
+
+def collapse_pool_outer(adapters: Sequence[Mapping[str, LoRAFactors]], names: Sequence[str], outer: int | None
+                        ) -> tuple[list[dict[str, LoRAFactors]], list[Finding]]:
+    """For the converter: each adapter's factors by module, with per-expert outer factors
+    that are the same for every expert collapsed to shared outer (exact), and a note for
+    each collapse.
+
+    Collapses only toward a shared outer pool: when ``outer`` is 1, or ``None`` (auto)
+    and every per-expert factor collapses. Otherwise (``outer`` = n, or some experts'
+    outer factors differ, so the pool stays per expert) returns the factors unchanged.
+    """
+    collapsed, notes = [], []
+    for factors, name in zip(adapters, names):
+        out = dict(factors)
+        for module, f in factors.items():
+            ga, db, done = collapse_identical_outer(f.gate_up_a, f.down_b)
+            if done:
+                out[module] = LoRAFactors(ga, f.gate_up_b, f.down_a, db, f.lora_alpha, f.name)
+                notes.append(Finding(
+                    WARNING_CODE, module, f"adapter {name!r}: {module}: its per-expert outer factors are the same "
+                    f"for all {f.outer} experts; collapsed to the shared outer layout (exact), which sglang 0.5.23 "
+                    "computes right", "none needed: the converter collapsed them",
+                    consequence="served per expert, sglang 0.5.23 would compute a wrong gate/up delta (ISL-W001)"))
+        collapsed.append(out)
+    shared = all(f.outer == 1 for fs in collapsed for f in fs.values())
+    if outer == 1 or (outer is None and shared):
+        return collapsed, notes
+    return [dict(fs) for fs in adapters], []

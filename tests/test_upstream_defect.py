@@ -270,3 +270,67 @@ def test_the_doctors_finding():
     shared = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=2, seed=4)
     assert doctor_finding(shared) is None
     assert "inkling-lab convert" in doctor_finding(as_per_expert(shared, 2)).fix
+
+
+# -- the doctor and the converter (issue 3's, wired here) --------------------------------
+
+def identical_outer_adapter():
+    """A per-expert export whose outer factors are the same for both experts."""
+    from inkling_lab.adapters import Adapter, FactorName, synthetic_adapter
+
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True, seed=2)
+    weights = dict(ad.weights)
+    for key in ad.weights:
+        fn = FactorName.parse(key)
+        if fn.expert == 1 and fn.is_outer:
+            weights[key] = weights[fn.with_(expert=0).key].clone()
+    return Adapter.from_state(ad.config, weights, name="same_outer")
+
+
+def test_the_converter_collapses_identical_outer_factors_and_says_so():
+    from inkling_lab.convert import convert
+
+    ad = identical_outer_adapter()
+    pool = convert([ad], 2)
+    assert pool.geometry.outer == 1
+    notes = [f for f in pool.findings if f.code == "ISL-W001"]
+    assert len(notes) == 1 and "collapsed to the shared outer layout (exact)" in notes[0].message
+    kept = convert([ad], 2, outer=2)  # asked for per expert: left alone
+    assert kept.geometry.outer == 2 and not [f for f in kept.findings if f.code == "ISL-W001"]
+    outputs = []
+    for converted in (pool, kept):  # the same function, in the intended math
+        sink = il.SharedSinkLoRA(2, 8, 6)
+        sink.set_lora_info(*converted.buffers())
+        batch = il.SlotBatch.from_token_slots([0] * 3, num_slots=1)
+        x, gammas = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)), torch.ones(3, 2)
+        outputs.append(sink(x, gammas, batch=batch, backend="reference"))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-12, atol=1e-12)
+    from inkling_lab.adapters import synthetic_adapter
+    differ = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True, seed=3)
+    mixed = convert([ad, differ], 2)  # one adapter's experts differ: the pool stays per expert, nothing collapses
+    assert mixed.geometry.outer == 2 and not [f for f in mixed.findings if f.code == "ISL-W001"]
+
+
+def test_the_doctor_warns_on_a_per_expert_adapter(tmp_path, capsys):
+    from inkling_lab.adapters import save_adapter, synthetic_adapter
+    from inkling_lab.cli import main
+    from inkling_lab.convert import doctor
+
+    per_expert = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True, seed=1, name="pe")
+    report = doctor(per_expert, 2, 8, 6)
+    warning = [f for f in report.findings if f.code == "ISL-W001"]
+    assert not report.fails and len(warning) == 1
+    assert "relative error" in warning[0].message and "no shared outer form is exact" in warning[0].fix
+    assert "Verdict: loads, but see the warning above" in str(report)
+    same = [f for f in doctor(identical_outer_adapter(), 2, 8, 6).findings if f.code == "ISL-W001"]
+    assert len(same) == 1 and "inkling-lab convert" in same[0].fix
+    shared = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, seed=1)
+    assert not [f for f in doctor(shared, 2, 8, 6).findings if f.code == "ISL-W001"]
+
+    folder = save_adapter(identical_outer_adapter(), tmp_path / "same_outer")
+    assert main(["doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6"]) == 0
+    assert "[ISL-W001]" in capsys.readouterr().out
+    out = tmp_path / "pool.safetensors"
+    assert main(["convert", str(folder), "-o", str(out), "-n", "2", "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "[ISL-W001]" in printed and "collapsed to the shared outer layout" in printed and out.exists()
