@@ -191,13 +191,24 @@ def build_case(c: Case, device: torch.device | str, seed: int = 0, base=None):
 # -- timing -----------------------------------------------------------------------------
 
 class L2Flush:
-    """A 256 MiB buffer whose overwrite evicts the 60 MB L2 between timed runs."""
+    """Evicts the 60 MB L2 between timed runs by streaming a 256 MiB buffer through it.
 
-    def __init__(self, device: torch.device | str) -> None:
-        self.buf = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    ``mode="read"`` (default) sums the buffer: the L2 is left holding clean lines, so
+    the timed run starts cold and pays only for its own bytes. ``mode="write"``
+    overwrites it instead, which leaves ~60 MB of dirty lines whose write-back the
+    *timed* run then pays for (KERNEL_NOTES.md measures that artefact)."""
+
+    def __init__(self, device: torch.device | str, mode: str = "read") -> None:
+        if mode not in ("read", "write"):
+            raise ValueError(f"L2Flush mode must be 'read' or 'write', got {mode!r}")
+        self.mode = mode
+        self.buf = torch.ones(64 << 20, dtype=torch.float32, device=device)
 
     def __call__(self) -> None:
-        self.buf.zero_()
+        if self.mode == "read":
+            self.buf.sum()
+        else:
+            self.buf.zero_()
 
 
 def _timed(run: Callable[[], None], flush: L2Flush, reps: int, warmup: int = 3) -> list[float]:
@@ -263,14 +274,14 @@ def _ms(fn: Callable[[], object], reps: int) -> list[float]:
 
 # -- backends as the benchmark runs them ------------------------------------------------
 
-def _runner(backend: str, sink, x, gammas, batch) -> tuple[Callable[[], object], bool]:
+def _runner(backend: str, sink, x, gammas, batch, tiles=None) -> tuple[Callable[[], object], bool]:
     """``(fn, capturable)``: ``triton`` plans once and captures the launches;
     ``cublas_base`` is the base sink alone through cuBLAS (upstream's plain path, no
     LoRA: a lower bound for any cuBLAS-based forward); ``torch`` runs eagerly."""
     if backend == "triton":
         from .forward.triton_backend import launch, plan
 
-        p = plan(sink, x.shape[0], batch, x.device)
+        p = plan(sink, x.shape[0], batch, x.device, tiles)
         out = torch.empty_like(x)
         return (lambda: launch(sink, x, gammas, p, out)), True
     if backend == "cublas_base":
@@ -373,13 +384,14 @@ def run_grid(cases: Sequence[Case], backends: Sequence[str], ceilings: dict[str,
     return out
 
 
-def kernel_table(c: Case, backend: str, device: str = "cuda", top: int = 12) -> list[dict]:
+def kernel_table(c: Case, backend: str, device: str = "cuda", top: int = 12, tiles=None) -> list[dict]:
     """Which kernels take the time: ``torch.profiler`` over 10 forwards of case ``c``,
-    CUDA time per kernel name (µs per forward), largest first."""
+    CUDA time per kernel name (µs per forward), largest first. ``tiles``: the triton
+    backend's ``Tiles`` (default: its own pick)."""
     from torch.profiler import ProfilerActivity, profile
 
     sink, x, gammas, batch = build_case(c, device)
-    fn, _ = _runner(backend, sink, x, gammas, batch)
+    fn, _ = _runner(backend, sink, x, gammas, batch, tiles)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()

@@ -39,17 +39,22 @@ class Tiles:
     cublas: bool = False
 
 
-def pick_tiles(num_tokens: int) -> Tiles:
-    """Tiles by token count: few tokens stream weights (narrow tiles, many programs,
-    the shrink split over ``H``); many tokens are a GEMM, run by cuBLAS with the
-    kernels around it. Chosen from the H200 sweep recorded in KERNEL_NOTES.md."""
+SMALL_WEIGHTS = 4 << 20
+"""``n*F*H`` up to which the all-Triton path still beats cuBLAS at 64-128 tokens."""
+
+
+def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
+    """Tiles by token count (and ``weight_elems = n*F*H``): few tokens stream weights
+    (narrow tiles, many programs, the shrink split over ``H``, three launches); many
+    tokens are a GEMM, run by cuBLAS with the kernels as prologue and epilogues.
+    Chosen from the H200 sweep recorded in KERNEL_NOTES.md."""
     if num_tokens <= 16:
         return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=2, stages=4)
-    if num_tokens <= 64:
+    if num_tokens <= 32 or (num_tokens <= 128 and weight_elems <= SMALL_WEIGHTS):
         return Tiles(bm=16, bf=32, bn=32, bk=128, k_chunk=128, warps=4, stages=4)
     if num_tokens <= 256:
-        return Tiles(bm=64, bf=32, bn=64, bk=64, k_chunk=512, warps=4, stages=4)
-    return Tiles(bm=64, bf=64, bn=64, bk=64, k_chunk=1 << 30, warps=4, stages=3, cublas=True)
+        return Tiles(bm=32, bf=32, bn=32, bk=64, k_chunk=512, warps=4, stages=3, cublas=True)
+    return Tiles(bm=32, bf=64, bn=64, bk=64, k_chunk=1 << 30, warps=4, stages=2, cublas=True)
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Plan:
 def plan(sink: "SharedSinkLoRA", num_tokens: int, batch: "SlotBatch | None", device: torch.device,
          tiles: Tiles | None = None) -> Plan:
     """The device-side description of ``batch`` for ``launch`` (host work, not capturable)."""
-    tiles = tiles or pick_tiles(num_tokens)
+    tiles = tiles or pick_tiles(num_tokens, sink.n_shared_experts * sink.intermediate_size * sink.hidden_size)
     if batch is None or sink.lora_buffers is None or not batch.active_slots():
         empty = torch.full((max(num_tokens, 1),), -1, dtype=torch.int32, device=device)
         return Plan(empty, torch.ones(1, device=device), None, False, tiles)
