@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -243,6 +243,11 @@ class AllReduceCost:
         return 0
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (for records and labels)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``max |out - ref| / max |ref|`` in float64 (0 when both are zero)."""
     a, b = out.detach().cpu().double(), ref.detach().cpu().double()
@@ -284,7 +289,7 @@ class TPCase:
         batch = SlotBatch.from_token_slots(slots, g.slots, lora_ranks=pool.lora_ranks)
         layout = "interleaved" if interleaved else "contiguous"
         outer = "shared outer" if g.shared_outer else "per-expert outer"
-        default = f"{outer}, {layout}, S={g.slots}, {str(dtype).replace('torch.', '')}"
+        default = f"{outer}, {layout}, S={g.slots}, {dtype_name(dtype)}"
         return cls(name or default, sink, x, gammas, batch)
 
     def reference(self) -> torch.Tensor:
@@ -309,8 +314,8 @@ class TPResult:
     out: torch.Tensor
     single: torch.Tensor
     ranks_agree: bool
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    allreduce_bytes: int = 0
+    shapes: dict[str, tuple[int, ...]]
+    allreduce_bytes: int
 
     def check(self, reference: torch.Tensor) -> dict[str, Any]:
         """The equality check against the float64 reference, as a plain record."""
@@ -318,7 +323,7 @@ class TPResult:
         err_tp, err_single = relative_error(self.out, reference), relative_error(self.single, reference)
         tokens = max(1, self.out.numel() // self.out.shape[-1])
         return {"case": self.case, "tp": self.tp, "dist_backend": self.dist_backend, "device": self.device,
-                "dtype": str(self.out.dtype).replace("torch.", ""), "rel_err_tp": err_tp,
+                "dtype": dtype_name(self.out.dtype), "rel_err_tp": err_tp,
                 "rel_err_unsharded": err_single, "rel_err_tp_vs_unsharded": relative_error(self.out, self.single),
                 "tolerance": tol, "ranks_agree": self.ranks_agree,
                 "allreduce_bytes_per_token": self.allreduce_bytes // tokens,
@@ -337,7 +342,7 @@ def _rank_device(dist_backend: str, local_rank: int) -> torch.device:
 def _plain(t: torch.Tensor) -> dict[str, Any]:
     # Plain lists cross the process boundary without shared memory that dies with the
     # rank; float64 holds every bf16/float32/float64 value exactly.
-    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+    return {"dtype": dtype_name(t.dtype), "shape": list(t.shape),
             "values": t.detach().cpu().double().flatten().tolist()}
 
 
@@ -439,6 +444,7 @@ def _spawn(task: str, args: tuple, tp: int, dist_backend: str, timeout_s: float)
     """Start ``tp`` ranks, run ``task`` in one process group, return rank 0's records."""
     store = tempfile.mkdtemp(prefix="inkling_tp_")
     results = mp.get_context("spawn").Queue()
+    ctx = None
     try:
         ctx = mp.spawn(_spawned_rank, args=(tp, task, args, dist_backend, f"file://{store}/rendezvous",
                                             results), nprocs=tp, join=False)
@@ -453,14 +459,17 @@ def _spawn(task: str, args: tuple, tp: int, dist_backend: str, timeout_s: float)
                 waited += 0.5
                 finished = ctx.join(timeout=0)  # raises with the rank's traceback if one failed
                 if (finished and results.empty()) or waited > timeout_s:
-                    for p in ctx.processes:
-                        if p.is_alive():
-                            p.terminate()
                     raise RuntimeError(f"tensor-parallel run: {tp - len(got)} of {tp} rank(s) gave no result "
                                        f"within {timeout_s:.0f} s")
         while not ctx.join():
             pass
         return got[0]
+    except BaseException:
+        # An interrupted or failed run must not leave ranks waiting in a collective.
+        for p in ctx.processes if ctx is not None else ():
+            if p.is_alive():
+                p.terminate()
+        raise
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
@@ -500,7 +509,7 @@ def measure_allreduce(tp: int, shapes: Sequence[tuple[int, int]], dtype: torch.d
     ``busbw_GBps`` (the ring's bytes per rank over time, nccl-tests' bus bandwidth).
     """
     dist_backend = resolve_dist_backend(dist_backend, tp)
-    records = _spawn("allreduce", (list(shapes), str(dtype).replace("torch.", ""), iters), tp, dist_backend, 300)
+    records = _spawn("allreduce", (list(shapes), dtype_name(dtype), iters), tp, dist_backend, 300)
     for r in records:
         r["bytes_per_token"] = r["bytes"] // r["tokens"]
         r["busbw_GBps"] = 2 * (tp - 1) / tp * r["bytes"] / r["median_s"] / 1e9 if r["median_s"] else math.inf

@@ -65,6 +65,8 @@ def allreduce_cost_figure(costs: list) -> Figure:
     ``parallel.AllReduceCost``, grouped by hidden size; the LoRA adds none."""
     import numpy as np
 
+    from .parallel import dtype_name
+
     hiddens = sorted({c.hidden for c in costs})
     tps = sorted({c.tp for c in costs})
     fig, ax = plt.subplots(figsize=(8, 3.6), constrained_layout=True)
@@ -75,7 +77,7 @@ def allreduce_cost_figure(costs: list) -> Figure:
         values = [by_tp[t].sent_per_rank / 1024 if t in by_tp else 0 for t in tps]
         bars = ax.bar(xs, values, width, label=f"H={hidden}")
         ax.bar_label(bars, [f"{v:.1f}" for v in values], fontsize=8)
-    dtype = str(costs[0].dtype).replace("torch.", "")
+    dtype = dtype_name(costs[0].dtype)
     ax.set_xticks(np.arange(len(tps)) + width * (len(hiddens) - 1) / 2, [f"tp={t}" for t in tps])
     ax.set_ylabel("KiB sent per rank per token")
     ax.set_title(f"The one all-reduce per sink call ({dtype}, ring): 2(tp-1)/tp x H x itemsize per token;\n"
