@@ -184,9 +184,9 @@ class Adapter:
                 factors[key] = (fn, t)
         # A factor reads as transposed only when others confirm the config's r: if none
         # has rank r, the config (or the whole export) is wrong, and nothing is repaired.
-        r_confirmed = any(t.dim() == 2 and t.shape[fn.rank_axis] == r for fn, t in factors.values())
+        ranks = sorted({int(t.shape[fn.rank_axis]) for fn, t in factors.values() if t.dim() == 2 and t.numel()})
         for key, (fn, t) in factors.items():
-            adapter.weights[key] = adapter._checked(fn, t, where_w, r_confirmed)
+            adapter.weights[key] = adapter._checked(fn, t, where_w, ranks)
         if not adapter.factor_keys:
             raise ValueError(
                 f"{where_w}: no shared-sink LoRA factors: no tensor is named "
@@ -199,7 +199,7 @@ class Adapter:
                 "and are left out of its pool", "none needed: serve them with their own LoRA modules"))
         return adapter
 
-    def _checked(self, fn: FactorName, t: torch.Tensor, where: str, r_confirmed: bool) -> torch.Tensor:
+    def _checked(self, fn: FactorName, t: torch.Tensor, where: str, ranks: list[int]) -> torch.Tensor:
         if t.numel() == 0:
             return t  # a zero-size placeholder (SPEC §6: an absent up)
         if t.dim() != 2:
@@ -210,7 +210,7 @@ class Adapter:
         axis = fn.rank_axis
         if t.shape[axis] == self.r:
             return t
-        transposed = t.shape[1 - axis] == self.r and r_confirmed
+        transposed = t.shape[1 - axis] == self.r and self.r in ranks
         if transposed and self.repair:
             self.findings.append(Finding(
                 "ISL-K206", fn.key, f"{fn.key} is stored transposed {_shape(t)}; read as {_shape(t.T)} "
@@ -222,7 +222,8 @@ class Adapter:
             f"{where}: tensor {fn.key!r} has shape {_shape(t)}: its rank axis (dim {axis}) is {t.shape[axis]}, "
             f"but {CONFIG_FILE} says r={self.r}; lora_{fn.ab} is {fn.expected()}"
             + (" (it is transposed: load with repair=True to transpose it)" if transposed
-               else ": fix r in the config or re-export this factor"))
+               else f"; no factor has rank {self.r} (their rank axes are {ranks}): fix r in {CONFIG_FILE}"
+               if self.r not in ranks else ": re-export this factor with rank r"))
 
     def normalized(self, n_shared_experts: int) -> dict[str, torch.Tensor]:
         """The shared-sink factors after upstream's normalization (SPEC §6)."""

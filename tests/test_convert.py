@@ -1,0 +1,217 @@
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as Fn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inkling_lab.adapters import NAMINGS, load_adapter, save_adapter, synthetic_adapter
+from inkling_lab.batch import SlotBatch
+from inkling_lab.convert import convert, doctor, load_pool
+from inkling_lab.errors import expect_error
+from inkling_lab.lora import SharedSinkLoRA
+from inkling_lab.parallel import shard_sink
+from inkling_lab.sink import gate_up_rows
+from inkling_lab.validate import diagnose_pool, validate_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "adapters"
+MANIFEST = json.loads((SAMPLES / "MANIFEST.json").read_text())
+
+
+def peft_sink_output(sink, adapter, naming, x, gammas):
+    """The sink with one adapter applied straight from its PEFT 2D factors, float64.
+
+    Flat factors: gate/up B ``[n*F, r]`` (experts stacked), fused B ``[n*2F, r]`` (per
+    expert gate then up), down A ``[r, n*F]`` (experts side by side); per-expert
+    factors: one ``[F, r]``/``[r, F]`` per expert. No pool, no normalization.
+    """
+    d = torch.float64
+    n, F = sink.n_shared_experts, sink.intermediate_size
+    W = {k: v.to(d) for k, v in adapter.weights.items()}
+    module = adapter.modules[0]
+    gate, up, down = NAMINGS[naming]
+    s = adapter.scaling
+    x, gammas = x.to(d), gammas.to(d)
+
+    def A(proj, e=None):
+        return W[f"{module}{'' if e is None else f'.{e}'}.{proj}.lora_A.weight"]
+
+    def B(proj, e=None):
+        return W[f"{module}{'' if e is None else f'.{e}'}.{proj}.lora_B.weight"]
+
+    per_expert = f"{module}.0.{down}.lora_A.weight" in W
+    gate_delta, up_delta = [], []
+    for e in range(n):
+        if per_expert:
+            g_b, u_b = (B(gate, e)[:F], B(gate, e)[F:]) if up is None else (B(gate, e), B(up, e))
+            g_a, u_a = (A(gate, e), A(gate, e)) if up is None else (A(gate, e), A(up, e))
+        else:
+            rows = 2 * F if up is None else F
+            g_b = B(gate)[e * rows:e * rows + F]
+            u_b = B(gate)[e * rows + F:(e + 1) * rows] if up is None else B(up)[e * F:(e + 1) * F]
+            g_a, u_a = (A(gate), A(gate)) if up is None else (A(gate), A(up))
+        gate_delta.append(s * (x @ g_a.T) @ g_b.T)
+        up_delta.append(s * (x @ u_a.T) @ u_b.T)
+    gate_rows, up_rows = gate_up_rows(F, sink.interleaved)
+    w13, w2 = sink.w13.detach().to(d), sink.w2.detach().to(d)
+    out = torch.zeros(x.shape, dtype=d)
+    acts = []
+    for e in range(n):
+        y = x @ w13[e].T
+        act = Fn.silu(y[:, gate_rows] + gate_delta[e]) * (y[:, up_rows] + up_delta[e]) * gammas[:, e:e + 1]
+        acts.append(act)
+        out += act @ w2[e].T
+    if per_expert:
+        for e in range(n):
+            out += s * (acts[e] @ A(down, e).T) @ B(down, e).T
+    else:
+        out += s * (torch.cat(acts, dim=1) @ A(down).T) @ B(down).T  # [T, n*F], expert-major
+    return out
+
+
+def _adapter(n, H, F, r, naming, per_expert, seed):
+    return synthetic_adapter(n, H, F, r, naming=naming, per_expert=per_expert, lora_alpha=r + 1, seed=seed,
+                             dtype=torch.float64)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(1, 6), F=st.integers(1, 4), interleaved=st.booleans(),
+       specs=st.lists(st.tuples(st.integers(1, 4), st.sampled_from(sorted(NAMINGS)), st.booleans()),
+                      min_size=1, max_size=3),
+       extra_rank=st.integers(0, 2), seed=st.integers(0, 999))
+def test_converted_pool_validates_and_computes_the_peft_delta(n, H, F, interleaved, specs, extra_rank, seed):
+    adapters = [_adapter(n, H, F, r, naming, pe, seed + i) for i, (r, naming, pe) in enumerate(specs)]
+    R = max(r for r, _, _ in specs) + extra_rank
+    pool = convert(adapters, n, max_rank=R, dtype=torch.float64)
+    bufs = pool.buffers()
+    layout = validate_pool(*bufs, n_shared_experts=n)
+    assert layout.rank == R and layout.slots == len(adapters)
+    assert layout.outer == (n if any(pe for _, _, pe in specs) else 1)
+    assert diagnose_pool(*bufs, n_shared_experts=n, hidden_size=H, intermediate_size=F,
+                         lora_ranks=pool.lora_ranks).ok
+
+    sink = SharedSinkLoRA(n, H, F, interleaved=interleaved, dtype=torch.float64, seed=seed)
+    sink.set_lora_info(*bufs)
+    g = torch.Generator().manual_seed(seed)
+    T = 2 * len(adapters) + 1
+    x, gammas = torch.randn(T, H, generator=g, dtype=torch.float64), torch.rand(T, n, generator=g, dtype=torch.float64)
+    slots = [t % (len(adapters) + 1) - 1 for t in range(T)]  # every slot, and base-only tokens
+    batch = SlotBatch.from_token_slots(slots, num_slots=len(adapters), lora_ranks=pool.lora_ranks)
+    pool_delta = sink(x, gammas, batch=batch, backend="reference") - sink(x, gammas, backend="reference")
+    for t, s in enumerate(slots):
+        if s < 0:
+            assert (pool_delta[t] == 0).all()
+            continue
+        base = sink(x[t:t + 1], gammas[t:t + 1], backend="reference")
+        want = peft_sink_output(sink, adapters[s], specs[s][1], x[t:t + 1], gammas[t:t + 1]) - base
+        torch.testing.assert_close(pool_delta[t:t + 1], want, rtol=1e-9, atol=1e-10)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 3), F=st.sampled_from([2, 4, 6]), tp=st.sampled_from([1, 2]), naming=st.sampled_from(sorted(NAMINGS)),
+       per_expert=st.booleans(), seed=st.integers(0, 99))
+def test_each_tensor_parallel_rank_gets_the_shard_of_the_full_pool(n, F, tp, naming, per_expert, seed):
+    adapters = [_adapter(n, 4, F, 2, naming, per_expert, seed), _adapter(n, 4, F, 3, "w", False, seed + 1)]
+    full = convert(adapters, n, dtype=torch.float64)
+    sink = SharedSinkLoRA(n, 4, F, dtype=torch.float64)
+    sink.set_lora_info(*full.buffers())
+    for k in range(tp):
+        part = convert(adapters, n, tp_rank=k, tp_size=tp, dtype=torch.float64)
+        assert part.geometry.intermediate == F // tp and (part.tp_rank, part.tp_size) == (k, tp)
+        for mine, theirs in zip(part.buffers(), shard_sink(sink, k, tp).sink.lora_buffers):
+            assert torch.equal(mine, theirs)
+
+
+def test_save_and_load_round_trip_with_metadata(tmp_path):
+    paths = [SAMPLES / "gate_up", SAMPLES / "per_expert", SAMPLES / "rank8"]
+    before = {p: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest() for p in paths}
+    pool = convert([load_adapter(p) for p in paths], 2)
+    out = pool.save(tmp_path / "out" / "pool.safetensors")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pool.safetensors"]  # no temporary left behind
+    back = load_pool(out)
+    assert back.geometry == pool.geometry and back.summary() == pool.summary()
+    assert back.layers.keys() == pool.layers.keys() == {f"base_model.model.model.layers.{i}.mlp.shared_experts"
+                                                        for i in (0, 1)}
+    for m in pool.layers:
+        assert all(torch.equal(a, b) for a, b in zip(pool.buffers(m), back.buffers(m)))
+    summary = back.summary()
+    assert summary["geometry"] == {"n": 2, "hidden": 8, "intermediate": 6, "rank": 8, "slots": 3, "outer": 2}
+    assert [s["adapter"] for s in summary["slots"]] == ["gate_up", "per_expert", "rank8"]
+    assert [s["sha256"] for s in summary["slots"]] == [before[p] for p in paths]
+    assert [s["rank"] for s in summary["slots"]] == back.lora_ranks == [4, 4, 8]
+    assert "/" not in json.dumps(summary["slots"])  # no machine paths in the file
+    assert {p: hashlib.sha256((p / "adapter_model.safetensors").read_bytes()).hexdigest() for p in paths} == before
+
+
+def test_save_refuses_to_overwrite_unless_forced_and_never_writes_over_an_input(tmp_path):
+    folder = save_adapter(synthetic_adapter(2, 8, 6, 2), tmp_path / "ad")
+    pool = convert([load_adapter(folder)], 2)
+    out = pool.save(tmp_path / "pool.safetensors")
+    with expect_error("ISL-K213", show=False):
+        pool.save(out)
+    pool.save(out, force=True)
+    original = (folder / "adapter_model.safetensors").read_bytes()
+    with expect_error("ISL-K213", show=False) as caught:
+        pool.save(folder / "adapter_model.safetensors", force=True)
+    assert "one of the input adapters' files" in str(caught.exception)
+    assert (folder / "adapter_model.safetensors").read_bytes() == original
+    with pytest.raises(ValueError, match="not an inkling-lab pool file"):
+        load_pool(folder / "adapter_model.safetensors")
+
+
+def test_layout_rank_and_upstream_errors():
+    flat, per = load_adapter(SAMPLES / "gate_up"), load_adapter(SAMPLES / "per_expert")
+    assert convert([flat], 2).geometry.outer == 1 and convert([flat, per], 2).geometry.outer == 2
+    with expect_error("ISL-E015", show=False) as caught:
+        convert([flat, per], 2, outer=1)
+    assert "while loading adapter 'per_expert' into slot 1" in caught.exception.__notes__[0]
+    with expect_error("ISL-E016", show=False):
+        convert([flat], 2, max_rank=2)
+    with expect_error("ISL-E012", show=False):
+        convert([load_adapter(SAMPLES / "three_experts")], 2)
+    with expect_error("ISL-K102", show=False):
+        convert([flat], 2, tp_size=4)
+    with expect_error("ISL-K101", show=False):
+        convert([flat], 2, tp_rank=2, tp_size=2)
+
+
+def test_progress_bar_when_asked(capsys):
+    convert([load_adapter(SAMPLES / "gate_up")], 2, progress=True)
+    assert "converting" in capsys.readouterr().err
+    convert([load_adapter(SAMPLES / "gate_up")], 2)  # small input: no bar
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("sample", MANIFEST, ids=lambda m: m["name"])
+def test_the_doctor_reports_what_each_sample_documents(sample):
+    sink = sample["sink"]
+    report = doctor(SAMPLES / sample["name"], sink["n_shared_experts"], sink["hidden"], sink["intermediate"])
+    codes = [f.code for f in report.findings]
+    if sample["kind"] == "broken":
+        assert report.fails and report.error_code == sample["code"] and codes[0] == sample["code"]
+        assert report.upstream_raises == sample["code"].startswith("ISL-E")
+    else:  # loads: only the documented repair or note, and warnings about how sglang computes it
+        assert not report.fails
+        assert [c for c in codes if not c.startswith("ISL-W")] == [c for c in [sample["code"]] if c and c[4] != "W"]
+        assert sample["code"] is None or sample["code"] in codes
+    assert json.loads(json.dumps(report.to_dict()))["ok"] == (not report.fails)
+
+
+def test_doctor_shows_the_exact_upstream_message_and_a_fix():
+    report = doctor(SAMPLES / "three_experts", 2, 8, 6)
+    text = str(report)
+    assert "sglang 0.5.23 loading it raises:\n  RuntimeError: shape '[2, 7, 4]' is invalid for input of size 60" in text
+    assert "it splits for n in [1, 3, 5, 15]" in report.findings[0].fix
+    report = doctor(SAMPLES / "gate_up", 2, 8, 6, max_rank=2)
+    assert report.error_code == "ISL-E016" and "--max-rank 4 or larger" in report.findings[0].fix
+    report = doctor(SAMPLES / "gate_up", 3, 8, 6)
+    assert "its 12 expert features would give F=6 with n=2" in report.findings[0].fix
+    report = doctor(SAMPLES / "gate_up", 2, 8, 6, tp=2)
+    assert not report.fails and report.pool.geometry.intermediate == 3
+    rows = report.journey["base_model.model.model.layers.0.mlp.shared_experts"]
+    assert rows[1] == {"buffer": "gate_up_b", "peft": [("gate_proj.lora_B", [12, 4]), ("up_proj.lora_B", [12, 4])],
+                       "normalized": [2, 12, 4], "pool": [1, 2, 6, 4]}
