@@ -458,7 +458,9 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
         raise _refuse(FileNotFoundError(f"{_where(source, WEIGHTS_FILE)}: no {WEIGHTS_FILE}{hint}"), folder)
     raw = weights_path.read_bytes()
     try:
-        weights = load_safetensors_bytes(raw)
+        # Sorted, as safe_open lists them: the parsed dict's order varies from run to run,
+        # and normalization reports the first factor that does not split.
+        weights = dict(sorted(load_safetensors_bytes(raw).items()))
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
         raise _refuse(ValueError(
             f"{_where(source, WEIGHTS_FILE)}: not a readable safetensors file ({len(raw)} bytes: {exc}); it is "

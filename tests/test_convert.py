@@ -204,7 +204,7 @@ def test_the_doctor_reports_what_each_sample_documents(sample):
 def test_doctor_shows_the_exact_upstream_message_and_a_fix():
     report = doctor(SAMPLES / "three_experts", 2, 8, 6)
     text = str(report)
-    assert "sglang 0.5.23 loading it raises:\n  RuntimeError: shape '[2, 7, 4]' is invalid for input of size 60" in text
+    assert "sglang 0.5.23 loading it raises:\n  RuntimeError: shape '[4, 2, 7]' is invalid for input of size 60" in text
     assert "it splits for n in [1, 3, 5, 15]" in report.findings[0].fix
     report = doctor(SAMPLES / "gate_up", 2, 8, 6, max_rank=2)
     assert report.error_code == "ISL-E016" and "--max-rank 4 or larger" in report.findings[0].fix

@@ -1,0 +1,118 @@
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inkling_lab.cli import main
+from inkling_lab.convert import load_pool
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "adapters"
+TOY = ["-n", "2", "--hidden", "8", "--intermediate", "6"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_doctor_exit_status_and_report(capsys):
+    code, out, _ = run(capsys, "doctor", str(SAMPLES / "fused"), *TOY)
+    assert code == 0 and "sglang 0.5.23 loading it: passes" in out and "Verdict: loads" in out
+    code, out, _ = run(capsys, "doctor", str(SAMPLES / "three_experts"), *TOY)
+    assert code == 1
+    assert "raises:\n  RuntimeError: shape '[4, 2, 7]' is invalid for input of size 60" in out
+    assert "fix: " in out and "Verdict: FAILS" in out
+    code, out, _ = run(capsys, "doctor", str(SAMPLES / "fused"), *TOY, "--max-rank", "2")
+    assert code == 1 and "--max-rank 4 or larger" in out
+
+
+def test_doctor_json(capsys):
+    code, out, _ = run(capsys, "doctor", str(SAMPLES / "no_config"), *TOY, "--json")
+    report = json.loads(out)
+    assert code == 1 and report["ok"] is False
+    assert report["error"]["code"] == "ISL-K201" and report["error"]["raised_by"] == "inkling_lab"
+    assert report["findings"][0]["code"] == "ISL-K201"
+    code, out, _ = run(capsys, "doctor", str(SAMPLES / "transposed"), *TOY, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"] and report["error"] is None
+    assert [f["code"] for f in report["findings"]] == ["ISL-K206"]
+    assert report["sink"] == {"n_shared_experts": 2, "hidden": 8, "intermediate": 6, "tp": 1, "max_rank": 4}
+
+
+def test_convert_writes_refuses_to_overwrite_and_forces(tmp_path, capsys):
+    out = tmp_path / "pool.safetensors"
+    ins = [str(SAMPLES / name) for name in ("gate_up", "w_names", "up_only")]
+    code, stdout, _ = run(capsys, "convert", *ins, "-o", str(out), "-n", "2")
+    assert code == 0 and f"wrote {out}" in stdout and "slot 2: up_only (r=4" in stdout and "[ISL-K211]" in stdout
+    assert load_pool(out).lora_ranks == [4, 2, 4]
+    code, _, err = run(capsys, "convert", *ins, "-o", str(out), "-n", "2")
+    assert code == 1 and "refusing to write pool.safetensors: it already exists" in err
+    assert "more: inkling-lab explain ISL-K213" in err
+    code, stdout, _ = run(capsys, "convert", *ins[:1], "-o", str(out), "-n", "2", "--force", "--json", "--tp", "2",
+                          "--tp-rank", "1", "--dtype", "bfloat16")
+    summary = json.loads(stdout)
+    assert code == 0 and summary["tensor_parallel"] == {"rank": 1, "size": 2} and summary["dtype"] == "bfloat16"
+    assert summary["geometry"]["intermediate"] == 3
+
+
+def test_convert_reports_why_it_refuses(tmp_path, capsys):
+    code, _, err = run(capsys, "convert", str(SAMPLES / "truncated"), "-o", str(tmp_path / "p.safetensors"), "-n", "2")
+    assert code == 1 and "ValueError: truncated/adapter_model.safetensors: not a readable safetensors file" in err
+    assert f"adapter folder: {SAMPLES / 'truncated'}" in err and "ISL-K204" in err
+    code, _, err = run(capsys, "convert", str(SAMPLES / "gate_up"), str(SAMPLES / "per_expert"),
+                       "-o", str(tmp_path / "p.safetensors"), "-n", "2", "--outer", "shared")
+    assert code == 1 and "experts_shared_outer_loras is enabled" in err and "ISL-E015" in err
+    assert not (tmp_path / "p.safetensors").exists()
+
+
+def test_explain(capsys):
+    code, out, _ = run(capsys, "explain", "ValueError: Inkling shared-sink LoRA rank dimensions do not match")
+    assert code == 0 and out.startswith("ISL-E005: rank dimensions disagree")
+    code, out, _ = run(capsys, "explain", "ISL-K203")
+    assert code == 0 and "pickle" in out
+    code, out, err = run(capsys, "explain", "something", "unrelated")
+    assert code == 1 and out == "" and "no catalog entry matches 'something unrelated'" in err
+    assert "paste the whole error line" in err
+
+
+def test_explain_reads_a_traceback_from_stdin(capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Traceback (most recent call last):\n  ...\n"
+                                                  "IndexError: Shared-sink LoRA slot out of range: [0, 9]\n"))
+    code, out, _ = run(capsys, "explain", "-")
+    assert code == 0 and out.startswith("ISL-E008")
+
+
+def test_usage(capsys):
+    code, out, _ = run(capsys, )
+    assert code == 2 and "doctor" in out and "convert" in out and "explain" in out
+    with pytest.raises(SystemExit) as caught:
+        main(["doctor", str(SAMPLES / "fused"), "-n", "2"])
+    assert caught.value.code == 2 and "--hidden" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["doctor", str(SAMPLES / "fused"), *TOY[:2], "--hidden", "0", "--intermediate", "6"])
+    assert "expected a number of at least 1, got 0" in capsys.readouterr().err
+
+
+def test_profile_is_offered_where_its_module_is_installed(capsys):
+    import importlib.util
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = "profile" in capsys.readouterr().out
+    assert listed == (importlib.util.find_spec("inkling_lab.profile") is not None)
+
+
+def test_the_console_script(tmp_path):
+    script = shutil.which("inkling-lab", path=str(Path(sys.executable).parent)) or shutil.which("inkling-lab")
+    assert script, "inkling-lab is not installed: pip install -e ."
+    done = subprocess.run([script, "doctor", str(SAMPLES / "missing_b"), *TOY, "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["error"]["code"] == "ISL-K209"
