@@ -19,18 +19,17 @@ from inkling_lab.forward.triton_backend import Tiles, launch, plan
 
 BIG = 1 << 30
 SMALL = [  # weight streaming: narrow tiles, the shrink split over H
-    Tiles(16, 16, 16, 128, 128, 2, 4), Tiles(16, 16, 16, 128, 256, 2, 4), Tiles(16, 16, 16, 256, 256, 4, 3),
-    Tiles(16, 32, 32, 128, 128, 4, 4), Tiles(16, 16, 16, 128, 512, 4, 4), Tiles(16, 16, 16, 64, 128, 2, 8),
-    Tiles(32, 16, 16, 128, 128, 4, 4),
+    Tiles(16, 16, 16, 128, 128, 2, 4), Tiles(16, 32, 32, 128, 128, 4, 4), Tiles(16, 16, 16, 256, 128, 2, 4),
+    Tiles(16, 16, 16, 512, 128, 4, 3), Tiles(16, 16, 16, 256, 256, 4, 4), Tiles(16, 32, 32, 256, 128, 4, 3),
+    Tiles(16, 16, 16, 64, 128, 2, 8),
 ]
 MID = [
-    Tiles(64, 32, 64, 64, 512, 4, 4), Tiles(64, 64, 64, 64, 512, 4, 3), Tiles(32, 32, 32, 64, 256, 4, 4),
-    Tiles(16, 32, 32, 128, 128, 4, 4), Tiles(32, 32, 32, 64, 512, 4, 3, cublas=True),
+    Tiles(32, 32, 32, 64, 512, 4, 3, cublas=True), Tiles(64, 64, 64, 64, BIG, 4, 3, cublas=True),
 ]
 LARGE = [  # cuBLAS base GEMMs with the kernels as prologue/epilogues, and the all-Triton GEMM
-    Tiles(64, 64, 64, 64, BIG, 4, 3, cublas=True), Tiles(128, 64, 128, 64, BIG, 8, 3, cublas=True),
-    Tiles(64, 32, 64, 32, BIG, 4, 2, cublas=True), Tiles(32, 64, 64, 64, BIG, 4, 2, cublas=True),
-    Tiles(128, 128, 128, 64, BIG, 8, 3),
+    Tiles(32, 64, 64, 64, BIG, 4, 2, cublas=True), Tiles(64, 64, 64, 64, BIG, 4, 3, cublas=True),
+    Tiles(64, 128, 128, 64, BIG, 8, 2, cublas=True), Tiles(32, 32, 32, 64, BIG, 4, 2, cublas=True),
+    Tiles(128, 64, 128, 64, BIG, 8, 2, cublas=True), Tiles(128, 128, 128, 64, BIG, 8, 3),
 ]
 
 
@@ -39,15 +38,13 @@ def candidates(T: int) -> list[Tiles]:
         return SMALL
     if T <= 256:
         return MID + SMALL[:2] + LARGE[:1]
-    if T <= 1024:
-        return MID[:2] + LARGE
     return LARGE
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tokens", default="1,4,16,32,64,128,256,512,1024,2048,8192")
+    ap.add_argument("--tokens", default="1,16,32,64,128,256,1024,2048,8192")
     ap.add_argument("--slots", type=int, default=4)
     args = ap.parse_args()
     ceilings = pr.measure_ceilings()

@@ -17,8 +17,9 @@ One forward is three launches, each reading its weights once:
 
 For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
 ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
-(``Y_IN``) instead of computing it, and ``down_kernel`` writes only the LoRA term,
-which cuBLAS's ``addmm`` adds to ``act @ w2_lin``.
+(``Y_IN``) instead of computing it, a second ``shrink_kernel`` launch computes the
+down shrink from ``act``, and ``down_kernel`` writes only the LoRA term into ``out``,
+to which cuBLAS's in-place ``addmm`` adds ``act @ w2_lin``.
 
 No token order is assumed: every tile reads its tokens' slots and loops over the
 slots it holds (tokens grouped by slot make that one slot per tile almost always).
@@ -46,41 +47,53 @@ def _tile_slots(slot_ptr, rows, row_ok):
 
 
 @triton.jit
-def shrink_kernel(x_ptr, slot_ptr, ga_ptr, sh_ptr, mid_ptr,
-                  T, H, R, O, K_CHUNK,
+def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
+                  T, K, LDX, X_O_OFF, R, O, A_S, A_O, K_CHUNK,
+                  HALVES: tl.constexpr, ZERO_MID: tl.constexpr,
                   BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    """Grid ``(cdiv(T, BM), O * S, SPLIT)``: program ``(m, o*S + s, k)`` adds its slice
-    of ``H`` for the tokens of slot ``s`` in tile ``m`` into ``sh [T, O*2R]`` (float32,
-    zero on entry: ``down_kernel`` zeroes it after use, so a graph replays cleanly)."""
+    """A LoRA shrink per slot: ``dst[t, o, h*R + r] += x[t, o*X_O_OFF + k] · A[s(t), o, h*R + r, k]``
+    over ``k < K``, for ``HALVES`` blocks of ``R`` rows; ``A`` rows are ``K`` long, slot
+    ``s`` and outer ``o`` start at row ``s*A_S + o*A_O``; ``x`` rows are ``LDX`` long.
+
+    The gate/up shrink: ``x [T, H]``, ``A = gate_up_A [S, O, 2R, H]``, ``HALVES=2``,
+    into ``sh [T, O*2R]``. The down shrink of the cuBLAS path: ``x = act [T, n*F]``
+    and ``A = a_cat [S, R, n*F]`` (shared outer, one ``o``) or ``down_A [S, n, R, F]``
+    (per expert: ``o = e``, ``X_O_OFF = F``), ``HALVES=1``, into ``mid [T, O*R]``.
+
+    Grid ``(cdiv(T, BM), O * S, SPLIT)``: program ``(m, o*S + s, k)`` adds slice ``k``
+    of ``K`` for the tokens of slot ``s`` in tile ``m``; ``dst`` is zero on entry
+    (``down_kernel`` re-zeroes ``sh``; ``ZERO_MID``, set on the gate/up shrink, zeroes
+    ``mid`` for the down shrink that follows)."""
     pid_m, pid_os, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     S = tl.num_programs(1) // O
     o, s_prog = pid_os // S, pid_os % S
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < T
     slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
-    # The 2R output columns as two halves of BR: column j is half j // BR, rank j % BR.
-    j = tl.arange(0, 2 * BR)
+    # HALVES blocks of BR output columns: column j is block j // BR, rank j % BR.
+    j = tl.arange(0, HALVES * BR)
     r = j % BR
     col_ok = r < R
-    a_row = (s_prog * O + o) * 2 * R + (j // BR) * R + r
+    a_row = s_prog * A_S + o * A_O + (j // BR) * R + r
     k0 = pid_k * K_CHUNK
+    x_base = x_ptr + rows[:, None] * LDX + o * X_O_OFF
     # 0 or 1 iterations: this program's slot, if the tile holds it.
     for s in range(tl.maximum(smin, s_prog), tl.minimum(smax + 1, s_prog + 1)):
-        acc = tl.zeros((BM, 2 * BR), dtype=tl.float32)
+        acc = tl.zeros((BM, HALVES * BR), dtype=tl.float32)
         for k in range(k0, k0 + K_CHUNK, BK):
             kk = k + tl.arange(0, BK)
-            k_ok = kk < H
-            xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            at = tl.load(ga_ptr + a_row[:, None] * H + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                         other=0.0)
+            k_ok = kk < K
+            xt = tl.load(x_base + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(a_ptr + a_row[:, None] * K + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             acc = tl.dot(xt, tl.trans(at), acc)
-        dst = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + (j // BR * R + r)[None, :]
+        dst = dst_ptr + rows[:, None] * (O * HALVES * R) + o * HALVES * R + (j // BR * R + r)[None, :]
         tl.atomic_add(dst, acc, mask=(row_ok & (slot == s))[:, None] & col_ok[None, :])
-    if (pid_os == 0) & (pid_k == 0):
-        rr = tl.arange(0, BR)
-        for oo in range(0, O):
-            tl.store(mid_ptr + rows[:, None] * (O * R) + oo * R + rr[None, :],
-                     tl.zeros((BM, BR), dtype=tl.float32), mask=row_ok[:, None] & (rr < R)[None, :])
+    if ZERO_MID:
+        if (pid_os == 0) & (pid_k == 0):
+            rr = tl.arange(0, BR)
+            for oo in range(0, O):
+                tl.store(mid_ptr + rows[:, None] * (O * R) + oo * R + rr[None, :],
+                         tl.zeros((BM, BR), dtype=tl.float32), mask=row_ok[:, None] & (rr < R)[None, :])
 
 
 @triton.jit
@@ -152,7 +165,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     tl.store(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :], act_lp,
              mask=row_ok[:, None] & f_ok[None, :])
 
-    if HAS_LORA:
+    if HAS_LORA and not Y_IN:
         for s in range(smin, smax + 1):
             sel = row_ok & (slot == s)
             a_sel = tl.where(sel[:, None], act_lp, 0.0).to(act_lp.dtype)

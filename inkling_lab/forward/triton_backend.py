@@ -103,13 +103,8 @@ def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Pla
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         BR = max(16, triton.next_power_of_2(R))
-        split = triton.cdiv(H, t.k_chunk)
-        k_chunk = triton.cdiv(triton.cdiv(H, split), 16) * 16  # a multiple of the step below
-        bk_shrink = next(b for b in (64, 32, 16) if k_chunk % b == 0)
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        kernels.shrink_kernel[(triton.cdiv(T, t.bm), O * S, split)](
-            x, p.slots, ga, sh, mid, T, H, R, O, k_chunk,
-            BM=t.bm, BR=BR, BK=bk_shrink, num_warps=4, num_stages=3)
+        _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True)
         o_step = 0 if O == 1 else 1
     else:
         gb = da = db = sh = mid = x  # never read: HAS_LORA=False drops every use
@@ -123,18 +118,37 @@ def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Pla
         T, H, F, R, O, n, o_step, row_step, up_offset,
         Y_IN=t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
         num_warps=t.warps, num_stages=t.stages)
-    if t.cublas and not p.has_lora:
-        return torch.mm(act, sink.linearized()[1], out=out)
-    delta = torch.empty_like(x) if t.cublas else out
+    if t.cublas:
+        if not p.has_lora:
+            return torch.mm(act, sink.linearized()[1], out=out)
+        if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
+            _shrink(act, p, sink.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False)
+        else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
+            _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False)
     grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
     kernels.down_kernel[grid_down](
-        act, w2, delta, p.slots, p.scalings, mid, db, sh,
+        act, w2, out, p.slots, p.scalings, mid, db, sh,
         T, H, F, R, O, n,
         BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
         num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
-        torch.addmm(delta, act, sink.linearized()[1], out=out)
+        out.addmm_(act, sink.linearized()[1])  # cuBLAS adds the base down GEMM to the LoRA term
     return out
+
+
+def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, K: int, ldx: int,
+            x_o_off: int, R: int, O: int, a_s: int, a_o: int, halves: int, BR: int, zero_mid: bool) -> None:
+    """One ``shrink_kernel`` launch (its docstring names the operands)."""
+    T = x.shape[0]
+    t = p.tiles
+    bm = 64 if t.cublas else t.bm  # many tokens: fewer programs re-reading A from L2
+    split = triton.cdiv(K, t.k_chunk)
+    k_chunk = triton.cdiv(triton.cdiv(K, split), 16) * 16  # a multiple of the step below
+    bk = next(b for b in (64, 32, 16) if k_chunk % b == 0)
+    S = p.scalings.numel()
+    kernels.shrink_kernel[(triton.cdiv(T, bm), O * S, split)](
+        x, p.slots, a, dst, mid, T, K, ldx, x_o_off, R, O, a_s, a_o, k_chunk,
+        HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk, num_warps=4, num_stages=3)
 
 
 def triton_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
