@@ -16,6 +16,18 @@ from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_po
 
 __version__ = "0.1.0"
 
+_LAZY = ("viz", "widgets", "adapters", "parallel", "profile", "upstream_defect", "cli")
+
+
+def __getattr__(name: str):
+    # Figures, widgets and the heavier tools load on first use, so that
+    # ``import inkling_lab`` needs nothing but torch (the GPU and TP scripts rely on it).
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'inkling_lab' has no attribute {name!r}")
+
 __all__ = [
     "CATALOG", "CatalogEntry", "Diagnosis", "Finding", "Geometry", "LoRABackend", "LoRAFactors",
     "LoRAPool", "PRESETS", "PoolLayout", "SharedSink", "SharedSinkLoRA", "SlotBatch",

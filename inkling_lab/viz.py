@@ -9,7 +9,165 @@ from matplotlib.figure import Figure
 
 # -- core (issue 2): layouts, buffers, derived operands --------------------------------
 
+_GATE, _UP, _EMPTY = "#3b7dd8", "#e8893a", "#f2f2f2"
+
+
+def gate_up_layout_figure(intermediate: int = 4, n: int = 2) -> Figure:
+    """The rows of ``w13 [n, 2F, H]`` in both layouts: which row is gate, which is up."""
+    from .sink import gate_up_rows
+
+    fig, axes = plt.subplots(2, 1, figsize=(9, 2.8), constrained_layout=True)
+    for ax, interleaved in zip(axes, (True, False)):
+        gate, _ = gate_up_rows(intermediate, interleaved)
+        gate = set(gate.tolist())
+        for e in range(n):
+            for row in range(2 * intermediate):
+                is_gate = row in gate
+                f = row // 2 if interleaved else row % intermediate
+                x = e * 2 * intermediate + row
+                ax.add_patch(plt.Rectangle((x, 0), 0.92, 1, color=_GATE if is_gate else _UP))
+                ax.text(x + 0.46, 0.5, f"{'g' if is_gate else 'u'}{f}", ha="center", va="center",
+                        color="white", fontsize=8)
+            ax.text(e * 2 * intermediate + intermediate, 1.25, f"expert {e}", ha="center", fontsize=9)
+            if e:
+                ax.axvline(e * 2 * intermediate - 0.04, color="black", lw=2)
+        name = "interleaved (default): row 2f = gate f, row 2f+1 = up f" if interleaved else \
+            "contiguous: rows 0..F-1 gate, F..2F-1 up"
+        ax.set_title(name, loc="left", fontsize=10)
+        ax.set_xlim(0, n * 2 * intermediate)
+        ax.set_ylim(0, 1.5)
+        ax.set_yticks([])
+        ax.set_xlabel("row of w13_lin = w13.view(n*2F, H)")
+    fig.suptitle(f"Gate/up rows of w13 (n={n}, F={intermediate}); g = gate feature, u = up feature")
+    return fig
+
+
+def _buffer_image(ax, t, title: str, inner: str, outer_name: str, half: int | None = None) -> None:
+    import numpy as np
+
+    S, X, A, B = t.shape
+    img = t.detach().float().cpu().reshape(S * X * A, B).numpy()
+    vmax = float(np.abs(img).max()) or 1.0
+    masked = np.ma.masked_where(img == 0, img)
+    cmap = matplotlib.colormaps["coolwarm"].copy()
+    cmap.set_bad(_EMPTY)
+    ax.imshow(masked, cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+    for k in range(1, S * X):
+        ax.axhline(k * A - 0.5, color="black", lw=2 if k % X == 0 else 0.6)
+    if half is not None:
+        for k in range(S * X):
+            ax.axhline(k * A + half - 0.5, color="grey", lw=0.5, ls=":")
+    ax.set_yticks([(k + 0.5) * A - 0.5 for k in range(S * X)])
+    ax.set_yticklabels([f"slot {k // X}, {outer_name} {k % X}" for k in range(S * X)], fontsize=7)
+    ax.set_xlabel(inner, fontsize=8)
+    ax.set_title(title, fontsize=9)
+
+
+def pool_figure(pool) -> Figure:
+    """The four buffers of a ``LoRAPool`` as images: thick lines between slots, thin
+    between experts; grey cells are zeros (empty slots and rank padding)."""
+    g = pool.geometry
+    O = "expert" if not g.shared_outer else "shared"
+    fig, axes = plt.subplots(1, 4, figsize=(13, 4.2), constrained_layout=True)
+    _buffer_image(axes[0], pool.gate_up_a, f"gate-up A {list(g.gate_up_a)}\n[S, O, 2R, H]",
+                  "H (hidden)", O, half=g.rank)
+    _buffer_image(axes[1], pool.gate_up_b, f"gate-up B {list(g.gate_up_b)}\n[S, n, 2F, R]", "R (rank)",
+                  "expert", half=g.intermediate)
+    _buffer_image(axes[2], pool.down_a, f"down A {list(g.down_a)}\n[S, n, R, F]", "F (intermediate)", "expert")
+    _buffer_image(axes[3], pool.down_b, f"down B {list(g.down_b)}\n[S, O, H, R]", "R (rank)", O)
+    layout = "shared outer (O = 1)" if g.shared_outer else f"per-expert outer (O = n = {g.n})"
+    fig.suptitle(f"LoRA pool, {layout}, max rank R={g.rank}, slot ranks {pool.lora_ranks}; "
+                 "dotted: gate/up halves; grey: zero", fontsize=10)
+    return fig
+
+
+def derived_operands_figure(sink, slot: int = 0) -> Figure:
+    """``w1_delta[slot] [n*2F, 2R]`` and ``a_cat[slot] [R, n*F]`` of a shared-outer module."""
+    if sink.w1_delta is None:
+        raise ValueError("derived operands exist only after set_lora_info with a shared-outer pool")
+    import numpy as np
+
+    n, F = sink.n_shared_experts, sink.intermediate_size
+    R = sink.a_cat.shape[1]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 2.2]},
+                             constrained_layout=True)
+    for ax, t, title in ((axes[0], sink.w1_delta[slot], f"w1_delta[{slot}]  [n*2F, 2R]"),
+                         (axes[1], sink.a_cat[slot], f"a_cat[{slot}]  [R, n*F]")):
+        img = t.detach().float().cpu().numpy()
+        vmax = float(np.abs(img).max()) or 1.0
+        cmap = matplotlib.colormaps["coolwarm"].copy()
+        cmap.set_bad(_EMPTY)
+        ax.imshow(np.ma.masked_where(img == 0, img), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto",
+                  interpolation="nearest")
+        ax.set_title(title, fontsize=10)
+    axes[0].axvline(R - 0.5, color="black")
+    axes[0].set_xticks([R / 2 - 0.5, R + R / 2 - 0.5], ["gate shrink", "up shrink"])
+    axes[0].set_ylabel("row of y (sink layout)")
+    for e in range(1, n):
+        axes[0].axhline(e * 2 * F - 0.5, color="black", lw=1.5)
+        axes[1].axvline(e * F - 0.5, color="black", lw=1.5)
+    axes[1].set_xlabel("expert-major features e*F + f: one GEMM sums the experts")
+    axes[1].set_ylabel("rank r")
+    axes[1].set_yticks(range(R))
+    layout = "interleaved" if sink.interleaved else "contiguous"
+    fig.suptitle(f"Derived operands ({layout} base): each y row takes gate B from the gate shrink or up B "
+                 "from the up shrink", fontsize=10)
+    return fig
+
 # -- adapters (issue 3) -------------------------------------------------------------------
+
+_STAGE_COLORS = {"file": "#8c8c8c", "normalized": "#3b7dd8", "pool": "#2a9d8f"}
+
+
+def _blocks(ax, x0: float, shape: list[int], color: str, gap: float) -> tuple[float, float]:
+    """Draw a shape as matrices (rows down, columns across): ``[a, b]`` one, ``[k, a, b]``
+    k side by side, ``[S, O, a, b]`` S rows of O. Returns the right and bottom edges."""
+    *outer, rows, cols = shape
+    grid = outer if len(outer) == 2 else [1, outer[0] if outer else 1]
+    for i in range(grid[0]):
+        for j in range(grid[1]):
+            ax.add_patch(plt.Rectangle((x0 + j * (cols + gap), i * (rows + gap)), cols, rows, facecolor=color,
+                                       edgecolor="black", lw=0.6, alpha=0.85))
+    return x0 + grid[1] * (cols + gap), grid[0] * (rows + gap)
+
+
+def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
+    """Each pool buffer's way from the PEFT file (grey: its 2D factors), through
+    upstream's normalization (blue: ``[O or n, ...]``) to the pool (green:
+    ``[S, O or n, ...]``), all drawn to one scale. ``journey``:
+    ``DoctorReport.journey[module]``."""
+    from .validate import PRETTY
+
+    stages = ("file", "normalized", "pool")
+    fig, axes = plt.subplots(len(journey), 3, figsize=(11, 2.1 * len(journey)), constrained_layout=True,
+                             squeeze=False)
+    extent = [1.0, 1.0]
+    for r, row in enumerate(journey):
+        cells = {"file": row["peft"], "normalized": [("normalized", row["normalized"])],
+                 "pool": [("pool", row["pool"])]}
+        for c, stage in enumerate(stages):
+            ax, x, bottom, labels = axes[r, c], 0.0, 0.0, []
+            for label, shape in cells[stage]:
+                if shape is None:
+                    ax.text(0.5, 0.5, "fails before here", color="#b00020", ha="center", va="center",
+                            transform=ax.transAxes, fontsize=9)
+                    continue
+                right, low = _blocks(ax, x, shape, _STAGE_COLORS[stage], gap=0.6)
+                labels.append(f"{label} {shape}" if stage == "file" else str(shape))
+                x, bottom = right + 1.5, max(bottom, low)
+            extent = [max(extent[0], x), max(extent[1], bottom)]
+            failed = any(shape is None for _, shape in cells[stage])
+            ax.set_title("\n".join(labels) or ("" if failed else "(none: zeros)"), fontsize=8)
+            ax.axis("off")
+        axes[r, 0].text(-0.02, 0.5, PRETTY[row["buffer"]], transform=axes[r, 0].transAxes, ha="right",
+                        va="center", fontsize=10, fontweight="bold")
+    for ax in axes.flat:
+        ax.set_xlim(-0.5, extent[0])
+        ax.set_ylim(extent[1], -0.5)  # rows grow downwards, as in a printed matrix
+        ax.set_aspect("equal")
+    fig.suptitle((title + "\n" if title else "") + "grey: in the PEFT file (2D)  →  blue: after upstream's "
+                 "normalization  →  green: in the pool, slot 0 (all to one scale)", fontsize=10)
+    return fig
 
 # -- forward and profiling (issue 4) ----------------------------------------------------
 

@@ -4,7 +4,147 @@ from __future__ import annotations
 
 # -- core (issue 2): the error lab -----------------------------------------------------
 
+ERROR_LAB_PRESETS: dict[str, tuple[int, str, str, str, str]] = {
+    # name: (n, gate-up A, gate-up B, down A, down B)
+    "valid, shared outer": (2, "3, 1, 8, 16", "3, 2, 12, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
+    "valid, per-expert outer": (2, "3, 2, 8, 16", "3, 2, 12, 4", "3, 2, 4, 6", "3, 2, 16, 4"),
+    "one adapter, no slot axis": (2, "1, 8, 16", "2, 12, 4", "2, 4, 6", "1, 16, 4"),
+    "built for 4 experts": (2, "3, 4, 8, 16", "3, 4, 12, 4", "3, 4, 4, 6", "3, 4, 16, 4"),
+    "only A per expert": (2, "3, 2, 8, 16", "3, 2, 12, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
+    "flat B, expert axis 1": (2, "3, 1, 8, 16", "3, 1, 24, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
+    "gate A only (R rows)": (2, "3, 1, 4, 16", "3, 2, 12, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
+    "down A transposed": (2, "3, 1, 8, 16", "3, 2, 12, 4", "3, 2, 6, 4", "3, 1, 16, 4"),
+    "odd 2F": (2, "3, 1, 8, 16", "3, 2, 11, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
+    "slot counts differ": (2, "3, 1, 8, 16", "3, 2, 12, 4", "2, 2, 4, 6", "3, 1, 16, 4"),
+}
+"""Starting points for the error lab: a valid pool, and one classic mistake each."""
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"3, 1, 8, 16"`` (or ``"[3,1,8,16]"``) -> ``(3, 1, 8, 16)``."""
+    cleaned = text.strip().strip("[]()")
+    if not cleaned:
+        return ()
+    try:
+        return tuple(int(part) for part in cleaned.replace("x", ",").split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"could not read {text!r} as a shape: write sizes separated by commas, e.g. 3, 1, 8, 16")
+
+
+def error_lab_report(n: int, gate_up_a: str, gate_up_b: str, down_a: str, down_b: str) -> str:
+    """What ``set_lora_info`` would say about four buffer shapes, and every finding
+    with its fix. Pure: shapes in, text out."""
+    from .validate import diagnose_pool
+
+    try:
+        shapes = [parse_shape(s) for s in (gate_up_a, gate_up_b, down_a, down_b)]
+    except ValueError as exc:
+        return str(exc)
+    return str(diagnose_pool(*shapes, n_shared_experts=n))
+
+
+def error_lab():
+    """Set ``n`` and the four shapes (or pick a preset); see which check fires first,
+    the diagnosis and the fix."""
+    import ipywidgets as w
+
+    first = next(iter(ERROR_LAB_PRESETS.values()))
+    preset = w.Dropdown(options=list(ERROR_LAB_PRESETS), description="preset")
+    n = w.BoundedIntText(value=first[0], min=1, max=64, description="n experts")
+    boxes = [w.Text(value=v, description=d) for v, d in
+             zip(first[1:], ("gate-up A", "gate-up B", "down A", "down B"))]
+    out = w.Output(layout=w.Layout(border="1px solid #ccc", padding="4px"))
+
+    def show(*_):
+        out.clear_output(wait=True)
+        with out:
+            print(error_lab_report(n.value, *(b.value for b in boxes)))
+
+    def load(change):
+        values = ERROR_LAB_PRESETS[change["new"]]
+        n.value = values[0]
+        for box, v in zip(boxes, values[1:]):
+            box.value = v
+
+    preset.observe(load, names="value")
+    for widget in (n, *boxes):
+        widget.observe(show, names="value")
+    show()
+    return w.VBox([w.HTML("<b>Error lab</b>: shapes are [S, O, 2R, H], [S, n, 2F, R], [S, n, R, F], [S, O, H, R]"),
+                   preset, n, *boxes, out])
+
+
+def pool_explorer(n: int = 2, hidden: int = 8, intermediate: int = 6):
+    """Slots, max rank, an adapter's rank and alpha, the outer layout: watch the four
+    buffers fill, pad and scale."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    from .pool import LoRAFactors, LoRAPool
+    from .viz import pool_figure
+
+    def draw(slots: int, max_rank: int, rank: int, lora_alpha: float, per_expert_outer: bool):
+        pool = LoRAPool(n, hidden, intermediate, slots, max_rank, outer=n if per_expert_outer else 1)
+        pool.load(0, LoRAFactors.random(n, hidden, intermediate, min(rank, max_rank), lora_alpha=lora_alpha,
+                                        outer=pool.geometry.outer, seed=0))
+        pool_figure(pool)
+        plt.show()
+
+    return w.interactive(draw, slots=w.IntSlider(value=2, min=1, max=4), max_rank=w.IntSlider(value=4, min=1, max=8),
+                         rank=w.IntSlider(value=2, min=0, max=8), lora_alpha=w.FloatSlider(value=4.0, min=0.5, max=16),
+                         per_expert_outer=w.Checkbox(value=False))
+
+
+def layout_explorer():
+    """The interleaved and contiguous gate/up rows of w13 for a chosen F and n."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    from .viz import gate_up_layout_figure
+
+    def draw(intermediate: int, n: int):
+        gate_up_layout_figure(intermediate, n)
+        plt.show()
+
+    return w.interactive(draw, intermediate=w.IntSlider(value=4, min=1, max=8, description="F"),
+                         n=w.IntSlider(value=2, min=1, max=3, description="n"))
+
 # -- adapters (issue 3) -------------------------------------------------------------------
+
+def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermediate: int = 6,
+                     start: str = "gate_up"):
+    """Pick a sample adapter, ``n``, the pool's max rank and ``tp``: the doctor's report
+    and each factor's shapes from file to pool, redrawn. Drives ``convert.doctor``."""
+    from pathlib import Path
+
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    from .convert import doctor
+    from .viz import adapter_journey_figure
+
+    names = sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
+    adapter = w.Dropdown(options=names, value=start if start in names else names[0], description="adapter")
+    n = w.IntSlider(value=2, min=1, max=4, description="n experts")
+    max_rank = w.IntSlider(value=4, min=1, max=16, description="max rank R")
+    tp = w.Dropdown(options=[1, 2, 3, 6], value=1, description="tp")
+    out = w.Output()
+
+    def show(*_):
+        out.clear_output(wait=True)
+        with out:
+            report = doctor(Path(folder) / adapter.value, n.value, hidden, intermediate, max_rank.value, tp.value)
+            print(report)
+            for module, rows in list(report.journey.items())[:1]:
+                adapter_journey_figure(rows, f"{adapter.value}: {module}")
+                plt.show()
+
+    for widget in (adapter, n, max_rank, tp):
+        widget.observe(show, names="value")
+    show()
+    return w.VBox([w.HTML(f"<b>Adapter doctor</b>: a sink of H={hidden}, F={intermediate}"),
+                   w.HBox([adapter, tp]), w.HBox([n, max_rank]), out])
+
 
 # -- forward and profiling (issue 4) ----------------------------------------------------
 
