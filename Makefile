@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup lab test unit notebooks e2e clean
+.PHONY: setup lab test notebooks e2e clean
 
 setup: $(STAMP)
 
@@ -18,11 +18,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (inkling_lab)" >/dev/null
 	touch $(STAMP)
 
+# The same launch script the end-to-end browser test drives (tests/e2e/lab.py).
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=. notebooks/00_start_here.ipynb
+	VENV=$(VENV) scripts/lab.sh
+
+e2e: setup
+	$(PY) -m pytest -m e2e tests/test_e2e_jupyterlab.py
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadscope --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=15
+
+# Re-execute every notebook in place, so committed outputs are what the code gives today.
+notebooks: setup
+	for nb in notebooks/*.ipynb; do $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 
 clean:
 	rm -rf $(VENV)

@@ -24,34 +24,10 @@ import sys
 # NVLink multicast (NVLS) stays off on the lent machines; the ranks inherit this.
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
-import importlib  # noqa: E402
-import types  # noqa: E402
-
 import torch  # noqa: E402
 
+from inkling_lab import parallel, profile  # noqa: E402  (needs only torch)
 
-def _load(module: str) -> types.ModuleType:
-    """``inkling_lab.<module>``, even where only torch is installed.
-
-    The package's front-ends (figures, widgets, adapter files) need matplotlib,
-    ipywidgets and safetensors, which the GPU machine lacks; the sharded forward needs
-    none of them. So, when the package does not import, its folder is mounted as a
-    bare package and only the modules the forward needs are loaded. Spawned ranks run
-    this file first, so they mount it the same way.
-    """
-    try:
-        return importlib.import_module(f"inkling_lab.{module}")
-    except ImportError as exc:
-        folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "inkling_lab")
-        bare = types.ModuleType("inkling_lab")
-        bare.__path__ = [os.path.normpath(folder)]
-        sys.modules["inkling_lab"] = bare
-        print(f"note: inkling_lab's front-ends are not importable here ({exc.name} is missing); "
-              "loading the tensor-parallel modules alone", file=sys.stderr)
-        return importlib.import_module(f"inkling_lab.{module}")
-
-
-parallel, profile = _load("parallel"), _load("profile")
 PRESETS, Geometry = parallel.PRESETS, parallel.Geometry
 
 EXACT = Geometry(n=2, hidden=64, intermediate=128, rank=8, slots=3)
