@@ -422,9 +422,11 @@ def environment(command: str) -> dict:
         triton_version = None
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        commit = ""
+    if len(commit) != 40:  # a copy of the tree without .git (a remote GPU machine): told by the caller
+        commit = os.environ.get("INKLING_LAB_COMMIT") or None
     cuda = torch.cuda.is_available()
     return {
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",

@@ -54,7 +54,7 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
         return Tiles(bm=16, bf=32, bn=32, bk=128, k_chunk=128, warps=4, stages=4)
     if num_tokens <= 256:
         return Tiles(bm=32, bf=32, bn=32, bk=64, k_chunk=512, warps=4, stages=3, cublas=True)
-    return Tiles(bm=32, bf=64, bn=64, bk=64, k_chunk=1 << 30, warps=4, stages=2, cublas=True)
+    return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=1 << 30, warps=8, stages=2, cublas=True)
 
 
 @dataclass(frozen=True)
