@@ -15,7 +15,10 @@ are plain 2D LoRA matrices named ``<module>.<proj>.lora_A.weight`` /
 bad input is refused with the file, the tensor and what was expected (``ISL-K2xx``).
 Where the intent is unambiguous it repairs instead (a transposed factor, an up
 without a gate, an outer factor missing its expert axis), and every repair is
-reported in ``Adapter.findings``; ``repair=False`` refuses those too.
+reported in ``Adapter.findings``; ``repair=False`` refuses those too. Findings that
+need no fix carry note codes: ``ISL-N201`` the adapter trains only part of the sink
+(the other factors are zero), ``ISL-N202`` tensors for other modules are left out,
+``ISL-N203`` a gate without an up gets a zero up (as upstream does).
 ``normalize_shared_sink`` is upstream's normalization, step for step, with
 upstream's raw errors; ``Adapter.factors(n)`` assembles the result into one
 ``LoRAFactors`` per module, ready for ``LoRAPool.load``.
@@ -49,13 +52,6 @@ PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", *RENAMES)
 
 _FACTOR_KEY = re.compile(
     r"^(?P<module>.*shared_experts)\.(?:(?P<expert>\d+)\.)?(?P<proj>[^.]+)\.lora_(?P<ab>[AB])\.weight$")
-
-NOTES = {
-    "ISL-N201": "the adapter trains only part of the sink: the other factors are zero",
-    "ISL-N202": "tensors for other modules are left out",
-    "ISL-N203": "a gate without an up: its up half is zero (SPEC §6 step 3)",
-}
-"""Finding codes that are information, not errors: nothing needs fixing."""
 
 
 @dataclass(frozen=True)

@@ -267,7 +267,7 @@ class DoctorReport:
     error: BaseException | None = None
     journey: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pool: ConvertedPool | None = None
-    summary: str = ""
+    about: str = ""
 
     @property
     def fails(self) -> bool:
@@ -295,7 +295,7 @@ class DoctorReport:
         return f"inkling_lab refuses it (sglang would fail later or silently):\n  {text}"
 
     def __str__(self) -> str:
-        lines = [f"Adapter {self.adapter}" + (f": {self.summary}" if self.summary else ""),
+        lines = [f"Adapter {self.adapter}" + (f": {self.about}" if self.about else ""),
                  f"Sink: n={self.n}, H={self.hidden}, F={self.intermediate}"
                  + (f" (tp={self.tp}: F={self.intermediate // self.tp} per rank)" if self.tp > 1 else "")
                  + (f", pool max rank R={self.max_rank}" if self.max_rank else ""),
@@ -312,7 +312,8 @@ class DoctorReport:
         warned = any(f.code.startswith("ISL-W") for f in self.findings)  # loads, but computed wrongly
         lines.append("Verdict: FAILS to load (exit status 1)" if self.fails
                      else "Verdict: loads, but see the warning above" if warned
-                     else "Verdict: loads" + (" after the repairs above" if self.findings else ""))
+                     else "Verdict: loads" + (" after the repairs above"
+                                              if any(f.code.startswith("ISL-K") for f in self.findings) else ""))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -389,7 +390,7 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
         report.error = exc
         report.findings.append(_error_finding(exc))
         return report
-    report.summary = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (scaling {adapter.scaling:g}), "
+    report.about = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (scaling {adapter.scaling:g}), "
                       f"{len(adapter.modules)} module(s)" + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
     report.max_rank = max_rank if max_rank is not None else adapter.r
     try:

@@ -39,6 +39,11 @@ def with_weights(adapter: Adapter, change: Callable[[dict[str, torch.Tensor]], d
                    change(dict(adapter.weights)), adapter.config)
 
 
+def without(adapter: Adapter, fragment: str) -> Adapter:
+    """The adapter without the tensors whose key contains ``fragment``."""
+    return with_weights(adapter, lambda w: {k: v for k, v in w.items() if fragment not in k})
+
+
 def key(proj: str, ab: str, expert: int | None = None) -> str:
     return f"{MODULE}{'' if expert is None else f'.{expert}'}.{proj}.lora_{ab}.weight"
 
@@ -94,7 +99,7 @@ SAMPLES = [
            "ISL-W001"),
     Sample("gate_only", "good", "gate_proj and down_proj only; r=4",
            "a gate without an up gets a zero up (SPEC §6 step 3)",
-           lambda: with_weights(toy(4, 7), lambda w: {k: v for k, v in w.items() if ".up_proj." not in k}),
+           lambda: without(toy(4, 7), ".up_proj."),
            "ISL-N203"),
     Sample("transposed", "repaired", "like gate_up, with down_proj.lora_A saved transposed [n*F, r]",
            "the loader transposes it back and reports it",
@@ -102,7 +107,7 @@ SAMPLES = [
            "ISL-K206"),
     Sample("up_only", "repaired", "up_proj and down_proj only",
            "sglang would drop the up LoRA silently; the converter stacks it with a zero gate",
-           lambda: with_weights(toy(4, 9), lambda w: {k: v for k, v in w.items() if ".gate_proj." not in k}),
+           lambda: without(toy(4, 9), ".gate_proj."),
            "ISL-K211"),
     Sample("mixed_outer", "repaired", "gate/up factors per expert, down factors flat",
            "the shared down B is given to every expert (exact)", mixed_outer, "ISL-K212"),
@@ -130,7 +135,7 @@ SAMPLES = [
                                                       for k, v in w.items() if "down_proj" not in k}),
            "ISL-K208"),
     Sample("missing_b", "broken", "gate_up without down_proj.lora_B", "an A without its B",
-           lambda: with_weights(toy(4, 28), lambda w: {k: v for k, v in w.items() if k != key("down_proj", "B")}),
+           lambda: without(toy(4, 28), key("down_proj", "B")),
            "ISL-K209"),
     Sample("three_experts", "broken", "flat factors for n=3 experts of F=5 (widths 15)",
            "flat factors that do not split into n=2: upstream's raw reshape error",
