@@ -162,7 +162,7 @@ class Adapter:
                    source: str = "", sha256: str = "", repair: bool = True) -> "Adapter":
         """Check a config and its tensors (what ``load_adapter`` does after reading).
 
-        Raises ``ISL-K202`` (config), ``ISL-K205``..``K209`` (tensors); repairs or,
+        Raises ``ISL-K202`` (config), ``ISL-K205``..``K209``, ``K214`` (tensors); repairs or,
         with ``repair=False``, refuses transposed factors (``ISL-K206``).
         """
         where_cfg, where_w = _where(source, CONFIG_FILE), _where(source, WEIGHTS_FILE)
@@ -189,6 +189,7 @@ class Adapter:
                 f"'<module>.mlp.shared_experts.<proj>.lora_A.weight' (or lora_B), <proj> one of "
                 f"{', '.join(PROJECTIONS)}; the file holds {len(weights)} tensor(s) for other modules")
         _check_pairs(adapter.factor_keys, where_w)
+        _check_one_shape(adapter.weights, adapter.factor_keys, where_w)
         if others:
             adapter.findings.append(Finding(
                 "ISL-N202", where_w, f"{others} tensor(s) for other modules are not part of the shared sink "
@@ -196,7 +197,7 @@ class Adapter:
         return adapter
 
     def _checked(self, fn: FactorName, t: torch.Tensor, where: str, ranks: list[int]) -> torch.Tensor:
-        if t.numel() == 0:
+        if t.numel() == 0 and fn.canonical == "up_proj":
             return t  # a zero-size placeholder (SPEC §6: an absent up)
         if t.dim() != 2:
             raise ValueError(
@@ -348,6 +349,23 @@ def _check_pairs(keys: list[str], where: str) -> None:
             raise ValueError(f"{where}: {key!r} has no matching {other!r}: every LoRA factor needs its A and its B")
 
 
+def _check_one_shape(weights: Mapping[str, torch.Tensor], keys: list[str], where: str) -> None:
+    """Gate and up (stacked together) and every expert's copy of a factor (stacked
+    across experts) must have one shape; else torch's raw cat/stack error would follow."""
+    first: dict[tuple[str, str, str, bool], str] = {}
+    for key in keys:
+        fn = FactorName.parse(key)
+        if not weights[key].numel():
+            continue
+        family = "gate_proj" if fn.canonical == "up_proj" else fn.canonical
+        seen = first.setdefault((fn.module, fn.ab, family, fn.expert is None), key)
+        if weights[key].shape != weights[seen].shape:
+            raise ValueError(
+                f"{where}: {key!r} is {_shape(weights[key])} but {seen!r} is {_shape(weights[seen])}: the factors "
+                "of one projection must have one shape (gate and up alike, every expert alike); re-export the "
+                "adapter")
+
+
 def _gather(normalized: dict[str, torch.Tensor], module: str, proj: str, ab: str, n: int, where: str
             ) -> torch.Tensor | None:
     """One factor of one module with its expert axis: the shared tensor, or the
@@ -432,7 +450,8 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
     malformed config, ``K203`` no weights file, ``K204`` corrupt weights, ``K205``
     a factor not 2D, ``K206`` a factor of another rank, ``K207`` a name that is no
     shared-sink projection, ``K208`` no shared-sink factor, ``K209`` an A without
-    its B. The sha256 of the weights file identifies the adapter in converted pools.
+    its B, ``K214`` gate and up (or two experts' copies) of different shapes. The
+    sha256 of the weights file identifies the adapter in converted pools.
     """
     folder = _adapter_folder(path)
     source = str(folder)

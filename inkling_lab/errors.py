@@ -593,6 +593,21 @@ _ENTRIES: list[CatalogEntry] = [
         trigger="pool.save(out)  # a second time\n",
         fix="pool.save(out, force=True)\n",
         related=(), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K214", title="factors of one projection with different shapes", exc_type=ValueError,
+        message="{file}: '{key}' is [...] but '{other key}' is [...]: the factors of one projection must have "
+                "one shape (gate and up alike, every expert alike); re-export the adapter",
+        pattern=r"the factors of one projection must have one shape",
+        meaning="Normalization stacks gate and up (their A along the rank axis, their B along the feature "
+                "axis) and stacks per-expert factors along the expert axis: they must have one shape. "
+                "Upstream would fail with torch's raw cat or stack error; the kit names the two tensors.",
+        when="Gate and up exported with different ranks or for different F, or one expert's factor cut short.",
+        setup="from inkling_lab.adapters import Adapter, synthetic_adapter\n"
+              "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
+              "up_b = 'base_model.model.model.layers.0.mlp.shared_experts.up_proj.lora_B.weight'  # [n*F, r]\n",
+        trigger="Adapter.from_state(ad.config, {**ad.weights, up_b: ad.weights[up_b][:10]})  # F=5 for up\n",
+        fix="Adapter.from_state(ad.config, ad.weights)  # gate B and up B both [12, 4]\n",
+        related=("ISL-K205", "ISL-E012"), origin="inkling_lab"),
     # -- warnings (issue 7): the per-expert outer defect goes here -----------------------
     CatalogEntry(
         code="ISL-W001", title="a per-expert outer adapter is computed wrongly by sglang 0.5.23",

@@ -215,3 +215,35 @@ def test_doctor_shows_the_exact_upstream_message_and_a_fix():
     rows = report.journey["base_model.model.model.layers.0.mlp.shared_experts"]
     assert rows[1] == {"buffer": "gate_up_b", "peft": [("gate_proj.lora_B", [12, 4]), ("up_proj.lora_B", [12, 4])],
                        "normalized": [2, 12, 4], "pool": [1, 2, 6, 4]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(1, 3), r=st.integers(1, 4), config_r=st.integers(1, 5))
+def test_the_doctor_never_raises_on_a_damaged_adapter(data, n, r, config_r):
+    import tempfile
+
+    from inkling_lab.adapters import Adapter
+
+    a = synthetic_adapter(2, 4, 3, r, naming=data.draw(st.sampled_from(sorted(NAMINGS))),
+                          per_expert=data.draw(st.booleans()))
+    weights = dict(a.weights)
+    for key in data.draw(st.lists(st.sampled_from(sorted(weights)), max_size=3, unique=True)):
+        damage = data.draw(st.sampled_from(["drop", "transpose", "flatten", "cut", "rename"]))
+        t = weights.pop(key)
+        if damage == "transpose":
+            weights[key] = t.T.contiguous()
+        elif damage == "flatten":
+            weights[key] = t.flatten()
+        elif damage == "cut":
+            weights[key] = t[: max(t.shape[0] - 1, 0)].contiguous()
+        elif damage == "rename":
+            weights[key.replace("lora_", "lora_x")] = t
+    broken = Adapter(a.name, config_r, a.lora_alpha, a.target_modules, weights, {**a.config, "r": config_r})
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = save_adapter(broken, Path(tmp) / "damaged")
+        report = doctor(folder, n, 4, 3, tp=data.draw(st.sampled_from([1, 3])))
+    assert report.fails == (report.error is not None)
+    assert str(report) and json.dumps(report.to_dict())
+    if report.fails:  # always a catalogued error, never a raw one from deep inside
+        assert report.error_code is not None, report.error
+        assert report.findings[0].message.startswith(type(report.error).__name__)
