@@ -119,15 +119,19 @@ def derived_operands_figure(sink, slot: int = 0) -> Figure:
 _STAGE_COLORS = {"file": "#8c8c8c", "normalized": "#3b7dd8", "pool": "#2a9d8f"}
 
 
-def _blocks(ax, x0: float, shape: list[int], color: str, gap: float) -> tuple[float, float]:
+def _blocks(ax, x0: float, shape: list[int], color: str, gap: float, halves: bool = False
+            ) -> tuple[float, float]:
     """Draw a shape as matrices (rows down, columns across): ``[a, b]`` one, ``[k, a, b]``
-    k side by side, ``[S, O, a, b]`` S rows of O. Returns the right and bottom edges."""
+    k side by side, ``[S, O, a, b]`` S rows of O; ``halves``: a dashed line between the
+    gate rows and the up rows. Returns the right and bottom edges."""
     *outer, rows, cols = shape
     grid = outer if len(outer) == 2 else [1, outer[0] if outer else 1]
     for i in range(grid[0]):
         for j in range(grid[1]):
-            ax.add_patch(plt.Rectangle((x0 + j * (cols + gap), i * (rows + gap)), cols, rows, facecolor=color,
-                                       edgecolor="black", lw=0.6, alpha=0.85))
+            x, y = x0 + j * (cols + gap), i * (rows + gap)
+            ax.add_patch(plt.Rectangle((x, y), cols, rows, facecolor=color, edgecolor="black", lw=0.6, alpha=0.85))
+            if halves:
+                ax.plot([x, x + cols], [y + rows / 2] * 2, color="white", lw=1.2, ls="--")
     return x0 + grid[1] * (cols + gap), grid[0] * (rows + gap)
 
 
@@ -152,7 +156,8 @@ def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
                     ax.text(0.5, 0.5, "fails before here", color="#b00020", ha="center", va="center",
                             transform=ax.transAxes, fontsize=9)
                     continue
-                right, low = _blocks(ax, x, shape, _STAGE_COLORS[stage], gap=0.6)
+                stacked = stage != "file" and row["buffer"].startswith("gate_up")
+                right, low = _blocks(ax, x, shape, _STAGE_COLORS[stage], gap=0.6, halves=stacked)
                 labels.append(f"{label} {shape}" if stage == "file" else str(shape))
                 x, bottom = right + 1.5, max(bottom, low)
             extent = [max(extent[0], x), max(extent[1], bottom)]
@@ -166,7 +171,8 @@ def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
         ax.set_ylim(extent[1], -0.5)  # rows grow downwards, as in a printed matrix
         ax.set_aspect("equal")
     fig.suptitle((title + "\n" if title else "") + "grey: in the PEFT file (2D)  →  blue: after upstream's "
-                 "normalization  →  green: in the pool, slot 0 (all to one scale)", fontsize=10)
+                 "normalization  →  green: in the pool, slot 0 (all to one scale; dashed: gate rows above, "
+                 "up rows below)", fontsize=10)
     return fig
 
 # -- forward and profiling (issue 4) ----------------------------------------------------
