@@ -247,3 +247,26 @@ def test_the_doctor_never_raises_on_a_damaged_adapter(data, n, r, config_r):
     if report.fails:  # always a catalogued error, never a raw one from deep inside
         assert report.error_code is not None, report.error
         assert report.findings[0].message.startswith(type(report.error).__name__)
+
+
+def test_the_journey_figure_and_the_explorer_follow_the_doctor():
+    import matplotlib.pyplot as plt
+
+    from inkling_lab.viz import adapter_journey_figure
+    from inkling_lab.widgets import adapter_explorer
+
+    rows = doctor(SAMPLES / "per_expert", 2, 8, 6).journey["base_model.model.model.layers.0.mlp.shared_experts"]
+    fig = adapter_journey_figure(rows, "per_expert")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(fig.axes) == 12 and "[1, 2, 12, 4]" in titles and "0.gate_proj.lora_A [4, 8]" in titles[0]
+    plt.close(fig)
+    failed = adapter_journey_figure(next(iter(doctor(SAMPLES / "three_experts", 2, 8, 6).journey.values())))
+    assert [t.get_text() for t in failed.axes[1].texts] == ["fails before here"]
+    plt.close(failed)
+
+    box = adapter_explorer(str(SAMPLES))
+    adapter, tp = box.children[1].children
+    n, max_rank = box.children[2].children
+    adapter.value, n.value = "rank8", 3  # each change redraws through the doctor without raising
+    max_rank.value, tp.value = 2, 2
+    plt.close("all")
