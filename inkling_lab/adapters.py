@@ -134,12 +134,12 @@ class Adapter:
     r: int
     lora_alpha: float
     target_modules: Any
-    weights: dict[str, torch.Tensor]
-    config: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, torch.Tensor] = field(repr=False)
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
     source: str = ""
-    sha256: str = ""
-    repair: bool = True
-    findings: list[Finding] = field(default_factory=list)
+    sha256: str = field(default="", repr=False)
+    repair: bool = field(default=True, repr=False)
+    findings: list[Finding] = field(default_factory=list, repr=False)
 
     @property
     def scaling(self) -> float:
