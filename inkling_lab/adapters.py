@@ -264,12 +264,12 @@ class Adapter:
             self._note(Finding(
                 "ISL-N201", module, f"{module}: the adapter has no {missing} factors; they are zero in the pool",
                 "none needed: a zero factor adds no delta"))
-            if ga is None:
+            if ga is None:  # zeros in the other outer factor's layout
                 H, F = db.shape[-2], da.shape[-1]
-                ga, gb = torch.zeros(1, 2 * r, H, dtype=dtype), torch.zeros(n, 2 * F, r, dtype=dtype)
+                ga, gb = torch.zeros(db.shape[0], 2 * r, H, dtype=dtype), torch.zeros(n, 2 * F, r, dtype=dtype)
             else:
                 H, F = ga.shape[-1], gb.shape[-2] // 2
-                da, db = torch.zeros(n, r, F, dtype=dtype), torch.zeros(1, H, r, dtype=dtype)
+                da, db = torch.zeros(n, r, F, dtype=dtype), torch.zeros(ga.shape[0], H, r, dtype=dtype)
         ga, db = self._one_outer_layout(module, ga, db, where)
         return LoRAFactors(ga, gb, da, db, lora_alpha=self.scaling * r, name=self.name)
 

@@ -179,6 +179,11 @@ def test_a_partial_adapter_gets_zero_factors_and_a_note():
     assert f.gate_up_a.shape == (1, 8, 8) and f.gate_up_b.shape == (2, 12, 4)
     assert (f.gate_up_a == 0).all() and (f.gate_up_b == 0).all()
     assert [x.code for x in down_only.findings] == ["ISL-N201"]
+    pe = synthetic_adapter(2, 8, 6, 4, per_expert=True, seed=5)
+    gate_up_only = Adapter.from_state(pe.config, {k: v for k, v in pe.weights.items() if ".down_proj." not in k})
+    (f,) = gate_up_only.factors(2).values()
+    assert f.down_b.shape == (2, 8, 4) and (f.down_b == 0).all()  # zeros in the per-expert layout, no repair
+    assert [x.code for x in gate_up_only.findings] == ["ISL-N201"]
 
 
 def test_config_checks():
