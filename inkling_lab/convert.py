@@ -391,7 +391,8 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
         report.findings.append(_error_finding(exc))
         return report
     report.about = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (scaling {adapter.scaling:g}), "
-                      f"{len(adapter.modules)} module(s)" + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
+                    f"{len(adapter.modules)} module(s)"
+                    + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
     report.max_rank = max_rank if max_rank is not None else adapter.r
     try:
         pool = convert([adapter], n, hidden=hidden, intermediate=intermediate, max_rank=report.max_rank,
