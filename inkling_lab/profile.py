@@ -507,11 +507,24 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=50, help="timed replays per point (median reported)")
     p.add_argument("--out", default="data/profiles", help="folder for the JSON record")
     p.add_argument("--name", default=None, help="file name (default: <device>_<date>.json)")
+    p.add_argument("--show", metavar="RECORD", default=None,
+                   help="print the table of a recorded run (e.g. data/profiles/h200_grid.json) and exit; no GPU needed")
     p.set_defaults(func=profile_command)
     return p
 
 
 def profile_command(args: argparse.Namespace) -> int:
+    if args.show:
+        try:
+            rec = load_record(args.show)
+        except (OSError, ValueError) as exc:
+            print(f"cannot read the record: {exc}", file=sys.stderr)
+            return 2
+        env, ceil = rec["environment"], rec["ceilings"]
+        print(f"{env['device']}, {env['date']}, torch {env['torch']}, triton {env['triton']}, commit {env['git_commit']}")
+        print(f"ceilings: copy {ceil['copy_TBps']:.2f} TB/s, bf16 matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s\n")
+        print(summary_table(rec["records"]))
+        return 0
     if not torch.cuda.is_available():
         print("inkling-lab profile needs a CUDA GPU; the recorded H200 runs are in data/profiles/ "
               "(notebooks/06_profiling.ipynb plots them)", file=sys.stderr)

@@ -33,6 +33,16 @@ LARGE = [  # cuBLAS base GEMMs with the kernels as prologue/epilogues, and the a
 ]
 
 
+EPILOGUES = [(64, 128, 128, 8), (128, 64, 128, 8), (32, 128, 64, 4), (64, 64, 64, 4)]
+SHRINKS = [(64, 4, BIG), (32, 4, BIG), (128, 8, BIG), (64, 4, 512), (128, 4, BIG)]
+
+
+def epilogue_candidates() -> list[Tiles]:
+    """The cuBLAS path's epilogue tiles crossed with the shrink's tile, warps and split."""
+    return [Tiles(bm, bf, bn, 64, k, w, 2, cublas=True, sbm=sbm, swarps=sw)
+            for bm, bf, bn, w in EPILOGUES for sbm, sw, k in SHRINKS]
+
+
 def candidates(T: int) -> list[Tiles]:
     if T <= 32:
         return SMALL
@@ -46,6 +56,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default="1,16,32,64,128,256,1024,2048,8192")
     ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--epilogues", action="store_true", help="sweep the cuBLAS path's epilogue and shrink tiles")
     args = ap.parse_args()
     ceilings = pr.measure_ceilings()
     print("ceilings", ceilings, flush=True)
@@ -58,7 +69,7 @@ def main() -> None:
             sink, x, g, batch = pr.build_case(c, "cuda", base=base)
             base = sink
             roof = pr.roofline(c, **ceilings).us
-            for t in candidates(T):
+            for t in (epilogue_candidates() if args.epilogues else candidates(T)):
                 p = plan(sink, T, batch, x.device, t)
                 out = torch.empty_like(x)
                 try:
@@ -67,13 +78,14 @@ def main() -> None:
                     print(shape, T, t, "FAILED", type(exc).__name__, str(exc)[:120], flush=True)
                     continue
                 rows.append({"shape": shape, "T": T, "tiles": asdict(t), "us": us, "roofline_us": roof})
-            for b in ("torch", "cublas_base"):
+            for b in (() if args.epilogues else ("torch", "cublas_base")):
                 fn, cap = pr._runner(b, sink, x, g, batch)
                 us = statistics.median((pr.time_graph if cap else pr.time_eager)(fn, flush, 20))
                 rows.append({"shape": shape, "T": T, "tiles": b, "us": us, "roofline_us": roof})
             here = [r for r in rows if r["shape"] == shape and r["T"] == T]
             best = min((r for r in here if isinstance(r["tiles"], dict)), key=lambda r: r["us"])
             others = {r["tiles"]: round(r["us"], 1) for r in here if isinstance(r["tiles"], str)}
+            here = sorted(here, key=lambda r: r["us"])[:8]
             print(f"{shape} T={T:5d} roof {roof:7.1f}  best {best['us']:8.1f} ({best['us'] / roof:.2f}x) "
                   f"{tuple(best['tiles'].values())}  {others}", flush=True)
             for r in sorted(here, key=lambda r: r["us"]):

@@ -26,7 +26,8 @@ class Tiles:
     """Tile sizes of the kernels. ``bm`` tokens per tile; ``bf`` features per up tile
     (its dot is ``2*bf`` wide: gate and up); ``bn`` hidden columns per down tile;
     ``bk`` the reduction step; ``k_chunk`` the shrink's slice of ``H``; ``cublas``:
-    the two base GEMMs through cuBLAS, the kernels as their prologue and epilogues."""
+    the two base GEMMs through cuBLAS, the kernels as their prologue and epilogues;
+    ``sbm``/``swarps``: the shrink's own token tile and warps (0: ``bm``, 4 warps)."""
 
     bm: int
     bf: int
@@ -37,6 +38,8 @@ class Tiles:
     stages: int
     group_m: int = 8
     cublas: bool = False
+    sbm: int = 0
+    swarps: int = 4
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -53,8 +56,8 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
     if num_tokens <= 32 or (num_tokens <= 128 and weight_elems <= SMALL_WEIGHTS):
         return Tiles(bm=16, bf=32, bn=32, bk=128, k_chunk=128, warps=4, stages=4)
     if num_tokens <= 256:
-        return Tiles(bm=32, bf=32, bn=32, bk=64, k_chunk=512, warps=4, stages=3, cublas=True)
-    return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=1 << 30, warps=8, stages=2, cublas=True)
+        return Tiles(bm=32, bf=32, bn=32, bk=64, k_chunk=512, warps=4, stages=3, cublas=True, sbm=64)
+    return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=1 << 30, warps=8, stages=2, cublas=True, sbm=64)
 
 
 @dataclass(frozen=True)
@@ -141,14 +144,14 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
     """One ``shrink_kernel`` launch (its docstring names the operands)."""
     T = x.shape[0]
     t = p.tiles
-    bm = 64 if t.cublas else t.bm  # many tokens: fewer programs re-reading A from L2
+    bm = t.sbm or t.bm
     split = triton.cdiv(K, t.k_chunk)
     k_chunk = triton.cdiv(triton.cdiv(K, split), 16) * 16  # a multiple of the step below
     bk = next(b for b in (64, 32, 16) if k_chunk % b == 0)
     S = p.scalings.numel()
     kernels.shrink_kernel[(triton.cdiv(T, bm), O * S, split)](
         x, p.slots, a, dst, mid, T, K, ldx, x_o_off, R, O, a_s, a_o, k_chunk,
-        HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk, num_warps=4, num_stages=3)
+        HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk, num_warps=t.swarps, num_stages=3)
 
 
 def triton_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
