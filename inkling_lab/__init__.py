@@ -16,20 +16,43 @@ from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_po
 
 __version__ = "0.1.0"
 
-_LAZY = ("viz", "widgets", "adapters", "parallel", "profile", "upstream_defect", "cli")
+_LAZY_MODULES = ("viz", "widgets", "adapters", "convert", "parallel", "profile", "upstream_defect", "cli")
+
+_LAZY_NAMES = {
+    # adapters on disk (SPEC §6)
+    "Adapter": "adapters", "load_adapter": "adapters", "save_adapter": "adapters",
+    "normalize_shared_sink": "adapters", "synthetic_adapter": "adapters",
+    # the converter and the doctor
+    "ConvertedPool": "convert", "load_pool": "convert", "doctor": "convert", "DoctorReport": "convert",
+    # tensor parallelism (SPEC §7)
+    "shard_sink": "parallel", "RankShard": "parallel", "run_tp": "parallel", "TPCase": "parallel",
+    "sum_of_shards": "parallel",
+    # the per-expert outer defect of sglang 0.5.23 (SPEC §8)
+    "sglang_0_5_23_per_expert_forward": "upstream_defect", "defect_report": "upstream_defect",
+    "DefectReport": "upstream_defect", "collapse_identical_outer": "upstream_defect",
+}
 
 
 def __getattr__(name: str):
-    # Figures, widgets and the heavier tools load on first use, so that
+    # Figures, widgets, files and the distributed runner load on first use, so that
     # ``import inkling_lab`` needs nothing but torch (the GPU and TP scripts rely on it).
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY_MODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name == "convert_adapters":
+        return importlib.import_module(".convert", __name__).convert
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
     raise AttributeError(f"module 'inkling_lab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_NAMES) | {"convert_adapters"})
 
 __all__ = [
     "CATALOG", "CatalogEntry", "Diagnosis", "Finding", "Geometry", "LoRABackend", "LoRAFactors",
     "LoRAPool", "PRESETS", "PoolLayout", "SharedSink", "SharedSinkLoRA", "SlotBatch",
     "diagnose_pool", "expect_error", "explain", "validate_pool",
+    *sorted(_LAZY_NAMES), "convert_adapters",
 ]

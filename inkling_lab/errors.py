@@ -370,6 +370,31 @@ _ENTRIES: list[CatalogEntry] = [
         trigger="pool.load(3, factors)\n",
         fix="pool.load(2, factors)\n",
         related=("ISL-K103",), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K105", title="the launched world size is not the asked tp", exc_type=ValueError,
+        message="torchrun started {w} process(es) (WORLD_SIZE={w}) but tp={tp} was asked: run torchrun "
+                "--nproc-per-node {tp} ..., or pass --tp {w}",
+        pattern=r"torchrun started \d+ process\(es\) \(WORLD_SIZE=\d+\) but tp=\d+ was asked",
+        meaning="Each process of a tensor-parallel run holds one rank's shard; the shards only sum to the "
+                "sink's output when there are exactly tp of them.",
+        when="A torchrun --nproc-per-node that differs from --tp, e.g. after changing one of them in a "
+             "launch script.",
+        setup="",
+        trigger="il.parallel.check_world_size(tp=2, world_size=4)  # torchrun --nproc-per-node 4 ... --tp 2\n",
+        fix="il.parallel.check_world_size(tp=4, world_size=4)\n",
+        related=("ISL-K101", "ISL-K106"), origin="inkling_lab"),
+    CatalogEntry(
+        code="ISL-K106", title="NCCL without one GPU per rank", exc_type=ValueError,
+        message="NCCL needs one GPU per rank: tp={tp}, but this machine shows {g} CUDA device(s); use "
+                "dist_backend='gloo' (CPU) or a smaller tp",
+        pattern=r"NCCL needs one GPU per rank: tp=\d+",
+        meaning="NCCL all-reduces between GPUs, one rank per GPU. On a machine with fewer GPUs than tp "
+                "(or none), run the same check over gloo on the CPU.",
+        when="Running a GPU launch script on a laptop or a single-GPU machine.",
+        setup="",
+        trigger="il.parallel.resolve_dist_backend('nccl', tp=64)\n",
+        fix="il.parallel.resolve_dist_backend('gloo', tp=64)  # or 'auto': nccl when there are enough GPUs\n",
+        related=("ISL-K105",), origin="inkling_lab"),
     # -- adapters (issue 3): entries for the adapter loader and converter go here ------
     CatalogEntry(
         code="ISL-K201", title="no adapter_config.json in the adapter folder", exc_type=FileNotFoundError,

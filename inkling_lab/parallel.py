@@ -524,9 +524,9 @@ def demo_cases(geometry: Geometry, dtype: torch.dtype = torch.float64, tokens: i
             for outer in (1, geometry.n) for interleaved in (True, False)]
 
 
-def check_world_size(tp: int) -> None:
-    """Under ``torchrun``: refuse a world size other than ``tp``."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+def check_world_size(tp: int, world_size: int | None = None) -> None:
+    """Under ``torchrun``: refuse a world size (default: ``$WORLD_SIZE``) other than ``tp``."""
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     if world != tp:
         raise ValueError(f"torchrun started {world} process(es) (WORLD_SIZE={world}) but tp={tp} was asked: "
                          f"run torchrun --nproc-per-node {tp} ..., or pass --tp {world}")

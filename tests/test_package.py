@@ -1,0 +1,28 @@
+import subprocess
+import sys
+
+import inkling_lab as il
+
+
+def test_every_public_name_resolves():
+    for name in il.__all__:
+        assert getattr(il, name) is not None, name
+    assert il.convert_adapters is il.convert.convert
+    assert set(il.__all__) <= set(dir(il))
+
+
+def test_importing_the_package_needs_only_torch():
+    code = ("import sys, inkling_lab as il; "
+            "heavy = [m for m in ('matplotlib', 'ipywidgets', 'safetensors', 'triton') if m in sys.modules]; "
+            "print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_unknown_names_fail_plainly():
+    try:
+        il.no_such_thing
+    except AttributeError as exc:
+        assert "no attribute 'no_such_thing'" in str(exc)
+    else:
+        raise AssertionError("il.no_such_thing resolved")
