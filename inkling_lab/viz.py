@@ -177,6 +177,146 @@ def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
 
 # -- forward and profiling (issue 4) ----------------------------------------------------
 
+_SLOT_COLORS = ("#3b7dd8", "#e8893a", "#4caf50", "#9c27b0", "#e53935", "#00897b", "#8d6e63", "#fdd835")
+_BACKEND_STYLE = {"triton": ("#d62728", "o", "triton (ours)"), "torch": ("#1f77b4", "s", "torch backend"),
+                  "cublas_base": ("#7f7f7f", "^", "cuBLAS base only (no LoRA)")}
+
+
+def _slot_color(slot: int) -> str:
+    return "#d9d9d9" if slot < 0 else _SLOT_COLORS[slot % len(_SLOT_COLORS)]
+
+
+def batch_figure(batch) -> Figure:
+    """A ``SlotBatch`` drawn: each token's slot in arrival order, then the segments the
+    kernels see (grouped order when the batch carries a permutation)."""
+    slots = batch.token_slots().tolist()
+    T = len(slots)
+    lengths = _segment_lengths(batch.seg_indptr)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * T + 2), 2.9), constrained_layout=True)
+    for t, s in enumerate(slots):
+        axes[0].add_patch(plt.Rectangle((t, 0), 0.92, 1, color=_slot_color(s)))
+        axes[0].text(t + 0.46, 0.5, "-" if s < 0 else str(s), ha="center", va="center", fontsize=8)
+    axes[0].set_title("tokens in arrival order (number: slot; grey '-': base model only)", loc="left", fontsize=9)
+    order = batch.permutation.tolist() if batch.permutation is not None else list(range(T))
+    x = 0
+    for g, length in enumerate(lengths):
+        s = int(batch.weight_indices[g])
+        rank = int(batch.lora_ranks[s]) if s >= 0 else 0
+        for i in range(length):
+            axes[1].add_patch(plt.Rectangle((x + i, 0), 0.92, 1, color=_slot_color(s), alpha=0.35 if rank == 0 else 1))
+            axes[1].text(x + i + 0.46, 0.5, f"t{order[x + i]}", ha="center", va="center", fontsize=7)
+        axes[1].add_patch(plt.Rectangle((x - 0.05, -0.08), length, 1.16, fill=False, lw=1.6))
+        label = "base" if s < 0 else f"slot {s}" + (" (rank 0: skipped)" if rank == 0 else "")
+        axes[1].text(x + length / 2, 1.3, label, ha="center", fontsize=8)
+        x += length
+    grouped = "grouped by slot (permutation)" if batch.permutation is not None else "contiguous runs"
+    axes[1].set_title(f"segments: seg_indptr = {batch.seg_indptr.tolist()}, {grouped}", loc="left", fontsize=9)
+    for ax in axes:
+        ax.set_xlim(-0.2, max(T, 1) + 0.2)
+        ax.set_ylim(-0.2, 1.6)
+        ax.axis("off")
+    return fig
+
+
+def _segment_lengths(indptr) -> list[int]:
+    """Segment lengths from ``seg_indptr`` (a plain list, for drawing)."""
+    values = [int(v) for v in indptr]
+    return [b - a for a, b in zip(values, values[1:])]
+
+
+def roofline_figure(copy_TBps: float, matmul_TFLOPs: float, points: list[tuple[str, float, float]] | None = None
+                    ) -> Figure:
+    """The roofline: attainable TFLOP/s against arithmetic intensity (FLOP per byte),
+    with ``points`` ``(label, intensity, achieved TFLOP/s)`` placed on it."""
+    import numpy as np
+
+    ridge = matmul_TFLOPs / copy_TBps
+    ai = np.logspace(-1, 4, 200)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    ax.loglog(ai, np.minimum(ai * copy_TBps, matmul_TFLOPs), color="black", lw=2)
+    ax.axvline(ridge, color="grey", ls=":", lw=1)
+    ax.text(ridge * 1.1, matmul_TFLOPs * 0.08, f"ridge: {ridge:.0f} FLOP/B", fontsize=8, color="grey")
+    ax.text(0.15, 0.15 * copy_TBps * 1.5, f"memory roof {copy_TBps:.2f} TB/s", rotation=28, fontsize=8)
+    ax.text(ridge * 3, matmul_TFLOPs * 1.15, f"matmul roof {matmul_TFLOPs:.0f} TFLOP/s", fontsize=8)
+    for label, intensity, achieved in points or []:
+        ax.plot(intensity, achieved, "o", ms=6)
+        ax.annotate(label, (intensity, achieved), textcoords="offset points", xytext=(5, -12), fontsize=7)
+    ax.set_xlabel("arithmetic intensity (useful FLOPs / minimal bytes)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_ylim(0.05, matmul_TFLOPs * 2)
+    ax.set_title("Roofline of one forward: few tokens are memory-bound, many tokens compute-bound", fontsize=10)
+    return fig
+
+
+def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4) -> Figure:
+    """A recorded grid: median µs against tokens per backend, the roofline, the
+    issue's targets and upstream's numbers (left); each backend over the roofline (right)."""
+    from .profile import TARGET_LARGE_T, TARGET_SMALL_T, UPSTREAM, UPSTREAM_SINGLE_SLOT
+
+    rows = [r for r in record["records"] if (r["case"]["shape"], r["case"]["R"], r["case"]["S"]) == (shape, R, S)]
+    if not rows:
+        raise ValueError(f"the record has no points for shape {shape}, R={R}, S={S}")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.4), constrained_layout=True)
+    backends = sorted({r["backend"] for r in rows}, key=list(_BACKEND_STYLE).index)
+    for b in backends:
+        pts = sorted((r["case"]["T"], r["median_us"], r["ratio"]) for r in rows if r["backend"] == b)
+        color, marker, label = _BACKEND_STYLE.get(b, ("black", "x", b))
+        ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=label, ms=4)
+        ax2.semilogx([p[0] for p in pts], [p[2] for p in pts], marker=marker, color=color, label=label, ms=4)
+    roof = sorted({(r["case"]["T"], r["roofline_us"]) for r in rows})
+    ax.loglog([p[0] for p in roof], [p[1] for p in roof], color="black", lw=2, label="roofline")
+    for T, us in ((T, us) for T, us in roof if T <= 32):
+        ax.plot(T, TARGET_SMALL_T * us, "_", color="green", ms=10)
+    for T, us in ((T, us) for T, us in roof if T >= 2048):
+        ax.plot(T, TARGET_LARGE_T * us, "_", color="green", ms=10)
+    ax.plot([], [], "_", color="green", ms=10, label=f"target ({TARGET_SMALL_T:g}x / {TARGET_LARGE_T:g}x roofline)")
+    up = [(row[1], row[4]) for row in UPSTREAM if (row[0], row[2], row[3]) == (shape, S, R)]
+    if up:
+        ax.plot(*zip(*up), "*", color="purple", ms=12, label="upstream sglang 0.5.23 (issue)")
+    single = [(T, us) for (sh, T), us in UPSTREAM_SINGLE_SLOT.items() if sh == shape]
+    if single:
+        ax.plot(*zip(*single), "P", color="purple", ms=9, mfc="none", label="upstream single-slot cuBLAS")
+    ax.set_xlabel("tokens T")
+    ax.set_ylabel("median µs (CUDA graph, L2 flushed)")
+    ax.set_title(f"shape {shape}: n {rows[0]['case']['n']}, H {rows[0]['case']['H']}, F {rows[0]['case']['F']}; "
+                 f"R {R}, S {S}", fontsize=10)
+    ax.legend(fontsize=7)
+    ax2.axhline(1, color="black", lw=2)
+    ax2.hlines(TARGET_SMALL_T, 1, 32, color="green")
+    ax2.hlines(TARGET_LARGE_T, 2048, 8192, color="green")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("tokens T")
+    ax2.set_ylabel("measured / roofline (1 = the hardware limit)")
+    ax2.set_title("distance from the roofline (green: the issue's target)", fontsize=10)
+    env = record["environment"]
+    fig.suptitle(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=9)
+    return fig
+
+
+def kernel_breakdown_figure(record: dict, backend: str = "triton") -> Figure:
+    """Where the time goes: the profiler's kernels per forward, one bar per probed case."""
+    tables = [t for t in record["kernel_tables"] if t["backend"] == backend]
+    if not tables:
+        raise ValueError(f"the record has no kernel table for backend {backend!r}")
+    fig, axes = plt.subplots(1, len(tables), figsize=(3.2 * len(tables), 3.6), constrained_layout=True)
+    for ax, t in zip(list(axes) if len(tables) > 1 else [axes], tables):
+        rows = t["kernels"][:6]
+        names = [_short_kernel(r["kernel"]) for r in rows]
+        ax.barh(range(len(rows)), [r["us_per_forward"] for r in rows], color="#d62728")
+        ax.set_yticks(range(len(rows)), names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("µs per forward", fontsize=8)
+        c = t["case"]
+        ax.set_title(f"{c['shape']}, T={c['T']}, S={c['S']}, R={c['R']}", fontsize=9)
+    fig.suptitle(f"torch.profiler: the {backend} backend's kernels (warm L2, no graph)", fontsize=10)
+    return fig
+
+
+def _short_kernel(name: str) -> str:
+    if name.startswith("nvjet") or "gemm" in name.lower():
+        return "cuBLAS GEMM" + (" (+C)" if "badd" in name else "")
+    return name.replace("void ", "").split("<")[0][:28]
+
 # -- tensor parallelism (issue 5) -------------------------------------------------------
 
 def tp_shards_figure(owners: dict, interleaved: bool = True) -> Figure:

@@ -148,6 +148,42 @@ def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermed
 
 # -- forward and profiling (issue 4) ----------------------------------------------------
 
+def roofline_explorer(record: dict | None = None):
+    """Pick a shape, rank, slots and tokens: the case's bytes, FLOPs and roofline time
+    by ``profile.roofline`` (ceilings from ``record``, else the issue's), and, when the
+    record holds that point, each backend's measured time against it."""
+    import ipywidgets as w
+
+    from . import profile as pr
+
+    ceilings = record["ceilings"] if record else pr.UPSTREAM_CEILINGS
+    shape = w.Dropdown(options=sorted(pr.SHAPES), value="B", description="shape")
+    rank = w.Dropdown(options=list(pr.GRID_RANKS), value=64, description="rank R")
+    slots = w.Dropdown(options=list(pr.GRID_SLOTS), value=4, description="slots S")
+    tokens = w.SelectionSlider(options=list(pr.GRID_TOKENS), value=32, description="tokens T")
+    out = w.Output()
+
+    def show(*_):
+        out.clear_output(wait=True)
+        with out:
+            c = pr.Case.of(shape.value, rank.value, slots.value, tokens.value)
+            roof = pr.roofline(c, **ceilings)
+            print(f"{c.slots_used} slot(s) used; bytes {roof.bytes / 1e6:.2f} MB -> {roof.memory_us:.1f} µs at "
+                  f"{ceilings['copy_TBps']:.2f} TB/s; FLOPs {roof.flops / 1e9:.2f} G -> {roof.compute_us:.1f} µs at "
+                  f"{ceilings['matmul_TFLOPs']:.0f} TFLOP/s")
+            print(f"roofline {roof.us:.1f} µs ({roof.bound}-bound); target "
+                  f"{pr.target_ratio(c.T) or '-'} x roofline")
+            for r in (record or {}).get("records", []):
+                k = r["case"]
+                if (k["shape"], k["R"], k["S"], k["T"]) == (c.shape, c.R, c.S, c.T):
+                    print(f"  {r['backend']:<12} {r['median_us']:8.1f} µs  = {r['ratio']:.2f} x roofline")
+
+    for widget in (shape, rank, slots, tokens):
+        widget.observe(show, names="value")
+    show()
+    return w.VBox([w.HTML("<b>Roofline explorer</b>: minimal bytes and useful FLOPs of one forward"),
+                   w.HBox([shape, rank, slots]), tokens, out])
+
 # -- tensor parallelism (issue 5) -------------------------------------------------------
 
 def tp_shard_explorer(n: int = 2, intermediate: int = 6):
