@@ -55,6 +55,8 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
         return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=2, stages=4)
     if num_tokens <= 32 or (num_tokens <= 128 and weight_elems <= SMALL_WEIGHTS):
         return Tiles(bm=16, bf=32, bn=32, bk=128, k_chunk=128, warps=4, stages=4)
+    if num_tokens <= 128:
+        return Tiles(bm=32, bf=32, bn=32, bk=64, k_chunk=512, warps=4, stages=3, cublas=True, sbm=64)
     # Many tokens: the shrinks split K in 512-wide slices while that keeps more
     # multiprocessors busy than it costs in atomics (up to ~4096 tokens on the H200).
     k_chunk = 512 if num_tokens <= 4096 else 1 << 30
