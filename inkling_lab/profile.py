@@ -316,12 +316,14 @@ def check_correctness(cases: Iterable[Case], device: str = "cuda", seed: int = 1
 
 
 def correctness_cases(shapes: Sequence[str]) -> list[Case]:
-    """Every layout and dtype at a few tokens on the first shape (each tile regime of
-    ``pick_tiles`` by token count), and one case on each other shape."""
+    """Every layout and dtype at a few tokens on the first shape, each tile regime of
+    ``pick_tiles`` (by token count; the cuBLAS path per-expert too), and two token
+    counts on each other shape."""
     cases = [Case.of(shapes[0], 16, 3, 37, outer=o, interleaved=i, dtype=d)
              for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
-    cases += [Case.of(shapes[0], 64, 4, T) for T in (5, 300, 1100)]
-    cases += [Case.of(s, 64, 4, 37) for s in shapes[1:]]
+    cases += [Case.of(shapes[0], 64, 4, T) for T in (5, 300, 1100, 4500)]
+    cases += [Case.of(shapes[0], 16, 3, 300, outer=2, interleaved=False, dtype="float16")]
+    cases += [Case.of(s, 64, 4, T) for s in shapes[1:] for T in (37, 100)]
     return cases
 
 
@@ -507,6 +509,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=50, help="timed replays per point (median reported)")
     p.add_argument("--out", default="data/profiles", help="folder for the JSON record")
     p.add_argument("--name", default=None, help="file name (default: <device>_<date>.json)")
+    p.add_argument("--check-only", action="store_true", help="run the correctness check alone and record it")
     p.add_argument("--show", metavar="RECORD", default=None,
                    help="print the table of a recorded run (e.g. data/profiles/h200_grid.json) and exit; no GPU needed")
     p.set_defaults(func=profile_command)
@@ -547,13 +550,18 @@ def profile_command(args: argparse.Namespace) -> int:
     if not all(r["ok"] for r in checks):
         print("correctness check FAILED; not timing", file=sys.stderr)
         return 1
-    records = run_grid(grid(shapes, args.ranks, args.slots, args.tokens), backends, ceilings, args.reps)
-    probe = [Case.of(s, 64, 4, T) for s in shapes for T in (1, 8192)]
-    kernels = [{"case": asdict(c), "backend": b, "kernels": kernel_table(c, b)} for c in probe for b in backends]
+    records, kernels = [], []
+    if not args.check_only:
+        records = run_grid(grid(shapes, args.ranks, args.slots, args.tokens), backends, ceilings, args.reps)
+        probe = [Case.of(s, 64, 4, T) for s in shapes for T in (1, 8192)]
+        kernels = [{"case": asdict(c), "backend": b, "kernels": kernel_table(c, b)} for c in probe for b in backends]
     name = args.name or f"{env['device'].replace(' ', '_')}_{env['date'][:10]}.json"
     payload = {"environment": env, "ceilings": ceilings, "correctness": checks,
                "records": [asdict(r) for r in records], "kernel_tables": kernels}
     path = write_json(Path(args.out) / name, payload)
+    for r in checks:
+        print(f"  {r['shape']} T={r['T']:<5} O={r['outer']} interleaved={r['interleaved']!s:<5} {r['dtype']:<8} "
+              f"rel err {r['rel_err']:.1e}")
     print(summary_table(payload["records"]))
     print(f"wrote {path}")
     return 0
