@@ -1,4 +1,5 @@
-"""The Triton backend: three launches per forward (``forward/kernels.py``).
+"""The Triton backend (``forward/kernels.py``): three launches per forward for few
+tokens; for many, cuBLAS's two base GEMMs with four launches around them.
 
 ``triton_forward(sink, x, gammas, batch)`` is ``launch(sink, x, gammas, plan(...))``:
 ``plan`` turns the ``SlotBatch`` into device tensors (each token's effective slot,
