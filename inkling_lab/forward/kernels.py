@@ -21,7 +21,8 @@ ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
 down shrink from ``act``, and ``down_kernel`` writes only the LoRA term into ``out``,
 to which cuBLAS's in-place ``addmm`` adds ``act @ w2_lin``.
 
-No token order is assumed: every tile reads its tokens' slots and loops over the
+Each slot's LoRA terms are scaled by ``scalings[s]`` of the batch (1 unless told:
+the pool folds ``lora_alpha / r`` into B). No token order is assumed: every tile reads its tokens' slots and loops over the
 slots it holds (tokens grouped by slot make that one slot per tile almost always).
 Slot ``-1`` (base only, or a rank-0 slot) skips the LoRA terms. The per-expert outer
 layout (``O = n``) runs through the same code: expert ``e`` uses outer index
@@ -44,6 +45,16 @@ def _tile_slots(slot_ptr, rows, row_ok):
     smin = tl.min(tl.where(slot >= 0, slot, 1 << 30), axis=0)
     smax = tl.max(slot, axis=0)
     return slot, smin, smax
+
+
+@triton.jit
+def _grouped_tile(pid, n_m, n_cols, GROUP_M: tl.constexpr):
+    """Program ``pid`` -> (token tile, column tile) in grouped order: ``GROUP_M`` token
+    tiles walk the same weight columns while those sit in L2."""
+    group = GROUP_M * n_cols
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(n_m - first_m, GROUP_M)
+    return first_m + (pid % group) % size_m, (pid % group) // size_m
 
 
 @triton.jit
@@ -105,15 +116,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
     up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F)."""
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(T, BM)
-    n_f = N_EXP * tl.cdiv(F, BF)
-    # Grouped order: GROUP_M token tiles walk the same weight columns while they sit in L2.
-    group = GROUP_M * n_f
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_f = (pid % group) // size_m
+    pid_m, pid_f = _grouped_tile(tl.program_id(0), tl.cdiv(T, BM), N_EXP * tl.cdiv(F, BF), GROUP_M)
     fb_per_e = tl.cdiv(F, BF)
     e = pid_f // fb_per_e
     f0 = (pid_f % fb_per_e) * BF
@@ -186,14 +189,7 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
     ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
     ``BASE=False``: only the LoRA term is written (cuBLAS adds ``act @ w2_lin`` to it).
     The first column of tiles then zeroes ``sh`` for the next forward."""
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(T, BM)
-    n_n = tl.cdiv(H, BN)
-    group = GROUP_M * n_n
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(T, BM), tl.cdiv(H, BN), GROUP_M)
 
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < T
