@@ -15,9 +15,9 @@ the count so a reader can redo it by hand:
   (down shrink) ``+ 2*T_l*O*R*H`` (down expand). The SwiGLU is left out: a few
   FLOPs per feature, far under both terms.
 
-Timing (``time_graph``): a CUDA graph of the forward, replayed with the L2 flushed
-(a 256 MiB write) before every replay, each replay timed with CUDA events; the
-median is reported. The ``torch`` backend syncs with the host (it looks up each
+Timing (``time_graph``): a CUDA graph of the forward, replayed with the L2 evicted
+(``L2Flush``: a 256 MiB buffer read through it) before every replay, each replay
+timed with CUDA events; the median is reported. The ``torch`` backend syncs with the host (it looks up each
 slot's tokens), so it is timed eagerly the same way (``time_eager``).
 
 Command line: ``inkling-lab profile --out data/profiles`` (``register_cli``).
