@@ -274,7 +274,7 @@ def _ms(fn: Callable[[], object], reps: int) -> list[float]:
 
 # -- backends as the benchmark runs them ------------------------------------------------
 
-def _runner(backend: str, sink, x, gammas, batch, tiles=None) -> tuple[Callable[[], object], bool]:
+def backend_runner(backend: str, sink, x, gammas, batch, tiles=None) -> tuple[Callable[[], object], bool]:
     """``(fn, capturable)``: ``triton`` plans once and captures the launches;
     ``cublas_base`` is the base sink alone through cuBLAS (upstream's plain path, no
     LoRA: a lower bound for any cuBLAS-based forward); ``torch`` runs eagerly."""
@@ -356,7 +356,7 @@ def time_case(c: Case, backend: str, ceilings: dict[str, float], flush: L2Flush,
               device: str = "cuda", base=None) -> Record:
     """Time one backend on one case (``base``: a sink to reuse, see ``build_case``)."""
     sink, x, gammas, batch = build_case(c, device, base=base)
-    fn, capturable = _runner(backend, sink, x, gammas, batch)
+    fn, capturable = backend_runner(backend, sink, x, gammas, batch)
     times = (time_graph if capturable else time_eager)(fn, flush, reps)
     roof = roofline(c, **ceilings)
     med = statistics.median(times)
@@ -393,7 +393,7 @@ def kernel_table(c: Case, backend: str, device: str = "cuda", top: int = 12, til
     from torch.profiler import ProfilerActivity, profile
 
     sink, x, gammas, batch = build_case(c, device)
-    fn, _ = _runner(backend, sink, x, gammas, batch, tiles)
+    fn, _ = backend_runner(backend, sink, x, gammas, batch, tiles)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()

@@ -24,7 +24,7 @@ def main() -> None:
         c = pr.Case.of(shape, 64, 4, T)
         sink, x, g, batch = pr.build_case(c, "cuda")
         for b in ("triton", "cublas_base"):
-            fn, cap = pr._runner(b, sink, x, g, batch)
+            fn, cap = pr.backend_runner(b, sink, x, g, batch)
             for m, fl in flushes.items():
                 us = statistics.median(pr.time_graph(fn, fl, 30))
                 rows["flush"].append({"shape": shape, "T": T, "backend": b, "flush": m, "us": us})

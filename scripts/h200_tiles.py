@@ -79,7 +79,7 @@ def main() -> None:
                     continue
                 rows.append({"shape": shape, "T": T, "tiles": asdict(t), "us": us, "roofline_us": roof})
             for b in (() if args.epilogues else ("torch", "cublas_base")):
-                fn, cap = pr._runner(b, sink, x, g, batch)
+                fn, cap = pr.backend_runner(b, sink, x, g, batch)
                 us = statistics.median((pr.time_graph if cap else pr.time_eager)(fn, flush, 20))
                 rows.append({"shape": shape, "T": T, "tiles": b, "us": us, "roofline_us": roof})
             here = [r for r in rows if r["shape"] == shape and r["T"] == T]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inkling_lab.batch import SlotBatch
-from inkling_lab.forward import BACKENDS, TRITON_ON_CUDA, pick_backend, run_forward
+from inkling_lab.forward import BACKENDS, TRITON_ON_CUDA, pick_backend
 from inkling_lab.forward.reference import reference_forward
 from inkling_lab.forward.torch_backend import torch_forward
 from inkling_lab.lora import SharedSinkLoRA
