@@ -276,8 +276,9 @@ def _ms(fn: Callable[[], object], reps: int) -> list[float]:
 
 def backend_runner(backend: str, sink, x, gammas, batch, tiles=None) -> tuple[Callable[[], object], bool]:
     """``(fn, capturable)``: ``triton`` plans once and captures the launches;
-    ``cublas_base`` is the base sink alone through cuBLAS (upstream's plain path, no
-    LoRA: a lower bound for any cuBLAS-based forward); ``torch`` runs eagerly."""
+    ``cublas_base`` is the base sink alone through cuBLAS (no LoRA work at all: our
+    stand-in for upstream's plain path, and a lower bound for any cuBLAS-based LoRA
+    forward); ``torch`` runs eagerly (it syncs with the host)."""
     if backend == "triton":
         from .forward.triton_backend import launch, plan
 
