@@ -298,20 +298,25 @@ class _Diagnoser:
                      f"{PRETTY[name]} axis {axis} is {got}; with R={R} (gate-up B's last axis) it must be {want}",
                      fix)
 
+    def _agree(self, code: str, symbol: str, values: dict[str, float], sink_value: int | None,
+               sink_name: str, between_fix: str, sink_fix: str) -> None:
+        """One size (H or F) read from several buffers: they must agree, and equal the sink's."""
+        consequence = "not checked by set_lora_info; the forward fails with a matmul shape error"
+        if len(set(values.values())) > 1:
+            parts = ", ".join(f"{PRETTY[k]} has {symbol}={v:g}" for k, v in values.items())
+            self.add(code, list(values)[-1], f"{symbol} disagrees: {parts}", between_fix, consequence)
+        if sink_value is not None:
+            for k, v in values.items():
+                if v != sink_value:
+                    self.add(code, k, f"{PRETTY[k]} has {symbol}={v:g}; the sink's {sink_name} is {sink_value}",
+                             sink_fix, consequence)
+
     def _sizes(self, four_d: dict[str, bool]) -> None:
         s = self.shapes
         hs = {k: s[k][a] for k, a in (("gate_up_a", 3), ("down_b", 2)) if four_d[k]}
-        if len(set(hs.values())) > 1:
-            self.add("ISL-D101", "down_b", f"H disagrees: gate-up A has H={hs['gate_up_a']}, "
-                     f"down B has H={hs['down_b']}",
-                     "export both outer factors for the sink's hidden size",
-                     "not checked by set_lora_info; the forward fails with a matmul shape error")
-        if self.hidden is not None:
-            for k, h in hs.items():
-                if h != self.hidden:
-                    self.add("ISL-D101", k, f"{PRETTY[k]} has H={h}; the sink's hidden size is {self.hidden}",
-                             "this adapter was trained for another model: its H must equal the sink's",
-                             "not checked by set_lora_info; the forward fails with a matmul shape error")
+        self._agree("ISL-D101", "H", hs, self.hidden, "hidden size",
+                    "export both outer factors for the sink's hidden size",
+                    "this adapter was trained for another model: its H must equal the sink's")
         two_f = s["gate_up_b"][2] if four_d["gate_up_b"] else None
         if two_f is not None and two_f % 2:
             self.add("ISL-D103", "gate_up_b", f"gate-up B has 2F={two_f}, which is odd: gate and up halves "
@@ -319,23 +324,14 @@ class _Diagnoser:
                      " or larger; re-export gate and up B with F rows each",
                      "shared outer: a raw RuntimeError (shape '[...]' is invalid for input of size ...) "
                      "inside set_lora_info; per-expert outer: wrong output")
-        f_vals = {}
+        fs: dict[str, float] = {}
         if two_f is not None:
-            f_vals["gate_up_b"] = two_f / 2
+            fs["gate_up_b"] = two_f / 2
         if four_d["down_a"]:
-            f_vals["down_a"] = s["down_a"][3]
-        if len(set(f_vals.values())) > 1:
-            self.add("ISL-D102", "down_a", f"F disagrees: gate-up B has 2F={two_f} (F={two_f / 2:g}), "
-                     f"down A has F={s['down_a'][3]}",
-                     "both inner factors must come from the same sink (per-rank F under tensor parallelism)",
-                     "not checked by set_lora_info; the forward fails with a matmul shape error")
-        if self.intermediate is not None:
-            for k, f in f_vals.items():
-                if f != self.intermediate:
-                    self.add("ISL-D102", k, f"{PRETTY[k]} has F={f:g}; the sink's (per-rank) F is "
-                             f"{self.intermediate}", "shard the adapter for this tensor-parallel size, "
-                             "or check that it was trained for this model",
-                             "not checked by set_lora_info; the forward fails with a matmul shape error")
+            fs["down_a"] = s["down_a"][3]
+        self._agree("ISL-D102", "F", fs, self.intermediate, "(per-rank) F",
+                    "both inner factors must come from the same sink (per-rank F under tensor parallelism)",
+                    "shard the adapter for this tensor-parallel size, or check that it was trained for this model")
 
     def _slots(self, four_d: dict[str, bool]) -> None:
         counts = {k: v[0] for k, v in self.shapes.items() if four_d[k]}
