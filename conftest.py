@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -45,6 +46,18 @@ def pytest_collection_modifyitems(config, items):
     for name, stats in _NB_STATS.items():
         if stats["cells"] and stats["cells"] == stats["gpu_skipped"]:
             raise pytest.UsageError(f"{name}: every code cell is gpu-only; the notebook would run nothing here")
+
+
+def pytest_sessionfinish(session):
+    # Under pytest-xdist the workers collect; hand their counts to the controller.
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["notebook_cells"] = json.dumps(_NB_STATS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    for name, stats in json.loads(getattr(node, "workeroutput", {}).get("notebook_cells", "{}")).items():
+        _NB_STATS[name] = stats  # every worker collects every notebook: the counts agree
 
 
 def pytest_terminal_summary(terminalreporter):
