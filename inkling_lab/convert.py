@@ -435,13 +435,23 @@ def _add_journey(report: DoctorReport, adapter: Adapter, n: int) -> None:
         report.journey[module] = shape_journey(adapter, module, factors.get(module), pool_shapes)
 
 
+_UNREADABLE = {"ISL-K201", "ISL-K202", "ISL-K203", "ISL-K204"}
+"""Refusals of a folder that no loader can read (no config, bad config, no or a corrupt
+weights file), as opposed to refusals of what sglang would load and get wrong."""
+
+
 def _error_finding(exc: BaseException, fix: str | None = None) -> Finding:
     """The error itself as the first finding; ``fix`` defaults to the message's own advice."""
     entry = find_entry(exc)
     code = entry.code if entry else "error"
     upstream = entry is not None and entry.origin.startswith("sglang")
-    fix = fix or "the message says what to change"
+    fix = fix or "follow the advice in the message"
     if entry is not None:
         fix += f" (more: inkling-lab explain {code})"
-    return Finding(code, "adapter", f"{type(exc).__name__}: {exc}", fix, upstream,
-                   "" if upstream else "sglang does not raise this: it fails later or computes something else")
+    if upstream:
+        consequence = ""
+    elif code in _UNREADABLE:
+        consequence = "sglang cannot read this adapter either; the kit says which file and why"
+    else:
+        consequence = "sglang does not raise this: it fails later or computes something else"
+    return Finding(code, "adapter", f"{type(exc).__name__}: {exc}", fix, upstream, consequence)
