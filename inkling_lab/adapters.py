@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -40,6 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 
+from .atomic import atomic_write
 from .pool import LoRAFactors
 from .validate import Finding
 
@@ -485,22 +485,6 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
                                   repair=repair)
     except ValueError as exc:
         raise _refuse(exc, folder)
-
-
-def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and
-    ``os.replace``: a reader never sees half a file, a crash leaves the old one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_adapter(adapter: Adapter, folder: str | os.PathLike[str]) -> Path:

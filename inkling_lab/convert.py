@@ -26,7 +26,8 @@ from safetensors import safe_open
 from safetensors.torch import save as save_safetensors_bytes
 from tqdm.auto import tqdm
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, atomic_write, load_adapter
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter
+from .atomic import atomic_write
 from .errors import find_entry
 from .geometry import BUFFER_NAMES, Geometry
 from .lora import SharedSinkLoRA

@@ -32,13 +32,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
 
+from .atomic import atomic_write
 from .batch import SlotBatch
 from .geometry import PRESETS
 
@@ -442,15 +442,8 @@ def environment(command: str) -> dict:
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> Path:
-    """Write ``payload`` atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    """Write ``payload`` as JSON, atomically."""
+    return atomic_write(path, (json.dumps(payload, indent=1) + "\n").encode())
 
 
 def load_record(path: str | os.PathLike) -> dict:

@@ -42,16 +42,21 @@ def gate_up_layout_figure(intermediate: int = 4, n: int = 2) -> Figure:
     return fig
 
 
-def _buffer_image(ax, t, title: str, inner: str, outer_name: str, half: int | None = None) -> None:
+def _zeros_grey_image(ax, t) -> None:
+    """A 2D tensor on a symmetric blue-red scale, exact zeros in grey (padding, empty slots)."""
     import numpy as np
 
-    S, X, A, B = t.shape
-    img = t.detach().float().cpu().reshape(S * X * A, B).numpy()
+    img = t.detach().float().cpu().numpy()
     vmax = float(np.abs(img).max()) or 1.0
-    masked = np.ma.masked_where(img == 0, img)
     cmap = matplotlib.colormaps["coolwarm"].copy()
     cmap.set_bad(_EMPTY)
-    ax.imshow(masked, cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+    ax.imshow(np.ma.masked_where(img == 0, img), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto",
+              interpolation="nearest")
+
+
+def _buffer_image(ax, t, title: str, inner: str, outer_name: str, half: int | None = None) -> None:
+    S, X, A, B = t.shape
+    _zeros_grey_image(ax, t.reshape(S * X * A, B))
     for k in range(1, S * X):
         ax.axhline(k * A - 0.5, color="black", lw=2 if k % X == 0 else 0.6)
     if half is not None:
@@ -85,20 +90,13 @@ def derived_operands_figure(sink, slot: int = 0) -> Figure:
     """``w1_delta[slot] [n*2F, 2R]`` and ``a_cat[slot] [R, n*F]`` of a shared-outer module."""
     if sink.w1_delta is None:
         raise ValueError("derived operands exist only after set_lora_info with a shared-outer pool")
-    import numpy as np
-
     n, F = sink.n_shared_experts, sink.intermediate_size
     R = sink.a_cat.shape[1]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 2.2]},
                              constrained_layout=True)
     for ax, t, title in ((axes[0], sink.w1_delta[slot], f"w1_delta[{slot}]  [n*2F, 2R]"),
                          (axes[1], sink.a_cat[slot], f"a_cat[{slot}]  [R, n*F]")):
-        img = t.detach().float().cpu().numpy()
-        vmax = float(np.abs(img).max()) or 1.0
-        cmap = matplotlib.colormaps["coolwarm"].copy()
-        cmap.set_bad(_EMPTY)
-        ax.imshow(np.ma.masked_where(img == 0, img), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto",
-                  interpolation="nearest")
+        _zeros_grey_image(ax, t)
         ax.set_title(title, fontsize=10)
     axes[0].axvline(R - 0.5, color="black")
     axes[0].set_xticks([R / 2 - 0.5, R + R / 2 - 0.5], ["gate shrink", "up shrink"])

@@ -8,14 +8,14 @@ nothing for them and the test run skips them), and the file is replaced atomical
 """
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import nbformat
 import torch
 from nbclient import NotebookClient
+
+from inkling_lab.atomic import atomic_write
 
 
 def execute(path: Path) -> None:
@@ -35,10 +35,7 @@ def execute(path: Path) -> None:
                 skipped += 1
                 continue
             client.execute_cell(cell, index)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".ipynb.tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        nbformat.write(nb, f)
-    os.replace(tmp, path)
+    atomic_write(path, (nbformat.writes(nb) + "\n").encode())
     print(f"{path}: executed" + (f", {skipped} gpu cell(s) left unrun (no CUDA)" if skipped else ""))
 
 

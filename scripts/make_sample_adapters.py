@@ -20,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from inkling_lab.adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, atomic_write, save_adapter, synthetic_adapter
+from inkling_lab.adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, save_adapter, synthetic_adapter
+from inkling_lab.atomic import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 N, H, F = 2, 8, 6
