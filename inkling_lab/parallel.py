@@ -35,6 +35,7 @@ from .batch import SlotBatch
 from .geometry import PRESETS, Geometry
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
+from .records import dtype_name, relative_error
 from .sink import gate_up_rows
 
 DIST_BACKENDS = ("gloo", "nccl")
@@ -241,19 +242,6 @@ class AllReduceCost:
     def lora_extra(self) -> int:
         """Extra bytes for the LoRA: none, its partials are summed in the same all-reduce."""
         return 0
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"`` (for records and labels)."""
-    return str(dtype).removeprefix("torch.")
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``max |out - ref| / max |ref|`` in float64 (0 when both are zero)."""
-    a, b = out.detach().cpu().double(), ref.detach().cpu().double()
-    scale = b.abs().max().item() if b.numel() else 0.0
-    diff = (a - b).abs().max().item() if b.numel() else 0.0
-    return diff / scale if scale else diff
 
 
 # -- cases and results -------------------------------------------------------------------

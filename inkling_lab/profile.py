@@ -25,12 +25,8 @@ Command line: ``inkling-lab profile --out data/profiles`` (``register_cli``).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,7 +34,8 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from .atomic import atomic_write
+from . import records
+from .records import environment, write_json
 from .batch import SlotBatch
 from .geometry import PRESETS
 
@@ -413,47 +410,10 @@ def kernel_table(c: Case, backend: str, device: str = "cuda", top: int = 12, til
     return rows[:top]
 
 
-# -- records ----------------------------------------------------------------------------
-
-def environment(command: str) -> dict:
-    """Device, versions, date, git commit and the command that made a record."""
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    if len(commit) != 40:  # a copy of the tree without .git (a remote GPU machine): told by the caller
-        commit = os.environ.get("INKLING_LAB_COMMIT") or None
-    cuda = torch.cuda.is_available()
-    return {
-        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
-        "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": commit, "command": command,
-    }
-
-
-def write_json(path: str | os.PathLike, payload: dict) -> Path:
-    """Write ``payload`` as JSON, atomically."""
-    return atomic_write(path, (json.dumps(payload, indent=1) + "\n").encode())
-
-
 def load_record(path: str | os.PathLike) -> dict:
     """A record written by ``inkling-lab profile``; says which keys are missing if any."""
-    with open(path) as f:
-        rec = json.load(f)
-    missing = [k for k in ("environment", "ceilings", "correctness", "records") if k not in rec]
-    if missing:
-        raise ValueError(f"{path}: not a profile record (missing {missing}); make one with `inkling-lab profile`")
-    return rec
+    return records.load_record(path, ("environment", "ceilings", "correctness", "records"), "profile record",
+                               "`inkling-lab profile`")
 
 
 def summary_table(records: Sequence[dict], backend: str = "triton") -> str:

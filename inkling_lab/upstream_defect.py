@@ -35,7 +35,7 @@ from typing import Literal, Mapping, Sequence
 import torch
 
 from .batch import SlotBatch
-from .errors import UpstreamDefectWarning
+from .catalog import UpstreamDefectWarning
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
 from .sink import gate_up_rows

@@ -367,7 +367,7 @@ def allreduce_cost_figure(costs: list) -> Figure:
     ``parallel.AllReduceCost``, grouped by hidden size; the LoRA adds none."""
     import numpy as np
 
-    from .parallel import dtype_name
+    from .records import dtype_name
 
     hiddens = sorted({c.hidden for c in costs})
     tps = sorted({c.tp for c in costs})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from inkling_lab import profile as pr
+from inkling_lab import profile as pr, records
 from inkling_lab.forward.triton_backend import Tiles, pick_tiles
 
 BIG = 1 << 30
@@ -38,7 +38,7 @@ def main() -> None:
         print(shape, T, t)
         for r in table:
             print(f"    {r['us_per_forward']:8.1f} {r['calls_per_forward']:4.1f} {r['kernel'][:70]}")
-    pr.write_json(args.out, {"environment": pr.environment("scripts/h200_diag.py"), **rows})
+    records.write_json(args.out, {"environment": records.environment("scripts/h200_diag.py"), **rows})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 import torch
 
-from inkling_lab import profile as pr
+from inkling_lab import profile as pr, records
 from inkling_lab.forward.triton_backend import Tiles, launch, plan
 
 BIG = 1 << 30
@@ -90,7 +90,7 @@ def main() -> None:
                   f"{tuple(best['tiles'].values())}  {others}", flush=True)
             for r in sorted(here, key=lambda r: r["us"]):
                 print("    ", round(r["us"], 1), r["tiles"] if isinstance(r["tiles"], str) else tuple(r["tiles"].values()))
-    pr.write_json(args.out, {"environment": pr.environment("scripts/h200_tiles.py"), "ceilings": ceilings,
+    records.write_json(args.out, {"environment": records.environment("scripts/h200_tiles.py"), "ceilings": ceilings,
                              "rows": rows})
 
 

@@ -26,7 +26,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 
-from inkling_lab import parallel, profile  # noqa: E402  (needs only torch)
+from inkling_lab import parallel, records  # noqa: E402  (needs only torch)
 
 PRESETS, Geometry = parallel.PRESETS, parallel.Geometry
 
@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "what": "tensor-parallel shared sink + LoRA: sharded forward with all-reduce vs unsharded and "
                 "float64 reference (inkling_lab.parallel), and all-reduce timings",
-        **profile.environment(f"{env} PYTHONPATH=. python3 {shlex.join(sys.argv)}".strip()),
+        **records.environment(f"{env} PYTHONPATH=. python3 {shlex.join(sys.argv)}".strip()),
         "devices": _devices(), "nccl": _nccl_version(), "platform": platform.platform(),
         "tp": args.tp, "dist_backend": backend, "passed": passed, "checks": checks, "allreduce": allreduce,
     }
     path = os.path.join(args.out, f"{backend}_tp{args.tp}.json")
-    profile.write_json(path, record)
+    records.write_json(path, record)
     print(f"{'PASSED' if passed else 'FAILED'}; record: {path}")
     return 0 if passed else 1
 

@@ -10,8 +10,9 @@ from inkling_lab.errors import expect_error
 from inkling_lab.geometry import Geometry
 from inkling_lab.lora import SharedSinkLoRA, derive_operands
 from inkling_lab.parallel import (AllReduceCost, TPCase, check_world_size, demo_cases, main, measure_allreduce,
-                                  rank_features, relative_error, resolve_dist_backend, run_tp, shard_owners,
+                                  rank_features, resolve_dist_backend, run_tp, shard_owners,
                                   shard_sink, sum_of_shards, tp_forward)
+from inkling_lab.records import relative_error
 from inkling_lab.sink import gate_up_rows
 
 SMALL = Geometry(n=2, hidden=8, intermediate=12, rank=3, slots=3)

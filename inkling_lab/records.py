@@ -1,0 +1,86 @@
+"""Records the kit writes and reads back: the environment a run was made in, JSON files,
+and the one relative error every comparison uses."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .atomic import atomic_write
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (for records and labels)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor, norm: str = "max") -> float:
+    """``|out - ref| / |ref|`` in float64, 0 when both are zero.
+
+    ``norm="max"``: the largest absolute difference over the largest absolute
+    reference value (the kernels' and the shards' check); ``norm="fro"``: the
+    Frobenius norms (the per-expert defect's size over a whole output).
+    """
+    if norm not in ("max", "fro"):
+        raise ValueError(f"norm must be 'max' or 'fro', got {norm!r}")
+    a, b = out.detach().cpu().double(), ref.detach().cpu().double()
+    if not b.numel():
+        return 0.0
+    d = a - b
+    diff, scale = ((d.abs().max(), b.abs().max()) if norm == "max" else (d.norm(), b.norm()))
+    diff, scale = float(diff), float(scale)
+    return diff / scale if scale else diff
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, or ``INKLING_LAB_COMMIT`` where the tree travelled without ``.git``."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    if len(commit) != 40:  # a copy of the tree without .git (a remote GPU machine): told by the caller
+        commit = os.environ.get("INKLING_LAB_COMMIT") or None
+    return commit
+
+
+def environment(command: str) -> dict:
+    """Device, versions, date, git commit and the command that made a record."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
+        "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(), "command": command,
+    }
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> Path:
+    """Write ``payload`` as JSON, atomically."""
+    return atomic_write(path, (json.dumps(payload, indent=1) + "\n").encode())
+
+
+def load_record(path: str | os.PathLike, required: Sequence[str] = ("environment",), what: str = "record",
+                how: str = "") -> dict:
+    """A JSON record; says which of the ``required`` keys are missing, and how to make one."""
+    with open(path) as f:
+        rec = json.load(f)
+    missing = [k for k in required if not isinstance(rec, dict) or k not in rec]
+    if missing:
+        hint = f"; make one with {how}" if how else ""
+        raise ValueError(f"{path}: not a {what} (missing {missing}){hint}")
+    return rec
