@@ -32,11 +32,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors_bytes
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors_bytes
 
 from .atomic import atomic_write
@@ -52,6 +51,12 @@ PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", *RENAMES)
 
 _FACTOR_KEY = re.compile(
     r"^(?P<module>.*shared_experts)\.(?:(?P<expert>\d+)\.)?(?P<proj>[^.]+)\.lora_(?P<ab>[AB])\.weight$")
+
+TRANSFORMERS_PARAMETERS = ("gate_proj", "up_proj", "down_proj")
+"""transformers' ``InklingSharedExperts`` parameters, in the order its ``__init__``
+registers them: ``gate_proj [n, F, H]``, ``up_proj [n, F, H]``, ``down_proj [n, H, F]``."""
+
+_NESTED_KEY = re.compile(r"^(?P<module>.*shared_experts)(?P<nest>(?:\.base_layer)*)\.lora_(?P<ab>[AB])\.weight$")
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,9 @@ def _shape(t: torch.Tensor) -> list[int]:
 class Adapter:
     """One PEFT LoRA adapter: its config and its tensors, checked.
 
-    ``weights`` holds every tensor of the file by key; the shared-sink factors among
-    them are 2D ``[r, in]`` (A) or ``[out, r]`` (B), already repaired. ``findings``
+    ``weights`` holds the shared-sink factors by key, 2D ``[r, in]`` (A) or ``[out, r]``
+    (B), already repaired (a ``target_parameters`` export re-named per expert); the
+    tensors of other modules are only named (``other_keys``). ``findings``
     lists every repair and note, each with its code and fix.
     """
 
@@ -140,6 +146,12 @@ class Adapter:
     sha256: str = field(default="", repr=False)
     repair: bool = field(default=True, repr=False)
     findings: list[Finding] = field(default_factory=list, repr=False)
+    target_parameter_keys: list[str] = field(default_factory=list, repr=False)
+    """The file's keys of a PEFT ``target_parameters`` export (sglang skips them), read
+    into ``weights`` as per-expert factors; empty for ``target_modules`` exports."""
+    other_keys: list[str] = field(default_factory=list, repr=False)
+    """The file's tensors for other modules (attention, routed experts...): named, never
+    loaded, left out of the pool (``ISL-N202``)."""
 
     @property
     def scaling(self) -> float:
@@ -167,17 +179,18 @@ class Adapter:
         """
         where_cfg, where_w = _where(source, CONFIG_FILE), _where(source, WEIGHTS_FILE)
         r, alpha, targets = _read_config(config, where_cfg)
-        adapter = cls(name or Path(source).name, r, alpha, targets, dict(weights), dict(config), source,
-                      sha256, repair)
-        others, factors = 0, {}
+        weights, exported, notes = _split_target_parameters(config, weights, where_w)
+        others, factors = [], {}
         for key, t in weights.items():
             fn = FactorName.parse(key)
             if fn is None or fn.proj not in PROJECTIONS:
                 if "shared_experts" in key:
                     raise ValueError(_unknown_name(where_w, key, fn))
-                others += 1
+                others.append(key)
             else:
                 factors[key] = (fn, t)
+        adapter = cls(name or Path(source).name, r, alpha, targets, {k: t for k, (_, t) in factors.items()},
+                      dict(config), source, sha256, repair, notes, exported, others)
         # A factor reads as transposed only when others confirm the config's r: if none
         # has rank r, the config (or the whole export) is wrong, and nothing is repaired.
         ranks = sorted({int(t.shape[fn.rank_axis]) for fn, t in factors.values() if t.dim() == 2 and t.numel()})
@@ -187,12 +200,12 @@ class Adapter:
             raise ValueError(
                 f"{where_w}: no shared-sink LoRA factors: no tensor is named "
                 f"'<module>.mlp.shared_experts.<proj>.lora_A.weight' (or lora_B), <proj> one of "
-                f"{', '.join(PROJECTIONS)}; the file holds {len(weights)} tensor(s) for other modules")
+                f"{', '.join(PROJECTIONS)}; the file holds {len(others)} tensor(s) for other modules")
         _check_pairs(adapter.factor_keys, where_w)
         _check_one_shape(adapter.weights, adapter.factor_keys, where_w)
         if others:
             adapter.findings.append(Finding(
-                "ISL-N202", where_w, f"{others} tensor(s) for other modules are not part of the shared sink "
+                "ISL-N202", where_w, f"{len(others)} tensor(s) for other modules are not part of the shared sink "
                 "and are left out of its pool", "none needed: serve them with their own LoRA modules"))
         return adapter
 
@@ -222,9 +235,11 @@ class Adapter:
                else f"; no factor has rank {self.r} (their rank axes are {ranks}): fix r in {CONFIG_FILE}"
                if self.r not in ranks else ": re-export this factor with rank r"))
 
-    def normalized(self, n_shared_experts: int) -> dict[str, torch.Tensor]:
-        """The shared-sink factors after upstream's normalization (SPEC §6)."""
-        return normalize_shared_sink({k: self.weights[k] for k in self.factor_keys}, n_shared_experts)
+    def normalized(self, n_shared_experts: int, module: str | None = None) -> dict[str, torch.Tensor]:
+        """The shared-sink factors (of one ``module``, default all) after upstream's
+        normalization (SPEC §6)."""
+        keys = [k for k in self.factor_keys if module is None or FactorName.parse(k).module == module]
+        return normalize_shared_sink({k: self.weights[k] for k in keys}, n_shared_experts)
 
     def factors(self, n_shared_experts: int) -> dict[str, LoRAFactors]:
         """One ``LoRAFactors`` per module: ``gate_up_a [O, 2r, H]``, ``gate_up_b [n, 2F, r]``,
@@ -235,15 +250,20 @@ class Adapter:
         cover the experts; repairs (or refuses, ``ISL-K211``/``K212``) an up without
         a gate and mixed outer layouts.
         """
-        normalized = self.normalized(n_shared_experts)
+        return {m: self.module_factors(m, n_shared_experts) for m in self.modules}
+
+    def module_factors(self, module: str, n_shared_experts: int) -> LoRAFactors:
+        """``factors(n)[module]``, computing only that module (the converter goes module
+        by module, so that it holds one module's normalized factors at a time)."""
+        normalized = self.normalized(n_shared_experts, module)
         for key in self.factor_keys:
             fn = FactorName.parse(key)
-            if fn.canonical == "gate_proj" and fn.ab == "A":
+            if fn.module == module and fn.canonical == "gate_proj" and fn.ab == "A":
                 up = self.weights.get(fn.with_(proj={"gate_proj": "up_proj", "w1": "w3"}[fn.proj]).key)
                 if up is None or not up.numel():
                     self._note(Finding("ISL-N203", key, f"{key} has no up_proj: its up half is zero",
                                        "none needed: upstream does the same"))
-        return {m: self._assemble(normalized, m, n_shared_experts) for m in self.modules}
+        return self._assemble(normalized, module, n_shared_experts)
 
     def _note(self, finding: Finding) -> None:
         # factors() may run more than once (one pool per geometry): report each thing once.
@@ -308,6 +328,101 @@ class Adapter:
             f"serves each of the {n} experts (exact)", f"none needed: the converter expands {shared}; "
             f"name it per expert to silence this"))
         return ga.expand(n, -1, -1).contiguous(), db.expand(n, -1, -1).contiguous()
+
+
+def _targeted(module: str, targets: Any) -> list[str]:
+    """The parameters of ``module`` that a ``target_parameters`` list names, in
+    ``TRANSFORMERS_PARAMETERS`` order. PEFT matches a parameter whose full name equals
+    an entry or ends in ``.`` + the entry (``tuners_utils.py``, ``_inject_parameters``)."""
+    if not isinstance(targets, (list, tuple)):
+        return []
+    names = [t for t in targets if isinstance(t, str)]
+    return [p for p in TRANSFORMERS_PARAMETERS
+            if any(f"{module}.{p}" == t or f"{module}.{p}".endswith(f".{t}") for t in names)]
+
+
+def peft_target_parameter_keys(keys: Iterable[str]) -> list[str]:
+    """The keys of a PEFT ``target_parameters`` export of the shared sink, among ``keys``.
+
+    Such an export wraps transformers' 3D expert parameters (``InklingSharedExperts``
+    ``gate_proj``/``up_proj``/``down_proj``) in nested ``ParamWrapper``s, so its factors
+    are named ``<module>.shared_experts[.base_layer...].lora_A.weight``: no projection in
+    the name. sglang 0.5.23 matches none of them to a target module and skips them
+    (SPEC §10). Works on names only: pass ``safe_open(...).keys()`` or ``adapter.weights``.
+    """
+    return [k for k in keys if _NESTED_KEY.match(k)]
+
+
+def is_target_parameters_export(adapter: "Adapter | Iterable[str]") -> bool:
+    """True when ``adapter`` (an ``Adapter``, or the key names of a weights file) holds
+    its shared-sink factors as a PEFT ``target_parameters`` export (sglang skips them)."""
+    if isinstance(adapter, Adapter):
+        return bool(adapter.target_parameter_keys)
+    return bool(peft_target_parameter_keys(adapter))
+
+
+def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, torch.Tensor], where: str
+                             ) -> tuple[dict[str, torch.Tensor], list[str], list[Finding]]:
+    """A PEFT ``target_parameters`` export, re-named as per-expert factors.
+
+    PEFT wraps one ``ParamWrapper`` per targeted parameter around the module, in the
+    order the module registers its parameters (gate, up, down: the first is innermost),
+    whatever the order of the config's list; the outermost wrapper's factors carry no
+    ``base_layer``, each wrapper inside adds one. A wrapper of a 3D parameter ``[n, out,
+    in]`` (``peft/tuners/lora/layer.py``, ``ParamWrapper.update_layer`` and
+    ``get_delta_weight``) stores ``lora_A [n*r, in]`` grouped by expert (expert ``e`` is
+    rows ``e*r .. e*r+r-1``) and ``lora_B [out, n*r]`` strided by expert (expert ``e``
+    is columns ``e, e+n, e+2n, ...``). Each expert's pair becomes
+    ``<module>.<e>.<proj>.lora_A.weight [r, in]`` / ``lora_B.weight [out, r]``: the
+    per-expert outer layout. Returns the new weights, the file keys read this way,
+    and one ``ISL-N204`` note per module.
+    """
+    groups: dict[str, dict[int, dict[str, str]]] = {}
+    for key in peft_target_parameter_keys(weights):
+        m = _NESTED_KEY.match(key)
+        groups.setdefault(m["module"], {}).setdefault(m["nest"].count(".base_layer"), {})[m["ab"]] = key
+    if not groups:
+        return dict(weights), [], []
+    r = config.get("r")
+    targets = config.get("target_parameters")
+    out = {k: t for k, t in weights.items() if not _NESTED_KEY.match(k)}
+    notes = []
+    for module, by_depth in groups.items():
+        params = _targeted(module, targets)
+        if len(params) != len(by_depth) or sorted(by_depth) != list(range(len(params))):
+            depths = ", ".join(f"{d} x base_layer" for d in sorted(by_depth))
+            raise ValueError(
+                f"{where}: {module}: the file holds a PEFT target_parameters export ({len(by_depth)} nested "
+                f"factor pair(s): {depths}) but {CONFIG_FILE}'s target_parameters {targets!r} name "
+                f"{len(params)} of {module}'s parameters {list(TRANSFORMERS_PARAMETERS)}: the nesting "
+                "cannot be read without them; restore target_parameters as saved by PEFT")
+        for depth, pair in sorted(by_depth.items()):
+            proj = params[len(params) - 1 - depth]
+            if set(pair) != {"A", "B"}:
+                have = next(iter(pair.values()))
+                other = have.replace(".lora_A.", ".lora_B.") if "A" in pair else have.replace(".lora_B.", ".lora_A.")
+                raise ValueError(f"{where}: {have!r} has no matching {other!r}: every LoRA factor needs its A "
+                                 "and its B")
+            a, b = weights[pair["A"]], weights[pair["B"]]
+            rows = int(a.shape[0]) if a.dim() == 2 else -1
+            if (a.dim() != 2 or b.dim() != 2 or not isinstance(r, int) or isinstance(r, bool) or r < 1
+                    or rows % r or not rows or b.shape[1] != rows):
+                raise ValueError(
+                    f"{where}: {module} {proj} (PEFT target_parameters): lora_A is {_shape(a)} and lora_B "
+                    f"{_shape(b)}; a ParamWrapper over n experts of rank r={r!r} stores lora_A [n*r, in] and "
+                    f"lora_B [out, n*r]: re-export the adapter, or fix r in {CONFIG_FILE}")
+            n = rows // r
+            for e in range(n):
+                out[FactorName(module, e, proj, "A").key] = a[e * r:(e + 1) * r]
+                out[FactorName(module, e, proj, "B").key] = b[:, e::n]
+        notes.append(Finding(
+            "ISL-N204", module,
+            f"{module}: a PEFT target_parameters export ({', '.join(params)}, {n} experts of rank {r}); read "
+            "as per-expert factors (expert e: lora_A rows e*r.., lora_B columns e, e+n, ...)",
+            "none needed for the kit; to serve it with sglang 0.5.23, convert it (inkling-lab convert)",
+            consequence="sglang 0.5.23 matches none of these keys to a target module: it skips them with a "
+                        "warning and serves the base sink"))
+    return out, [k for k in weights if _NESTED_KEY.match(k)], notes
 
 
 def _read_config(config: Mapping[str, Any], where: str) -> tuple[int, float, Any]:
@@ -466,25 +581,51 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _refuse(ValueError(
             f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON ({exc})"), folder) from None
+    except RecursionError:
+        raise _refuse(ValueError(
+            f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON (nested too deeply "
+            "to read: a PEFT config is a flat object)"), folder) from None
     if not weights_path.is_file():
         pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
         hint = (f" (found {', '.join(sorted(pickled))}: pickle checkpoints are never loaded, because "
                 "unpickling runs code; re-save it with safetensors.torch.save_file)") if pickled else ""
         raise _refuse(FileNotFoundError(f"{_where(source, WEIGHTS_FILE)}: no {WEIGHTS_FILE}{hint}"), folder)
-    raw = weights_path.read_bytes()
+    size = weights_path.stat().st_size
     try:
-        # Sorted, as safe_open lists them: the parsed dict's order varies from run to run,
-        # and normalization reports the first factor that does not split.
-        weights = dict(sorted(load_safetensors_bytes(raw).items()))
+        # The header is parsed and checked against the file's size before any tensor
+        # is read; then only the shared-sink factors are read, one tensor at a time.
+        # Sorted, as safe_open lists them: normalization reports the first factor that
+        # does not split.
+        with safe_open(str(weights_path), framework="pt") as f:
+            keys = sorted(f.keys())
+            weights = {k: f.get_tensor(k) for k in keys if _is_sink_key(k)}
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
         raise _refuse(ValueError(
-            f"{_where(source, WEIGHTS_FILE)}: not a readable safetensors file ({len(raw)} bytes: {exc}); it is "
+            f"{_where(source, WEIGHTS_FILE)}: not a readable safetensors file ({size} bytes: {exc}); it is "
             "truncated or corrupt: export or download it again"), folder) from None
+    others = {k: _NOT_LOADED for k in keys if k not in weights}
     try:
-        return Adapter.from_state(config, weights, source=source, sha256=hashlib.sha256(raw).hexdigest(),
+        return Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),
                                   repair=repair)
     except ValueError as exc:
         raise _refuse(exc, folder)
+
+
+_NOT_LOADED = torch.empty(0, device="meta")
+"""Stands for a tensor of another module: ``from_state`` only names those."""
+
+
+def _is_sink_key(key: str) -> bool:
+    return "shared_experts" in key
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 2 ** 24) -> str:
+    """The sha256 of a file, read in 16 MiB chunks (bounded memory for any size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def save_adapter(adapter: Adapter, folder: str | os.PathLike[str]) -> Path:

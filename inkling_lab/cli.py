@@ -72,15 +72,17 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from .adapters import load_adapter
-    from .convert import convert
+    from .convert import convert_to_file
 
     outer = {"auto": None, "shared": 1, "per-expert": args.n_shared_experts}[args.outer]
     try:
         adapters = [load_adapter(path) for path in args.adapters]
-        pool = convert(adapters, args.n_shared_experts, hidden=args.hidden, intermediate=args.intermediate,
-                       max_rank=args.max_rank, outer=outer, tp_rank=args.tp_rank, tp_size=args.tp,
-                       dtype=DTYPES[args.dtype], progress=False if args.quiet else None)
-        written = pool.save(args.output, force=args.force)
+        pool = convert_to_file(adapters, args.output, args.n_shared_experts, force=args.force, hidden=args.hidden,
+                               intermediate=args.intermediate, max_rank=args.max_rank, outer=outer,
+                               tp_rank=args.tp_rank, tp_size=args.tp,
+                               dtype=DTYPES[args.dtype] if args.dtype else None,
+                               progress=False if args.quiet else None)
+        written = args.output
     except (OSError, ValueError, RuntimeError, AssertionError) as exc:
         return _fail("convert", exc)
     if args.json:
@@ -142,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write tensor-parallel rank K's shard, 0..T-1 (default 0)")
     p.add_argument("--outer", choices=("auto", "shared", "per-expert"), default="auto",
                    help="outer layout: shared (O=1) or per expert (O=n); auto: shared when every adapter's is")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="buffer dtype (default float32)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="buffer dtype (default: the adapters' own, lossless); B is scaled in the adapters' dtype, "
+                        "then cast, as sglang does")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")

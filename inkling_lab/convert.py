@@ -16,23 +16,25 @@ finding with its fix.
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save as save_safetensors_bytes
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter
-from .atomic import atomic_write
+from .atomic import atomic_writer
 from .errors import find_entry
 from .geometry import BUFFER_NAMES, Geometry
 from .lora import SharedSinkLoRA
 from .parallel import check_tp
 from .pool import LoRAFactors, LoRAPool
+from .records import dtype_name
 from .upstream_defect import collapse_pool_outer, doctor_finding
 from .validate import PRETTY, Finding, diagnose_pool
 
@@ -91,8 +93,13 @@ class ConvertedPool:
             "tensor_parallel": {"rank": self.tp_rank, "size": self.tp_size},
             "slots": [{k: v for k, v in asdict(s).items() if k != "source"} for s in self.slots],
             "modules": list(self.layers),
-            "dtype": str(next(iter(self.layers.values()))[0].dtype).replace("torch.", ""),
+            "dtype": dtype_name(self.dtype),
         }
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The buffers' dtype."""
+        return next(iter(self.layers.values()))[0].dtype
 
     def metadata(self) -> dict[str, str]:
         """``summary`` as safetensors metadata (strings; JSON where structured)."""
@@ -105,26 +112,15 @@ class ConvertedPool:
                 for name, t in zip(BUFFER_NAMES, bufs)}
 
     def save(self, path: str | os.PathLike[str], force: bool = False) -> Path:
-        """Write the pool as one safetensors file with metadata, atomically.
+        """Write the pool as one safetensors file with metadata, atomically, one buffer at
+        a time (no second copy of the pool in memory).
 
-        Refuses (``ISL-K213``) to write over an existing file unless ``force``, and
-        always refuses to write over one of the source adapters' files.
+        Refuses (``ISL-K213``) to write over an existing file unless ``force`` (also when
+        another writer creates it meanwhile), and always refuses to write over one of
+        the source adapters' files.
         """
-        path = Path(path)
-        inputs = {(Path(s.source) / f).resolve() for s in self.slots if s.source for f in (CONFIG_FILE, WEIGHTS_FILE)}
-        refusal = None
-        if path.resolve() in inputs:
-            refusal = ("it is one of the input adapters' files (inkling-lab never writes over its inputs); "
-                       "choose another output path")
-        elif path.exists() and not force:
-            refusal = "it already exists; pass --force (force=True) to replace it"
-        if refusal:
-            exc = FileExistsError(f"refusing to write {path.name}: {refusal}")
-            exc.add_note(f"output path: {path}")
-            raise exc
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, save_safetensors_bytes(self.tensors(), metadata=self.metadata()))
-        return path
+        path = _check_output(path, self.slots, force)
+        return _write_pool(path, self, iter(self.layers.values()), force)
 
     def __repr__(self) -> str:
         g = self.geometry
@@ -134,19 +130,89 @@ class ConvertedPool:
                 f"slots={[s.adapter for s in self.slots]})")
 
 
+def _check_output(path: str | os.PathLike[str], slots: Sequence[SlotInfo], force: bool) -> Path:
+    path = Path(path)
+    inputs = {(Path(s.source) / f).resolve() for s in slots if s.source for f in (CONFIG_FILE, WEIGHTS_FILE)}
+    refusal = None
+    if path.resolve() in inputs:
+        refusal = ("it is one of the input adapters' files (inkling-lab never writes over its inputs); "
+                   "choose another output path")
+    elif path.exists() and not force:  # early, before any work; the write itself is the atomic guard
+        refusal = "it already exists; pass --force (force=True) to replace it"
+    if refusal:
+        exc = FileExistsError(f"refusing to write {path.name}: {refusal}")
+        exc.add_note(f"output path: {path}")
+        raise exc
+    return path
+
+
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def _write_pool(path: Path, pool: ConvertedPool, buffers: Iterator[Buffers], force: bool) -> Path:
+    """Stream a safetensors file: the header (every tensor's dtype, shape and offsets,
+    known from the geometry), then each module's four buffers as ``buffers`` yields
+    them. Holds one module's buffers at a time."""
+    g = pool.geometry
+    dtype = pool.dtype
+    header: dict[str, Any] = {"__metadata__": pool.metadata()}
+    offset = 0
+    for m in pool.layers:
+        for name, shape in g.buffer_shapes().items():
+            size = math.prod(shape) * dtype.itemsize
+            header[f"{m}.{name}"] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
+                                     "data_offsets": [offset, offset + size]}
+            offset += size
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # safetensors pads its header to 8 bytes
+    with atomic_writer(path, exclusive=not force) as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for bufs in buffers:
+            for t in bufs:
+                f.write(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    return path
+
+
 def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
-    """Read a file written by ``ConvertedPool.save``."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != POOL_FORMAT:
-            raise ValueError(f"{Path(path).name}: not an inkling-lab pool file (its metadata has no "
-                             f"format {POOL_FORMAT!r}); make one with `inkling-lab convert`")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    geometry = Geometry(**json.loads(meta["geometry"]))
-    tp = json.loads(meta["tensor_parallel"])
-    layers = {m: tuple(tensors[f"{m}.{name}"] for name in BUFFER_NAMES) for m in json.loads(meta["modules"])}
-    slots = [SlotInfo(**s) for s in json.loads(meta["slots"])]
-    return ConvertedPool(geometry, layers, slots, tp["rank"], tp["size"])
+    """Read a file written by ``ConvertedPool.save`` (or ``convert_to_file``).
+
+    Raises ``ValueError`` naming the file for anything else: no safetensors file, or
+    one without the pool's metadata (``ISL-K403``).
+    """
+    path = Path(path)
+
+    def refuse(why: str) -> ValueError:
+        exc = ValueError(f"{path.name}: not an inkling-lab pool file ({why}); make one with `inkling-lab convert`")
+        exc.add_note(f"file: {path}")
+        return exc
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != POOL_FORMAT:
+                raise refuse(f"its metadata has no format {POOL_FORMAT!r}")
+            keys = set(f.keys())
+            modules = json.loads(meta["modules"])
+            names = [f"{m}.{name}" for m in modules for name in BUFFER_NAMES]
+            missing = [k for k in names if k not in keys]
+            if missing:
+                raise refuse(f"its metadata lists tensor {missing[0]!r}, which it does not hold")
+            tensors = {k: f.get_tensor(k) for k in names}
+            geometry = Geometry(**json.loads(meta["geometry"]))
+            tp = json.loads(meta["tensor_parallel"])
+            slots = [SlotInfo(**s) for s in json.loads(meta["slots"])]
+            tp_rank, tp_size = int(tp["rank"]), int(tp["size"])
+    except FileNotFoundError:
+        raise
+    except (SafetensorError, OSError) as exc:
+        raise refuse(f"not a readable safetensors file: {exc}") from None
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ValueError) and str(exc).startswith(path.name):
+            raise
+        raise refuse(f"its metadata is damaged: {type(exc).__name__}: {exc}") from None
+    layers = {m: tuple(tensors[f"{m}.{name}"] for name in BUFFER_NAMES) for m in modules}
+    return ConvertedPool(geometry, layers, slots, tp_rank, tp_size)
 
 
 def _shard(sink: SharedSinkLoRA, f: LoRAFactors, tp_rank: int, tp_size: int) -> LoRAFactors:
@@ -160,9 +226,99 @@ def _shard(sink: SharedSinkLoRA, f: LoRAFactors, tp_rank: int, tp_size: int) -> 
         lora_alpha=f.lora_alpha, name=f.name)
 
 
+def _scaled(f: LoRAFactors, dtype: torch.dtype) -> LoRAFactors:
+    """``f`` as sglang's loader writes it (``mem_pool.py``): B multiplied by the scaling
+    in the adapter's stored dtype, then every factor cast to the pool's ``dtype``. The
+    result carries scaling 1, so that the pool's own load multiplies by exactly 1."""
+    s = f.scaling
+    return LoRAFactors(f.gate_up_a.to(dtype), (f.gate_up_b * s).to(dtype), f.down_a.to(dtype),
+                       (f.down_b * s).to(dtype), lora_alpha=float(f.rank), name=f.name)
+
+
+def adapters_dtype(adapters: Sequence[Adapter]) -> torch.dtype:
+    """The dtype that holds every adapter's shared-sink factors exactly (the widest)."""
+    dtype = None
+    for a in adapters:
+        for k in a.factor_keys:
+            t = a.weights[k].dtype
+            dtype = t if dtype is None else torch.promote_types(dtype, t)
+    return dtype or torch.float32
+
+
+class _Conversion:
+    """The plan of one conversion (geometry, modules, slots, outer layout), made in a
+    first pass over the modules that keeps no factors; ``buffers(module)`` then builds
+    one module's four buffers at a time."""
+
+    def __init__(self, adapters: Sequence[Adapter], n: int, hidden: int | None, intermediate: int | None,
+                 max_rank: int | None, outer: int | None, tp_rank: int, tp_size: int,
+                 dtype: torch.dtype | None) -> None:
+        if not adapters:
+            raise ValueError("convert needs at least one adapter")
+        self.adapters, self.n, self.tp_rank, self.tp_size = list(adapters), n, tp_rank, tp_size
+        self.names = [a.name for a in adapters]
+        self.dtype = dtype or adapters_dtype(adapters)
+        self.modules = list(dict.fromkeys(m for a in adapters for m in a.modules))
+        first = adapters[0].module_factors(adapters[0].modules[0], n)
+        H = hidden if hidden is not None else int(first.gate_up_a.shape[-1])
+        F_full = intermediate if intermediate is not None else int(first.down_a.shape[-1])
+        check_tp(F_full, tp_size)
+        self.sink = SharedSinkLoRA(n, H, F_full, device="meta")  # its slicing only: no weights are allocated
+        ranks, shared, self.first_ranks = [], True, {}
+        for m in self.modules:
+            fs = self._factors(m, collapse_to=None)
+            for i, f in enumerate(fs):
+                if f is not None:
+                    ranks.append(f.rank)
+                    self.first_ranks.setdefault(i, f.rank)
+                    shared &= f.outer == 1
+        self.outer = outer if outer is not None else (1 if shared else n)
+        R = max_rank if max_rank is not None else max(ranks)
+        self.geometry = Geometry(n=n, hidden=H, intermediate=F_full // tp_size, rank=R, slots=len(adapters),
+                                 outer=self.outer)
+        self.findings: list[Finding] = []
+
+    def _factors(self, module: str, collapse_to: int | None) -> list[LoRAFactors | None]:
+        """Each adapter's sharded factors of ``module`` (``None`` where it has none), with
+        identical per-expert outer factors collapsed as ``collapse_pool_outer`` decides."""
+        fs = [_shard(self.sink, a.module_factors(module, self.n), self.tp_rank, self.tp_size)
+              if module in a.modules else None for a in self.adapters]
+        present = [i for i, f in enumerate(fs) if f is not None]
+        collapsed, notes = collapse_pool_outer([{module: fs[i]} for i in present], [self.names[i] for i in present],
+                                               collapse_to)  # ISL-W001
+        for i, c in zip(present, collapsed):
+            fs[i] = c[module]
+        if collapse_to is not None:
+            self.findings += notes
+        return fs
+
+    def buffers(self, module: str) -> Buffers:
+        pool = LoRAPool.from_geometry(self.geometry, dtype=self.dtype)
+        for s, f in enumerate(self._factors(module, collapse_to=self.outer)):
+            if f is None:
+                continue
+            try:
+                pool.load(s, _scaled(f, self.dtype), name=self.names[s])
+            except (AssertionError, ValueError) as exc:
+                exc.add_note(f"while loading adapter {self.names[s]!r} into slot {s}, module {module}")
+                raise
+        return pool.buffers()
+
+    def pool(self, layers: dict[str, Buffers]) -> ConvertedPool:
+        slots = [SlotInfo(s, a.name, self.first_ranks.get(s, 0), a.lora_alpha, a.scaling, a.sha256, a.source)
+                 for s, a in enumerate(self.adapters)]
+        findings = [f for a in self.adapters for f in a.findings] + self.findings
+        return ConvertedPool(self.geometry, layers, slots, self.tp_rank, self.tp_size, findings)
+
+    def progress(self, progress: bool | None, total: int) -> tqdm:
+        size = sum(t.numel() * t.element_size() for a in self.adapters for t in a.weights.values())
+        show = progress if progress is not None else size >= PROGRESS_BYTES
+        return tqdm(total=total, disable=not show, desc="converting", unit="module")
+
+
 def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int | None = None,
             intermediate: int | None = None, max_rank: int | None = None, outer: int | None = None,
-            tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype = torch.float32,
+            tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype | None = None,
             progress: bool | None = None) -> ConvertedPool:
     """Adapters in (slot ``i`` holds ``adapters[i]``), the pool buffers out.
 
@@ -170,49 +326,49 @@ def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int |
     the first adapter's); each rank of ``tp_size`` holds ``F / tp_size``. ``max_rank``:
     the pool's ``R`` (default: the largest adapter rank). ``outer``: ``1`` or ``n``
     (default: ``1`` when every adapter's outer factors are shared, or the same for every
-    expert: those collapse to shared outer, exactly, with a note). ``progress``:
-    a bar on stderr (default: for inputs over 64 MiB).
+    expert: those collapse to shared outer, exactly, with a note). ``dtype``: the
+    buffers' dtype, default the adapters' own (lossless); B is scaled in the adapters'
+    dtype and then cast, as sglang does, so that the pool holds what sglang's would, bit
+    for bit. ``progress``: a bar on stderr (default: for inputs over 64 MiB).
 
     Raises what upstream raises on the way: torch's reshape error for flat factors
     that do not split into ``n`` (``ISL-E012``), ``ISL-E015`` for a per-expert adapter
     in a shared-outer pool, ``ISL-E016`` for an adapter of larger rank or of another
     ``H`` or ``F``; and the kit's ``ISL-K101``/``K102`` for a bad tensor-parallel split.
     """
-    if not adapters:
-        raise ValueError("convert needs at least one adapter")
-    n = n_shared_experts
-    per_adapter = [a.factors(n) for a in adapters]
-    first = next(iter(per_adapter[0].values()))
-    H = hidden if hidden is not None else int(first.gate_up_a.shape[-1])
-    F_full = intermediate if intermediate is not None else int(first.down_a.shape[-1])
-    check_tp(F_full, tp_size)
-    sink = SharedSinkLoRA(n, H, F_full, device="meta")  # its slicing only: no weights are allocated
-    per_adapter = [{m: _shard(sink, f, tp_rank, tp_size) for m, f in fs.items()} for fs in per_adapter]
-    per_adapter, collapse_notes = collapse_pool_outer(per_adapter, [a.name for a in adapters], outer)  # ISL-W001
-    if outer is None:
-        outer = 1 if all(f.outer == 1 for fs in per_adapter for f in fs.values()) else n
-    R = max_rank if max_rank is not None else max(f.rank for fs in per_adapter for f in fs.values())
-    geometry = Geometry(n=n, hidden=H, intermediate=F_full // tp_size, rank=R, slots=len(adapters), outer=outer)
-    modules = list(dict.fromkeys(m for fs in per_adapter for m in fs))
-    size = sum(t.numel() * t.element_size() for a in adapters for t in a.weights.values())
-    show = progress if progress is not None else size >= PROGRESS_BYTES
+    plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype)
     layers: dict[str, Buffers] = {}
-    with tqdm(total=len(modules) * len(adapters), disable=not show, desc="converting", unit="factor set") as bar:
-        for m in modules:
-            pool = LoRAPool.from_geometry(geometry, dtype=dtype)
-            for s, (adapter, fs) in enumerate(zip(adapters, per_adapter)):
-                if m in fs:
-                    try:
-                        pool.load(s, fs[m], name=adapter.name)
-                    except (AssertionError, ValueError) as exc:
-                        exc.add_note(f"while loading adapter {adapter.name!r} into slot {s}, module {m}")
-                        raise
+    with plan.progress(progress, len(plan.modules)) as bar:
+        for m in plan.modules:
+            layers[m] = plan.buffers(m)
+            bar.update()
+    return plan.pool(layers)
+
+
+def convert_to_file(adapters: Sequence[Adapter], path: str | os.PathLike[str], n_shared_experts: int, *,
+                    force: bool = False, hidden: int | None = None, intermediate: int | None = None,
+                    max_rank: int | None = None, outer: int | None = None, tp_rank: int = 0, tp_size: int = 1,
+                    dtype: torch.dtype | None = None, progress: bool | None = None) -> ConvertedPool:
+    """``convert(...).save(path, force)`` without holding the pool: each module's buffers
+    are built, written and dropped in turn, so that peak memory is the adapters'
+    shared-sink factors plus one module's buffers. Returns the pool's description, its
+    ``layers`` as meta tensors (shapes and dtype; the data is in the file: ``load_pool``).
+    """
+    plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype)
+    meta = {m: tuple(torch.empty(shape, dtype=plan.dtype, device="meta") for shape in
+                     plan.geometry.buffer_shapes().values()) for m in plan.modules}
+    described = plan.pool(meta)
+    target = _check_output(path, described.slots, force)
+
+    def built() -> Iterator[Buffers]:
+        with plan.progress(progress, len(plan.modules)) as bar:
+            for m in plan.modules:
+                yield plan.buffers(m)
                 bar.update()
-            layers[m] = pool.buffers()
-    slots = [SlotInfo(s, a.name, next(iter(fs.values())).rank, a.lora_alpha, a.scaling, a.sha256, a.source)
-             for s, (a, fs) in enumerate(zip(adapters, per_adapter))]
-    findings = [f for a in adapters for f in a.findings] + collapse_notes
-    return ConvertedPool(geometry, layers, slots, tp_rank, tp_size, findings)
+
+    _write_pool(target, described, built(), force)
+    described.findings += plan.findings  # the collapses, noted while the buffers were built
+    return described
 
 
 # ----------------------------------------------------------------------------
