@@ -47,6 +47,7 @@ class LoRAFactors:
 
     @property
     def rank(self) -> int:
+        """``r``, this adapter's own rank (a pool holds it if ``r <= R``, its ``max_rank``)."""
         return int(self.down_a.shape[-2])
 
     @property
@@ -105,7 +106,7 @@ class LoRAPool:
     def __init__(self, n: int, hidden: int, intermediate: int, slots: int, max_rank: int,
                  outer: int = 1, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
-        self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, rank=max_rank,
+        self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, max_rank=max_rank,
                                  slots=slots, outer=outer)
         g = self.geometry
         self.gate_up_a = torch.zeros(g.gate_up_a, dtype=dtype, device=device)
@@ -117,7 +118,7 @@ class LoRAPool:
     @classmethod
     def from_geometry(cls, g: Geometry, dtype: torch.dtype = torch.float32,
                       device: torch.device | str | None = None) -> "LoRAPool":
-        return cls(g.n, g.hidden, g.intermediate, g.slots, g.rank, g.outer, dtype, device)
+        return cls(g.n, g.hidden, g.intermediate, g.slots, g.max_rank, g.outer, dtype, device)
 
     @property
     def slots(self) -> int:
@@ -125,7 +126,7 @@ class LoRAPool:
 
     @property
     def max_rank(self) -> int:
-        return self.geometry.rank
+        return self.geometry.max_rank
 
     @property
     def shared_outer(self) -> bool:
@@ -215,5 +216,5 @@ class LoRAPool:
     def __repr__(self) -> str:
         g = self.geometry
         layout = "shared outer" if g.shared_outer else "per-expert outer"
-        return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.rank}, "
+        return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.max_rank}, "
                 f"{layout}, dtype={self.gate_up_a.dtype}, ranks={self.lora_ranks})")
