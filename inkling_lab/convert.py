@@ -31,8 +31,7 @@ from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapt
 from .atomic import atomic_writer
 from .errors import find_entry
 from .geometry import BUFFER_NAMES, Geometry
-from .lora import SharedSinkLoRA
-from .parallel import check_tp
+from .shard import check_rank, check_tp, slice_lora_a, slice_lora_b
 from .pool import LoRAFactors, LoRAPool
 from .records import dtype_name
 from .upstream_defect import collapse_pool_outer, doctor_finding
@@ -215,14 +214,14 @@ def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
     return ConvertedPool(geometry, layers, slots, tp_rank, tp_size)
 
 
-def _shard(sink: SharedSinkLoRA, f: LoRAFactors, tp_rank: int, tp_size: int) -> LoRAFactors:
-    """Tensor-parallel rank ``tp_rank``'s share (SPEC §7), by the sink's own slicing:
-    down A cut along F, gate/up B to this rank's slice of each half, outer replicated."""
+def _shard(f: LoRAFactors, tp_rank: int, tp_size: int, n: int) -> LoRAFactors:
+    """Tensor-parallel rank ``tp_rank``'s share (SPEC §7), upstream's slicing: down A
+    cut along F, gate/up B to this rank's slice of each half, outer replicated."""
     return LoRAFactors(
-        sink.slice_lora_a(f.gate_up_a, tp_rank, "gate_up_proj", tp_size),
-        sink.slice_lora_b(f.gate_up_b, tp_rank, "gate_up_proj", tp_size),
-        sink.slice_lora_a(f.down_a, tp_rank, "down_proj", tp_size),
-        sink.slice_lora_b(f.down_b, tp_rank, "down_proj", tp_size),
+        slice_lora_a(f.gate_up_a, tp_rank, "gate_up_proj", tp_size, n),
+        slice_lora_b(f.gate_up_b, tp_rank, "gate_up_proj", tp_size, n),
+        slice_lora_a(f.down_a, tp_rank, "down_proj", tp_size, n),
+        slice_lora_b(f.down_b, tp_rank, "down_proj", tp_size, n),
         lora_alpha=f.lora_alpha, name=f.name)
 
 
@@ -263,7 +262,7 @@ class _Conversion:
         H = hidden if hidden is not None else int(first.gate_up_a.shape[-1])
         F_full = intermediate if intermediate is not None else int(first.down_a.shape[-1])
         check_tp(F_full, tp_size)
-        self.sink = SharedSinkLoRA(n, H, F_full, device="meta")  # its slicing only: no weights are allocated
+        check_rank(tp_rank, tp_size)
         ranks, shared, self.first_ranks = [], True, {}
         for m in self.modules:
             fs = self._factors(m, collapse_to=None)
@@ -281,7 +280,7 @@ class _Conversion:
     def _factors(self, module: str, collapse_to: int | None) -> list[LoRAFactors | None]:
         """Each adapter's sharded factors of ``module`` (``None`` where it has none), with
         identical per-expert outer factors collapsed as ``collapse_pool_outer`` decides."""
-        fs = [_shard(self.sink, a.module_factors(module, self.n), self.tp_rank, self.tp_size)
+        fs = [_shard(a.module_factors(module, self.n), self.tp_rank, self.tp_size, self.n)
               if module in a.modules else None for a in self.adapters]
         present = [i for i, f in enumerate(fs) if f is not None]
         collapsed, notes = collapse_pool_outer([{module: fs[i]} for i in present], [self.names[i] for i in present],
