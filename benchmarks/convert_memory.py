@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -63,17 +62,33 @@ def make_adapter(folder: Path, layers: int, dtype: torch.dtype) -> dict[str, int
     return {"file_bytes": (folder / "adapter_model.safetensors").stat().st_size, "sink_factor_bytes": sink}
 
 
+_MEASURE = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    if sys.argv[0] == "-c":
+        exec(sys.argv[1])
+    else:
+        runpy.run_module(sys.argv[0], run_name="__main__")
+except SystemExit as exit_:
+    if exit_.code:
+        raise
+finally:
+    peak = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+    print(int(peak.split()[1]) * 1024, file=sys.stderr)
+"""
+
+
 def run_child(args: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Wall seconds and peak RSS (bytes) of one child process: its own ``VmHWM``, the
+    high-water mark of the memory it mapped after ``exec`` (``ru_maxrss`` would count
+    the parent's pages at ``fork`` too)."""
     start = time.perf_counter()
-    subprocess.run(args, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                   stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *args], cwd=ROOT, check=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak <= before:
-        raise RuntimeError("ru_maxrss of the children did not grow: run each measurement in a fresh process")
-    return wall, peak * 1024  # Linux reports KiB
+    return wall, int(done.stderr.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -87,16 +102,15 @@ def main() -> None:
         folder = Path(tmp) / "adapter"
         sizes = make_adapter(folder, args.layers, dtype)
         out = Path(tmp) / "pool.safetensors"
-        # Each measurement in its own process, the floor first: ru_maxrss of the
-        # children is the largest child so far, so the larger run must come last.
-        _, floor = run_child([sys.executable, "-c", "import inkling_lab.cli, inkling_lab.convert"])
-        command = [sys.executable, "-m", "inkling_lab.cli", "convert", str(folder), "-n", str(N), "-o", str(out), "-q"]
+        _, floor = run_child(["-c", "import inkling_lab.cli, inkling_lab.convert, inkling_lab.adapters"])
+        command = ["inkling_lab.cli", "convert", str(folder), "-n", str(N), "-o", str(out), "-q"]
         wall, peak = run_child(command)
         pool_bytes = out.stat().st_size
     itemsize = dtype.itemsize
     layer_pool = (2 * R * H + N * 2 * F * R + N * R * F + H * R) * itemsize  # one module's four buffers
     record = {
         "environment": environment(f"python benchmarks/convert_memory.py --layers {args.layers} --dtype {args.dtype}"),
+        "measured_command": f"inkling-lab convert ADAPTER -n {N} -o POOL -q",
         "what": "peak RSS and wall time of `inkling-lab convert` (one adapter, one slot) on a generated adapter "
                 "of Inkling's geometry with attention factors",
         "geometry": {"n": N, "hidden": H, "intermediate": F, "rank": R, "layers": args.layers, "slots": 1,

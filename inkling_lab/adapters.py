@@ -30,9 +30,10 @@ import hashlib
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -596,7 +597,7 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
         # is read; then only the shared-sink factors are read, one tensor at a time.
         # Sorted, as safe_open lists them: normalization reports the first factor that
         # does not split.
-        with safe_open(str(weights_path), framework="pt") as f:
+        with open_safetensors(weights_path) as f:
             keys = sorted(f.keys())
             weights = {k: f.get_tensor(k) for k in keys if _is_sink_key(k)}
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
@@ -613,6 +614,26 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
 
 _NOT_LOADED = torch.empty(0, device="meta")
 """Stands for a tensor of another module: ``from_state`` only names those."""
+
+
+@contextmanager
+def open_safetensors(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """``safe_open(path)`` (lazy, per tensor), also for a path that is not UTF-8 (a
+    Linux file name may be any bytes; safetensors takes only UTF-8 paths): such a file
+    is opened by Python and handed over as ``/proc/self/fd/N``."""
+    name = os.fspath(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
+                yield f
+        finally:
+            os.close(fd)
+        return
+    with safe_open(name, framework="pt") as f:
+        yield f
 
 
 def _is_sink_key(key: str) -> bool:

@@ -123,7 +123,6 @@ def atomic_writer(path: str | os.PathLike[str], *, exclusive: bool = False) -> I
         tmp.unlink(missing_ok=True)
         exc = FileExistsError(f"refusing to write {path.name}: it already exists (it appeared while this write "
                               "ran, or was there before); pass --force (force=True) to replace it")
-        exc.filename = str(path)
         exc.add_note(f"output path: {path}")
         raise exc from None
     except OSError as exc:

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, open_safetensors
 from .atomic import atomic_writer
 from .errors import find_entry
 from .geometry import BUFFER_NAMES, Geometry
@@ -187,7 +187,7 @@ def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
         return exc
 
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             meta = f.metadata() or {}
             if meta.get("format") != POOL_FORMAT:
                 raise refuse(f"its metadata has no format {POOL_FORMAT!r}")
@@ -292,15 +292,20 @@ class _Conversion:
         return fs
 
     def buffers(self, module: str) -> Buffers:
-        pool = LoRAPool.from_geometry(self.geometry, dtype=self.dtype)
-        for s, f in enumerate(self._factors(module, collapse_to=self.outer)):
-            if f is None:
-                continue
-            try:
-                pool.load(s, _scaled(f, self.dtype), name=self.names[s])
-            except (AssertionError, ValueError) as exc:
-                exc.add_note(f"while loading adapter {self.names[s]!r} into slot {s}, module {module}")
-                raise
+        factors = [f if f is None else _scaled(f, self.dtype) for f in self._factors(module, collapse_to=self.outer)]
+        # First into a pool on the meta device: upstream's shape errors (an H or F that is
+        # not the adapter's, ISL-E016) come out before a byte is allocated, so a mistyped
+        # --hidden 1000000000000 is refused at once instead of asking for terabytes.
+        for device in ("meta", None):
+            pool = LoRAPool.from_geometry(self.geometry, dtype=self.dtype, device=device)
+            for s, f in enumerate(factors):
+                if f is None:
+                    continue
+                try:
+                    pool.load(s, f, name=self.names[s])
+                except (AssertionError, ValueError) as exc:
+                    exc.add_note(f"while loading adapter {self.names[s]!r} into slot {s}, module {module}")
+                    raise
         return pool.buffers()
 
     def pool(self, layers: dict[str, Buffers]) -> ConvertedPool:

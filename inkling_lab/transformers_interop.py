@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
+from .adapters import open_safetensors
 from .lora import SharedSinkLoRA
 from .sink import SharedSink, gate_up_rows
 
@@ -140,7 +141,7 @@ def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix
     for param, file in files.items():
         key = f"{prefix}.{param}"
         try:
-            with safe_open(str(file), framework="pt") as f:
+            with open_safetensors(file) as f:
                 if key in f.keys():
                     state[param] = f.get_tensor(key)
         except (SafetensorError, OSError) as exc:
