@@ -28,9 +28,11 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from inkling_lab.geometry import PRESETS  # noqa: E402
 from inkling_lab.records import environment, write_json  # noqa: E402
 
-N, H, F, R = 2, 6144, 3072, 64
+_G = PRESETS["inkling"]  # the real config's shared sink: n 2, H 6144, F 3072, pool rank 64
+N, H, F, R = _G.n, _G.hidden, _G.intermediate, _G.max_rank
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 128
 
 

@@ -11,8 +11,16 @@ are plain 2D LoRA matrices named ``<module>.<proj>.lora_A.weight`` /
 * gate B, up B ``[n*F, r]``, fused B ``[n*2F, r]`` (experts stacked); down A
   ``[r, n*F]`` (experts side by side). Per-expert exports: ``[F, r]``, ``[r, F]``...
 
-``load_adapter`` reads and checks a folder (safetensors only, never pickle); every
-bad input is refused with the file, the tensor and what was expected (``ISL-K2xx``).
+PEFT ``target_parameters`` exports of transformers' ``InklingSharedExperts`` (its 3D
+``gate_proj``/``up_proj``/``down_proj``) name their factors
+``<module>.shared_experts[.base_layer...].lora_A.weight``; they are read as the
+per-expert factors they are (``ISL-N204``; ``is_target_parameters_export`` tells them
+apart: sglang 0.5.23 skips such keys and serves the base sink, SPEC §10).
+
+``load_adapter`` reads and checks a folder (safetensors only, never pickle): the
+header first, then only the shared-sink tensors, one at a time (other modules'
+tensors are named, never read); every bad input is refused with the file, the
+tensor and what was expected (``ISL-K2xx``, ``ISL-K401``/``K402``).
 Where the intent is unambiguous it repairs instead (a transposed factor, an up
 without a gate, an outer factor missing its expert axis), and every repair is
 reported in ``Adapter.findings``; ``repair=False`` refuses those too. Findings that

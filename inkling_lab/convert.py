@@ -5,9 +5,13 @@ shared-sink module the four 4D buffers out (``gate_up_a [S, O, 2R, H]``,
 ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``, ``down_b [S, O, H, R]``), ready
 for ``set_lora_info``. Ranks are padded to the largest (or ``max_rank``), B factors
 carry the scaling, the outer layout is shared only when every adapter's is, and
-tensor-parallel rank ``k`` of ``tp`` gets its slice of ``F``. ``ConvertedPool.save``
-writes one safetensors file with the geometry, the slots and the source adapters'
-sha256 in its metadata, atomically, never over an input.
+tensor-parallel rank ``k`` of ``tp`` gets its slice of ``F``. The buffers keep the
+adapters' dtype unless told otherwise; B is scaled in that dtype and then cast, as
+sglang's loader does, so that the pool equals sglang's bit for bit.
+``ConvertedPool.save`` writes one safetensors file with the geometry, the slots and
+the source adapters' sha256 in its metadata, atomically, never over an input;
+``convert_to_file`` does the same module by module without holding the pool (the
+command line's path: memory about the adapters' shared-sink factors plus one module).
 
 ``doctor`` walks one adapter down upstream's path (normalize, slice, load, validate)
 and reports the first error upstream would raise (its exact message), then every
