@@ -428,7 +428,9 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
             "ISL-N204", module,
             f"{module}: a PEFT target_parameters export ({', '.join(params)}, {n} experts of rank {r}); read "
             "as per-expert factors (expert e: lora_A rows e*r.., lora_B columns e, e+n, ...)",
-            "none needed for the kit; to serve it with sglang 0.5.23, convert it (inkling-lab convert)",
+            "none needed for the kit, which converts it exactly (inkling-lab convert); sglang 0.5.23 cannot serve "
+            "it as trained: merge it into the base weights (PEFT merge_and_unload), since re-saved with per-expert "
+            "names it loads in the per-expert outer layout (ISL-W001)",
             consequence="sglang 0.5.23 matches none of these keys to a target module: it skips them with a "
                         "warning and serves the base sink"))
     return out, [k for k in weights if _NESTED_KEY.match(k)], notes
