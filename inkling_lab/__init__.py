@@ -31,6 +31,7 @@ _LAZY_NAMES = {
     # transformers' Inkling (InklingSharedExperts) and PEFT target_parameters exports of it
     "sink_from_transformers": "transformers_interop", "sink_from_checkpoint": "transformers_interop",
     "to_transformers": "transformers_interop", "make_peft_sink_adapter": "transformers_interop",
+    "peft_agreement": "transformers_interop",
     # tensor parallelism (SPEC §7)
     "shard_sink": "parallel", "RankShard": "parallel", "run_tp": "parallel", "TPCase": "parallel",
     "sum_of_shards": "parallel",

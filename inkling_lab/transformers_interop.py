@@ -211,3 +211,29 @@ def make_peft_sink_adapter(folder: str | os.PathLike[str], n: int = 2, hidden: i
     merged = {p: getattr(merged_model.model.layers[0].mlp.shared_experts, p).detach().clone() for p in PARAMETERS}
     return PeftSinkAdapter(folder, base, peft_sink, merged, config)
 
+
+
+def peft_agreement(made: PeftSinkAdapter, pool: Any, tokens: int = 8, seed: int = 0) -> dict[str, float]:
+    """How closely the kit, serving ``pool`` (a ``ConvertedPool`` of ``made``'s adapter in
+    slot 0), computes what PEFT computes, on seeded random ``x [T, H]`` and gammas.
+
+    ``"vs_peft_merged"``: against the sink with PEFT's own merged weights (``W + s*B@A``),
+    all in the pool's dtype (float64: about 1e-15); ``"vs_peft_forward"``: against
+    PEFT's forward of transformers' module, which rounds its expert sum through float32
+    (about 1e-8). Relative errors (largest difference over the largest value).
+    """
+    from .batch import SlotBatch
+    from .records import relative_error
+
+    sink = made.base
+    n, H = sink.n_shared_experts, sink.hidden_size
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, H, generator=gen, dtype=sink.dtype)
+    gammas = torch.rand(tokens, n, generator=gen, dtype=sink.dtype)
+    sink.set_lora_info(*pool.buffers())
+    batch = SlotBatch.from_token_slots([0] * tokens, num_slots=pool.geometry.slots, lora_ranks=pool.lora_ranks)
+    kit = sink(x, gammas, batch=batch, backend="reference")
+    merged = sink_from_transformers(made.merged, interleaved=sink.interleaved)
+    with torch.no_grad():
+        peft_out = made.peft_sink(x, gammas)
+    return {"vs_peft_merged": relative_error(kit, merged(x, gammas)), "vs_peft_forward": relative_error(kit, peft_out)}
