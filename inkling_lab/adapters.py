@@ -660,7 +660,9 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 2 ** 24) -> str:
 
 
 def save_adapter(adapter: Adapter, folder: str | os.PathLike[str]) -> Path:
-    """Write ``adapter`` as a PEFT folder (config and safetensors, each atomically)."""
+    """Write ``adapter`` as a PEFT folder (config and safetensors, each atomically): its
+    shared-sink factors under the kit's names (a ``target_parameters`` export is
+    written per expert); other modules' tensors are not part of an ``Adapter``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"peft_type": "LORA", **adapter.config, "r": adapter.r, "lora_alpha": adapter.lora_alpha,

@@ -122,7 +122,7 @@ class ConvertedPool:
         another writer creates it meanwhile), and always refuses to write over one of
         the source adapters' files.
         """
-        path = _check_output(path, self.slots, force)
+        path = _check_output(path, [s.source for s in self.slots], force)
         return _write_pool(path, self, iter(self.layers.values()), force)
 
     def __repr__(self) -> str:
@@ -133,9 +133,10 @@ class ConvertedPool:
                 f"slots={[s.adapter for s in self.slots]})")
 
 
-def _check_output(path: str | os.PathLike[str], slots: Sequence[SlotInfo], force: bool) -> Path:
+def _check_output(path: str | os.PathLike[str], sources: Sequence[str], force: bool) -> Path:
+    """Refuse an output over an input adapter's file, or (without ``force``) over any file."""
     path = Path(path)
-    inputs = {(Path(s.source) / f).resolve() for s in slots if s.source for f in (CONFIG_FILE, WEIGHTS_FILE)}
+    inputs = {(Path(s) / f).resolve() for s in sources if s for f in (CONFIG_FILE, WEIGHTS_FILE)}
     refusal = None
     if path.resolve() in inputs:
         refusal = ("it is one of the input adapters' files (inkling-lab never writes over its inputs); "
@@ -362,11 +363,11 @@ def convert_to_file(adapters: Sequence[Adapter], path: str | os.PathLike[str], n
     shared-sink factors plus one module's buffers. Returns the pool's description, its
     ``layers`` as meta tensors (shapes and dtype; the data is in the file: ``load_pool``).
     """
+    target = _check_output(path, [a.source for a in adapters], force)  # before any work
     plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype)
     meta = {m: tuple(torch.empty(shape, dtype=plan.dtype, device="meta") for shape in
                      plan.geometry.buffer_shapes().values()) for m in plan.modules}
     described = plan.pool(meta)
-    target = _check_output(path, described.slots, force)
 
     def built() -> Iterator[Buffers]:
         with plan.progress(progress, len(plan.modules)) as bar:

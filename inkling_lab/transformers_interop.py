@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from safetensors import SafetensorError
@@ -105,23 +105,38 @@ def to_transformers(sink: SharedSink, config: Any = None) -> torch.nn.Module:
     return module
 
 
-def _checkpoint_files(path: Path, prefix: str) -> dict[str, Path]:
-    """Which file holds each of ``prefix``'s three tensors (one file, or a sharded
-    folder through its ``model.safetensors.index.json``)."""
-    if path.is_file():
-        return {p: path for p in PARAMETERS}
+def _key_files(path: Path) -> dict[str, Path]:
+    """Every tensor name of a checkpoint and the file that holds it: one safetensors
+    file, a folder with ``model.safetensors``, or a sharded folder through its
+    ``model.safetensors.index.json``. Reads headers only."""
     index = path / INDEX_FILE
-    if index.is_file():
+    if path.is_dir() and index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            return {str(k): path / str(v) for k, v in weight_map.items()}
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise ValueError(f"{index.name}: not a safetensors index (no weight_map: {exc!r})") from None
-        return {p: path / weight_map[f"{prefix}.{p}"] for p in PARAMETERS if f"{prefix}.{p}" in weight_map}
-    single = path / "model.safetensors"
-    if single.is_file():
-        return {p: single for p in PARAMETERS}
-    raise FileNotFoundError(f"{path.name}: neither a safetensors file nor a folder with model.safetensors or "
-                            f"{INDEX_FILE}")
+    file = path / "model.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{path.name}: neither a safetensors file nor a folder with model.safetensors or "
+                                f"{INDEX_FILE}")
+    try:
+        with open_safetensors(file) as f:
+            return {k: file for k in f.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{file.name}: not a readable safetensors file ({exc})") from None
+
+
+def _find_prefix(keys: Iterable[str], layer: int, where: str) -> str:
+    """The one ``...layers.<layer>.mlp.shared_experts`` holding a ``gate_proj``
+    (``model.`` for ``InklingForCausalLM``, ``model.language_model.`` for the multimodal model)."""
+    tail = f"layers.{layer}.mlp.shared_experts"
+    found = sorted({k[:-len(".gate_proj")] for k in keys
+                    if k.endswith(f"{tail}.gate_proj") and (k == f"{tail}.gate_proj" or k.endswith(f".{tail}.gate_proj"))})
+    if len(found) != 1:
+        which = f"{len(found)} ({', '.join(found)})" if found else "none"
+        raise KeyError(f"{where}: looking for layer {layer}'s '...{tail}.gate_proj' found {which}: pass prefix=")
+    return found[0]
 
 
 def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix: str | None = None,
@@ -129,23 +144,25 @@ def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix
                          cls: type[SharedSink] = SharedSink) -> SharedSink:
     """The sink of one layer of a transformers Inkling checkpoint (safetensors).
 
-    Reads only ``<prefix>.gate_proj``, ``up_proj`` and ``down_proj``, one tensor at a
-    time (``safe_open``), never the rest of the checkpoint. ``prefix`` defaults to
-    ``model.layers.<layer>.mlp.shared_experts``; the other arguments as for
+    Reads the headers, then only ``<prefix>.gate_proj``, ``up_proj`` and ``down_proj``,
+    one tensor at a time, never the rest of the checkpoint. ``prefix``: default the one
+    ``...layers.<layer>.mlp.shared_experts`` of the checkpoint (``model.layers.0...``
+    or ``model.language_model.layers.0...``); the other arguments as for
     ``sink_from_transformers``.
     """
     path = Path(path)
-    prefix = prefix or f"model.layers.{layer}.mlp.shared_experts"
-    files = _checkpoint_files(path, prefix)
+    files = _key_files(path)
+    prefix = prefix or _find_prefix(files, layer, path.name)
     state: dict[str, torch.Tensor] = {}
-    for param, file in files.items():
+    for param in PARAMETERS:
         key = f"{prefix}.{param}"
+        if key not in files:
+            continue
         try:
-            with open_safetensors(file) as f:
-                if key in f.keys():
-                    state[param] = f.get_tensor(key)
+            with open_safetensors(files[key]) as f:
+                state[param] = f.get_tensor(key)
         except (SafetensorError, OSError) as exc:
-            raise ValueError(f"{file.name}: not a readable safetensors file ({exc})") from None
+            raise ValueError(f"{files[key].name}: not a readable safetensors file ({exc})") from None
     return _build(state, f"{path.name}: {prefix}", interleaved, dtype, cls)
 
 
