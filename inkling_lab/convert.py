@@ -159,6 +159,9 @@ def _write_pool(path: Path, pool: ConvertedPool, buffers: Iterator[Buffers], for
     them. Holds one module's buffers at a time."""
     g = pool.geometry
     dtype = pool.dtype
+    if dtype not in _ST_DTYPES:
+        raise ValueError(f"a pool file holds {', '.join(dtype_name(d) for d in _ST_DTYPES)} buffers, not "
+                         f"{dtype_name(dtype)}: convert with one of those dtypes")
     header: dict[str, Any] = {"__metadata__": pool.metadata()}
     offset = 0
     for m in pool.layers:
