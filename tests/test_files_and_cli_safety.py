@@ -284,3 +284,18 @@ def test_load_adapter_raises_only_documented_errors(tmp_path, config, raw, tenso
     else:
         assert adapter.factor_keys
     assert time.perf_counter() - start < 5
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=64) | st.none(), meta=st.dictionaries(
+    st.sampled_from(["format", "geometry", "tensor_parallel", "slots", "modules"]), JSON.map(json.dumps), max_size=5))
+def test_load_pool_raises_only_its_documented_error(tmp_path, raw, meta):
+    path = tmp_path / "fuzz.safetensors"
+    if raw is None:
+        meta = {**meta, "format": "inkling-lab shared-sink pool v1"} if len(meta) % 2 else meta
+        raw = save_bytes({"m.gate_up_a": torch.zeros(1, 1, 2, 2)}, metadata=meta)
+    path.write_bytes(raw)
+    try:
+        load_pool(path)
+    except ValueError as exc:
+        assert str(exc).startswith("fuzz.safetensors: not an inkling-lab pool file"), exc
