@@ -273,12 +273,16 @@ class SharedSinkLoRA(SharedSink):
 
     # -- tensor parallelism (SPEC §7) --------------------------------------------------
     def slice_lora_a(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
-        """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n."""
-        return shard.slice_lora_a(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
+        """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n
+        and (full, unsharded) F."""
+        return shard.slice_lora_a(weights, tp_rank, target_module, tp_size, self.n_shared_experts,
+                                  self.intermediate_size)
 
     def slice_lora_b(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
-        """This rank's share of a LoRA B factor: ``shard.slice_lora_b`` with this sink's n."""
-        return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
+        """This rank's share of a LoRA B factor: ``shard.slice_lora_b`` with this sink's n
+        and (full, unsharded) F."""
+        return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, self.n_shared_experts,
+                                  self.intermediate_size)
 
     # -- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
