@@ -1,5 +1,6 @@
-"""The shared sink with LoRA: ``set_lora_info``, derived operands, slot refresh and
-tensor-parallel slicing (SPEC §3, §4, §7)."""
+"""The shared sink with LoRA: ``initialize_lora``, ``set_lora_info``, derived operands and
+slot refresh, as either upstream wrapper generation does them (SPEC §3, §4); its
+tensor-parallel slicing is ``shard.py``'s (§7)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from .sink import SharedSink
 from .validate import (MSG_INELIGIBLE, MSG_POOL_SHAPE, MSG_SLOT_RANGE, MSG_V2_INTERLEAVED, MSG_V2_NO_ENGINE,
                        MSG_V2_NOT_BF16, MSG_V2_POOL_SHAPE, PROBLEM_BACKEND, PROBLEM_WEIGHTS, V2_CLASS,
                        PoolLayout, check_generation, validate_pool)
+
 
 @dataclass(frozen=True)
 class LoRABackend:
@@ -248,12 +250,12 @@ class SharedSinkLoRA(SharedSink):
         """
         if self.lora_buffers is None:
             return
-        _, gate_up_b, down_a, down_b = self.lora_buffers
         if self.generation == "v2":
             self._refresh_v2(slot_ids)
             return
         if self.w1_delta is None or self.a_cat is None:
             return
+        _, gate_up_b, down_a, _ = self.lora_buffers
         S = gate_up_b.shape[0]
         if slot_ids is None:
             slot_ids = range(S)
