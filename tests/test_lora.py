@@ -190,6 +190,14 @@ def test_zero_sizes_pass_set_lora_info_as_upstream(S, R, H, F, generation):
         assert sink.down_cat.shape == (S, R, 2 * F) and sink.a_cat is sink.down_cat
 
 
+def test_v2_per_expert_views_refuse_empty_pools_as_upstreams_do():
+    sink = _v2_sink()
+    empty = (torch.zeros(0, 2, 8, 8), torch.zeros(0, 2, 12, 4), torch.zeros(0, 2, 4, 6), torch.zeros(0, 2, 8, 4))
+    with pytest.raises(RuntimeError, match=r"^cannot reshape tensor of 0 elements into shape \[0, 16, -1\]"):
+        sink.set_lora_info(*empty)  # gate-up A viewed [S, n*2R, -1]: -1 is ambiguous when S = 0
+    assert sink.lora_buffers is None and sink.down_cat is None
+
+
 def test_a_failure_in_the_refresh_leaves_every_operand_as_it_was():
     """Issue 14: down A on the meta device after a good call (upstream copies w1_delta first)."""
     for sink in (_sink(), _v2_sink()):
