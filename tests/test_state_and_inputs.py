@@ -1,4 +1,4 @@
-"""The kit under bad input (issue 14), grouped by promise.
+"""The kit under bad input, grouped by promise.
 
 * State kept: a call that fails leaves the object exactly as it was.
 * Clear error: bad input gives a ``TypeError``/``ValueError`` that names the argument
