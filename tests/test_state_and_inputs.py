@@ -136,6 +136,30 @@ def test_clear_error_random_ids_give_a_batch_of_exactly_those_ints_or_a_document
         assert batch.token_slots().tolist() == ids
 
 
+DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32, torch.bool,
+          torch.complex64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(0, 4), max_size=3), seed=st.integers(0, 99),
+       num_slots=st.integers(0, 4), segments=st.booleans())
+def test_clear_error_random_tensors_give_a_batch_or_a_documented_error(dtype, shape, seed, num_slots, segments):
+    gen = torch.Generator().manual_seed(seed)
+    values = (torch.randn(shape, generator=gen) * 3).to(dtype) if dtype.is_floating_point or dtype.is_complex \
+        else torch.randint(-2, 5, shape, generator=gen).to(dtype)
+    try:
+        if segments:
+            batch = SlotBatch.from_segments(values, values, num_slots=num_slots)
+        else:
+            batch = SlotBatch.from_token_slots(values, num_slots=num_slots)
+    except (TypeError, ValueError) as exc:
+        assert str(exc).startswith("SlotBatch: ")
+    else:
+        assert not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+        if not segments:
+            assert batch.token_slots().tolist() == values.flatten().long().tolist()
+
+
 # -- clear error: the forward's inputs -----------------------------------------------------
 
 def _sink_and_inputs(cls=SharedSinkLoRA):
