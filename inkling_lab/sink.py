@@ -8,6 +8,7 @@ the same function: the *per-expert* form (one small matmul per expert) and the
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Literal
 
 import torch
@@ -100,6 +101,10 @@ class SharedSink(nn.Module):
                  interleaved: bool = True, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, seed: int = 0) -> None:
         super().__init__()
+        for name, value in (("n_shared_experts", n_shared_experts), ("hidden_size", hidden_size),
+                            ("intermediate_size", intermediate_size)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"SharedSink: {name} must be an integer, got {value!r}")
         if min(n_shared_experts, hidden_size, intermediate_size) < 1:
             raise ValueError(
                 "SharedSink needs n_shared_experts, hidden_size and intermediate_size of at least 1, got "

@@ -193,3 +193,17 @@ def test_clear_error_every_backend_is_guarded_by_the_same_checks():
             sink(x.double(), gammas, backend=backend)
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
         sink([[0.0] * 8], gammas[:1])
+
+
+# -- clear error: sizes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4.5), r"Geometry.max_rank .* got 4.5"),
+    (lambda: LoRAPool(n=2, hidden="8", intermediate=6, slots=3, max_rank=4), r"Geometry.hidden .* got '8'"),
+    (lambda: LoRAPool(n=True, hidden=8, intermediate=6, slots=3, max_rank=4), r"Geometry.n .* got True"),
+    (lambda: SharedSinkLoRA(2, 8.0, 6), r"SharedSink: hidden_size must be an integer, got 8.0"),
+    (lambda: SharedSink(2, 8, None), r"SharedSink: intermediate_size must be an integer, got None"),
+], ids=["pool_rank", "pool_hidden", "pool_n", "sink_hidden", "sink_intermediate"])
+def test_clear_error_sizes_that_are_not_integers_are_named(make, message):
+    with pytest.raises(TypeError, match=message):
+        make()
