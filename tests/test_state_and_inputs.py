@@ -173,8 +173,18 @@ def test_clear_error_an_input_of_another_dtype_is_named(cls):
     with pytest.raises(TypeError, match=r"x is torch.float64 but the sink's weights are torch.float32: "
                                         r"pass x.to\(torch.float32\)"):
         sink(x.double(), gammas)
-    with pytest.raises(TypeError, match=r"gammas is torch.bfloat16 but the sink's weights are torch.float32"):
-        sink(x, gammas.bfloat16())
+    with pytest.raises(TypeError, match=r"gammas is torch.int64: .* pass gammas.float\(\)"):
+        sink(x, torch.ones(3, 2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_gammas_of_another_floating_dtype_are_read_as_sglang_reads_them(backend):
+    # sglang hands the sink the router's weights, float32 next to bf16 hidden states.
+    sink = SharedSinkLoRA(2, 8, 6, dtype=torch.float64)
+    x, gammas = torch.randn(3, 8, dtype=F64), torch.rand(3, 2, dtype=F64)
+    want = sink(x, gammas, backend=backend)
+    torch.testing.assert_close(sink(x, gammas.float(), backend=backend), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(SharedSink.base_forward(sink, x, gammas.float()), want.to(F64), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("cls", [SharedSinkLoRA, SharedSink])
