@@ -3,7 +3,7 @@ slot refresh, as either upstream wrapper generation does them (SPEC §3, §4); i
 tensor-parallel slicing is ``shard.py``'s (§7)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -294,10 +294,7 @@ class SharedSinkLoRA(SharedSink):
         The record holds the module's own tensors (no copies): a slot refresh, which
         writes in place, shows through it; after ``set_lora_info`` ask for a new one.
         """
-        w13_lin, w2_lin = self.linearized()
-        return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
-                            interleaved=self.interleaved, buffers=self.lora_buffers,
-                            w1_delta=self.w1_delta, a_cat=self.a_cat)
+        return self._operands(self.lora_buffers, self.w1_delta, self.a_cat)
 
     def operands_for(self, gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
                      down_b: torch.Tensor) -> SinkOperands:
@@ -310,9 +307,15 @@ class SharedSinkLoRA(SharedSink):
         layout = validate_pool(gate_up_a, gate_up_b, down_a, down_b, n_shared_experts=self.n_shared_experts,
                                generation=self.generation)
         w1, a_cat = derive_operands(gate_up_b, down_a, self.interleaved) if layout.shared_outer else (None, None)
-        return replace(self.operands(), buffers=(gate_up_a, gate_up_b, down_a, down_b), w1_delta=w1, a_cat=a_cat)
+        return self._operands((gate_up_a, gate_up_b, down_a, down_b), w1, a_cat)
 
-    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
+    def _operands(self, buffers: tuple[torch.Tensor, ...] | None, w1_delta: torch.Tensor | None,
+                  a_cat: torch.Tensor | None) -> SinkOperands:
+        w13_lin, w2_lin = self.linearized()
+        return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
+                            interleaved=self.interleaved, buffers=buffers, w1_delta=w1_delta, a_cat=a_cat)
+
+    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
                 backend: str = "auto") -> torch.Tensor:
         """``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]``, a ``SlotBatch`` naming each
         token's slot -> ``out`` like ``x``. No batch or no pool: the base sink."""
