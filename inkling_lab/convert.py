@@ -281,7 +281,7 @@ class _Conversion:
                     shared &= f.outer == 1
         self.outer = outer if outer is not None else (1 if shared else n)
         R = max_rank if max_rank is not None else max(ranks)
-        self.geometry = Geometry(n=n, hidden=H, intermediate=F_full // tp_size, rank=R, slots=len(adapters),
+        self.geometry = Geometry(n=n, hidden=H, intermediate=F_full // tp_size, max_rank=R, slots=len(adapters),
                                  outer=self.outer)
         self.findings: list[Finding] = []
 
