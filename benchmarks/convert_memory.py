@@ -11,6 +11,7 @@ child that only imports the kit (the floor).
 
     python benchmarks/convert_memory.py            # writes data/benchmarks/convert_memory.json
     python benchmarks/convert_memory.py --layers 8 # smaller, where memory, disk or time is short
+    python benchmarks/convert_memory.py --baseline ../old-checkout  # and the same with another version
 """
 from __future__ import annotations
 
@@ -81,13 +82,13 @@ finally:
 """
 
 
-def run_child(args: list[str]) -> tuple[float, int]:
+def run_child(args: list[str], kit: Path = ROOT) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one child process: its own ``VmHWM``, the
     high-water mark of the memory it mapped after ``exec`` (``ru_maxrss`` would count
     the parent's pages at ``fork`` too)."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _MEASURE, *args], cwd=ROOT, check=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *args], cwd=kit, check=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(kit), "PYTHONDONTWRITEBYTECODE": "1"}, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE)
     wall = time.perf_counter() - start
     return wall, int(done.stderr.strip().splitlines()[-1])
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=66)
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--out", type=Path, default=ROOT / "data" / "benchmarks" / "convert_memory.json")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also measure the same command with another checkout's inkling_lab (e.g. an older one)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(prefix="inkling-convert-bench-") as tmp:
@@ -108,6 +111,16 @@ def main() -> None:
         command = ["inkling_lab.cli", "convert", str(folder), "-n", str(N), "-o", str(out), "-q"]
         wall, peak = run_child(command)
         pool_bytes = out.stat().st_size
+        baseline = None
+        if args.baseline:
+            out.unlink()
+            b_wall, b_peak = run_child(command + ["--dtype", args.dtype], kit=args.baseline.resolve())
+            _, b_floor = run_child(["-c", "import inkling_lab.cli, inkling_lab.convert, inkling_lab.adapters"],
+                                   kit=args.baseline.resolve())
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.baseline, capture_output=True,
+                                    text=True).stdout.strip()
+            baseline = {"checkout_commit": commit, "peak_rss_bytes": b_peak, "floor_rss_bytes": b_floor,
+                        "peak_above_floor_bytes": b_peak - b_floor, "wall_s": round(b_wall, 2)}
     itemsize = dtype.itemsize
     layer_pool = (2 * R * H + N * 2 * F * R + N * R * F + H * R) * itemsize  # one module's four buffers
     record = {
@@ -126,6 +139,9 @@ def main() -> None:
         "peak_above_floor_over_pool": round((peak - floor) / pool_bytes, 3),
         "peak_above_floor_over_file": round((peak - floor) / sizes["file_bytes"], 3),
         "wall_s": round(wall, 2),
+        "baseline": baseline,  # the same command with --baseline CHECKOUT's inkling_lab
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2),  # wall times are noisy on a shared machine
         "reading": "peak above the floor is the shared-sink factors (read one tensor at a time, the other "
                    "modules never) plus one module's buffers being written; the pool is never held whole",
     }
