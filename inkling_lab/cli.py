@@ -234,6 +234,10 @@ def _quiet_after_broken_pipe() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _SafeStream(out), _SafeStream(err)
+    try:  # pasted logs may hold bytes that are not UTF-8: read them, print them escaped
+        sys.stdin.reconfigure(errors="surrogateescape")
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        pass  # no stdin, or not a text file: nothing to read from it anyway
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -299,3 +299,9 @@ def test_load_pool_raises_only_its_documented_error(tmp_path, raw, meta):
         load_pool(path)
     except ValueError as exc:
         assert str(exc).startswith("fuzz.safetensors: not an inkling-lab pool file"), exc
+
+
+def test_a_pasted_log_that_is_not_utf8_is_read_and_its_bytes_printed_escaped():
+    result = _cli("explain", "-", input=b"ValueError: Inkling shared-sink LoRA requires four 4D MoE buffers \xff\x1b[2J\n")
+    assert result.returncode == 0 and b"ISL-E001" in result.stdout
+    assert b"Traceback" not in result.stderr and b"\x1b" not in result.stdout + result.stderr
