@@ -398,6 +398,7 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
     notes = []
     for module, by_depth in groups.items():
         params = _targeted(module, targets)
+        per_expert: dict[FactorName, torch.Tensor] = {}
         if len(params) != len(by_depth) or sorted(by_depth) != list(range(len(params))):
             depths = ", ".join(f"{d} x base_layer" for d in sorted(by_depth))
             raise ValueError(
@@ -405,8 +406,8 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
                 f"factor pair(s): {depths}) but {CONFIG_FILE}'s target_parameters {targets!r} name "
                 f"{len(params)} of {module}'s parameters {list(TRANSFORMERS_PARAMETERS)}: the nesting "
                 "cannot be read without them; restore target_parameters as saved by PEFT")
-        for depth, pair in sorted(by_depth.items()):
-            proj = params[len(params) - 1 - depth]
+        for proj, depth in zip(params, range(len(params) - 1, -1, -1)):  # gate, up, down; innermost first
+            pair = by_depth[depth]
             if set(pair) != {"A", "B"}:
                 have = next(iter(pair.values()))
                 other = have.replace(".lora_A.", ".lora_B.") if "A" in pair else have.replace(".lora_B.", ".lora_A.")
@@ -422,8 +423,12 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
                     f"lora_B [out, n*r]: re-export the adapter, or fix r in {CONFIG_FILE}")
             n = rows // r
             for e in range(n):
-                out[FactorName(module, e, proj, "A").key] = a[e * r:(e + 1) * r]
-                out[FactorName(module, e, proj, "B").key] = b[:, e::n]
+                per_expert[FactorName(module, e, proj, "A")] = a[e * r:(e + 1) * r]
+                per_expert[FactorName(module, e, proj, "B")] = b[:, e::n]
+        # expert by expert, gate before up before down
+        order = {p: i for i, p in enumerate(TRANSFORMERS_PARAMETERS)}
+        out.update((fn.key, t) for fn, t in sorted(per_expert.items(), key=lambda i: (i[0].expert, order[i[0].proj],
+                                                                                      i[0].ab)))
         notes.append(Finding(
             "ISL-N204", module,
             f"{module}: a PEFT target_parameters export ({', '.join(params)}, {n} experts of rank {r}); read "
