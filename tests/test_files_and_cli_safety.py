@@ -65,6 +65,20 @@ def test_convert_without_force_never_replaces_what_appeared_meanwhile(tmp_path, 
     assert out.read_bytes() == b"the other run's pool"
 
 
+def test_two_convert_runs_to_one_new_output_one_wins(tmp_path):
+    """The issue's reproduction: both used to exit 0, the second replacing the first."""
+    folder = _adapter_folder(tmp_path)
+    out = tmp_path / "pool.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = [subprocess.Popen([sys.executable, "-m", "inkling_lab.cli", "convert", str(folder), "-n", "2", "-o",
+                              str(out), "-q"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(2)]
+    results = [(run.wait(timeout=120), run.stderr.read()) for run in runs]
+    assert sorted(code for code, _ in results) == [0, 1]
+    assert b"refusing to write pool.safetensors: it already exists" in next(err for code, err in results if code)
+    assert load_pool(out).lora_ranks == [2] and sorted(p.name for p in tmp_path.iterdir()) == ["ad", "pool.safetensors"]
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_new_files_honour_the_umask_and_replaced_ones_keep_their_mode(tmp_path, umask):
     old = os.umask(umask)
