@@ -376,7 +376,10 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
 
     PEFT wraps one ``ParamWrapper`` per targeted parameter around the module, in the
     order the module registers its parameters (gate, up, down: the first is innermost),
-    whatever the order of the config's list; the outermost wrapper's factors carry no
+    whatever the order of the config's list (``peft/tuners/tuners_utils.py``,
+    ``_inject_parameters``: it walks ``module.named_parameters()``; only a module that
+    already carries torch parametrizations is nested in sorted name order, which no
+    plain transformers model does); the outermost wrapper's factors carry no
     ``base_layer``, each wrapper inside adds one. A wrapper of a 3D parameter ``[n, out,
     in]`` (``peft/tuners/lora/layer.py``, ``ParamWrapper.update_layer`` and
     ``get_delta_weight``) stores ``lora_A [n*r, in]`` grouped by expert (expert ``e`` is
