@@ -15,39 +15,36 @@ from typing import Any, Sequence
 
 import torch
 
+from .catalog import CATALOG, message
 from .geometry import BUFFER_NAMES
 
 PRETTY = {"gate_up_a": "gate-up A", "gate_up_b": "gate-up B", "down_a": "down A", "down_b": "down B"}
 SYMBOLS = {"gate_up_a": "[S, O, 2R, H]", "gate_up_b": "[S, n, 2F, R]",
            "down_a": "[S, n, R, F]", "down_b": "[S, O, H, R]"}
 
-MSG_NOT_4D = "Inkling shared-sink LoRA requires four 4D MoE buffers"
-MSG_OUTER_DIM = "Inkling shared-sink LoRA outer factors must have expert dimension 1 or {n}"
-MSG_OUTER_LAYOUT = "Inkling shared-sink gate-up A and down B must use the same expert layout"
-MSG_EXPERT_COUNT = "Inkling shared-sink LoRA expert count does not match"
-MSG_RANK = "Inkling shared-sink LoRA rank dimensions do not match"
-MSG_V2_DISAGREE = (
-    "Inkling shared-sink LoRA pool buffers do not agree: expected gate-up A [slots, 1 or {n}, 2R, H], "
-    "gate-up B [slots, {n}, 2F, R], down A [slots, {n}, R, F], down B [slots, 1 or {n}, H, R] "
-    "with one layout")
+# Upstream's words, from the catalog (their one source; SPEC §3). Templates: format them.
+MSG_NOT_4D = CATALOG["ISL-E001"].message
+MSG_OUTER_DIM = CATALOG["ISL-E002"].message  # {n}
+MSG_OUTER_LAYOUT = CATALOG["ISL-E003"].message
+MSG_EXPERT_COUNT = CATALOG["ISL-E004"].message
+MSG_RANK = CATALOG["ISL-E005"].message
+MSG_V2_DISAGREE = CATALOG["ISL-E006"].message  # {n}
 GENERATIONS = ("v1", "v2")
 """``v1``: ``InklingBatchDenseMLPWithLoRA``; ``v2``: ``InklingBatchDenseMLPWithLoRAV2``
 (the dense engine). Both are in the sglang 0.5.23 wheel."""
 
 # The rest of the module's own words (sglang 0.5.23, srt/models/inkling_common/lora.py),
-# raised by SharedSinkLoRA; kept here so that every message of set_lora_info, the slot
-# refresh and initialize_lora has one source.
-MSG_POOL_SHAPE = ("Shared-sink LoRA pool shape changed after initialization: "
-                  "gate-up {old_gate_up} -> {new_gate_up}, down-A {old_down} -> {new_down}")  # ISL-E007
-MSG_V2_POOL_SHAPE = "Shared-sink LoRA pool shape changed after initialization: {old} -> {new}"
-MSG_SLOT_RANGE = "Shared-sink LoRA slot out of range: {slot_ids}"  # ISL-E008, every id given, sorted
+# raised by SharedSinkLoRA.
+MSG_POOL_SHAPE = CATALOG["ISL-E007"].message  # {old_gate_up} {new_gate_up} {old_down} {new_down}
+MSG_V2_POOL_SHAPE = CATALOG["ISL-E020"].message  # {old} {new}
+MSG_SLOT_RANGE = CATALOG["ISL-E008"].message  # {slot_ids}: every id given, sorted
 V1_CLASS, V2_CLASS = "InklingBatchDenseMLPWithLoRA", "InklingBatchDenseMLPWithLoRAV2"
-MSG_INELIGIBLE = V1_CLASS + " is ineligible: {problems}"  # ISL-E009, problems joined by "; "
+MSG_INELIGIBLE = CATALOG["ISL-E009"].message  # {problems}: joined by "; "
 PROBLEM_BACKEND = "multi-slot dense LoRA requires the Triton backend"
 PROBLEM_WEIGHTS = "the shared sink does not use linearized BF16 weights"
-MSG_V2_NO_ENGINE = "{cls} needs a backend with the dense engine"
-MSG_V2_NOT_BF16 = "{cls} needs the linearized BF16 shared sink"
-MSG_V2_INTERLEAVED = "The V2 shared sink must select contiguous W13 before loading"
+MSG_V2_NO_ENGINE = CATALOG["ISL-E017"].message  # {cls}
+MSG_V2_NOT_BF16 = CATALOG["ISL-E018"].message  # {cls}
+MSG_V2_INTERLEAVED = CATALOG["ISL-E019"].message
 
 
 @dataclass(frozen=True)

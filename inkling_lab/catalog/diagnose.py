@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._snippets import BUFFERS, POOL
 from .entry import KIT_FINDING, CatalogEntry
 
-_D = "d = il.diagnose_pool"
+_D = "il.diagnose_pool"
 _LOADED = POOL + "pool.load(0, il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=2, seed=0))\n" + BUFFERS
 _NOT_CHECKED = ("sglang/srt/models/inkling_common/lora.py: InklingBatchDenseMLPWithLoRA.set_lora_info checks "
                 "only the five conditions of ISL-E001..E005; ")

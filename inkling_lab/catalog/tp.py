@@ -76,7 +76,8 @@ ENTRIES: list[CatalogEntry] = [
         generation=KIT, related=("ISL-K102", "ISL-E016")),
     CatalogEntry(
         code="ISL-K102", title="the intermediate size does not split over tp ranks", exc_type=ValueError,
-        message="{factor}: intermediate size {size} is not divisible by tp_size={tp_size}",
+        message="{what}: intermediate size {intermediate} is not divisible by tp_size={tp_size}; each rank "
+                "holds F/tp features of every expert, so use a tp in {divisors}",
         meaning="Each tensor-parallel rank holds F/tp features of every expert, so F must be a "
                 "multiple of tp; otherwise the LoRA shards and the base shards would not line up.",
         when="Sharding an adapter (or a sink) for a tp that does not divide F.",
