@@ -141,8 +141,9 @@ def test_the_innermost_frame_decides():
 
 
 def test_the_kits_own_v2_errors_are_claimed_through_their_frames():
-    sink = il.SharedSinkLoRA(2, 8, 6, interleaved=False, dtype=il.SharedSinkLoRA(2, 8, 6).dtype.__class__
-                             and __import__("torch").bfloat16)
+    import torch
+
+    sink = il.SharedSinkLoRA(2, 8, 6, interleaved=False, dtype=torch.bfloat16)
     sink.initialize_lora(il.LoRABackend("triton_v2", 3), generation="v2")
     ga, gb, da, db = il.LoRAPool(2, 8, 6, 3, 4).buffers()
     with pytest.raises(ValueError) as info:
@@ -190,7 +191,9 @@ def test_a_cyclic_or_very_deep_chain_is_read_without_recursion():
     assert len(exception_chain(top)) <= 64
     with pytest.raises(il.errors.NoCatalogEntry):  # the root is past the cap: not read
         explain(top)
-    assert explain(RuntimeError("x")) if False else True
+    shallow = RuntimeError("wrapper")
+    shallow.__cause__ = deep
+    assert explain(shallow).code == "ISL-E005"  # a cause within the cap is read
 
 
 def test_long_texts_are_cut_to_their_end_and_say_so():
