@@ -234,9 +234,9 @@ class Diagnosis:
         for name in BUFFER_NAMES:
             lines.append(f"  {PRETTY[name]:<10} {SYMBOLS[name]:<14} = {list(self.shapes[name])}")
         if self.upstream_error:
-            lines.append(f"sglang 0.5.23 set_lora_info raises: ValueError: {self.upstream_error}")
+            lines.append(f"sglang 0.5.23 set_lora_info (first generation) raises: ValueError: {self.upstream_error}")
         else:
-            lines.append("sglang 0.5.23 set_lora_info validation: passes")
+            lines.append("sglang 0.5.23 set_lora_info (first generation) validation: passes")
         if self.ok:
             lines.append("No findings: this pool is consistent.")
         for f in self.findings:
@@ -323,10 +323,12 @@ def _plan(shapes: dict[str, tuple[int, ...]], n: int, hidden: int | None,
     R = _mode(ranks) or 0
     Hs = [v[i] for v, i in ((c["gate_up_a"], 3), (c["down_b"], 2)) if v]
     H = hidden if hidden is not None else (_mode(Hs) or 0)
-    Fs = [v for v in ((c["down_a"] or (0,) * 4)[3],) if v]
-    if c["gate_up_b"] and c["gate_up_b"][2] % 2 == 0:
-        Fs.insert(0, c["gate_up_b"][2] // 2)
-    F = intermediate if intermediate is not None else (_mode(Fs) or 0)
+    # F from the inner factors that already have their n experts (a stacked one reads n*F)
+    Fs, stacked = [], []
+    for name, axis, halve in (("gate_up_b", 2, True), ("down_a", 3, False)):
+        if c[name] and (not halve or c[name][axis] % 2 == 0) and c[name][axis]:
+            (Fs if c[name][1] == n else stacked).append(c[name][axis] // (2 if halve else 1))
+    F = intermediate if intermediate is not None else (_mode(Fs or stacked) or 0)
     outers = [v[1] for v in (c["gate_up_a"], c["down_b"]) if v and v[1] in (1, n)]
     O = n if len(set(outers)) > 1 else (outers[0] if outers else 1)
     # a transposed outer factor reads H and R swapped: trust the other buffers' reading
@@ -464,8 +466,10 @@ class _Diagnoser:
         self.targets, readings = _plan(self.shapes, n, hidden, intermediate)
         self.moves = {k: _move(k, self.shapes[k], self.targets[k], readings[k], n) for k in BUFFER_NAMES}
 
-    def transposed(self, name: str) -> bool:
-        return any("transposed" in step[0] for step in self.moves[name] or ())
+    def reread(self, name: str) -> bool:
+        """Whether the planned fix changes how this buffer's sizes are read (a transpose,
+        an expert split): then its H/F are reported once, with that fix, not again."""
+        return any(word in step[0] for step in self.moves[name] or () for word in ("transposed", "experts"))
 
     def add(self, code: str, buffer: str, message: str, fix: str, consequence: str = "") -> None:
         # Shape findings share one plan, so that their fixes compose into four buffers
@@ -563,8 +567,8 @@ class _Diagnoser:
                sink_name: str, between_fix: str, sink_fix: str) -> None:
         """One size (H or F) read from several buffers: they must agree, and equal the sink's."""
         consequence = "not checked by set_lora_info; the forward fails with a matmul shape error"
-        # a transposed buffer is one finding (its rank check, with the transpose), not two
-        values = {k: v for k, v in values.items() if not self.transposed(k)}
+        # a transposed or stacked buffer is one finding (with its fix), not two
+        values = {k: v for k, v in values.items() if not self.reread(k)}
         if len(set(values.values())) > 1:
             parts = ", ".join(f"{PRETTY[k]} has {symbol}={v:g}" for k, v in values.items())
             self.add(code, list(values)[-1], message(code, detail=parts), between_fix, consequence)
