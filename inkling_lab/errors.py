@@ -89,10 +89,10 @@ def _in_sink_frame(frames: list[tuple[str, str]], functions: tuple[str, ...]) ->
 
 def _type_score(entry: CatalogEntry, line: str, start: int) -> int:
     """2: the line names this entry's exception type just before the message; 1: it names
-    none and the entry is no exception (a logged warning); 0 otherwise."""
+    none and the entry is a warning (logged, not raised); 0 otherwise."""
     named = _TYPE_BEFORE.search(line[max(0, start - 200):start])
     if named is None:
-        return 1 if entry.exc_type is None or issubclass(entry.exc_type, Warning) else 0
+        return 1 if entry.kind == "warning" else 0
     name = named.group(1).rsplit(".", 1)[-1]
     return 2 if entry.exc_type is not None and entry.exc_type.__name__ == name else 0
 
@@ -102,9 +102,9 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
     an exception; ``cut`` when only the last ``READ_LIMIT`` characters were read.
 
     The rule: the last line of the text that holds a catalogued message decides (in a
-    traceback, the error raised last); on that line the entry whose message has the most
-    fixed text wins, an entry whose exception type the line names before the message
-    first. An entry with ``frame`` counts only inside a traceback that passes through
+    traceback, the error raised last); on that line errors and warnings come before
+    findings and notes, then an entry whose exception type the line names just before the
+    message, then the entry whose message has the most fixed text. An entry with ``frame`` counts only inside a traceback that passes through
     that function of a shared-sink file, its innermost frame there. One pass over the
     lines, ``str.find`` per entry and literal: linear in the text.
     """
@@ -126,7 +126,8 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
             where = entry.find_in(line)
             if where is None or (entry.frame and not _in_sink_frame(frames, entry.frame)):
                 continue
-            score = (_type_score(entry, line, where[0]), entry.literal_size)
+            # errors and warnings before findings and notes (those are reports, not raised)
+            score = (entry.kind in ("error", "warning"), _type_score(entry, line, where[0]), entry.literal_size)
             if on_line is None or score > on_line[0]:
                 on_line = (score, entry)
         if on_line is not None:

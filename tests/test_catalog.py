@@ -103,6 +103,31 @@ def test_field_messages_are_explained_alone_and_inside_a_traceback(code):
     assert explain(pasted) is entry
 
 
+SGLANG_FRAMES = {  # where in sglang each group's errors are raised, as a traceback shows it
+    "set_lora_info": ("srt/models/inkling_common/lora.py", "set_lora_info"),
+    "refresh": ("srt/models/inkling_common/lora.py", "_refresh_lora_operands"),
+    "eligibility": ("srt/models/inkling_common/lora.py", "initialize_lora"),
+    "v2": ("srt/models/inkling_common/lora.py", "set_lora_info"),
+    "tp": ("srt/models/inkling_common/lora.py", "slice_moe_lora_a_weights"),
+    "loader": ("srt/lora/mem_pool.py", "load_lora_weight_to_buffer"),
+    "forward": ("srt/lora/trtllm_lora_temp/inkling_dense.py", "apply_multi_lora"),
+}
+
+
+@pytest.mark.parametrize("code", sorted(c for c, e in CATALOG.items()
+                                        if e.reproduced and e.kind == "error" and e.by_upstream))
+def test_sglangs_messages_are_explained_alone_and_inside_its_traceback(code):
+    entry = CATALOG[code]
+    text = _raised(entry)[0]
+    line = f"{entry.exc_type.__name__}: {text}"
+    if not entry.frame:
+        assert explain(text) is entry and explain(line) is entry
+    path, fn = SGLANG_FRAMES[entry.group]
+    pasted = _traceback(("/srv/py/sglang/srt/lora/lora_manager.py", "load_lora_adapter"),
+                        (f"/srv/py/sglang/{path}", fn), error=line)
+    assert explain(pasted + "\n[2026-11-30 10:00:01] Scheduler hit an exception") is entry
+
+
 # -- the rule for Python's own words ---------------------------------------------------------------
 
 UNPACK = "ValueError: not enough values to unpack (expected 4, got 3)"
@@ -192,7 +217,7 @@ def test_a_cyclic_or_very_deep_chain_is_read_without_recursion():
     with pytest.raises(il.errors.NoCatalogEntry):  # the root is past the cap: not read
         explain(top)
     shallow = RuntimeError("wrapper")
-    shallow.__cause__ = deep
+    shallow.__cause__ = ValueError("Inkling shared-sink LoRA rank dimensions do not match")
     assert explain(shallow).code == "ISL-E005"  # a cause within the cap is read
 
 
@@ -246,3 +271,34 @@ def test_explain_on_stdin_with_a_huge_line_returns(tmp_path):
     out = subprocess.run([sys.executable, "-m", "inkling_lab.cli", "explain", "-"], stdin=big.open(),
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0 and "ISL-E004" in out.stdout
+
+
+# -- any input -------------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES = st.sampled_from([e.message for e in ENTRIES] + ["\n", "Traceback (most recent call last):\n",
+                                                          '  File "x/inkling_common/lora.py", line 3, in set_lora_info\n',
+                                                          "ValueError: ", "{", "}", "\x1b[2J", "\x00"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.one_of(_PIECES, st.text(max_size=40)), max_size=12))
+def test_explain_on_any_text_returns_an_entry_or_says_none_matches(parts):
+    text = "".join(parts)
+    try:
+        entry = explain(text)
+    except il.errors.NoCatalogEntry:
+        assert find_entry(text) is None
+    else:
+        assert entry.code in CATALOG
+
+
+def test_the_cli_error_printer_survives_hostile_chains(capsys):
+    from inkling_lab.cli import _fail
+
+    a, b = ValueError("a"), ValueError(CATALOG["ISL-E004"].message)
+    a.__context__, b.__cause__ = b, a
+    assert _fail("convert", a) == 1
+    assert "inkling-lab explain ISL-E004" in capsys.readouterr().err

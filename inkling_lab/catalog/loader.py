@@ -153,6 +153,25 @@ ENTRIES: list[CatalogEntry] = [
                "adapter 'sink-per-expert'). All MoE adapters must either all use shared outer experts "
                "(expert_dim=1) or all use per-expert weights."),
     CatalogEntry(
+        code="ISL-E029", title="a LoRA MoE runner without gate_up_proj and down_proj targets", exc_type=ValueError,
+        message="--moe-runner-backend {backend} requires the LoRA target modules to include gate_up_proj and "
+                "down_proj; this adapter leaves the MoE experts without a runner",
+        meaning="With a lora_* MoE runner backend the routed experts compute only through their LoRA wrapper, "
+                "which sglang builds only when the target modules hold both gate_up_proj and down_proj; an "
+                "adapter (or server) with one of them leaves the experts without a runner. The same rule "
+                "decides whether the shared sink is wrapped (ISL-N201).",
+        when="An adapter that trains only gate/up (or only down) of the experts, served with "
+             "--moe-runner-backend lora_*.",
+        setup=ADAPTER + "gate_up_only = {k: v for k, v in ad.weights.items() if 'down_proj' not in k}\n",
+        trigger="Adapter.from_state(ad.config, gate_up_only).factors(2)  # the kit: zeros for down (ISL-N201)\n",
+        fix="Adapter.from_state(ad.config, ad.weights).factors(2)\n",
+        remedy="Start the server with --lora-target-modules naming both gate_up_proj and down_proj, or use a "
+               "MoE runner backend that is not lora_*.",
+        upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules (after wrapping the modules).",
+        generation=LOADER, adapter_caused=True, reproduced=False, related=("ISL-N201",),
+        sample="ValueError: --moe-runner-backend lora_triton requires the LoRA target modules to include "
+               "gate_up_proj and down_proj; this adapter leaves the MoE experts without a runner"),
+    CatalogEntry(
         code="ISL-K104", title="loading into a slot the pool does not have", exc_type=IndexError,
         message="LoRAPool slot {slot} is outside the pool: use a slot in 0..{last}",
         meaning="A pool has max_loras_per_batch slots, numbered from 0.",

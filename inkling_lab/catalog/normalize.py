@@ -97,9 +97,9 @@ ENTRIES: list[CatalogEntry] = [
         fix="whole = Adapter.from_state(ad.config, ad.weights)\nwhole.factors(2)\nwhole.findings\n",
         remedy="Serve it with --lora-target-modules naming both gate_up_proj and down_proj (so that sglang "
                "wraps the sink), or retrain with both in target_modules; inkling-lab doctor says which.",
-        upstream="sglang/srt/lora/lora_manager.py: the shared sink gets its LoRA wrapper only when the "
-                 "server's target modules (after renaming gate_proj/up_proj/w1/w3 to gate_up_proj and w2 to "
-                 "down_proj) contain both gate_up_proj and down_proj (SPEC §10).",
+        upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules calls the shared sink's "
+                 "initialize_lora only when the server's target modules (after renaming gate_proj/up_proj/w1/w3 "
+                 "to gate_up_proj and w2 to down_proj) contain both gate_up_proj and down_proj.",
         generation=KIT_NOTE, adapter_caused=True, related=("ISL-N203",)),
     CatalogEntry(
         code="ISL-N202", title="tensors for other modules are left out of the sink's pool", exc_type=None,
