@@ -102,17 +102,19 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
     an exception; ``cut`` when only the last ``READ_LIMIT`` characters were read.
 
     The rule: the last line of the text that holds a catalogued message decides (in a
-    traceback, the error raised last); on that line errors and warnings come before
-    findings and notes, then an entry whose exception type the line names just before the
-    message, then the entry whose message has the most fixed text. An entry with ``frame`` counts only inside a traceback that passes through
-    that function of a shared-sink file, its innermost frame there. One pass over the
-    lines, ``str.find`` per entry and literal: linear in the text.
+    traceback, the error raised last). On that line: errors and warnings before findings
+    and notes; then an entry whose ``frame`` rule holds (it counts only on the error line
+    of a traceback whose innermost frame is in a shared-sink file and which passes
+    through that function there: the more specific reading of Python's or torch's
+    words); then an entry whose exception type the line names just before the message;
+    then the message with the most fixed text. One pass over the lines, ``str.find`` per
+    entry and literal: linear in the text.
     """
     if isinstance(message_or_exception, str) and message_or_exception.strip() in CATALOG:
         return CATALOG[message_or_exception.strip()], False
     text, cut = _text_of(message_or_exception)
     frames: list[tuple[str, str]] = []
-    best: tuple[tuple[int, int], CatalogEntry] | None = None
+    best: tuple[tuple[bool, bool, int, int], CatalogEntry] | None = None
     for line in text.splitlines():
         if line.startswith("Traceback (most recent call last)"):
             frames = []
@@ -126,12 +128,16 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
             where = entry.find_in(line)
             if where is None or (entry.frame and not _in_sink_frame(frames, entry.frame)):
                 continue
-            # errors and warnings before findings and notes (those are reports, not raised)
-            score = (entry.kind in ("error", "warning"), _type_score(entry, line, where[0]), entry.literal_size)
+            # errors and warnings before findings and notes (those are reports, not raised);
+            # an entry whose frame rule holds is the more specific reading of the same words
+            score = (entry.kind in ("error", "warning"), bool(entry.frame), _type_score(entry, line, where[0]),
+                     entry.literal_size)
             if on_line is None or score > on_line[0]:
                 on_line = (score, entry)
         if on_line is not None:
             best = on_line
+        if not line[:1].isspace():
+            frames = []  # the error line closes its traceback: later lines have no frames
     return (best[1] if best else None), cut
 
 

@@ -123,6 +123,7 @@ def test_sglangs_messages_are_explained_alone_and_inside_its_traceback(code):
     if not entry.frame:
         assert explain(text) is entry and explain(line) is entry
     path, fn = SGLANG_FRAMES[entry.group]
+    fn = entry.frame[0] if entry.frame else fn
     pasted = _traceback(("/srv/py/sglang/srt/lora/lora_manager.py", "load_lora_adapter"),
                         (f"/srv/py/sglang/{path}", fn), error=line)
     assert explain(pasted + "\n[2026-11-30 10:00:01] Scheduler hit an exception") is entry

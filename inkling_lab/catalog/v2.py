@@ -136,3 +136,18 @@ ENTRIES: list[CatalogEntry] = [
         upstream=f"{_V2}.set_lora_info (`down_lora_b_weights.shape[2]`, then the combined condition).",
         generation=V2, related=("ISL-E001", "ISL-E021")),
 ]
+
+ENTRIES.append(CatalogEntry(
+    code="ISL-E030", title="V2: a refreshed slot past the end", exc_type=IndexError,
+    message="index {index} is out of bounds for dimension {dim} with size {size}", frame=("on_lora_slots_updated",),
+    meaning="The second generation's refresh does not range-check the slot ids (the first generation "
+            "raises ISL-E008): an id past the pool's end ends in torch's own IndexError from the copy into "
+            "down_cat, and a negative id silently refreshes a slot counted from the end. Only in the refresh "
+            "frame do these words mean this; elsewhere see ISL-E013.",
+    when="An off-by-one between the engine's slot table and the pool, on the V2 wrapper.",
+    setup=_READY + "sink.set_lora_info(ga, gb, da, db)\n",
+    trigger="sink.on_lora_slots_updated({7})  # the pool has slots 0..2\n",
+    fix="sink.on_lora_slots_updated({2})\n",
+    remedy="Refresh only pool slot indices 0..S-1 (the buffer ids the pool gave out), or None for every slot.",
+    upstream=f"{_V2}.on_lora_slots_updated (`target[slot].copy_(source[slot])`, no range check).",
+    generation=V2, related=("ISL-E008", "ISL-E013")))
