@@ -57,9 +57,14 @@ def _exception_text(exc: BaseException) -> str:
     lines = []
     for link in exception_chain(exc):
         lines.append("Traceback (most recent call last):")
+        # the innermost frames decide (the frame rule), so those are the ones kept
         lines += [f'  File "{f.filename}", line {f.lineno}, in {f.name}'
-                  for f in traceback.extract_tb(link.__traceback__, limit=CHAIN_LIMIT)]
-        lines.append(f"{type(link).__name__}: {link}")
+                  for f in traceback.extract_tb(link.__traceback__, limit=-CHAIN_LIMIT)]
+        try:
+            said = str(link)
+        except Exception:  # noqa: BLE001 - an exception whose __str__ fails still has a type
+            said = "<unprintable>"
+        lines.append(f"{type(link).__name__}: {said}")
     return "\n".join(lines)
 
 
@@ -160,8 +165,7 @@ def explain(message_or_exception: Any) -> CatalogEntry:
     close = difflib.get_close_matches(tail, list(candidates), n=2, cutoff=0.4)
     hint = ("; closest: " + ", ".join(f"{candidates[c]} ({CATALOG[candidates[c]].title})" for c in close)
             if close else "")
-    note = f" (only the last {READ_LIMIT // 1024} KiB of {len(str(message_or_exception))} characters were read)" \
-        if cut else ""
+    note = f" (only the last {READ_LIMIT // 1024} KiB of a longer text were read)" if cut else ""
     raise NoCatalogEntry(f"no catalog entry matches {tail[-120:]!r}{note}{hint}. Codes: {', '.join(CATALOG)}")
 
 

@@ -207,8 +207,9 @@ class Diagnosis:
         Raises ``ValueError`` naming each buffer that needs re-exporting (no plain fix)."""
         stuck = [PRETTY[k] for k, m in self.moves.items() if m is None]
         if stuck or not self.moves:
+            want = ", ".join(f"{PRETTY[k]} {_fmt(t)}" for k, t in self.targets.items()) or "this pool"
             raise ValueError(f"no shape fix for {', '.join(stuck) or 'these buffers'}: re-export "
-                             + ("it" if len(stuck) == 1 else "them") + f" for {self.targets or 'this pool'}")
+                             + ("it" if len(stuck) == 1 else "them") + f" for {want}")
         out = []
         for name, buf in zip(BUFFER_NAMES, (gate_up_a, gate_up_b, down_a, down_b)):
             t = buf if isinstance(buf, torch.Tensor) else torch.empty(shape_of(buf), device="meta")
@@ -412,7 +413,8 @@ def _move(name: str, shape: tuple[int, ...], target: tuple[int, ...], reading: A
 def _describe(steps: list[Step] | None, target: tuple[int, ...]) -> str:
     if steps is None:
         return ""
-    return "; then ".join(s[0] for s in steps) + f" -> {_fmt(target)}"
+    how = "; then ".join(s[0] + ("" if s[2] else " (a guess: check it)") for s in steps)
+    return how + f" -> {_fmt(target)}"
 
 
 _CHUNK = 1 << 20
