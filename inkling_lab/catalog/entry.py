@@ -120,7 +120,7 @@ class CatalogEntry:
     remedy: str
     upstream: str
     generation: str
-    kind: str = "error"
+    kind: str = ""
     frame: tuple[str, ...] = ()
     adapter_caused: bool = False
     reproduced: bool = True
@@ -131,6 +131,9 @@ class CatalogEntry:
     pattern: str = ""
 
     def __post_init__(self) -> None:
+        if not self.kind:  # from the type: a raised warning, an error; a finding or note must say so
+            kind = "warning" if isinstance(self.exc_type, type) and issubclass(self.exc_type, Warning) else "error"
+            object.__setattr__(self, "kind", kind if self.exc_type is not None else "")
         if self.kind not in KINDS:
             raise ValueError(f"{self.code}: kind must be one of {KINDS}, got {self.kind!r}")
         literals, fields = template_parts(self.message)
