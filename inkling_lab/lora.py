@@ -1,5 +1,6 @@
-"""The shared sink with LoRA: ``set_lora_info``, derived operands, slot refresh and
-tensor-parallel slicing (SPEC §3, §4, §7)."""
+"""The shared sink with LoRA: ``initialize_lora``, ``set_lora_info``, derived operands and
+slot refresh, as either upstream wrapper generation does them (SPEC §3, §4); its
+tensor-parallel slicing is ``shard.py``'s (§7)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -250,12 +251,12 @@ class SharedSinkLoRA(SharedSink):
         """
         if self.lora_buffers is None:
             return
-        _, gate_up_b, down_a, down_b = self.lora_buffers
         if self.generation == "v2":
             self._refresh_v2(slot_ids)
             return
         if self.w1_delta is None or self.a_cat is None:
             return
+        _, gate_up_b, down_a, _ = self.lora_buffers
         S = gate_up_b.shape[0]
         if slot_ids is None:
             slot_ids = range(S)
@@ -275,12 +276,16 @@ class SharedSinkLoRA(SharedSink):
 
     # -- tensor parallelism (SPEC §7) --------------------------------------------------
     def slice_lora_a(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
-        """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n."""
-        return shard.slice_lora_a(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
+        """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n
+        and (full, unsharded) F."""
+        return shard.slice_lora_a(weights, tp_rank, target_module, tp_size, self.n_shared_experts,
+                                  self.intermediate_size)
 
     def slice_lora_b(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
-        """This rank's share of a LoRA B factor: ``shard.slice_lora_b`` with this sink's n."""
-        return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
+        """This rank's share of a LoRA B factor: ``shard.slice_lora_b`` with this sink's n
+        and (full, unsharded) F."""
+        return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, self.n_shared_experts,
+                                  self.intermediate_size)
 
     # -- forward -----------------------------------------------------------------------
     def operands(self) -> SinkOperands:

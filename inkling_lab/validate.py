@@ -97,7 +97,7 @@ def upstream_check(shapes: dict[str, tuple[int, ...]], n: int, generation: str =
     if generation == "v2":
         _, outer, two_rank, _ = ga
         _, _, _, rank = gb
-        db[2]  # noqa: B018 -- upstream reads H here, before its condition
+        db[2]  # upstream reads H here, before its condition: too few axes is its IndexError
         if (outer not in (1, n) or db[1] != outer or gb[1] != n or da[1] != n
                 or two_rank != 2 * rank or da[2] != rank or db[-1] != rank):
             return "ISL-E006", MSG_V2_DISAGREE.format(n=n)
