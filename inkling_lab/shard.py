@@ -109,7 +109,6 @@ def split_down_a(weights: torch.Tensor, n_shared_experts: int) -> torch.Tensor:
     rank, width = weights.shape
     if width % n_shared_experts:
         raise ValueError(MSG_DOWN_A_WIDTH.format(n=n_shared_experts, width=width))
-    # view, not reshape, as upstream: a non-contiguous factor gets torch's view error
     return weights.view(rank, n_shared_experts, width // n_shared_experts).transpose(0, 1).contiguous()
 
 

@@ -3,6 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inkling_lab.batch import SlotBatch
 from inkling_lab.lora import LoRABackend, SharedSinkLoRA, derive_operands
 from inkling_lab.pool import LoRAFactors, LoRAPool
 
@@ -190,6 +191,14 @@ def test_zero_sizes_pass_set_lora_info_as_upstream(S, R, H, F, generation):
         assert sink.down_cat.shape == (S, R, 2 * F) and sink.a_cat is sink.down_cat
 
 
+def test_v2_per_expert_views_refuse_empty_pools_as_upstreams_do():
+    sink = _v2_sink()
+    empty = (torch.zeros(0, 2, 8, 8), torch.zeros(0, 2, 12, 4), torch.zeros(0, 2, 4, 6), torch.zeros(0, 2, 8, 4))
+    with pytest.raises(RuntimeError, match=r"^cannot reshape tensor of 0 elements into shape \[0, 16, -1\]"):
+        sink.set_lora_info(*empty)  # gate-up A viewed [S, n*2R, -1]: -1 is ambiguous when S = 0
+    assert sink.lora_buffers is None and sink.down_cat is None
+
+
 def test_a_failure_in_the_refresh_leaves_every_operand_as_it_was():
     """Issue 14: down A on the meta device after a good call (upstream copies w1_delta first)."""
     for sink in (_sink(), _v2_sink()):
@@ -234,6 +243,19 @@ def test_v2_down_cat_is_a_cat_shared_and_down_b_per_expert():
     assert per_expert.down_cat.shape == (3, 8, 8) and per_expert.w1_delta is None and per_expert.a_cat is None
     # down_cat[s, h, e*R + r] = down_B[s, e, h, r]
     assert torch.equal(per_expert.down_cat.view(3, 8, 2, 4), p.down_b.permute(0, 2, 1, 3).to(torch.float64))
+
+
+@pytest.mark.parametrize("outer", [1, 2])
+def test_v2_forwards_as_the_first_generation_on_the_same_weights(outer):
+    v2, plain = _v2_sink(), SharedSinkLoRA(2, 8, 6, interleaved=False, dtype=torch.bfloat16)
+    pool = LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, outer=outer, dtype=torch.bfloat16)
+    for s in range(2):
+        pool.load(s, LoRAFactors.random(2, 8, 6, rank=4, outer=outer, seed=s, dtype=torch.bfloat16))
+    v2.set_lora_info(*pool.buffers())
+    plain.set_lora_info(*pool.buffers())
+    x, gammas = torch.randn(5, 8).to(torch.bfloat16), torch.rand(5, 2).to(torch.bfloat16)
+    batch = SlotBatch.from_token_slots([0, 0, 1, 2, -1], num_slots=3)
+    assert torch.equal(v2(x, gammas, batch, backend="torch"), plain(x, gammas, batch, backend="torch"))
 
 
 def test_v2_pool_shape_error_names_one_pair_and_a_per_expert_call_does_not_reset():

@@ -55,8 +55,6 @@ def test_flat_inner_factors_are_split_into_experts_first():
     assert torch.equal(got, down_a.view(2, 2, 6).transpose(0, 1))
     gate_up_b = _numbered(24, 2)                                         # [n*2F, r]
     assert slice_lora_b(gate_up_b, 0, "gate_up_proj_moe", 1, 2).data_ptr() == gate_up_b.data_ptr()  # a view, as upstream's
-    with pytest.raises(RuntimeError, match="view size is not compatible"):  # upstream views, it does not reshape
-        slice_lora_a(_numbered(12, 2).T, 0, "down_proj_moe", 1, 2)
 
 
 def test_upstreams_divisibility_errors_and_the_kits_refusals():

@@ -264,7 +264,7 @@ slot_ids = st.one_of(st.none(), st.sets(st.integers(-2, 5), max_size=4))
 
 
 @pytest.mark.parametrize("generation", ["v1", "v2"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), n=st.integers(1, 2))
 def test_the_kit_ends_every_step_as_upstream(generation, data, n):
     sink = _module(generation, n)
@@ -361,7 +361,7 @@ def _same(got, want) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(data=st.data(), n=st.integers(0, 3), tp=st.integers(1, 4), per=st.integers(0, 3), r=sizes,
        rank=st.integers(-1, 4), factor=st.sampled_from(["a", "b"]),
        module=st.sampled_from(["gate_up_proj_moe", "down_proj_moe"]),
