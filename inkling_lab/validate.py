@@ -702,7 +702,8 @@ def diagnose_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *, n
 
     Never raises on any buffers: what cannot be read is a finding. The sizes are the
     caller's settings: ``TypeError`` when ``n_shared_experts`` (or a given
-    ``hidden_size``/``intermediate_size``/``max_loras``) is not an ``int``, ``ValueError``
+    ``hidden_size``/``intermediate_size``/``max_loras``) is not an ``int`` or
+    ``lora_ranks`` not a sequence of ints, ``ValueError``
     when ``n_shared_experts`` is below 1 or a size below 0. Value checks (NaN, padding)
     read each buffer's stored values in chunks, never a temporary of a view's size.
     """
@@ -711,6 +712,9 @@ def diagnose_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *, n
                         ("max_loras", max_loras)):
         if value is not None:
             _check_size(name, value, minimum=0)
+    if lora_ranks is not None and (isinstance(lora_ranks, (str, bytes)) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in lora_ranks)):
+        raise TypeError(f"diagnose_pool: lora_ranks must be a sequence of ints (each slot's rank), got {lora_ranks!r}")
     buffers = (gate_up_a, gate_up_b, down_a, down_b)
     try:
         shapes = _shapes(buffers)

@@ -41,8 +41,10 @@ ENTRIES: list[CatalogEntry] = [
             "repaired.factors(2)\nprint(repaired.findings[-1].code, 'stacked with a zero gate')\n",
         remedy="Convert it with inkling-lab convert (it stacks a zero gate, exactly), or export gate_proj "
                "too (zeros if only up was trained).",
-        upstream=f"{_STACK} stacks only when it finds the gate_proj name and fills a missing up with zeros; "
-                 "a lone up_proj keeps its name, matches no pool buffer and is never applied.",
+        upstream=f"{_STACK} stacks only from a gate_proj name (a missing up becomes zeros) and keeps an "
+                 "orphan up_proj as it is; the server's target modules name it gate_up_proj "
+                 "(sglang/srt/lora/utils.py: get_normalized_target_modules), so the pool load skips the "
+                 "orphan with ISL-W002's warning and it is never applied.",
         generation=KIT, adapter_caused=True, related=("ISL-K212", "ISL-N203")),
     CatalogEntry(
         code="ISL-K212", title="one outer factor per expert, the other shared", exc_type=ValueError,
@@ -70,7 +72,7 @@ ENTRIES: list[CatalogEntry] = [
                 "have one shape (gate and up alike, every expert alike); re-export the adapter",
         meaning="Normalization stacks gate and up (their A along the rank axis, their B along the feature "
                 "axis) and stacks per-expert factors along the expert axis: they must have one shape. "
-                "Upstream would fail with torch's raw cat or stack error; the kit names the two tensors.",
+                "The kit names the two tensors that differ.",
         when="Gate and up exported with different ranks or for different F, or one expert's factor cut short.",
         setup="from inkling_lab.adapters import Adapter, synthetic_adapter\n"
               "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
@@ -79,8 +81,10 @@ ENTRIES: list[CatalogEntry] = [
         fix="Adapter.from_state(ad.config, ad.weights)  # gate B and up B both [12, 4]\n",
         remedy="Re-export the adapter so that gate and up (and every expert) have one rank and one F; the "
                "message names the two tensors that differ.",
-        upstream=f"{_STACK} concatenates gate and up with torch.cat, which fails with torch's own "
-                 "'Sizes of tensors must match' RuntimeError for factors of different shapes.",
+        upstream=f"{_STACK} joins gate and up with torch.cat along the rank axis (A) or the feature axis "
+                 "(B): factors whose other axis differs fail there with torch's 'Sizes of tensors must match' "
+                 "RuntimeError; factors that differ only along the joined axis are joined into a factor of "
+                 "the wrong size, which the pool load refuses with ISL-E016's assertion.",
         generation=KIT, adapter_caused=True, related=("ISL-K205", "ISL-E012")),
     CatalogEntry(
         code="ISL-N201", title="the adapter trains only part of the sink", exc_type=None, kind="note",
