@@ -200,8 +200,13 @@ class CatalogEntry:
             parts.append(f"  First run the doctor on the adapter: {DOCTOR_COMMAND}")
             parts.append("  (N, H, F from the model's config.json: n_shared_experts, hidden_size and one shared "
                          "expert's intermediate size.)")
-        parts += [wrap(self.remedy), "",
-                  "Minimal trigger (in the kit):", textwrap.indent((self.setup + self.trigger).rstrip(), "    "), "",
+        parts.append(wrap(self.remedy))
+        trigger = "Minimal trigger (in the kit):"
+        if not self.reproduced:
+            parts += ["", "As the field sees it:", wrap(self.sample)]
+            trigger = (f"The same situation in the kit (which raises {self.kit_code} instead):" if self.kit_code
+                       else "The same situation in the kit (which raises nothing here):")
+        parts += ["", trigger, textwrap.indent((self.setup + self.trigger).rstrip(), "    "), "",
                   "Fix (in the kit):", textwrap.indent((self.setup + self.fix).rstrip(), "    ")]
         if self.related:
             parts += ["", "Related: " + ", ".join(self.related)]

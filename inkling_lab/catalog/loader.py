@@ -60,7 +60,7 @@ ENTRIES: list[CatalogEntry] = [
         setup=FOLDER + "import json\nconfig = folder / 'adapter_config.json'\n"
                        "settings = json.loads(config.read_text())\n",
         trigger="config.write_text(json.dumps({**settings, 'use_dora': True}))\n"
-                "load_adapter(folder)  # the kit: see kit_code\n",
+                "load_adapter(folder)\n",
         fix="config.write_text(json.dumps({**settings, 'use_dora': False}))  # a plain LoRA adapter\n"
             "load_adapter(folder)\n",
         remedy="Merge the DoRA adapter into the base weights (PEFT merge_and_unload) and serve the merged "
