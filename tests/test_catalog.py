@@ -303,3 +303,11 @@ def test_the_cli_error_printer_survives_hostile_chains(capsys):
     a.__context__, b.__cause__ = b, a
     assert _fail("convert", a) == 1
     assert "inkling-lab explain ISL-E004" in capsys.readouterr().err
+
+
+def test_groups_map_the_catalog_in_reading_order():
+    from inkling_lab.catalog import GROUPS
+
+    assert list(GROUPS)[:4] == ["set_lora_info", "refresh", "eligibility", "v2"]
+    assert set(GROUPS) == {e.group for e in ENTRIES} and all(GROUPS.values())
+    assert not any("SPEC" in text for text in GROUPS.values())  # the kit's own words, no steering docs

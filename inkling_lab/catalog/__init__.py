@@ -36,6 +36,27 @@ def _load() -> list[CatalogEntry]:
 ENTRIES: list[CatalogEntry] = _load()
 CATALOG: dict[str, CatalogEntry] = {e.code: e for e in ENTRIES}
 
+_READING_ORDER = ("set_lora_info", "refresh", "eligibility", "v2", "tp", "loader", "forward", "warnings",
+                  "diagnose", "adapter_files", "normalize")
+
+
+def _groups() -> dict[str, str]:
+    names = list(dict.fromkeys(e.group for e in ENTRIES))
+    names.sort(key=lambda g: (_READING_ORDER.index(g) if g in _READING_ORDER else len(_READING_ORDER), g))
+    docs = {}
+    for g in names:
+        try:
+            doc = importlib.import_module(f"{__name__}.{g}").__doc__ or g
+        except ImportError:  # a group named by its entries, not by a module
+            doc = g
+        docs[g] = " ".join(doc.split("\n\n")[0].split())
+    return docs
+
+
+GROUPS: dict[str, str] = _groups()
+"""Every group, in reading order (where the errors come from, first to last on sglang's
+path), with its one-paragraph description: the map of notebook 03."""
+
 
 def message(code: str, **fields: Any) -> str:
     """The message of catalog entry ``code`` with its ``{field}`` placeholders filled."""
@@ -47,5 +68,5 @@ def error(code: str, **fields: Any) -> BaseException:
     return CATALOG[code].error(**fields)
 
 
-__all__ = ["CATALOG", "DOCTOR_COMMAND", "ENTRIES", "SNIPPET_PRELUDE", "CatalogEntry", "UpstreamDefectWarning",
+__all__ = ["CATALOG", "DOCTOR_COMMAND", "ENTRIES", "GROUPS", "SNIPPET_PRELUDE", "CatalogEntry", "UpstreamDefectWarning",
            "error", "find_in_line", "message", "pattern_of", "template_parts"]

@@ -1,4 +1,4 @@
-"""Normalization of an adapter's shared-sink factors (SPEC §6): stacking gate and up,
+"""Normalization of an adapter's shared-sink factors: stacking gate and up,
 splitting flat factors per expert, per-expert names; refusals and notes."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Errors of ``set_lora_info``, first wrapper generation: its five checks (SPEC §3) and the
+"""Errors of ``set_lora_info``, first wrapper generation: its five checks and the
 raw torch errors of the derived-operand step that follows them."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Errors of tensor-parallel slicing (SPEC §7) and of the tensor-parallel runner."""
+"""Errors of tensor-parallel slicing and of the tensor-parallel runner."""
 from __future__ import annotations
 
 from ._snippets import SINK

@@ -31,7 +31,7 @@ ENTRIES: list[CatalogEntry] = [
                "inkling-lab convert does it); otherwise do not serve the adapter from a per-expert pool on "
                "sglang 0.5.23 (merge it into the base weights, or export shared outer factors).",
         upstream=f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA._forward_bf16_linearized, per-expert outer "
-                 "branch (SPEC §8; inkling_lab.upstream_defect reproduces it).",
+                 "branch (inkling_lab.upstream_defect reproduces it).",
         generation="sglang 0.5.23, first wrapper generation (silent: no error, a wrong delta)",
         adapter_caused=True, related=("ISL-E015", "ISL-E003")),
 ]
