@@ -33,8 +33,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise ValueError(f"could not read {text!r} as a shape: write sizes separated by commas, e.g. 3, 1, 8, 16")
 
 
-GENERATIONS = {"v1": "first generation (InklingBatchDenseMLPWithLoRA)",
-               "v2": "second generation (InklingBatchDenseMLPWithLoRAV2, the dense engine)"}
+_GENERATION_LABELS = {"v1": "first generation (InklingBatchDenseMLPWithLoRA)",
+                      "v2": "second generation (InklingBatchDenseMLPWithLoRAV2, the dense engine)"}
 
 
 def error_lab_report(n: int, gate_up_a: str, gate_up_b: str, down_a: str, down_b: str,
@@ -56,7 +56,7 @@ def error_lab_report(n: int, gate_up_a: str, gate_up_b: str, down_a: str, down_b
     except (ValueError, IndexError) as exc:  # V2 has Python's own errors where it has no check
         entry = find_entry(exc)
         said = f"raises {type(exc).__name__}: {exc}" + (f"  [{entry.code}]" if entry else "")
-    lines = [f"sglang 0.5.23 set_lora_info, {GENERATIONS[generation]}: {said}", str(diagnosis)]
+    lines = [f"sglang 0.5.23 set_lora_info, {_GENERATION_LABELS[generation]}: {said}", str(diagnosis)]
     if not diagnosis.ok and diagnosis.fixable:
         fixed = [list(t.shape) for t in diagnosis.apply_fix(*shapes)]
         validate_pool(*fixed, n_shared_experts=n, generation=generation)
