@@ -311,3 +311,16 @@ def test_groups_map_the_catalog_in_reading_order():
     assert list(GROUPS)[:4] == ["set_lora_info", "refresh", "eligibility", "v2"]
     assert set(GROUPS) == {e.group for e in ENTRIES} and all(GROUPS.values())
     assert not any("SPEC" in text for text in GROUPS.values())  # the kit's own words, no steering docs
+
+
+def test_sglangs_words_are_typed_once_in_the_catalog():
+    """No raiser retypes an upstream message: it formats the catalog's template."""
+    sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py") if "catalog" not in p.parts}
+    for e in ENTRIES:
+        if not e.by_upstream:
+            continue
+        literal = max(template_parts(e.message)[0], key=len)
+        if len(literal) < 24:  # short generic words (torch's, Python's) say nothing about who typed them
+            continue
+        copies = [str(p.relative_to(ROOT)) for p, text in sources.items() if literal in text]
+        assert not copies, f"{e.code}'s words {literal!r} are typed again in {copies}"

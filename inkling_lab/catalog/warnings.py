@@ -32,6 +32,7 @@ ENTRIES: list[CatalogEntry] = [
                "sglang 0.5.23 (merge it into the base weights, or export shared outer factors).",
         upstream=f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA._forward_bf16_linearized, per-expert outer "
                  "branch (inkling_lab.upstream_defect reproduces it).",
-        generation="sglang 0.5.23, first wrapper generation (silent: no error, a wrong delta)",
+        generation="inkling_lab (a warning: sglang 0.5.23's first wrapper generation raises nothing here and "
+                   "computes a wrong gate/up delta)",
         adapter_caused=True, related=("ISL-E015", "ISL-E003")),
 ]
