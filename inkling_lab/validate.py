@@ -585,8 +585,10 @@ class _Diagnoser:
                     "this adapter was trained for another model: its H must equal the sink's")
         two_f = s["gate_up_b"][2] if four_d["gate_up_b"] else None
         if two_f is not None and two_f % 2:
-            self.add("ISL-D103", "gate_up_b", message("ISL-D103", two_f=two_f), f"2F must be twice down A's F: {_fmt(s['gate_up_b'][:2] + (2 * (two_f // 2), s['gate_up_b'][3]))}"
-                     " or larger; re-export gate and up B with F rows each",
+            F = self.targets["gate_up_b"][2] // 2
+            self.add("ISL-D103", "gate_up_b", message("ISL-D103", two_f=two_f),
+                     f"re-export gate and up B with F = {F} rows each (F as down A has it) -> "
+                     f"{_fmt(self.targets['gate_up_b'])}",
                      "shared outer: a raw RuntimeError (shape '[...]' is invalid for input of size ...) "
                      "inside set_lora_info; per-expert outer: wrong output")
         fs: dict[str, float] = {}

@@ -10,8 +10,7 @@ import pytest
 
 import inkling_lab as il
 from inkling_lab.catalog import CATALOG, ENTRIES, pattern_of, template_parts
-from inkling_lab.errors import (READ_LIMIT, _run_snippet, codes_of, exception_chain, explain, find_entry,
-                                lookup)
+from inkling_lab.errors import READ_LIMIT, _run_snippet, exception_chain, explain, find_entry, lookup
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "inkling_lab"
@@ -56,7 +55,8 @@ def test_templates_name_their_fields():
     with pytest.raises(ValueError, match="plain identifier"):
         template_parts("out of range: {sorted ids}")
     e = CATALOG["ISL-E002"]
-    assert il.catalog.message("ISL-E002", n=4) == "Inkling shared-sink LoRA outer factors must have expert dimension 1 or 4"
+    assert il.catalog.message("ISL-E002", n=4) == \
+        "Inkling shared-sink LoRA outer factors must have expert dimension 1 or 4"
     with pytest.raises(TypeError, match=r"missing \['n'\]"):
         e.format()
     assert isinstance(il.catalog.error("ISL-E008", slot_ids=[3]), IndexError)

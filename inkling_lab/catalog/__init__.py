@@ -15,8 +15,9 @@ import importlib
 import pkgutil
 from typing import Any
 
-from .entry import (BOTH, DOCTOR_COMMAND, INKLING_LORA, KIT, KIT_FINDING, KIT_NOTE, LOADER, OTHER_REVISION, V1, V2, SNIPPET_PRELUDE, CatalogEntry, UpstreamDefectWarning, find_in_line,
-                    pattern_of, template_parts)
+from .entry import (BOTH, DOCTOR_COMMAND, INKLING_LORA, KIT, KIT_FINDING, KIT_NOTE, LOADER, OTHER_REVISION,
+                    SNIPPET_PRELUDE, V1, V2, CatalogEntry, UpstreamDefectWarning, find_in_line, pattern_of,
+                    template_parts)
 
 
 def _load() -> list[CatalogEntry]:
@@ -68,5 +69,6 @@ def error(code: str, **fields: Any) -> BaseException:
     return CATALOG[code].error(**fields)
 
 
-__all__ = ["CATALOG", "DOCTOR_COMMAND", "ENTRIES", "GROUPS", "SNIPPET_PRELUDE", "CatalogEntry", "UpstreamDefectWarning",
-           "error", "find_in_line", "message", "pattern_of", "template_parts"]
+__all__ = ["BOTH", "CATALOG", "DOCTOR_COMMAND", "ENTRIES", "GROUPS", "INKLING_LORA", "KIT", "KIT_FINDING", "KIT_NOTE",
+           "LOADER", "OTHER_REVISION", "SNIPPET_PRELUDE", "V1", "V2", "CatalogEntry", "UpstreamDefectWarning", "error",
+           "find_in_line", "message", "pattern_of", "template_parts"]
