@@ -209,7 +209,10 @@ class Diagnosis:
                              + ("it" if len(stuck) == 1 else "them") + f" for {want}")
         out = []
         for name, buf in zip(BUFFER_NAMES, (gate_up_a, gate_up_b, down_a, down_b)):
-            t = buf if isinstance(buf, torch.Tensor) else torch.empty(shape_of(buf), device="meta")
+            if not isinstance(buf, torch.Tensor):
+                t = torch.empty(shape_of(buf), device="meta")
+            else:
+                t = buf if buf.layout == torch.strided else buf.to_dense()  # the pool is dense
             for _, step, _ in self.moves[name]:
                 t = step(t)
             out.append(t)
@@ -720,7 +723,7 @@ def diagnose_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *, n
     buffers = (gate_up_a, gate_up_b, down_a, down_b)
     try:
         shapes = _shapes(buffers)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any object may come in; what cannot be read is a finding
         bad = Finding("ISL-E001", "gate_up_a", f"could not read the buffers' shapes: {exc}",
                       "pass four tensors (or four shape tuples)", True)
         return Diagnosis({k: () for k in BUFFER_NAMES}, n_shared_experts, [bad], MSG_NOT_4D)

@@ -262,3 +262,20 @@ def test_diagnose_reads_sparse_meta_and_huge_expanded_buffers():
 def test_validate_pool_names_a_missing_buffer():
     with pytest.raises(TypeError, match="gate-up A"):
         validate_pool(None, *GOOD[1:], n_shared_experts=N)
+
+
+_ANYTHING = st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=8),
+                      st.lists(st.one_of(st.integers(-3, 9), st.floats(), st.text(max_size=2)), max_size=6),
+                      st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+                      shape_st.map(lambda s: torch.zeros(s) if len(s) <= 4 and 0 not in s[:1] else s))
+
+
+@settings(max_examples=300, deadline=None)
+@given(buffers=st.lists(_ANYTHING, min_size=4, max_size=4), n=st.integers(1, 4))
+def test_diagnose_never_raises_on_any_buffers(buffers, n):
+    d = diagnose_pool(*buffers, n_shared_experts=n)
+    str(d)
+    try:
+        validate_pool(*buffers, n_shared_experts=n)
+    except (TypeError, ValueError):  # documented: not a tensor or shape (TypeError), upstream's checks
+        pass
