@@ -10,6 +10,7 @@ allocating anything.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -57,10 +58,12 @@ class PoolLayout(Geometry):
 
 
 def shape_of(x: Any) -> tuple[int, ...]:
-    """The shape of a tensor, array or bare shape tuple."""
-    if hasattr(x, "shape"):
-        return tuple(int(d) for d in x.shape)
-    return tuple(int(d) for d in x)
+    """The shape of a tensor, array or bare shape tuple. ``TypeError`` for anything else
+    (a size that is no whole number, ``inf`` or ``"3"`` included)."""
+    sizes = x.shape if hasattr(x, "shape") else x
+    if isinstance(sizes, (str, bytes)):
+        raise TypeError(f"a shape is a sequence of whole numbers, got {sizes!r}")
+    return tuple(operator.index(d) for d in sizes)
 
 
 def _shapes(buffers: Sequence[Any]) -> dict[str, tuple[int, ...]]:
