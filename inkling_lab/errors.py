@@ -34,7 +34,8 @@ CHAIN_LIMIT = 64
 
 _FRAME_LINE = re.compile(r'\s*File "([^"\n]{0,4096})"(?:, line \d+)?, in (\S{1,200})\s*$')
 _TYPE_BEFORE = re.compile(r"([A-Za-z_][\w.]{0,200}(?:Error|Exception|Warning|Exit|Interrupt)): $")
-_SINK_FILES = ("inkling_common/lora.py", "inkling_lab/")
+_SINK_FILES = ("inkling_common/lora.py", "inkling_lab/lora.py", "inkling_lab/validate.py")
+"""sglang's shared-sink LoRA file, and the kit's two files that reproduce it."""
 
 
 class NoCatalogEntry(LookupError):
@@ -83,8 +84,8 @@ def _text_of(message_or_exception: Any) -> tuple[str, bool]:
 
 def _in_sink_frame(frames: list[tuple[str, str]], functions: tuple[str, ...]) -> bool:
     """The rule for Python's own words (an unpacking error): the innermost frame is in a
-    shared-sink LoRA file (sglang's ``inkling_common/lora.py`` or the kit's package) and
-    the traceback passes through one of ``functions`` in such a file."""
+    shared-sink LoRA file (``_SINK_FILES``) and the traceback passes through one of
+    ``functions`` in such a file."""
     def sink(path: str) -> bool:
         path = path.replace("\\", "/")
         return any(s in path for s in _SINK_FILES)
