@@ -50,7 +50,9 @@ def exception_chain(exc: BaseException, limit: int = CHAIN_LIMIT) -> list[BaseEx
     while exc is not None and id(exc) not in seen and len(chain) < limit:
         seen.add(id(exc))
         chain.append(exc)
-        exc = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        # as Python prints them: the cause, else the context unless ``raise ... from None``
+        exc = exc.__cause__ if exc.__cause__ is not None else (
+            None if exc.__suppress_context__ else exc.__context__)
     return chain[::-1]
 
 
