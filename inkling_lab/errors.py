@@ -289,6 +289,21 @@ def codes_of(result: Any) -> list[str]:
     return [f.code for f in found] if isinstance(found, (list, tuple)) else []
 
 
+def expect_finding(code: str, result: Any, show: bool = True) -> Any:
+    """The ``expect_error`` of findings and notes (``ISL-D…``, ``ISL-N…``): ``result``
+    (a ``Diagnosis``, an adapter, a list of findings) must report ``code``; fails with
+    ``AssertionError`` otherwise. Returns ``result``, so a notebook cell can show it."""
+    entry = CATALOG[code]
+    got = codes_of(result)
+    if code not in got:
+        raise AssertionError(f"expected finding {code} ({entry.title}), but it reports {got or 'nothing'}")
+    if show:
+        print(f"✓ reported as expected: {code}, {entry.title}")
+        print(textwrap.fill(entry.meaning, 88, initial_indent="  ", subsequent_indent="  "))
+        print(f"  → fix and more: il.explain({code!r})")
+    return result
+
+
 def demonstrate(code: str, show: bool = True) -> None:
     """Walk one entry through: run its trigger (it must raise exactly this error, or
     report this finding), show the traceback and the meaning, then run its fix (it must
@@ -313,11 +328,7 @@ def demonstrate(code: str, show: bool = True) -> None:
             print(f"The kit {'raises ' + entry.kit_code if entry.kit_code else 'raises nothing'} here; "
                   f"{entry.generation} says:\n  {entry.sample}")
     elif entry.kind in ("finding", "note"):
-        got = codes_of(_run_snippet(entry.trigger_source(), f"<{code} trigger>"))
-        if code not in got:
-            raise AssertionError(f"expected finding {code} ({entry.title}), but the trigger reports {got}")
-        if show:
-            print(f"✓ reported as expected: {code}, {entry.title}")
+        expect_finding(code, _run_snippet(entry.trigger_source(), f"<{code} trigger>"), show=show)
     else:
         with expect_error(code, show=show):
             _run_snippet(entry.trigger_source(), f"<{code} trigger>")

@@ -103,3 +103,13 @@ def test_notebook_03_walks_every_code():
                for code in CATALOG}
     missing = [code for code in CATALOG if not any(m in shown for m in markers[code])]
     assert not missing, f"notebook 03 does not demonstrate {missing}: re-run it"
+
+
+def test_expect_finding_fails_when_the_finding_is_not_reported():
+    from inkling_lab.errors import expect_finding
+
+    good = il.diagnose_pool((1, 1, 8, 8), (1, 2, 12, 4), (1, 2, 4, 6), (1, 1, 8, 4), n_shared_experts=2)
+    with pytest.raises(AssertionError, match="expected finding ISL-D103 .* reports nothing"):
+        expect_finding("ISL-D103", good, show=False)
+    odd = il.diagnose_pool((1, 1, 8, 8), (1, 2, 11, 4), (1, 2, 4, 6), (1, 1, 8, 4), n_shared_experts=2)
+    assert expect_finding("ISL-D103", odd, show=False) is odd
