@@ -457,6 +457,14 @@ def _any_nonzero(t: torch.Tensor) -> bool:
     return any(bool((c != 0).any()) for c in _chunks(_stored(t)))
 
 
+D103_UPSTREAM = ("shared outer: a raw RuntimeError (shape '[...]' is invalid for input of size ...) inside "
+                 "set_lora_info (ISL-E012); per-expert outer: set_lora_info accepts it, nothing checks it "
+                 "before the forward")
+D104_UPSTREAM = ("set_lora_info raises only when down A has fewer slots than gate-up B (shared outer: an "
+                 "IndexError, ISL-E013) and accepts every other difference; the kernels then index each buffer "
+                 "by slot id with no bound (sgemm_lora_a.py), reading past a shorter buffer")
+"""What sglang 0.5.23 does with an odd 2F and with different slot counts (its code read)."""
+
 _SHAPE_CODES = ("ISL-E001", "ISL-E002", "ISL-E003", "ISL-E004", "ISL-E005", "ISL-D101", "ISL-D102", "ISL-D104")
 
 
@@ -595,8 +603,7 @@ class _Diagnoser:
             self.add("ISL-D103", "gate_up_b", message("ISL-D103", two_f=two_f),
                      f"re-export gate and up B with F = {F} rows each (F as down A has it) -> "
                      f"{_fmt(self.targets['gate_up_b'])}",
-                     "shared outer: a raw RuntimeError (shape '[...]' is invalid for input of size ...) "
-                     "inside set_lora_info; per-expert outer: wrong output")
+                     D103_UPSTREAM)
         fs: dict[str, float] = {}
         if two_f is not None:
             fs["gate_up_b"] = two_f / 2
@@ -615,8 +622,7 @@ class _Diagnoser:
             self.add("ISL-D104", short[0], message("ISL-D104", detail=detail),
                      f"every buffer needs one entry per slot: give {', '.join(PRETTY[k] for k in short)} "
                      f"{most} slots (zero slots are 'no adapter')",
-                     "shared outer: IndexError while set_lora_info builds the derived operands; "
-                     "per-expert outer: an error or a wrong slot in the forward")
+                     D104_UPSTREAM)
         if self.max_loras is not None and counts:
             most = max(counts.values())
             if most > self.max_loras:

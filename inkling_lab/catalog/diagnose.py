@@ -44,16 +44,18 @@ ENTRIES: list[CatalogEntry] = [
              f"{_D}(ga, gb[:, :, :11], da, db, n_shared_experts=2)\n",
              f"{_D}(ga, gb, da, db, n_shared_experts=2)\n",
              "Re-export gate and up B with F rows each (F as in down A).",
-             "shared outer: a raw RuntimeError inside set_lora_info (ISL-E012); per-expert outer: wrong "
-             "output.", related=("ISL-E012",)),
+             "shared outer: a raw RuntimeError inside set_lora_info (ISL-E012); per-expert outer: "
+             "set_lora_info accepts it and nothing checks it before the forward.", related=("ISL-E012",)),
     _finding("ISL-D104", "slot counts differ between buffers", "slot counts differ: {detail}",
              "Every buffer holds one entry per pool slot: the four slot axes must be equal.",
              "One buffer sliced to the active slots, or buffers from two pools.",
              f"{_D}(ga, gb, da[:2], db, n_shared_experts=2)\n",
              f"{_D}(ga, gb, da, db, n_shared_experts=2)\n",
              "Give all four buffers the pool's slot count (a zero slot means no adapter).",
-             "shared outer: an IndexError while set_lora_info builds the derived operands (ISL-E013); "
-             "per-expert outer: an error or a wrong slot in the forward.", related=("ISL-E013",)),
+             "it raises only when down A has fewer slots than gate-up B (shared outer: an IndexError, "
+             "ISL-E013) and accepts every other difference (a gate-up A or gate-up B with fewer slots); "
+             "the kernels then index each buffer by slot id without a bound (sglang/kernels/ops/lora/dense/"
+             "trtllm_lora_temp/sgemm_lora_a.py).", related=("ISL-E013",)),
     _finding("ISL-D105", "mixed dtypes", "mixed dtypes: {detail}",
              "The four buffers are multiplied together in the forward: they need one dtype (the sink's).",
              "One buffer cast (or loaded) separately.",
