@@ -34,10 +34,8 @@ plain projection names are the kit's shorthand)."""
 # Upstream's words (sglang 0.5.23), then the kit's own refusals.
 MSG_DOWN_A_WIDTH = CATALOG["ISL-E010"].message  # {n} {width}
 MSG_GATE_UP_B_HEIGHT = CATALOG["ISL-E011"].message  # {n} {height}
-MSG_TP_RANK = ("tp_rank {tp_rank} is outside the tensor-parallel group of size {tp_size}: "
-               "use a rank in 0..{last}")  # ISL-K101
-MSG_TP_SPLIT = ("{what}: intermediate size {intermediate} is not divisible by tp_size={tp_size}; each rank "
-                "holds F/tp features of every expert, so use a tp in {divisors}")  # ISL-K102
+MSG_TP_RANK = CATALOG["ISL-K101"].message  # {tp_rank} {tp_size} {last}
+MSG_TP_SPLIT = CATALOG["ISL-K102"].message  # {what} {intermediate} {tp_size} {divisors}
 MSG_TP_SIZE = "tp_size must be at least 1, got {tp_size}"
 MSG_TARGET = "target_module must be one of {names} for the shared sink, got {target_module}"
 
