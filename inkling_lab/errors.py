@@ -121,6 +121,8 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
     if isinstance(message_or_exception, str) and message_or_exception.strip() in CATALOG:
         return CATALOG[message_or_exception.strip()], False
     text, cut = _text_of(message_or_exception)
+    # one pass per entry over the whole text leaves the few entries worth trying per line
+    candidates = [e for e in _ENTRIES if e.key_literal in text]
     frames: list[tuple[str, str]] = []
     best: tuple[tuple[bool, bool, int, int], CatalogEntry] | None = None
     for line in text.splitlines():
@@ -132,7 +134,7 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
             frames.append((frame.group(1), frame.group(2)))
             continue
         on_line = None
-        for entry in _ENTRIES:
+        for entry in candidates:
             where = entry.find_in(line)
             if where is None or (entry.frame and not _in_sink_frame(frames, entry.frame)):
                 continue

@@ -159,6 +159,11 @@ class CatalogEntry:
         return self.exc_type(self.format(**fields))
 
     @property
+    def key_literal(self) -> str:
+        """The message's longest fixed part: a text without it cannot hold the message."""
+        return max(self._literals, key=len)  # type: ignore[attr-defined]
+
+    @property
     def literal_size(self) -> int:
         """How much of a message is fixed text: the more, the more specific the entry."""
         return sum(len(p) for p in self._literals)  # type: ignore[attr-defined]
