@@ -90,7 +90,7 @@ def upstream_check(shapes: dict[str, tuple[int, ...]], n: int, generation: str =
     then tests checks 2-5 in one condition, left to right, with one message. So on
     ``v2`` a gate-up A or B with another number of axes raises Python's own unpacking
     ``ValueError`` from here, and a down B (or down A) with too few axes
-    ``IndexError: tuple index out of range``, exactly where upstream's do.
+    its own ``IndexError`` (ISL-E023), exactly where upstream's do.
     """
     check_generation(generation)
     ga, gb, da, db = (shapes[k] for k in BUFFER_NAMES)
@@ -457,7 +457,7 @@ def _any_nonzero(t: torch.Tensor) -> bool:
     return any(bool((c != 0).any()) for c in _chunks(_stored(t)))
 
 
-D103_UPSTREAM = ("shared outer: a raw RuntimeError (shape '[...]' is invalid for input of size ...) inside "
+D103_UPSTREAM = ("shared outer: a raw RuntimeError from torch's view (ISL-E012's words) inside "
                  "set_lora_info (ISL-E012); per-expert outer: set_lora_info accepts it, nothing checks it "
                  "before the forward")
 D104_UPSTREAM = ("set_lora_info raises only when down A has fewer slots than gate-up B (shared outer: an "
