@@ -138,7 +138,7 @@ class LoRAPool:
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
-            raise IndexError(f"LoRAPool slot {slot} is outside the pool: use a slot in 0..{self.slots - 1}")
+            raise error("ISL-K104", slot=slot, last=self.slots - 1)
 
     def load(self, slot: int, factors: LoRAFactors, name: str | None = None) -> None:
         """Write one adapter into ``slot``: zero it, copy the gate/up halves at max-rank
