@@ -48,6 +48,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors_bytes
 
 from .atomic import atomic_write
+from .catalog import CATALOG, message
 from .pool import LoRAFactors
 from .validate import Finding
 
@@ -403,12 +404,10 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
         params = _targeted(module, targets)
         per_expert: dict[FactorName, torch.Tensor] = {}
         if len(params) != len(by_depth) or sorted(by_depth) != list(range(len(params))):
-            depths = ", ".join(f"{d} x base_layer" for d in sorted(by_depth))
-            raise ValueError(
-                f"{where}: {module}: the file holds a PEFT target_parameters export ({len(by_depth)} nested "
-                f"factor pair(s): {depths}) but {CONFIG_FILE}'s target_parameters {targets!r} name "
-                f"{len(params)} of {module}'s parameters {list(TRANSFORMERS_PARAMETERS)}: the nesting "
-                "cannot be read without them; restore target_parameters as saved by PEFT")
+            raise ValueError(message(
+                "ISL-K401", file=where, module=module, pairs=len(by_depth),
+                depths=", ".join(f"{d} x base_layer" for d in sorted(by_depth)), targets=repr(targets),
+                named=len(params), parameters=list(TRANSFORMERS_PARAMETERS)))
         for proj, depth in zip(params, range(len(params) - 1, -1, -1)):  # gate, up, down; innermost first
             pair = by_depth[depth]
             if set(pair) != {"A", "B"}:
@@ -420,10 +419,8 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
             rows = int(a.shape[0]) if a.dim() == 2 else -1
             if (a.dim() != 2 or b.dim() != 2 or not isinstance(r, int) or isinstance(r, bool) or r < 1
                     or rows % r or not rows or b.shape[1] != rows):
-                raise ValueError(
-                    f"{where}: {module} {proj} (PEFT target_parameters): lora_A is {_shape(a)} and lora_B "
-                    f"{_shape(b)}; a ParamWrapper over n experts of rank r={r!r} stores lora_A [n*r, in] and "
-                    f"lora_B [out, n*r]: re-export the adapter, or fix r in {CONFIG_FILE}")
+                raise ValueError(message("ISL-K402", file=where, module=module, proj=proj, shape_a=_shape(a),
+                                         shape_b=_shape(b), r=repr(r)))
             n = rows // r
             for e in range(n):
                 per_expert[FactorName(module, e, proj, "A")] = a[e * r:(e + 1) * r]
@@ -432,15 +429,9 @@ def _split_target_parameters(config: Mapping[str, Any], weights: Mapping[str, to
         order = {p: i for i, p in enumerate(TRANSFORMERS_PARAMETERS)}
         out.update((fn.key, t) for fn, t in sorted(per_expert.items(), key=lambda i: (i[0].expert, order[i[0].proj],
                                                                                       i[0].ab)))
-        notes.append(Finding(
-            "ISL-N204", module,
-            f"{module}: a PEFT target_parameters export ({', '.join(params)}, {n} experts of rank {r}); read "
-            "as per-expert factors (expert e: lora_A rows e*r.., lora_B columns e, e+n, ...)",
-            "none needed for the kit, which converts it exactly (inkling-lab convert); sglang 0.5.23 cannot serve "
-            "it as trained: merge it into the base weights (PEFT merge_and_unload), since re-saved with per-expert "
-            "names it loads in the per-expert outer layout (ISL-W001)",
-            consequence="sglang 0.5.23 matches none of these keys to a target module: it skips them with a "
-                        "warning and serves the base sink"))
+        note = CATALOG["ISL-N204"]
+        notes.append(Finding("ISL-N204", module, note.format(module=module, parameters=", ".join(params), n=n, r=r),
+                             note.remedy, consequence=note.upstream))
     return out, [k for k in weights if _NESTED_KEY.match(k)], notes
 
 
@@ -667,18 +658,53 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 2 ** 24) -> str:
     return h.hexdigest()
 
 
-def save_adapter(adapter: Adapter, folder: str | os.PathLike[str]) -> Path:
+def save_adapter(adapter: Adapter, folder: str | os.PathLike[str], *, target_parameters: bool = False) -> Path:
     """Write ``adapter`` as a PEFT folder (config and safetensors, each atomically): its
     shared-sink factors under the kit's names (a ``target_parameters`` export is
-    written per expert); other modules' tensors are not part of an ``Adapter``."""
+    written per expert); other modules' tensors are not part of an ``Adapter``.
+
+    ``target_parameters=True``: as PEFT's ``target_parameters`` export of transformers'
+    ``InklingSharedExperts`` instead, for an adapter whose factors are named per expert
+    as ``gate_proj``/``up_proj``/``down_proj`` (what PEFT itself writes for such a model,
+    without needing PEFT: ``load_adapter`` reads it back to the same factors).
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"peft_type": "LORA", **adapter.config, "r": adapter.r, "lora_alpha": adapter.lora_alpha,
               "target_modules": adapter.target_modules}
     tensors = {k: v.contiguous() for k, v in adapter.weights.items()}
+    if target_parameters:
+        tensors, targets = _as_target_parameters(adapter)
+        config.update(target_modules=[], target_parameters=targets)
     atomic_write(folder / WEIGHTS_FILE, save_safetensors_bytes(tensors))
     atomic_write(folder / CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     return folder
+
+
+def _as_target_parameters(adapter: Adapter) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Per-expert factors in ``ParamWrapper``'s layout (the inverse of reading one):
+    ``lora_A [n*r, in]`` expert blocks stacked, ``lora_B [out, n*r]`` expert columns
+    interleaved, one ``base_layer`` more per wrapper inside (gate innermost)."""
+    by_module: dict[str, dict[str, dict[str, dict[int, torch.Tensor]]]] = {}
+    for key in adapter.factor_keys:
+        fn = FactorName.parse(key)
+        if fn.expert is None or fn.proj not in TRANSFORMERS_PARAMETERS:
+            raise ValueError(f"{key!r}: a target_parameters export holds per-expert gate_proj, up_proj and "
+                             "down_proj factors; this adapter's are named otherwise (synthetic_adapter(..., "
+                             "per_expert=True) makes such an adapter)")
+        by_module.setdefault(fn.module, {}).setdefault(fn.proj, {}).setdefault(fn.ab, {})[fn.expert] = \
+            adapter.weights[key]
+    tensors, targets = {}, []
+    for module, projs in by_module.items():
+        present = [p for p in TRANSFORMERS_PARAMETERS if p in projs]
+        for depth, proj in enumerate(reversed(present)):  # the last parameter is the outermost wrapper
+            a, b = projs[proj]["A"], projs[proj]["B"]
+            experts = sorted(a)
+            name = module + ".base_layer" * depth
+            tensors[f"{name}.lora_A.weight"] = torch.cat([a[e] for e in experts]).contiguous()
+            tensors[f"{name}.lora_B.weight"] = torch.stack([b[e] for e in experts], dim=-1).flatten(1).contiguous()
+        targets += [f"mlp.shared_experts.{p}" for p in present if f"mlp.shared_experts.{p}" not in targets]
+    return tensors, targets
 
 
 NAMINGS = {

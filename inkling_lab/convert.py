@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, open_safetensors
 from .atomic import atomic_writer
+from .catalog import message
 from .errors import find_entry
 from .geometry import BUFFER_NAMES, Geometry
 from .shard import check_rank, check_tp, slice_lora_a, slice_lora_b
@@ -190,7 +191,7 @@ def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
     path = Path(path)
 
     def refuse(why: str) -> ValueError:
-        exc = ValueError(f"{path.name}: not an inkling-lab pool file ({why}); make one with `inkling-lab convert`")
+        exc = ValueError(message("ISL-K403", file=path.name, why=why))
         exc.add_note(f"file: {path}")
         return exc
 

@@ -181,3 +181,16 @@ def test_the_cli_converts_a_float64_peft_export_losslessly(tmp_path):
     assert main(["convert", str(made.folder), "-n", "2", "-o", str(out), "-q"]) == 0
     agreement = peft_agreement(made, load_pool(out))
     assert agreement["vs_peft_merged"] < 1e-9 and agreement["vs_peft_forward"] < 1e-6
+
+
+def test_the_kit_writes_a_target_parameters_export_as_peft_does(tmp_path):
+    """save_adapter(..., target_parameters=True) of what load_adapter read from PEFT's
+    file gives PEFT's own tensors back, key for key, bit for bit."""
+    from safetensors.torch import load_file
+
+    made = make_peft_sink_adapter(tmp_path / "peft", n=3, hidden=5, intermediate=4, rank=2, seed=7)
+    again = save_adapter(load_adapter(made.folder), tmp_path / "kit", target_parameters=True)
+    peft, kit = load_file(made.folder / WEIGHTS_FILE), load_file(again / WEIGHTS_FILE)
+    assert peft.keys() == kit.keys() and all(torch.equal(peft[k], kit[k]) for k in peft)
+    assert json.loads((again / CONFIG_FILE).read_text())["target_parameters"] == \
+        [f"mlp.shared_experts.{p}" for p in PARAMETERS]
