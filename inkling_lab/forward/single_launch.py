@@ -108,7 +108,7 @@ def _shrink_task(i, x_ptr, slot_ptr, ga_ptr, sh_ptr, cnt_ptr, T, H, R, O, S, KS1
 @triton.jit
 def _up_task(j, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
              part_ptr, cnt_ptr, T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, N1, K_CHUNK,
-             HAS_LORA: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+             HAS_LORA: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, RC: tl.constexpr,
              KSPLIT: tl.constexpr):
     """Up ticket ``j`` (counted from ``N1``) -> feature block ``fb = j // KSPLIT`` (expert
     ``e``, features ``f0..f0+BF-1``) and slice ``ks = j % KSPLIT`` of ``H``."""
@@ -153,8 +153,6 @@ def _up_task(j, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, g
         fs = f0 + tl.arange(0, BF)
         f_ok = fs < F
         o = e * O_STEP
-        r = tl.arange(0, BR)
-        r_ok = r < R
         slot = tl.load(slot_ptr + rows, mask=row_ok, other=-1)
         smin = tl.min(tl.where(slot >= 0, slot, 1 << 30), axis=0)
         smax = tl.max(slot, axis=0)
@@ -164,16 +162,21 @@ def _up_task(j, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, g
                 sel = row_ok & (slot == s)
                 if tl.sum(sel.to(tl.int32), axis=0) > 0:
                     scale = tl.load(scale_ptr + s)
-                    src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
-                    ld = sel[:, None] & r_ok[None, :]
-                    sg = tl.load(src, mask=ld, other=0.0, cache_modifier=".cg")
-                    su = tl.load(src + R, mask=ld, other=0.0, cache_modifier=".cg")
                     b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
-                    bmask = r_ok[:, None] & f_ok[None, :]
-                    bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)      # [BR, BF]
-                    bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
-                    gate += scale * tl.dot(sg.to(bg.dtype), bg)
-                    up += scale * tl.dot(su.to(bu.dtype), bu)
+                    # The rank in chunks of RC: registers independent of R (a [BT, 64] chunk
+                    # and its B tiles spilled the kernel at R 64).
+                    for r0 in range(0, R, RC):
+                        r = r0 + tl.arange(0, RC)
+                        r_ok = r < R
+                        src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
+                        ld = sel[:, None] & r_ok[None, :]
+                        sg = tl.load(src, mask=ld, other=0.0, cache_modifier=".cg")
+                        su = tl.load(src + R, mask=ld, other=0.0, cache_modifier=".cg")
+                        bmask = r_ok[:, None] & f_ok[None, :]
+                        bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)    # [RC, BF]
+                        bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
+                        gate += scale * tl.dot(sg.to(bg.dtype), bg)
+                        up += scale * tl.dot(su.to(bu.dtype), bu)
         gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
         act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]     # SwiGLU x gamma in float32 (SPEC §1)
         act_lp = act.to(act_ptr.dtype.element_ty)                  # the one cast to the working dtype
@@ -184,17 +187,20 @@ def _up_task(j, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, g
                 sel = row_ok & (slot == s)
                 if tl.sum(sel.to(tl.int32), axis=0) > 0:
                     a_sel = tl.where(sel[:, None], act_lp, 0.0).to(act_lp.dtype)
-                    da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None],
-                                 mask=f_ok[:, None] & r_ok[None, :], other=0.0)                  # [BF, BR]
-                    tl.atomic_add(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :], tl.dot(a_sel, da),
-                                  mask=sel[:, None] & r_ok[None, :], sem="relaxed")
+                    for r0 in range(0, R, RC):
+                        r = r0 + tl.arange(0, RC)
+                        r_ok = r < R
+                        da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None],
+                                     mask=f_ok[:, None] & r_ok[None, :], other=0.0)              # [BF, RC]
+                        tl.atomic_add(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :], tl.dot(a_sel, da),
+                                      mask=sel[:, None] & r_ok[None, :], sem="relaxed")
         _signal(cnt_ptr + 2)
 
 
 @triton.jit
 def _down_task(i, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, cnt_ptr,
                T, H, F, R, O, N_EXP, NB,
-               HAS_LORA: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BKD: tl.constexpr, BR: tl.constexpr):
+               HAS_LORA: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BKD: tl.constexpr, RC: tl.constexpr):
     """Down ticket ``i`` -> hidden columns ``i*BN..i*BN+BN-1`` of ``out``, over ``K = n*F``
     read as ``cdiv(F, BKD)`` steps inside each expert (every load contiguous in ``F``)."""
     rows = tl.arange(0, BT)
@@ -217,18 +223,19 @@ def _down_task(i, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr
         slot = tl.load(slot_ptr + rows, mask=row_ok, other=-1)
         smin = tl.min(tl.where(slot >= 0, slot, 1 << 30), axis=0)
         smax = tl.max(slot, axis=0)
-        r = tl.arange(0, BR)
-        r_ok = r < R
         for s in range(smin, smax + 1):
             sel = row_ok & (slot == s)
             if tl.sum(sel.to(tl.int32), axis=0) > 0:
                 scale = tl.load(scale_ptr + s)
                 for o in range(0, O):
-                    m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
-                                mask=sel[:, None] & r_ok[None, :], other=0.0, cache_modifier=".cg")
-                    b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
-                                mask=r_ok[:, None] & h_ok[None, :], other=0.0)                   # [BR, BN]
-                    acc += scale * tl.dot(m.to(b.dtype), b)
+                    for r0 in range(0, R, RC):
+                        r = r0 + tl.arange(0, RC)
+                        r_ok = r < R
+                        m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
+                                    mask=sel[:, None] & r_ok[None, :], other=0.0, cache_modifier=".cg")
+                        b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
+                                    mask=r_ok[:, None] & h_ok[None, :], other=0.0)               # [RC, BN]
+                        acc += scale * tl.dot(m.to(b.dtype), b)
     tl.store(out_ptr + rows[:, None] * H + hs[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & h_ok[None, :])
 
@@ -240,27 +247,25 @@ def single_launch_kernel(x_ptr, w13_ptr, w2_ptr, gam_ptr, slot_ptr, scale_ptr,
                          T, H, F, R, O, S, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                          N1, KS1, SK_CHUNK, NB, K_CHUNK, N3,
                          HAS_LORA: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
-                         BR: tl.constexpr, BN: tl.constexpr, BKD: tl.constexpr, KSPLIT: tl.constexpr):
+                         BKS: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr, BN: tl.constexpr,
+                         BKD: tl.constexpr, KSPLIT: tl.constexpr):
     """Any grid size: each program takes tickets until all ``N1 + NB*KSPLIT + N3`` tasks
     are taken (module docstring). ``x [T, H]``, ``gammas [T, n]``, ``slots [T]`` int32
     (``-1``: base only), ``scalings [S]`` float32 -> ``out [T, H]``; workspace ``sh [T, O*2R]``,
     ``mid [T, O*R]`` float32 (zero on entry and on exit), ``act [T, n*F]`` working dtype,
     ``part [NB, KSPLIT, BT, 2BF]`` float32, ``counters [4 + NB]`` int32 (zero on entry and exit)."""
     n_up = NB * KSPLIT
-    total = N1 + n_up + N3
     t = tl.atomic_add(cnt_ptr + 0, 1, sem="relaxed")
-    while t < total:
-        if t < N1:
-            _shrink_task(t, x_ptr, slot_ptr, ga_ptr, sh_ptr, cnt_ptr, T, H, R, O, S, KS1, SK_CHUNK,
-                         BT, BR, BK)
-        elif t < N1 + n_up:
-            _up_task(t - N1, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr,
-                     mid_ptr, part_ptr, cnt_ptr, T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, N1, K_CHUNK,
-                     HAS_LORA, BT, BF, BK, BR, KSPLIT)
-        else:
-            _down_task(t - N1 - n_up, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, cnt_ptr,
-                       T, H, F, R, O, N_EXP, NB, HAS_LORA, BT, BN, BKD, BR)
-        t = tl.atomic_add(cnt_ptr + 0, 1, sem="relaxed")
+    if t < N1:
+        if HAS_LORA:  # N1 = 0 without: compile no shrink at all (its tile costs registers)
+            _shrink_task(t, x_ptr, slot_ptr, ga_ptr, sh_ptr, cnt_ptr, T, H, R, O, S, KS1, SK_CHUNK, BT, BR, BKS)
+    elif t < N1 + n_up:
+        _up_task(t - N1, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr,
+                 mid_ptr, part_ptr, cnt_ptr, T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, N1, K_CHUNK,
+                 HAS_LORA, BT, BF, BK, RC, KSPLIT)
+    else:
+        _down_task(t - N1 - n_up, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, cnt_ptr,
+                   T, H, F, R, O, N_EXP, NB, HAS_LORA, BT, BN, BKD, RC)
 
     tl.debug_barrier()
     left = tl.atomic_add(cnt_ptr + 3, 1, sem="acq_rel")
@@ -290,7 +295,7 @@ class SingleConfig:
     feature block (``0``: enough for about ``2 x`` the multiprocessors); ``bk`` the up and
     shrink reduction step; ``sk_chunk`` the shrink's slice of ``H`` (a multiple of ``bk``);
     ``bn`` hidden columns per down task and ``bkd`` its reduction step; ``programs`` the
-    grid (``0``: ``programs_per_sm`` per multiprocessor, at most one per task)."""
+    grid is one program per task."""
 
     bf: int = 16
     ksplit: int = 0
@@ -298,8 +303,6 @@ class SingleConfig:
     sk_chunk: int = 128
     bn: int = 16
     bkd: int = 128
-    programs: int = 0
-    programs_per_sm: int = 2
     warps: int = 4
     stages: int = 3
 
@@ -311,8 +314,8 @@ class SingleConfig:
         if self.sk_chunk % self.bk:
             raise ValueError(f"SingleConfig.sk_chunk={self.sk_chunk} must be a multiple of bk={self.bk}: "
                              "the shrink walks its slice of H in steps of bk")
-        if self.ksplit < 0 or self.programs < 0 or self.programs_per_sm < 1:
-            raise ValueError(f"SingleConfig: ksplit and programs must be >= 0 and programs_per_sm >= 1, got {self}")
+        if self.ksplit < 0 or self.warps < 1 or self.stages < 1:
+            raise ValueError(f"SingleConfig: ksplit must be >= 0, warps and stages >= 1, got {self}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -336,6 +339,12 @@ class Workspace:
 
 def _block_tokens(num_tokens: int) -> int:
     return max(16, triton.next_power_of_2(num_tokens))
+
+
+def _shrink_step(bk: int, br: int) -> int:
+    """The shrink's reduction step: its ``[2*BR, step]`` tile of gate-up A kept to 4096
+    elements (a ``[128, 128]`` tile at R 64 spilled registers for the whole kernel)."""
+    return max(16, min(bk, 4096 // (2 * br)))
 
 
 def _pool_dims(ops: SinkOperands) -> tuple[int, int]:
@@ -447,14 +456,14 @@ def launch_single(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, slot
     k_chunk = triton.cdiv(triton.cdiv(H, ws.ksplit), c.bk) * c.bk   # each slice a whole number of steps
     n3 = triton.cdiv(H, c.bn)
     tasks = n1 + blocks * ws.ksplit + n3
-    programs = c.programs or _num_sms(x.device) * c.programs_per_sm
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
-    single_launch_kernel[(min(programs, tasks),)](
+    br = max(16, triton.next_power_of_2(max(R, 1)))
+    single_launch_kernel[(tasks,)](
         x, ops.w13.detach(), ops.w2.detach(), gammas, slots_i32, scalings_f32, ga, gb, da, db, out,
         ws.sh, ws.mid, ws.act, ws.part, ws.counters,
         T, H, F, R, O, S, n, 0 if O == 1 else 1, row_step, up_offset,
         n1, ks1, sk_chunk, blocks, k_chunk, n3,
-        HAS_LORA=has_lora, BT=_block_tokens(T), BF=c.bf, BK=c.bk, BR=max(16, triton.next_power_of_2(max(R, 1))),
+        HAS_LORA=has_lora, BT=_block_tokens(T), BF=c.bf, BK=c.bk, BKS=_shrink_step(c.bk, br), BR=br, RC=16,
         BN=c.bn, BKD=c.bkd, KSPLIT=ws.ksplit, num_warps=c.warps, num_stages=c.stages)
     return out
 
