@@ -13,6 +13,7 @@ that import, and restores ``sys.modules``, the package attribute and the environ
 """
 import importlib
 import os
+import signal
 import sys
 
 import pytest
@@ -61,6 +62,20 @@ TINY = dict(bf=16, bk=16, sk_chunk=16, bn=16, bkd=16)
 @pytest.fixture(autouse=True)
 def _interpreter_on(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _deadlock_alarm():
+    """A wrong counter makes a task wait forever (in the interpreter too): turn that hang
+    into a failure. The interpreter runs Python, so the alarm interrupts the spin."""
+    def fail(signum, frame):
+        raise TimeoutError("the one-launch kernel did not finish: a task is waiting on a counter that never fills")
+
+    previous = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 def make_case(n, H, F, R, S, T, shared_outer, interleaved, seed, rank0=True, token_slots=None):
