@@ -240,7 +240,11 @@ def _down_task(i, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr
              mask=row_ok[:, None] & h_ok[None, :])
 
 
-@triton.jit
+# Arguments that change from call to call (tokens, slots, task counts, layout) are not
+# specialized: Triton would otherwise compile anew whenever one of them is 1 or turns
+# divisible by 16 (T 1 / 8 / 32, S 1 / 4 / 8 ...), and a sweep would spend its time compiling.
+@triton.jit(do_not_specialize=["T", "O", "S", "O_STEP", "ROW_STEP", "UP_OFFSET", "N1", "KS1", "SK_CHUNK", "NB",
+                               "K_CHUNK", "N3"])
 def single_launch_kernel(x_ptr, w13_ptr, w2_ptr, gam_ptr, slot_ptr, scale_ptr,
                          ga_ptr, gb_ptr, da_ptr, db_ptr, out_ptr,
                          sh_ptr, mid_ptr, act_ptr, part_ptr, cnt_ptr,
@@ -372,7 +376,11 @@ def _auto_ksplit(config: SingleConfig, n: int, H: int, F: int, sms: int) -> int:
 def pick_config(ops: SinkOperands, num_tokens: int) -> SingleConfig:
     """The tiles for ``num_tokens`` tokens on ``ops``'s shapes (defaults; ``scripts/h200_single_launch.py``
     sweeps alternatives on the H200 and records which won)."""
-    return SingleConfig()
+    if num_tokens <= 16:
+        return SingleConfig()
+    # At 32 tokens the [32, 128] x and w13 tiles of a step take ~245 registers (sm_90,
+    # 4 warps: two programs per multiprocessor at most); 64-wide steps take ~205.
+    return SingleConfig(bk=64, bkd=64, stages=4)
 
 
 def make_workspace(ops: SinkOperands, max_tokens: int, config: SingleConfig | None = None,
