@@ -19,6 +19,7 @@ a small tile sweep, then the few-token grid against the three-launch triton back
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -46,6 +47,20 @@ DEVICE = "cuda"
 BUDGET_S, GRID_BUDGET_S = 200, 280
 """Past these many seconds the sweep stops trying candidates and the grid stops (recorded as
 ``truncated``): the run must stay under 5 minutes, compiling included."""
+
+
+def finish_or_exit(what: str, seconds: float = 30.0) -> None:
+    """Wait for the device, but give up after ``seconds``: a task waiting on a counter that
+    never fills would spin forever and hold the GPU for the rest of the lease. Exiting
+    the process tears the context down and the kernel with it."""
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.time() + seconds
+    while not done.query():
+        if time.time() > deadline:
+            print(f"HANG: {what} did not finish in {seconds:.0f} s; exiting", flush=True)
+            os._exit(3)
+        time.sleep(0.005)
 
 
 def graph_of(fn):
@@ -83,12 +98,14 @@ def check_correctness() -> list[dict]:
                     ws = sl.make_workspace(ops, T)
                     slots, scalings = sl.device_slots(sc.batch, T, DEVICE)
                     out = torch.full_like(sc.x, float("nan"))
+                    sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws)  # compile, run once eagerly
+                    finish_or_exit(f"the first launch ({shape}, {dtype}, interleaved={interleaved}, O={outer})", 120)
                     graph = graph_of(lambda: sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws))
                     errs = []
                     for _ in range(2):
                         out.fill_(float("nan"))
                         graph.replay()
-                        torch.cuda.synchronize()
+                        finish_or_exit("a graph replay")
                         errs.append(records.relative_error(out, ref))
                     clean = bool(ws.counters.count_nonzero() == 0 and ws.sh.count_nonzero() == 0
                                  and ws.mid.count_nonzero() == 0)
@@ -142,6 +159,8 @@ def main() -> int:
                     break
                 try:
                     fn, _, _ = single_runner(ops, x, g, batch, config)
+                    fn()
+                    finish_or_exit(f"{shape} T={T} config {name}", 120)
                     timed[name] = median(pr.time_graph(fn, flush, args.reps))
                 except Exception as exc:  # a tile that does not fit, say: record it, keep going
                     print(shape, T, name, "FAILED", type(exc).__name__, str(exc)[:200], flush=True)
