@@ -35,11 +35,11 @@ from inkling_lab.scenario import Scenario
 
 SHAPES = {"A": (2, 1536, 768), "B": (2, 4096, 2048), "inkling": (2, 6144, 3072), "inkling-tp8": (2, 6144, 384)}
 RANKS, SLOTS, TOKENS = (16, 64), (1, 4, 8), (1, 8, 32)
-CANDIDATES = {  # 2-4 per shape: warps, reduction step, feature block
+CANDIDATES = {  # 4 per shape: warps, reduction step, feature block, the down tasks' w2 prefetch
     "default": sl.SingleConfig(),
     "w8": sl.SingleConfig(warps=8),
-    "bk64": sl.SingleConfig(bk=64, bkd=64, stages=4),
-    "bf32": sl.SingleConfig(bf=32, bn=32, warps=8),
+    "bk64_prefetch": sl.SingleConfig(bk=64, bkd=64, stages=4, prefetch=True),
+    "prefetch": sl.SingleConfig(prefetch=True),
 }
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
 """Max-norm relative error allowed against float64 (the triton backend reaches ~4e-3 bf16, ~4e-4 fp16)."""

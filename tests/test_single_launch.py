@@ -126,7 +126,7 @@ def test_one_launch_matches_the_reference(shared_outer, interleaved):
     ksplit = 3 if shared_outer == interleaved else 1   # H whole and split over 3 slices, two layouts each
     ops, x, gammas, batch = make_case(3, 37, 21, 5, 3, 19, shared_outer, interleaved,
                                       seed=ksplit + 2 * shared_outer + 4 * interleaved)
-    ref = check(ops, x, gammas, batch, sl.SingleConfig(ksplit=ksplit, **TINY))
+    ref = check(ops, x, gammas, batch, sl.SingleConfig(ksplit=ksplit, prefetch=interleaved, **TINY))
     # The LoRA terms matter at this size, and tokens of every kind are present.
     assert relative_error(_base(ops, x, gammas), ref, norm="fro") > 0.05
     kinds = set(sl.device_slots(batch, x.shape[0], "cpu")[0].tolist())
@@ -137,12 +137,13 @@ def test_one_launch_matches_the_reference(shared_outer, interleaved):
 @given(n=st.integers(2, 3), H=st.integers(16, 64), F=st.integers(8, 48), R=st.sampled_from([0, 4, 8]),
        S=st.integers(1, 3), T=st.integers(1, 32), shared_outer=st.booleans(), interleaved=st.booleans(),
        tokens=st.sampled_from(["mixed", "base_only", "one_slot"]), ksplit=st.integers(0, 3),
-       bk=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]), seed=st.integers(0, 10_000))
+       bk=st.sampled_from([16, 32]), bn=st.sampled_from([16, 32]), prefetch=st.booleans(),
+       seed=st.integers(0, 10_000))
 def test_one_launch_matches_the_reference_on_random_shapes(n, H, F, R, S, T, shared_outer, interleaved, tokens,
-                                                           ksplit, bk, bn, seed):
+                                                           ksplit, bk, bn, prefetch, seed):
     token_slots = {"mixed": None, "base_only": [-1] * T, "one_slot": [S - 1] * T}[tokens]
     ops, x, gammas, batch = make_case(n, H, F, R, S, T, shared_outer, interleaved, seed, token_slots=token_slots)
-    config = sl.SingleConfig(bf=16, ksplit=ksplit, bk=bk, sk_chunk=bk, bn=bn, bkd=16)
+    config = sl.SingleConfig(bf=16, ksplit=ksplit, bk=bk, sk_chunk=bk, bn=bn, bkd=16, prefetch=prefetch)
     check(ops, x, gammas, batch, config)
 
 

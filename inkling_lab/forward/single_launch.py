@@ -198,18 +198,32 @@ def _up_task(j, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, g
 
 
 @triton.jit
-def _down_task(i, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, cnt_ptr,
+def _down_task(i, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, cnt_ptr, seen_ptr,
                T, H, F, R, O, N_EXP, NB,
-               HAS_LORA: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BKD: tl.constexpr, RC: tl.constexpr):
+               HAS_LORA: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BKD: tl.constexpr, RC: tl.constexpr,
+               PREFETCH: tl.constexpr):
     """Down ticket ``i`` -> hidden columns ``i*BN..i*BN+BN-1`` of ``out``, over ``K = n*F``
     read as ``cdiv(F, BKD)`` steps inside each expert (every load contiguous in ``F``)."""
     rows = tl.arange(0, BT)
     row_ok = rows < T
     hs = i * BN + tl.arange(0, BN)
     h_ok = hs < H
+    kb = tl.cdiv(F, BKD)
+    if PREFETCH:
+        # Read this task's w2 columns once before the wait, so that they come from HBM
+        # while the up phase still streams and the product after the wait reads them
+        # from L2. Their sum goes to a scratch slot: a load whose value is never used
+        # would be dropped as dead code.
+        seen = tl.zeros((BN,), dtype=tl.float32)
+        for q in range(0, N_EXP * kb):
+            e = q // kb
+            fs = (q - e * kb) * BKD + tl.arange(0, BKD)
+            wt = tl.load(w2_ptr + e * H * F + hs[None, :] * F + fs[:, None],
+                         mask=(fs < F)[:, None] & h_ok[None, :], other=0.0, eviction_policy="evict_last")
+            seen += tl.sum(wt.to(tl.float32), axis=0)
+        tl.store(seen_ptr + hs, seen, mask=h_ok)
     _wait_at_least(cnt_ptr + 2, NB)           # every feature block's act and down shrink is in
     acc = tl.zeros((BT, BN), dtype=tl.float32)
-    kb = tl.cdiv(F, BKD)
     for q in range(0, N_EXP * kb):
         e = q // kb
         fs = (q - e * kb) * BKD + tl.arange(0, BKD)
@@ -247,17 +261,18 @@ def _down_task(i, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr
                                "K_CHUNK", "N3"])
 def single_launch_kernel(x_ptr, w13_ptr, w2_ptr, gam_ptr, slot_ptr, scale_ptr,
                          ga_ptr, gb_ptr, da_ptr, db_ptr, out_ptr,
-                         sh_ptr, mid_ptr, act_ptr, part_ptr, cnt_ptr,
+                         sh_ptr, mid_ptr, act_ptr, part_ptr, cnt_ptr, seen_ptr,
                          T, H, F, R, O, S, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                          N1, KS1, SK_CHUNK, NB, K_CHUNK, N3,
                          HAS_LORA: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
                          BKS: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr, BN: tl.constexpr,
-                         BKD: tl.constexpr, KSPLIT: tl.constexpr):
+                         BKD: tl.constexpr, KSPLIT: tl.constexpr, PREFETCH: tl.constexpr):
     """Any grid size: each program takes tickets until all ``N1 + NB*KSPLIT + N3`` tasks
     are taken (module docstring). ``x [T, H]``, ``gammas [T, n]``, ``slots [T]`` int32
     (``-1``: base only), ``scalings [S]`` float32 -> ``out [T, H]``; workspace ``sh [T, O*2R]``,
     ``mid [T, O*R]`` float32 (zero on entry and on exit), ``act [T, n*F]`` working dtype,
-    ``part [NB, KSPLIT, BT, 2BF]`` float32, ``counters [4 + NB]`` int32 (zero on entry and exit)."""
+    ``part [NB, KSPLIT, BT, 2BF]`` float32, ``counters [4 + NB]`` int32 (zero on entry and exit),
+    ``seen [H]`` float32 (``PREFETCH``'s scratch, never read)."""
     n_up = NB * KSPLIT
     t = tl.atomic_add(cnt_ptr + 0, 1, sem="relaxed")
     if t < N1:
@@ -269,7 +284,7 @@ def single_launch_kernel(x_ptr, w13_ptr, w2_ptr, gam_ptr, slot_ptr, scale_ptr,
                  HAS_LORA, BT, BF, BK, RC, KSPLIT)
     else:
         _down_task(t - N1 - n_up, act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, cnt_ptr,
-                   T, H, F, R, O, N_EXP, NB, HAS_LORA, BT, BN, BKD, RC)
+                   seen_ptr, T, H, F, R, O, N_EXP, NB, HAS_LORA, BT, BN, BKD, RC, PREFETCH)
 
     tl.debug_barrier()
     left = tl.atomic_add(cnt_ptr + 3, 1, sem="acq_rel")
@@ -299,7 +314,8 @@ class SingleConfig:
     feature block (``0``: enough for about ``2 x`` the multiprocessors); ``bk`` the up and
     shrink reduction step; ``sk_chunk`` the shrink's slice of ``H`` (a multiple of ``bk``);
     ``bn`` hidden columns per down task and ``bkd`` its reduction step; ``programs`` the
-    grid is one program per task."""
+    grid is one program per task. ``prefetch``: each down task reads its ``w2`` columns
+    into L2 before it waits for the up phase (overlapping the two streams)."""
 
     bf: int = 16
     ksplit: int = 0
@@ -309,6 +325,7 @@ class SingleConfig:
     bkd: int = 128
     warps: int = 4
     stages: int = 3
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bf", "bk", "sk_chunk", "bn", "bkd"):
@@ -327,7 +344,8 @@ class Workspace:
     """What one launch reads and writes besides its inputs, allocated once so a CUDA graph
     replays against fixed addresses: ``sh [max_tokens, O*2R]``, ``mid [max_tokens, O*R]``
     float32, ``act [max_tokens, n*F]`` working dtype, ``part [NB * ksplit * BT * 2bf]``
-    float32 and ``counters [4 + NB]`` int32 (``NB = n * cdiv(F, bf)`` feature blocks).
+    float32, ``counters [4 + NB]`` int32 (``NB = n * cdiv(F, bf)`` feature blocks) and
+    ``seen [H]`` float32 (the prefetch's scratch).
     The kernel leaves ``sh``, ``mid`` and ``counters`` zero, as it found them."""
 
     config: SingleConfig
@@ -339,6 +357,7 @@ class Workspace:
     act: torch.Tensor
     part: torch.Tensor
     counters: torch.Tensor
+    seen: torch.Tensor
 
 
 def _block_tokens(num_tokens: int) -> int:
@@ -403,7 +422,8 @@ def make_workspace(ops: SinkOperands, max_tokens: int, config: SingleConfig | No
                      mid=torch.zeros(max_tokens, max(O * R, 1), **f32),
                      act=torch.empty(max_tokens, n * F, dtype=ops.dtype, device=device),
                      part=torch.empty(blocks * ksplit * bt * 2 * config.bf if ksplit > 1 else 1, **f32),
-                     counters=torch.zeros(4 + blocks, dtype=torch.int32, device=device))
+                     counters=torch.zeros(4 + blocks, dtype=torch.int32, device=device),
+                     seen=torch.empty(H if config.prefetch else 1, **f32))
 
 
 def device_slots(batch: SlotBatch | None, num_tokens: int, device: torch.device | str
@@ -468,11 +488,11 @@ def launch_single(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, slot
     br = max(16, triton.next_power_of_2(max(R, 1)))
     single_launch_kernel[(tasks,)](
         x, ops.w13.detach(), ops.w2.detach(), gammas, slots_i32, scalings_f32, ga, gb, da, db, out,
-        ws.sh, ws.mid, ws.act, ws.part, ws.counters,
+        ws.sh, ws.mid, ws.act, ws.part, ws.counters, ws.seen,
         T, H, F, R, O, S, n, 0 if O == 1 else 1, row_step, up_offset,
         n1, ks1, sk_chunk, blocks, k_chunk, n3,
         HAS_LORA=has_lora, BT=_block_tokens(T), BF=c.bf, BK=c.bk, BKS=_shrink_step(c.bk, br), BR=br, RC=16,
-        BN=c.bn, BKD=c.bkd, KSPLIT=ws.ksplit, num_warps=c.warps, num_stages=c.stages)
+        BN=c.bn, BKD=c.bkd, KSPLIT=ws.ksplit, PREFETCH=c.prefetch, num_warps=c.warps, num_stages=c.stages)
     return out
 
 
