@@ -2,16 +2,15 @@
 tensor-parallel slicing (SPEC §3, §4, §7)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 import torch
 
+from .batch import SlotBatch
+from .forward import run_forward
+from .operands import SinkOperands
 from .sink import SharedSink, gate_up_rows
 from .validate import PoolLayout, validate_pool
-
-if TYPE_CHECKING:
-    from .batch import SlotBatch
 
 INELIGIBLE = "InklingBatchDenseMLPWithLoRA is ineligible: "
 PROBLEM_BACKEND = "multi-slot dense LoRA requires the Triton backend"
@@ -218,10 +217,33 @@ class SharedSinkLoRA(SharedSink):
         return torch.cat([weights[..., lo:hi, :], weights[..., F + lo:F + hi, :]], dim=-2).contiguous()
 
     # -- forward -----------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
+    def operands(self) -> SinkOperands:
+        """What a forward backend reads: the weights and their linearized views, the
+        layout, the adopted pool buffers and derived operands (``None`` where absent).
+
+        The record holds the module's own tensors (no copies): a slot refresh, which
+        writes in place, shows through it; after ``set_lora_info`` ask for a new one.
+        """
+        w13_lin, w2_lin = self.linearized()
+        return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
+                            interleaved=self.interleaved, buffers=self.lora_buffers,
+                            w1_delta=self.w1_delta, a_cat=self.a_cat)
+
+    def operands_for(self, gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
+                     down_b: torch.Tensor) -> SinkOperands:
+        """The operands of this sink's weights with another pool, validated and derived
+        as ``set_lora_info`` would, but adopted nowhere: the module is left as it is.
+
+        For a forward over buffers the module should not keep (what sglang 0.5.23
+        computes, a benchmark pool of another rank on the same weights).
+        """
+        layout = validate_pool(gate_up_a, gate_up_b, down_a, down_b, n_shared_experts=self.n_shared_experts,
+                               generation=self.generation)
+        w1, a_cat = derive_operands(gate_up_b, down_a, self.interleaved) if layout.shared_outer else (None, None)
+        return replace(self.operands(), buffers=(gate_up_a, gate_up_b, down_a, down_b), w1_delta=w1, a_cat=a_cat)
+
+    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
                 backend: str = "auto") -> torch.Tensor:
         """``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]``, a ``SlotBatch`` naming each
         token's slot -> ``out`` like ``x``. No batch or no pool: the base sink."""
-        from .forward import run_forward
-
-        return run_forward(self, x, gammas, batch, backend)
+        return run_forward(self.operands(), x, gammas, batch, backend)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors have no single truth value: compare fields yourself
 class SinkOperands:
     """What one forward reads, in the SPEC's symbols.
 

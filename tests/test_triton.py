@@ -74,8 +74,9 @@ def make_case(n, H, F, R, S, T, outer_shared, interleaved, seed):
 
 def run(sink, x, gammas, batch, tiles=None):
     out = torch.full_like(x, float("nan"))
-    p = tb.plan(sink, x.shape[0], batch, x.device, tiles)
-    tb.launch(sink, x, gammas, p, out)
+    ops = sink.operands()
+    p = tb.plan(ops, x.shape[0], batch, x.device, tiles)
+    tb.launch(ops, x, gammas, p, out)
     return out, p
 
 
@@ -94,7 +95,7 @@ CUBLAS = tb.Tiles(bm=16, bf=16, bn=16, bk=16, k_chunk=16, warps=2, stages=1, cub
 def test_kernels_match_the_reference(tiles, outer_shared, interleaved):
     sink, x, gammas, batch = make_case(3, 37, 21, 5, 3, 19, outer_shared, interleaved,
                                        seed=int(outer_shared) + 2 * int(interleaved) + 4 * int(tiles.cublas))
-    ref = reference_forward(sink, x, gammas, batch)
+    ref = reference_forward(sink.operands(), x, gammas, batch)
     out, _ = run(sink, x, gammas, batch, tiles)
     assert torch.isfinite(out).all(), "some output element was never written"
     assert rel(out, ref) < 1e-5
@@ -103,11 +104,12 @@ def test_kernels_match_the_reference(tiles, outer_shared, interleaved):
 
 def test_a_replayed_launch_gives_the_same_output_and_leaves_the_workspace_zero():
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 23, True, False, seed=9)
-    ref = reference_forward(sink, x, gammas, batch)
-    p = tb.plan(sink, x.shape[0], batch, x.device, FUSED)
+    ref = reference_forward(sink.operands(), x, gammas, batch)
+    ops = sink.operands()
+    p = tb.plan(ops, x.shape[0], batch, x.device, FUSED)
     for _ in range(2):  # what a CUDA graph replay does: the same plan, the same buffers
         out = torch.full_like(x, float("nan"))
-        tb.launch(sink, x, gammas, p, out)
+        tb.launch(ops, x, gammas, p, out)
         assert rel(out, ref) < 1e-5
         assert torch.count_nonzero(p.sh) == 0
 
@@ -115,10 +117,10 @@ def test_a_replayed_launch_gives_the_same_output_and_leaves_the_workspace_zero()
 def test_no_batch_or_no_pool_is_the_base_sink():
     sink, x, gammas, batch = make_case(2, 20, 10, 2, 2, 5, True, True, seed=3)
     base = sink.base_forward(x, gammas)
-    assert rel(tb.triton_forward(sink, x, gammas, None), base.double()) < 1e-5
+    assert rel(tb.triton_forward(sink.operands(), x, gammas, None), base.double()) < 1e-5
     bare = SharedSinkLoRA(2, 20, 10, dtype=torch.float32, seed=3)
-    assert rel(tb.triton_forward(bare, x, gammas, batch), base.double()) < 1e-5
-    assert tb.triton_forward(sink, x[:0], gammas[:0], None).shape == (0, 20)
+    assert rel(tb.triton_forward(bare.operands(), x, gammas, batch), base.double()) < 1e-5
+    assert tb.triton_forward(sink.operands(), x[:0], gammas[:0], None).shape == (0, 20)
 
 
 @settings(max_examples=8, deadline=None)
@@ -127,7 +129,7 @@ def test_no_batch_or_no_pool_is_the_base_sink():
 def test_kernels_match_the_reference_on_random_shapes(n, H, F, R, S, T, outer_shared, interleaved, seed):
     sink, x, gammas, batch = make_case(n, H, F, R, S, T, outer_shared, interleaved, seed)
     out, _ = run(sink, x, gammas, batch)  # the backend's own tile pick
-    assert rel(out, reference_forward(sink, x, gammas, batch)) < 1e-5
+    assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
 
 
 def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
