@@ -457,20 +457,20 @@ def summary_table(records: Sequence[dict], backend: str = "triton") -> str:
 
 # -- side by side with upstream (issue 15) ------------------------------------------------
 
-def reference_f64(sink, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None) -> torch.Tensor:
+def reference_f64(ops, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None) -> torch.Tensor:
     """SPEC §4 in float64 on ``x``'s device, from the pool buffers (not the derived
     operands): ``out [T, H]`` float64. The same sums as ``forward.reference`` (which
     loops per token on the CPU, too slow for the side-by-side grid), vectorized per slot."""
     from .sink import gate_up_rows
 
     f64, dev = torch.float64, x.device
-    n, F = sink.n_shared_experts, sink.intermediate_size
-    w13, w2 = sink.w13.detach().to(f64), sink.w2.detach().to(f64)
+    n, F = ops.n, ops.intermediate
+    w13, w2 = ops.w13.detach().to(f64), ops.w2.detach().to(f64)
     xs, gs = x.detach().to(f64), gammas.detach().to(f64)
-    gate_rows, up_rows = gate_up_rows(F, sink.interleaved, dev)
+    gate_rows, up_rows = gate_up_rows(F, ops.interleaved, dev)
     y = torch.einsum("th,efh->tef", xs, w13)                       # [T, n, 2F]
     gate, up = y[..., gate_rows], y[..., up_rows]
-    pool = None if batch is None or sink.lora_buffers is None else [b.detach().to(f64) for b in sink.lora_buffers]
+    pool = None if batch is None or ops.buffers is None else [b.detach().to(f64) for b in ops.buffers]
     groups = []
     if pool is not None:
         slots = batch.token_slots().to(dev)
@@ -505,10 +505,11 @@ def side_by_side_variants(sink, x, gammas, batch, S: int) -> dict[str, Callable[
     from .forward.triton_backend import launch, plan
     from .upstream_wheel import UpstreamSink
 
-    p = plan(sink, x.shape[0], batch, x.device)
+    ops = sink.operands()
+    p = plan(ops, x.shape[0], batch, x.device)
     out = torch.empty_like(x)
     multi = UpstreamSink(sink, batch, min_slots=2)
-    fns = {"kit_triton": lambda: launch(sink, x, gammas, p, out),
+    fns = {"kit_triton": lambda: launch(ops, x, gammas, p, out),
            "sglang_multi": lambda: multi.forward(x, gammas)}
     if S == 1:
         one = UpstreamSink(sink, batch)
@@ -557,8 +558,9 @@ def side_by_side_case(c: Case, ceilings: dict[str, float], flushes: dict[str, L2
     under each flush mode. Fresh random pool, ``x`` and gammas per point."""
     sink, x, gammas, batch = build_case(c, device, seed=seed, base=base)
     fns = side_by_side_variants(sink, x, gammas, batch, c.S)
-    ref = reference_f64(sink, x, gammas, batch)
-    ref_base = reference_f64(sink, x, gammas, None)
+    ops = sink.operands()
+    ref = reference_f64(ops, x, gammas, batch)
+    ref_base = reference_f64(ops, x, gammas, None)
     errors, failures = {}, {}
     for k, fn in fns.items():
         try:
