@@ -112,10 +112,14 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
-              BR: tl.constexpr, GROUP_M: tl.constexpr):
+              BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr = True):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
-    up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F)."""
+    up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F).
+
+    With ``Y_IN`` the tile of ``y`` is read as contiguous row spans (``INTERLEAVED``:
+    one span of ``2*BF`` gate/up pairs; else a gate span and an up span of ``BF``), so
+    the loads vectorize; an index computed per column would not."""
     pid_m, pid_f = _grouped_tile(tl.program_id(0), tl.cdiv(T, BM), N_EXP * tl.cdiv(F, BF), GROUP_M)
     fb_per_e = tl.cdiv(F, BF)
     e = pid_f // fb_per_e
@@ -127,9 +131,18 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     f_of_j = f0 + jj // 2
     w_row = e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET
     w_ok = f_of_j < F
+    fs = f0 + tl.arange(0, BF)
+    f_ok = fs < F
     if Y_IN:
-        acc = tl.load(y_ptr + rows[:, None] * (N_EXP * 2 * F) + w_row[None, :],
-                      mask=row_ok[:, None] & w_ok[None, :], other=0.0).to(tl.float32)
+        y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
+        if INTERLEAVED:
+            acc = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & w_ok[None, :],
+                          other=0.0).to(tl.float32)
+            gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
+        else:
+            ld = row_ok[:, None] & f_ok[None, :]
+            gate = tl.load(y_row + fs[None, :], mask=ld, other=0.0).to(tl.float32)
+            up = tl.load(y_row + F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
     else:
         acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
         for k in range(0, H, BK):
@@ -139,10 +152,8 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
             wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :],
                          other=0.0)
             acc = tl.dot(xt, tl.trans(wt), acc)
-    gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
+        gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
 
-    fs = f0 + tl.arange(0, BF)
-    f_ok = fs < F
     if HAS_LORA:
         slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
         o = e * O_STEP
@@ -228,3 +239,25 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                          tl.zeros((BM, 2 * BR), dtype=tl.float32),
                          mask=row_ok[:, None] & (j % BR < R)[None, :])
     tl.store(out_ptr + rows[:, None] * H + hs[None, :], acc, mask=row_ok[:, None] & h_ok[None, :])
+
+
+@triton.jit
+def slots_kernel(indptr_ptr, widx_ptr, rank_ptr, perm_ptr, slot_ptr,
+                 HAS_PERM: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid ``(G,)``: each token of segment ``g`` gets its effective slot
+    ``weight_indices[g]``, or ``-1`` for base only and rank-0 slots, at its original
+    position (``permutation[i]`` when the batch is grouped). Reads the segment
+    metadata on the device at every launch, so a captured forward follows in-place
+    updates of a device-resident batch."""
+    g = tl.program_id(0)
+    start = tl.load(indptr_ptr + g)
+    end = tl.load(indptr_ptr + g + 1)
+    w = tl.load(widx_ptr + g)
+    rank = tl.load(rank_ptr + tl.maximum(w, 0))
+    eff = tl.where((w >= 0) & (rank != 0), w, -1).to(tl.int32)
+    for i in range(start, end, BLOCK):
+        pos = i + tl.arange(0, BLOCK)
+        ok = pos < end
+        if HAS_PERM:
+            pos = tl.load(perm_ptr + pos, mask=ok, other=0)
+        tl.store(slot_ptr + pos, tl.zeros((BLOCK,), dtype=tl.int32) + eff, mask=ok)

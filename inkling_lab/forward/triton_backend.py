@@ -9,6 +9,7 @@ capture it and replay it against the same plan.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -65,29 +66,72 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
 class Plan:
     """What one batch needs on the device: ``slots [T]`` int32 (``-1``: no LoRA),
     ``scalings [S]`` float32, ``sh [T, O*2R]`` the shrink's float32 workspace (zero
-    between forwards), ``has_lora`` and the tiles."""
+    between forwards), ``has_lora``, the tiles; ``single_slot``: the one slot every
+    token uses, when the host knows it (``-1`` otherwise; the cuBLAS path then runs
+    the shrinks through cuBLAS too); ``batch``: a device-resident batch whose
+    metadata ``launch`` turns into ``slots`` on the device at every launch."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
     sh: torch.Tensor | None
     has_lora: bool
     tiles: Tiles
+    single_slot: int = -1
+    batch: SlotBatch | None = None
+
+
+def _resident(batch: SlotBatch, device: torch.device) -> bool:
+    """Made by ``SlotBatch.to(device)``: its tensors live there, its token count on the host."""
+    device, have = torch.device(device), batch.seg_indptr.device
+    return batch.tokens is not None and have.type == device.type and device.index in (None, have.index)
 
 
 def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: torch.device,
          tiles: Tiles | None = None) -> Plan:
-    """The device-side description of ``batch`` for ``launch`` (host work, not capturable)."""
+    """The device-side description of ``batch`` for ``launch``.
+
+    A host batch is resolved here (each token's effective slot, copied once: host
+    work, not capturable). A batch already on ``device`` (``SlotBatch.to``) is not
+    read on the host at all: ``launch`` resolves its slots with one small kernel,
+    so the plan can be made, and the forward captured, inside ``torch.cuda.graph``."""
     tiles = tiles or pick_tiles(num_tokens, ops.n * ops.intermediate * ops.hidden)
-    if batch is None or ops.buffers is None or not batch.active_slots():
-        empty = torch.full((max(num_tokens, 1),), -1, dtype=torch.int32, device=device)
+    T = max(num_tokens, 1)
+    if batch is None or ops.buffers is None or (not _resident(batch, device) and not batch.active_slots()):
+        empty = torch.full((T,), -1, dtype=torch.int32, device=device)
         return Plan(empty, torch.ones(1, device=device), None, False, tiles)
+    ga = ops.buffers[0]
+    sh = torch.zeros(T, ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
+    if _resident(batch, device):
+        return Plan(torch.empty(T, dtype=torch.int32, device=device), batch.scalings.to(dtype=torch.float32),
+                    sh, True, tiles, batch=batch)
     slots = batch.token_slots().clone()
     lora = slots >= 0
     slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
-    ga = ops.buffers[0]
-    sh = torch.zeros(max(num_tokens, 1), ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
+    active = batch.active_slots()
+    single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
     return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
-                sh, True, tiles)
+                sh, True, tiles, single)
+
+
+_PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
+_PLAN_CACHE_SIZE = 64
+
+
+def cached_plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: torch.device) -> Plan:
+    """``plan`` made once per (batch object, token count, pool shape, device) and reused:
+    a decode loop that passes the same batch pays no host work for it again."""
+    if batch is None:
+        return plan(ops, num_tokens, None, device)
+    shape = None if ops.buffers is None else tuple(ops.buffers[0].shape)
+    key = (id(batch), num_tokens, shape, str(device), ops.n * ops.intermediate * ops.hidden)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0]() is batch:
+        return hit[1]
+    p = plan(ops, num_tokens, batch, device)
+    if len(_PLANS) >= _PLAN_CACHE_SIZE:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = (weakref.ref(batch), p)
+    return p
 
 
 def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
@@ -102,13 +146,22 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     w13, w2 = ops.w13.detach(), ops.w2.detach()
     t = p.tiles
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+    if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
+        b = p.batch
+        kernels.slots_kernel[(b.num_segments,)](
+            b.seg_indptr, b.weight_indices, b.lora_ranks, b.permutation if b.permutation is not None else p.slots,
+            p.slots, HAS_PERM=b.permutation is not None, BLOCK=128)
+    single = p.single_slot >= 0 and t.cublas and ops.shared_outer
     if p.has_lora:
         ga, gb, da, db = (b.detach().contiguous() for b in ops.buffers)
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         BR = max(16, triton.next_power_of_2(R))
-        sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True)
+        if single:  # one slot for every token: its gate/up shrink is one cuBLAS GEMM
+            sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made after the up kernel
+        else:
+            sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+            _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True)
         o_step = 0 if O == 1 else 1
     else:
         gb = da = db = sh = mid = x  # never read: HAS_LORA=False drops every use
@@ -121,17 +174,19 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         x, w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid,
         T, H, F, R, O, n, o_step, row_step, up_offset,
         Y_IN=t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
-        num_warps=t.warps, num_stages=t.stages)
+        INTERLEAVED=ops.interleaved, num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
         if not p.has_lora:
             return torch.mm(act, ops.w2_lin, out=out)
-        if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
+        if single:  # and its down shrink over a_cat [S, R, n*F] another
+            mid = torch.mm(act, ops.a_cat[p.single_slot].T)
+        elif O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
             _shrink(act, p, ops.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False)
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
             _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False)
     grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
     kernels.down_kernel[grid_down](
-        act, w2, out, p.slots, p.scalings, mid, db, sh,
+        act, w2, out, p.slots, p.scalings, mid, db, p.sh if p.has_lora else sh,
         T, H, F, R, O, n,
         BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
         num_warps=t.warps, num_stages=t.stages)
@@ -158,4 +213,4 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
 def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
                    batch: SlotBatch | None) -> torch.Tensor:
     """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (base plus LoRA)."""
-    return launch(ops, x, gammas, plan(ops, x.shape[0], batch, x.device))
+    return launch(ops, x, gammas, cached_plan(ops, x.shape[0], batch, x.device))
