@@ -694,6 +694,72 @@ def load_side_by_side(path: str | os.PathLike) -> dict:
                                "`inkling-lab profile --vs-upstream WHEEL`")
 
 
+# -- the user-level forward in a CUDA graph (issue 15 item 2) -------------------------------
+
+def graph_check(shape: str = "A", R: int = 16, S: int = 4, tokens: Sequence[int] = (1, 8, 32, 128),
+                calls: int = 300, device: str = "cuda") -> list[dict]:
+    """Per token count: ``sink(x, gammas, batch=resident, backend="triton")`` with a
+    device-resident batch (``SlotBatch.to``), eagerly and captured in ``torch.cuda.graph``;
+    the graph replayed, then replayed again after new segments, slots and inputs are
+    written in place, each output against ``reference_f64``; and the eager host time
+    per call (median over ``calls`` calls, no sync between them), for the resident batch
+    and for a host batch (plan cached after the first call)."""
+    import time
+
+    rows = []
+    for T in tokens:
+        c = Case.of(shape, R, S, T)
+        sink, x, gammas, _ = build_case(c, device, seed=T)
+        gen = torch.Generator().manual_seed(T)
+
+        def segments() -> SlotBatch:  # S+1 segments with random lengths and slots (-1: base only)
+            cuts = torch.sort(torch.randint(0, T + 1, (S,), generator=gen)).values
+            lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([T])]))
+            slots = torch.randint(-1, S, (S + 1,), generator=gen)
+            return SlotBatch.from_segments(lengths.tolist(), slots.tolist(), S, lora_ranks=[R] * (S - 1) + [0])
+
+        first = segments()
+        resident = first.to(device)
+        ops = sink.operands()
+        row = {"shape": shape, "R": R, "S": S, "T": T}
+        eager = sink(x, gammas, batch=resident, backend="triton")
+        row["eager_rel_err"] = records.relative_error(eager, reference_f64(ops, x, gammas, first), "fro")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                sink(x, gammas, batch=resident, backend="triton")
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = sink(x, gammas, batch=resident, backend="triton")
+        graph.replay()
+        torch.cuda.synchronize()
+        row["replay_rel_err"] = records.relative_error(static_out, reference_f64(ops, x, gammas, first), "fro")
+        second = segments()
+        for name in ("seg_indptr", "weight_indices", "lora_ranks", "scalings"):
+            getattr(resident, name).copy_(getattr(second, name))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        row["updated_replay_rel_err"] = records.relative_error(static_out, reference_f64(ops, x, gammas, second),
+                                                                "fro")
+        for label, batch in (("host_us_resident", resident), ("host_us_host_batch", second)):
+            sink(x, gammas, batch=batch, backend="triton")
+            torch.cuda.synchronize()
+            per = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                sink(x, gammas, batch=batch, backend="triton")
+                per.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+            row[label] = statistics.median(per)
+        row["ok"] = all(row[k] < 1e-2 for k in ("eager_rel_err", "replay_rel_err", "updated_replay_rel_err"))
+        rows.append(row)
+        del graph
+    return rows
+
+
 # -- command line -----------------------------------------------------------------------
 
 def _ints(text: str) -> list[int]:
@@ -724,6 +790,9 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--vs-upstream", metavar="WHEEL", default=None,
                    help="time the kit side by side with sglang 0.5.23's paths taken from this wheel file "
                         "(pip download --no-deps sglang==0.5.23) over the issue-15 grid; writes one record")
+    p.add_argument("--graph-check", action="store_true",
+                   help="capture the user-level forward with a device-resident batch in a CUDA graph, replay it "
+                        "after in-place metadata updates, time the eager host cost; writes h200_graph.json")
     p.add_argument("--modes", default="read,write", help="L2 flush modes for --vs-upstream (default read,write)")
     p.add_argument("--show", metavar="RECORD", default=None,
                    help="print the table of a recorded run (e.g. data/profiles/h200_grid.json) and exit; no GPU needed")
@@ -767,6 +836,13 @@ def profile_command(args: argparse.Namespace) -> int:
           flush=True)
     if args.vs_upstream:
         return _vs_upstream_command(args, env, ceilings, shapes)
+    if args.graph_check:
+        rows = graph_check()
+        path = write_json(Path(args.out) / (args.name or "h200_graph.json"), {"environment": env, "rows": rows})
+        for r in rows:
+            print(r)
+        print(f"wrote {path}")
+        return 0 if all(r["ok"] for r in rows) else 1
     checks = check_correctness(correctness_cases(shapes))
     worst = max((r["rel_err"] for r in checks), default=0.0)
     print(f"correctness: {len(checks)} cases, worst rel err {worst:.2e}", flush=True)
