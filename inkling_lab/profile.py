@@ -754,10 +754,49 @@ def graph_check(shape: str = "A", R: int = 16, S: int = 4, tokens: Sequence[int]
                 per.append((time.perf_counter() - t0) * 1e6)
             torch.cuda.synchronize()
             row[label] = statistics.median(per)
+        row["host_breakdown_us"] = _host_breakdown(sink, x, gammas, resident, calls)
         row["ok"] = all(row[k] < 1e-2 for k in ("eager_rel_err", "replay_rel_err", "updated_replay_rel_err"))
         rows.append(row)
         del graph
     return rows
+
+
+def _host_breakdown(sink, x, gammas, batch, calls: int) -> dict[str, float]:
+    """Median host µs of each step of one user-level call: the operands record, the
+    input checks, the plan lookup, the launches (and each kernel's own launch)."""
+    import time
+
+    from .forward import kernels
+    from .forward.triton_backend import cached_plan, launch
+    from .sink import check_tokens
+
+    ops = sink.operands()
+    p = cached_plan(ops, x.shape[0], batch, x.device)
+    steps = {"operands": lambda: sink.operands(),
+             "check_tokens": lambda: check_tokens(x, gammas, n=ops.n, hidden=ops.hidden, dtype=ops.dtype,
+                                                  device=ops.device),
+             "cached_plan": lambda: cached_plan(ops, x.shape[0], batch, x.device),
+             "launch": lambda: launch(ops, x, gammas, p),
+             "empty_act": lambda: torch.empty(x.shape[0], ops.n * ops.intermediate, dtype=x.dtype, device=x.device)}
+    out = {}
+    for name, fn in steps.items():
+        per = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            per.append((time.perf_counter() - t0) * 1e6)
+        out[name] = statistics.median(per)
+    torch.cuda.synchronize()
+    # one Triton launch alone: the slots kernel (6 arguments) at its smallest
+    one = torch.zeros(2, dtype=torch.int32, device=x.device)
+    per = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        kernels.slots_kernel[(1,)](one, one, one, one, one, HAS_PERM=False, BLOCK=16)
+        per.append((time.perf_counter() - t0) * 1e6)
+    out["one_small_triton_launch"] = statistics.median(per)
+    torch.cuda.synchronize()
+    return out
 
 
 # -- command line -----------------------------------------------------------------------

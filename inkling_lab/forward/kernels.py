@@ -140,9 +140,9 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
                           other=0.0).to(tl.float32)
             gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
         else:
-            ld = row_ok[:, None] & f_ok[None, :]
-            gate = tl.load(y_row + fs[None, :], mask=ld, other=0.0).to(tl.float32)
-            up = tl.load(y_row + F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
+            y_ok = row_ok[:, None] & f_ok[None, :]
+            gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+            up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
     else:
         acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
         for k in range(0, H, BK):
