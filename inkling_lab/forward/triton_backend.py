@@ -77,6 +77,7 @@ class Plan:
     has_lora: bool
     tiles: Tiles
     single_slot: int = -1
+    single_scale: float = 1.0
     batch: SlotBatch | None = None
 
 
@@ -110,7 +111,7 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     active = batch.active_slots()
     single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
     return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
-                sh, True, tiles, single)
+                sh, True, tiles, single, float(batch.scalings[single]) if single >= 0 else 1.0)
 
 
 _PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
@@ -143,56 +144,129 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if T == 0:
         return out
     x, gammas = x.contiguous(), gammas.contiguous()
-    w13, w2 = ops.w13.detach(), ops.w2.detach()
     t = p.tiles
+    if p.single_slot >= 0 and t.cublas and ops.shared_outer:
+        return _launch_single(ops, x, gammas, p, out)
+    w13, w2 = ops.w13, ops.w2
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
-        kernels.slots_kernel[(b.num_segments,)](
-            b.seg_indptr, b.weight_indices, b.lora_ranks, b.permutation if b.permutation is not None else p.slots,
-            p.slots, HAS_PERM=b.permutation is not None, BLOCK=128)
-    single = p.single_slot >= 0 and t.cublas and ops.shared_outer
+        _run(kernels.slots_kernel, (b.num_segments,),
+             (b.seg_indptr, b.weight_indices, b.lora_ranks, b.permutation if b.permutation is not None else p.slots,
+              p.slots), HAS_PERM=b.permutation is not None, BLOCK=128)
     if p.has_lora:
-        ga, gb, da, db = (b.detach().contiguous() for b in ops.buffers)
+        ga, gb, da, db = (b.contiguous() for b in ops.buffers)
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         BR = max(16, triton.next_power_of_2(R))
-        if single:  # one slot for every token: its gate/up shrink is one cuBLAS GEMM
-            sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made after the up kernel
-        else:
-            sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-            _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True)
+        sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+        _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True)
         o_step = 0 if O == 1 else 1
     else:
         gb = da = db = sh = mid = x  # never read: HAS_LORA=False drops every use
         O = R = o_step = 0
         BR = 16
-    y = torch.mm(x, w13.view(n * 2 * F, H).T) if t.cublas else x
-    row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
-    grid_up = (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf),)
-    kernels.up_kernel[grid_up](
-        x, w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid,
-        T, H, F, R, O, n, o_step, row_step, up_offset,
-        Y_IN=t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
-        INTERLEAVED=ops.interleaved, num_warps=t.warps, num_stages=t.stages)
+    y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
+    _up(ops, x, y, gammas, act, p, sh, gb, da, mid, R, O, o_step, BR, p.has_lora)
     if t.cublas:
         if not p.has_lora:
             return torch.mm(act, ops.w2_lin, out=out)
-        if single:  # and its down shrink over a_cat [S, R, n*F] another
-            mid = torch.mm(act, ops.a_cat[p.single_slot].T)
-        elif O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
+        if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
             _shrink(act, p, ops.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False)
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
             _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False)
     grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
-    kernels.down_kernel[grid_down](
-        act, w2, out, p.slots, p.scalings, mid, db, p.sh if p.has_lora else sh,
-        T, H, F, R, O, n,
-        BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
-        num_warps=t.warps, num_stages=t.stages)
+    _run(kernels.down_kernel, grid_down,
+         (act, w2, out, p.slots, p.scalings, mid, db, sh, T, H, F, R, O, n),
+         BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+         num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
         out.addmm_(act, ops.w2_lin)  # cuBLAS adds the base down GEMM to the LoRA term
     return out
+
+
+def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, sh, gb, da, mid, R: int, O: int, o_step: int, BR: int,
+        lora: bool) -> None:
+    """One ``up_kernel`` launch (its docstring names the operands)."""
+    T, H = x.shape
+    n, F, t = ops.n, ops.intermediate, p.tiles
+    row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
+    _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf),),
+         (x, ops.w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid,
+          T, H, F, R, O, n, o_step, row_step, up_offset),
+         Y_IN=t.cublas, HAS_LORA=lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+         INTERLEAVED=ops.interleaved, num_warps=t.warps, num_stages=t.stages)
+
+
+def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
+    """Every token on one slot ``s``, many tokens, shared outer: the LoRA folded into
+    cuBLAS calls around the base GEMMs, each product written once: ``y = (x A_s^T) W1Δ_s^T``
+    then cuBLAS adds ``x w13_lin^T`` onto it (``beta = 1``: read in the GEMM's epilogue,
+    nearly free while the GEMM is compute-bound), the activation kernel, and the same
+    for the down side (``out = (act a_cat_s^T) B_s^T``, then ``+= act w2_lin``)."""
+    s, scale = p.single_slot, p.single_scale
+    ga, _, _, db = ops.buffers
+    sh = torch.mm(x, ga[s, 0].T)                      # [T, 2R]
+    if scale != 1.0:
+        sh.mul_(scale)
+    y = torch.mm(sh, ops.w1_delta[s].T)               # [T, n*2F], rows as in w13_lin
+    y.addmm_(x, ops.w13_lin.T)
+    act = torch.empty(x.shape[0], ops.n * ops.intermediate, dtype=x.dtype, device=x.device)
+    _up(ops, x, y, gammas, act, p, x, x, x, x, 0, 0, 0, 16, False)
+    mid = torch.mm(act, ops.a_cat[s].T)               # [T, R]
+    if scale != 1.0:
+        mid.mul_(scale)
+    torch.mm(mid, db[s, 0].T, out=out)
+    out.addmm_(act, ops.w2_lin)
+    return out
+
+
+_FAST: dict[tuple, tuple] = {}
+_FAST_OK = [True]
+
+
+def _run(kern, grid: tuple, args: tuple, **meta) -> None:
+    """``kern[grid](*args, **meta)`` with less host work on repeat calls.
+
+    Triton's launch binds and specializes every argument on every call (15-40 µs of
+    host time per launch on the H200 machine's CPU, ``data/profiles/h200_graph.json``).
+    The first call of a configuration goes through it and compiles; later calls whose
+    arguments specialize the same way (each integer's value, each tensor's dtype,
+    device and 16-byte alignment: what Triton keys its cache on) call the compiled
+    kernel's launcher directly, as Triton's own launch does after binding. Under the
+    interpreter, or if this Triton's internals differ, every call takes the plain path."""
+    key = None
+    if _FAST_OK[0]:
+        key = (kern, tuple(meta.items()), tuple(
+            a if type(a) is int else (a.dtype, a.device.index, a.data_ptr() % 16 == 0) for a in args))
+        hit = _FAST.get(key)
+        if hit is not None:
+            ck, tail, driver, knobs = hit
+            full = args + tail
+            try:
+                stream = driver.active.get_current_stream(driver.active.get_current_device())
+                ck.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                       ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
+                       knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
+                return
+            except (AttributeError, TypeError):  # another Triton: use its own launch from now on
+                _FAST_OK[0] = False
+                _FAST.clear()
+    ck = kern[grid](*args, **meta)
+    if key is None or ck is None or not hasattr(ck, "function"):
+        return
+    try:
+        from triton import knobs
+        from triton.runtime import driver
+
+        names = kern.arg_names
+        defaults = {p.name: p.default for p in kern.params}
+        tail = tuple(meta[n] if n in meta else defaults[n] for n in names[len(args):])
+        if len(_FAST) > 512:
+            _FAST.clear()
+        _FAST[key] = (ck, tail, driver, knobs)
+    except (AttributeError, ImportError, KeyError):
+        _FAST_OK[0] = False
 
 
 def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, K: int, ldx: int,
@@ -205,9 +279,9 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
     k_chunk = triton.cdiv(triton.cdiv(K, split), 16) * 16  # a multiple of the step below
     bk = next(b for b in (64, 32, 16) if k_chunk % b == 0)
     S = p.scalings.numel()
-    kernels.shrink_kernel[(triton.cdiv(T, bm), O * S, split)](
-        x, p.slots, a, dst, mid, T, K, ldx, x_o_off, R, O, a_s, a_o, k_chunk,
-        HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk, num_warps=t.swarps, num_stages=3)
+    _run(kernels.shrink_kernel, (triton.cdiv(T, bm), O * S, split),
+         (x, p.slots, a, dst, mid, T, K, ldx, x_o_off, R, O, a_s, a_o, k_chunk),
+         HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk, num_warps=t.swarps, num_stages=3)
 
 
 def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
