@@ -112,6 +112,9 @@ def test_a_replayed_launch_gives_the_same_output_and_leaves_the_workspace_zero()
         tb.launch(ops, x, gammas, p, out)
         assert rel(out, ref) < 1e-5
         assert torch.count_nonzero(p.sh) == 0
+        assert p.split.up > 1 and p.split.down > 1  # split-K reductions ran, and left their workspaces zero
+        for t in (p.split.ws_up, p.split.cnt_up, p.split.ws_down, p.split.cnt_down):
+            assert torch.count_nonzero(t) == 0
 
 
 def test_no_batch_or_no_pool_is_the_base_sink():

@@ -79,6 +79,44 @@ class Plan:
     single_slot: int = -1
     single_scale: float = 1.0
     batch: SlotBatch | None = None
+    split: "Split | None" = None
+
+
+@dataclass(frozen=True)
+class Split:
+    """Split-K of the weight-streaming path: ``up`` and ``down`` programs per tile, each
+    reducing a slice of ``K``, and their float32 workspaces ``ws_up [T, n*2F]``,
+    ``ws_down [T, H]`` and per-tile counters, zero between launches (the last program
+    of each tile leaves them so)."""
+
+    up: int
+    down: int
+    ws_up: torch.Tensor
+    cnt_up: torch.Tensor
+    ws_down: torch.Tensor
+    cnt_down: torch.Tensor
+
+
+TARGET_PROGRAMS = 3 * 132
+"""Programs the weight-streaming launches aim for: ~3 per multiprocessor of an H200
+(one program per tile leaves A's 96 tiles of ~100 KB each latency-bound: `ncu` saw
+3% occupancy and 21% of DRAM bandwidth, KERNEL_NOTES.md)."""
+
+
+def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split | None:
+    """How far to split ``K`` so the up and down launches have ~``TARGET_PROGRAMS``
+    programs (never below one ``bk`` step per program); ``None`` on the cuBLAS path."""
+    if t.cublas:
+        return None
+    m = triton.cdiv(num_tokens, t.bm)
+    up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
+    up = max(1, min(TARGET_PROGRAMS // up_tiles, triton.cdiv(H, t.bk)))
+    down = max(1, min(TARGET_PROGRAMS // down_tiles, n * triton.cdiv(F, t.bk)))
+    f32 = dict(dtype=torch.float32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    return Split(up, down, torch.zeros(num_tokens, n * 2 * F, **f32) if up > 1 else torch.zeros(1, **f32),
+                 torch.zeros(up_tiles, **i32), torch.zeros(num_tokens, H, **f32) if down > 1 else torch.zeros(1, **f32),
+                 torch.zeros(down_tiles, **i32))
 
 
 def _resident(batch: SlotBatch, device: torch.device) -> bool:
@@ -97,21 +135,22 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     so the plan can be made, and the forward captured, inside ``torch.cuda.graph``."""
     tiles = tiles or pick_tiles(num_tokens, ops.n * ops.intermediate * ops.hidden)
     T = max(num_tokens, 1)
+    split = _splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device)
     if batch is None or ops.buffers is None or (not _resident(batch, device) and not batch.active_slots()):
         empty = torch.full((T,), -1, dtype=torch.int32, device=device)
-        return Plan(empty, torch.ones(1, device=device), None, False, tiles)
+        return Plan(empty, torch.ones(1, device=device), None, False, tiles, split=split)
     ga = ops.buffers[0]
     sh = torch.zeros(T, ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
     if _resident(batch, device):
         return Plan(torch.empty(T, dtype=torch.int32, device=device), batch.scalings.to(dtype=torch.float32),
-                    sh, True, tiles, batch=batch)
+                    sh, True, tiles, batch=batch, split=split)
     slots = batch.token_slots().clone()
     lora = slots >= 0
     slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
     active = batch.active_slots()
     single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
     return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
-                sh, True, tiles, single, float(batch.scalings[single]) if single >= 0 else 1.0)
+                sh, True, tiles, single, float(batch.scalings[single]) if single >= 0 else 1.0, split=split)
 
 
 _PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
@@ -176,9 +215,11 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
             _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False)
     grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
-    _run(kernels.down_kernel, grid_down,
-         (act, w2, out, p.slots, p.scalings, mid, db, sh, T, H, F, R, O, n),
-         BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+    sp = p.split
+    split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
+    _run(kernels.down_kernel, (grid_down[0] * split,),
+         (act, w2, out, p.slots, p.scalings, mid, db, sh, ws, cnt, T, H, F, R, O, n),
+         BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m, SPLIT=split,
          num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
         out.addmm_(act, ops.w2_lin)  # cuBLAS adds the base down GEMM to the LoRA term
@@ -191,11 +232,13 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, sh, gb, da, mid, R: int, 
     T, H = x.shape
     n, F, t = ops.n, ops.intermediate, p.tiles
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
-    _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf),),
-         (x, ops.w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid,
+    sp = p.split
+    split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
+    _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
+         (x, ops.w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid, ws, cnt,
           T, H, F, R, O, n, o_step, row_step, up_offset),
          Y_IN=t.cublas, HAS_LORA=lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, num_warps=t.warps, num_stages=t.stages)
+         INTERLEAVED=ops.interleaved, SPLIT=split, num_warps=t.warps, num_stages=t.stages)
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
