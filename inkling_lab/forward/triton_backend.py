@@ -10,7 +10,7 @@ capture it and replay it against the same plan.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -80,6 +80,7 @@ class Plan:
     single_scale: float = 1.0
     batch: SlotBatch | None = None
     split: "Split | None" = None
+    fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def cached_plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, dev
     if batch is None:
         return plan(ops, num_tokens, None, device)
     shape = None if ops.buffers is None else tuple(ops.buffers[0].shape)
-    key = (id(batch), num_tokens, shape, str(device), ops.n * ops.intermediate * ops.hidden)
+    key = (id(batch), num_tokens, shape, str(device), ops.n, ops.intermediate, ops.hidden, ops.dtype)
     hit = _PLANS.get(key)
     if hit is not None and hit[0]() is batch:
         return hit[1]
@@ -186,39 +187,42 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     t = p.tiles
     if p.single_slot >= 0 and t.cublas and ops.shared_outer:
         return _launch_single(ops, x, gammas, p, out)
+    # What may differ between calls on this plan, for the repeat-launch cache (_run).
+    key = (x.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+           ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
     w13, w2 = ops.w13, ops.w2
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
         _run(kernels.slots_kernel, (b.num_segments,),
              (b.seg_indptr, b.weight_indices, b.lora_ranks, b.permutation if b.permutation is not None else p.slots,
-              p.slots), HAS_PERM=b.permutation is not None, BLOCK=128)
+              p.slots), fast=(p.fast, ("slots", key)), HAS_PERM=b.permutation is not None, BLOCK=128)
     if p.has_lora:
         ga, gb, da, db = (b.contiguous() for b in ops.buffers)
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         BR = max(16, triton.next_power_of_2(R))
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True)
+        _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True, ("shrink_up", key))
         o_step = 0 if O == 1 else 1
     else:
         gb = da = db = sh = mid = x  # never read: HAS_LORA=False drops every use
         O = R = o_step = 0
         BR = 16
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
-    _up(ops, x, y, gammas, act, p, sh, gb, da, mid, R, O, o_step, BR, p.has_lora)
+    _up(ops, x, y, gammas, act, p, sh, gb, da, mid, R, O, o_step, BR, p.has_lora, key)
     if t.cublas:
         if not p.has_lora:
             return torch.mm(act, ops.w2_lin, out=out)
         if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
-            _shrink(act, p, ops.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False)
+            _shrink(act, p, ops.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False, ("shrink_down", key))
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
-            _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False)
+            _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False, ("shrink_down", key))
     grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
     sp = p.split
     split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
     _run(kernels.down_kernel, (grid_down[0] * split,),
-         (act, w2, out, p.slots, p.scalings, mid, db, sh, ws, cnt, T, H, F, R, O, n),
+         (act, w2, out, p.slots, p.scalings, mid, db, sh, ws, cnt, T, H, F, R, O, n), fast=(p.fast, ("down", key)),
          BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m, SPLIT=split,
          num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
@@ -227,7 +231,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
 
 
 def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, sh, gb, da, mid, R: int, O: int, o_step: int, BR: int,
-        lora: bool) -> None:
+        lora: bool, key: tuple | None = None) -> None:
     """One ``up_kernel`` launch (its docstring names the operands)."""
     T, H = x.shape
     n, F, t = ops.n, ops.intermediate, p.tiles
@@ -236,7 +240,7 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, sh, gb, da, mid, R: int, 
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid, ws, cnt,
-          T, H, F, R, O, n, o_step, row_step, up_offset),
+          T, H, F, R, O, n, o_step, row_step, up_offset), fast=None if key is None else (p.fast, ("up", key)),
          Y_IN=t.cublas, HAS_LORA=lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
          INTERLEAVED=ops.interleaved, SPLIT=split, num_warps=t.warps, num_stages=t.stages)
 
@@ -268,21 +272,27 @@ _FAST: dict[tuple, tuple] = {}
 _FAST_OK = [True]
 
 
-def _run(kern, grid: tuple, args: tuple, **meta) -> None:
+def _run(kern, grid: tuple, args: tuple, fast: tuple | None = None, **meta) -> None:
     """``kern[grid](*args, **meta)`` with less host work on repeat calls.
 
     Triton's launch binds and specializes every argument on every call (15-40 µs of
     host time per launch on the H200 machine's CPU, ``data/profiles/h200_graph.json``).
     The first call of a configuration goes through it and compiles; later calls whose
-    arguments specialize the same way (each integer's value, each tensor's dtype,
-    device and 16-byte alignment: what Triton keys its cache on) call the compiled
-    kernel's launcher directly, as Triton's own launch does after binding. Under the
-    interpreter, or if this Triton's internals differ, every call takes the plain path."""
+    arguments specialize the same way call the compiled kernel's launcher directly, as
+    Triton's own launch does after binding. ``fast = (plan's cache, key)``: the key
+    names what can change between calls on one plan (the caller's tensors' dtype and
+    16-byte alignment, the shapes), the plan fixes the rest (its own tensors, the
+    token count); without it the key is every argument's specialization (slower to
+    build). Under the interpreter, or if this Triton's internals differ, every call
+    takes the plain path."""
     key = None
     if _FAST_OK[0]:
-        key = (kern, tuple(meta.items()), tuple(
-            a if type(a) is int else (a.dtype, a.device.index, a.data_ptr() % 16 == 0) for a in args))
-        hit = _FAST.get(key)
+        if fast is not None:
+            cache, key = fast[0], (kern, meta.get("HAS_LORA"), fast[1])
+        else:
+            cache, key = _FAST, (kern, tuple(meta.items()), tuple(
+                a if type(a) is int else (a.dtype, a.device.index, a.data_ptr() % 16 == 0) for a in args))
+        hit = cache.get(key)
         if hit is not None:
             ck, tail, driver, knobs = hit
             full = args + tail
@@ -305,15 +315,16 @@ def _run(kern, grid: tuple, args: tuple, **meta) -> None:
         names = kern.arg_names
         defaults = {p.name: p.default for p in kern.params}
         tail = tuple(meta[n] if n in meta else defaults[n] for n in names[len(args):])
-        if len(_FAST) > 512:
-            _FAST.clear()
-        _FAST[key] = (ck, tail, driver, knobs)
+        if len(cache) > 512:
+            cache.clear()
+        cache[key] = (ck, tail, driver, knobs)
     except (AttributeError, ImportError, KeyError):
         _FAST_OK[0] = False
 
 
 def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, K: int, ldx: int,
-            x_o_off: int, R: int, O: int, a_s: int, a_o: int, halves: int, BR: int, zero_mid: bool) -> None:
+            x_o_off: int, R: int, O: int, a_s: int, a_o: int, halves: int, BR: int, zero_mid: bool,
+            key: tuple | None = None) -> None:
     """One ``shrink_kernel`` launch (its docstring names the operands)."""
     T = x.shape[0]
     t = p.tiles
@@ -324,7 +335,8 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
     S = p.scalings.numel()
     _run(kernels.shrink_kernel, (triton.cdiv(T, bm), O * S, split),
          (x, p.slots, a, dst, mid, T, K, ldx, x_o_off, R, O, a_s, a_o, k_chunk),
-         HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk, num_warps=t.swarps, num_stages=3)
+         fast=None if key is None else (p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk,
+         num_warps=t.swarps, num_stages=3)
 
 
 def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
