@@ -723,9 +723,10 @@ def graph_check(shape: str = "A", R: int = 16, S: int = 4, tokens: Sequence[int]
         resident = first.to(device)
         ops = sink.operands()
         row = {"shape": shape, "R": R, "S": S, "T": T}
-        sink(x, gammas, batch=resident, backend="triton")  # compiles; the next call is the repeat path
-        eager = sink(x, gammas, batch=resident, backend="triton")
-        row["eager_rel_err"] = records.relative_error(eager, reference_f64(ops, x, gammas, first), "fro")
+        ref = reference_f64(ops, x, gammas, first)
+        # the first eager call launches, the second captures and replays, the third replays
+        row["eager_rel_err"] = max(records.relative_error(sink(x, gammas, batch=resident, backend="triton"), ref,
+                                                          "fro") for _ in range(3))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -99,20 +99,23 @@ class Split:
 
 
 TARGET_PROGRAMS = 3 * 132
-"""Programs the weight-streaming launches aim for: ~3 per multiprocessor of an H200
-(one program per tile leaves A's 96 tiles of ~100 KB each latency-bound: `ncu` saw
-3% occupancy and 21% of DRAM bandwidth, KERNEL_NOTES.md)."""
+"""Programs the weight-streaming launches aim for: ~3 per multiprocessor of an H200."""
+MIN_SPLIT_K = 1024
+"""No program of a split reduces fewer than this many of ``K``. The split's reduction
+(atomics, a counter, a re-read) adds a chain of dependent memory trips: on the H200 it
+paid only where each program streams long rows (Inkling-TP8, ``K = 6144``: 33 -> 26 µs at
+one token) and cost 2-6 µs where rows are short (A, ``K = 1536``), ``h200_split_sweep.json``."""
 
 
 def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split | None:
     """How far to split ``K`` so the up and down launches have ~``TARGET_PROGRAMS``
-    programs (never below one ``bk`` step per program); ``None`` on the cuBLAS path."""
+    programs, each reducing at least ``MIN_SPLIT_K``; ``None`` on the cuBLAS path."""
     if t.cublas:
         return None
     m = triton.cdiv(num_tokens, t.bm)
     up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
-    up = max(1, min(TARGET_PROGRAMS // up_tiles, triton.cdiv(H, t.bk)))
-    down = max(1, min(TARGET_PROGRAMS // down_tiles, n * triton.cdiv(F, t.bk)))
+    up = max(1, min(TARGET_PROGRAMS // up_tiles, H // MIN_SPLIT_K))
+    down = max(1, min(TARGET_PROGRAMS // down_tiles, n * F // MIN_SPLIT_K))
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
     return Split(up, down, torch.zeros(num_tokens, n * 2 * F, **f32) if up > 1 else torch.zeros(1, **f32),
@@ -339,7 +342,50 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
          num_warps=t.swarps, num_stages=3)
 
 
+GRAPH_TOKENS = 256
+"""Up to this many tokens an eager call on CUDA replays a CUDA graph of its launches."""
+
+
 def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
                    batch: SlotBatch | None) -> torch.Tensor:
-    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (base plus LoRA)."""
-    return launch(ops, x, gammas, cached_plan(ops, x.shape[0], batch, x.device))
+    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (base plus LoRA).
+
+    The plan is made once per batch object (``cached_plan``). For few tokens on CUDA
+    the host's launch work, not the GPU, sets the pace (120-240 µs a call on the H200
+    machine, ``h200_graph_v6.json``), so an eager call with a batch replays a graph:
+    the first call launches, the second captures the launches against copies of the
+    inputs, every later one copies ``x`` and ``gammas`` in, replays and returns a copy
+    of the output. The graph reads the batch's device tensors and the pool at every
+    replay, so in-place updates of a ``SlotBatch.to(device)`` batch and of the pool
+    are followed; new weight or pool storage makes a new graph. Inside a capture of
+    the caller's own, the launches are enqueued directly."""
+    p = cached_plan(ops, x.shape[0], batch, x.device)
+    if batch is None or not x.is_cuda or x.shape[0] > GRAPH_TOKENS or torch.cuda.is_current_stream_capturing():
+        return launch(ops, x, gammas, p)
+    return _replay(ops, x, gammas, p)
+
+
+def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan) -> torch.Tensor:
+    key = ("graph", x.dtype, x.device, ops.w13.data_ptr(), ops.w2.data_ptr(),
+           tuple(b.data_ptr() for b in ops.buffers) if ops.buffers is not None else None,
+           ops.a_cat.data_ptr() if ops.a_cat is not None else None)
+    entry = p.fast.get(key)
+    if entry is None:  # first call: launch (compiles, fills the launch cache)
+        p.fast[key] = "launched"
+        return launch(ops, x, gammas, p)
+    if entry == "launched":  # second call: capture against static copies of the inputs
+        xs, gs, outs = x.contiguous().clone(), gammas.contiguous().clone(), torch.empty_like(x)
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            launch(ops, xs, gs, p, outs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch(ops, xs, gs, p, outs)
+        entry = p.fast[key] = (graph, xs, gs, outs)
+    graph, xs, gs, outs = entry
+    xs.copy_(x)
+    gs.copy_(gammas)
+    graph.replay()
+    return outs.clone()
