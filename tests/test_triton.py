@@ -143,8 +143,10 @@ def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert tb.pick_tiles(8192).cublas and tb.pick_tiles(8192).bm >= 64
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["cublas_shrinks", "folded_into_cublas"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved):
+def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, fold, monkeypatch):
+    monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if fold else 1 << 30)
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 19, True, interleaved, seed=21)
     batch = SlotBatch.from_segments([19], [2], 3, lora_ranks=[5, 5, 5], scalings=[1.0, 1.0, 0.7])
     out, p = run(sink, x, gammas, batch, CUBLAS)

@@ -188,7 +188,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         return out
     x, gammas = x.contiguous(), gammas.contiguous()
     t = p.tiles
-    if p.single_slot >= 0 and t.cublas and ops.shared_outer:
+    single = p.single_slot >= 0 and t.cublas and ops.shared_outer
+    if single and T >= FOLD_TOKENS:
         return _launch_single(ops, x, gammas, p, out)
     # What may differ between calls on this plan, for the repeat-launch cache (_run).
     key = (x.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
@@ -205,19 +206,24 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         BR = max(16, triton.next_power_of_2(R))
-        sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True, ("shrink_up", key))
+        if single:  # one slot for every token: its gate/up shrink is one cuBLAS GEMM
+            sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made after the up kernel
+        else:
+            sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+            _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True, ("shrink_up", key))
         o_step = 0 if O == 1 else 1
     else:
         gb = da = db = sh = mid = x  # never read: HAS_LORA=False drops every use
         O = R = o_step = 0
         BR = 16
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
-    _up(ops, x, y, gammas, act, p, sh, gb, da, mid, R, O, o_step, BR, p.has_lora, key)
+    _up(ops, x, y, gammas, act, p, sh, gb, da, mid, R, O, o_step, BR, p.has_lora, key + (single,))
     if t.cublas:
         if not p.has_lora:
             return torch.mm(act, ops.w2_lin, out=out)
-        if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
+        if single:  # and its down shrink over a_cat [S, R, n*F] another
+            mid = torch.mm(act, ops.a_cat[p.single_slot].T)
+        elif O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
             _shrink(act, p, ops.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False, ("shrink_down", key))
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
             _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False, ("shrink_down", key))
@@ -225,7 +231,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     sp = p.split
     split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
     _run(kernels.down_kernel, (grid_down[0] * split,),
-         (act, w2, out, p.slots, p.scalings, mid, db, sh, ws, cnt, T, H, F, R, O, n), fast=(p.fast, ("down", key)),
+         (act, w2, out, p.slots, p.scalings, mid, db, p.sh if p.has_lora else sh, ws, cnt, T, H, F, R, O, n),
+         fast=(p.fast, ("down", key + (single,))),
          BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m, SPLIT=split,
          num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
@@ -341,6 +348,12 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
          fast=None if key is None else (p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk,
          num_warps=t.swarps, num_stages=3)
 
+
+FOLD_TOKENS = 2048
+"""From this many tokens a one-slot batch folds its LoRA into cuBLAS calls
+(``_launch_single``); below, its shrinks are cuBLAS GEMMs and the expand stays in the
+activation kernel (two launches fewer: 41-42 vs 42-43 µs at A 512, 78.9 vs 83.0 µs
+at A 2048 the other way, ``h200_side_by_side_v5/v6.json``)."""
 
 GRAPH_TOKENS = 256
 """Up to this many tokens an eager call on CUDA replays a CUDA graph of its launches."""
