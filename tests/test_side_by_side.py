@@ -99,3 +99,11 @@ def test_the_recorded_side_by_side_is_complete():
     rows = pr.side_by_side_rows(rec)
     assert all(r["kit_us"] and r["sglang_multi_us"] and r["sglang_base_us"] for r in rows)
     assert all(max(p["rel_err"].values()) < 1e-2 for p in rec["points"])
+
+
+@pytest.mark.skipif(not SIDE_RECORD.exists(), reason="no side-by-side record yet")
+def test_kernel_notes_carry_the_generated_table():
+    notes = (Path(__file__).resolve().parents[1] / "KERNEL_NOTES.md").read_text()
+    rec = pr.load_side_by_side(SIDE_RECORD)
+    assert pr.side_by_side_table(rec, "read") in notes
+    assert pr.side_by_side_summary(rec, "read") in notes
