@@ -7,16 +7,16 @@ offsets), and folds the scaling ``lora_alpha / r`` into the B factors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from .catalog import error
 from .geometry import Geometry
 
 
 def _outer_mismatch(which: str, k: int) -> ValueError:
-    return ValueError(
-        f"experts_shared_outer_loras is enabled but {which} has expert_dim={k} (expected 1).")
+    return error("ISL-E015", factor=which, k=k)
 
 
 def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
@@ -24,8 +24,8 @@ def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
     # of too large a rank, or of another H or F, fails here). Raised, not asserted,
     # so that ``python -O`` cannot turn it into a broadcast or a raw copy error.
     if view.shape != weight.shape:
-        raise AssertionError(
-            f"LoRA buffer shape {tuple(view.shape)} does not match weight shape {tuple(weight.shape)}.")
+        # upstream formats the shapes as torch.Size([...]), and so do we
+        raise error("ISL-E016", buffer_shape=view.shape, weight_shape=weight.shape)
     view.copy_(weight)
 
 
@@ -47,6 +47,7 @@ class LoRAFactors:
 
     @property
     def rank(self) -> int:
+        """``r``, this adapter's own rank (a pool holds it if ``r <= R``, its ``max_rank``)."""
         return int(self.down_a.shape[-2])
 
     @property
@@ -105,7 +106,7 @@ class LoRAPool:
     def __init__(self, n: int, hidden: int, intermediate: int, slots: int, max_rank: int,
                  outer: int = 1, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
-        self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, rank=max_rank,
+        self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, max_rank=max_rank,
                                  slots=slots, outer=outer)
         g = self.geometry
         self.gate_up_a = torch.zeros(g.gate_up_a, dtype=dtype, device=device)
@@ -117,7 +118,7 @@ class LoRAPool:
     @classmethod
     def from_geometry(cls, g: Geometry, dtype: torch.dtype = torch.float32,
                       device: torch.device | str | None = None) -> "LoRAPool":
-        return cls(g.n, g.hidden, g.intermediate, g.slots, g.rank, g.outer, dtype, device)
+        return cls(g.n, g.hidden, g.intermediate, g.slots, g.max_rank, g.outer, dtype, device)
 
     @property
     def slots(self) -> int:
@@ -125,7 +126,7 @@ class LoRAPool:
 
     @property
     def max_rank(self) -> int:
-        return self.geometry.rank
+        return self.geometry.max_rank
 
     @property
     def shared_outer(self) -> bool:
@@ -137,7 +138,7 @@ class LoRAPool:
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
-            raise IndexError(f"LoRAPool slot {slot} is outside the pool: use a slot in 0..{self.slots - 1}")
+            raise error("ISL-K104", slot=slot, last=self.slots - 1)
 
     def load(self, slot: int, factors: LoRAFactors, name: str | None = None) -> None:
         """Write one adapter into ``slot``: zero it, copy the gate/up halves at max-rank
@@ -215,5 +216,5 @@ class LoRAPool:
     def __repr__(self) -> str:
         g = self.geometry
         layout = "shared outer" if g.shared_outer else "per-expert outer"
-        return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.rank}, "
+        return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.max_rank}, "
                 f"{layout}, dtype={self.gate_up_a.dtype}, ranks={self.lora_ranks})")

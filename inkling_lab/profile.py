@@ -895,14 +895,14 @@ def profile_command(args: argparse.Namespace) -> int:
     if not all(r["ok"] for r in checks):
         print("correctness check FAILED; not timing", file=sys.stderr)
         return 1
-    records, kernels = [], []
+    timed, kernels = [], []
     if not args.check_only:
-        records = run_grid(grid(shapes, args.ranks, args.slots, args.tokens), backends, ceilings, args.reps)
+        timed = run_grid(grid(shapes, args.ranks, args.slots, args.tokens), backends, ceilings, args.reps)
         probe = [Case.of(s, 64, 4, T) for s in shapes for T in (1, 8192)]
         kernels = [{"case": asdict(c), "backend": b, "kernels": kernel_table(c, b)} for c in probe for b in backends]
     name = args.name or f"{env['device'].replace(' ', '_')}_{env['date'][:10]}.json"
     payload = {"environment": env, "ceilings": ceilings, "correctness": checks,
-               "records": [asdict(r) for r in records], "kernel_tables": kernels}
+               "records": [asdict(r) for r in timed], "kernel_tables": kernels}
     path = write_json(Path(args.out) / name, payload)
     for r in checks:
         print(f"  {r['shape']} T={r['T']:<5} O={r['outer']} interleaved={r['interleaved']!s:<5} {r['dtype']:<8} "

@@ -20,7 +20,10 @@ from hypothesis import strategies as st
 
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward.reference import reference_forward
+from inkling_lab.geometry import Geometry
 from inkling_lab.lora import SharedSinkLoRA
+from inkling_lab.records import relative_error
+from inkling_lab.scenario import Scenario
 
 _PKG = "inkling_lab.forward"
 _NAMES = ("kernels", "triton_backend")
@@ -58,19 +61,15 @@ def _interpreter_on(monkeypatch):
 
 
 def make_case(n, H, F, R, S, T, outer_shared, interleaved, seed):
-    g = torch.Generator().manual_seed(seed)
-    sink = SharedSinkLoRA(n, H, F, interleaved=interleaved, dtype=torch.float32, seed=seed)
-    O = 1 if outer_shared else n
-    sink.set_lora_info(torch.randn(S, O, 2 * R, H, generator=g) / H ** 0.5, torch.randn(S, n, 2 * F, R, generator=g),
-                       torch.randn(S, n, R, F, generator=g) / F ** 0.5, torch.randn(S, O, H, R, generator=g))
-    ids = torch.randint(-1, S, (T,), generator=g)
+    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=R, slots=S, outer=1 if outer_shared else n)
+    sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
+    gen = torch.Generator().manual_seed(seed)
     ranks = [R] * S
     if S > 1:
         ranks[1] = 0  # a rank-0 slot is skipped even though its buffers are not zero
-    batch = SlotBatch.from_token_slots(ids, S, lora_ranks=ranks, scalings=(0.5 + torch.rand(S, generator=g)).tolist())
-    x = torch.randn(T, H, generator=g)
-    gammas = torch.rand(T, n, generator=g)
-    return sink, x, gammas, batch
+    batch = SlotBatch.from_token_slots(sc.batch.token_slots(), S, lora_ranks=ranks,
+                                       scalings=(0.5 + torch.rand(S, generator=gen)).tolist())
+    return sc.sink, sc.x, sc.gammas, batch
 
 
 def run(sink, x, gammas, batch, tiles=None):
@@ -82,7 +81,7 @@ def run(sink, x, gammas, batch, tiles=None):
 
 
 def rel(a, b):
-    return float((a.double() - b).norm() / b.norm())
+    return relative_error(a, b, norm="fro")
 
 
 # Tiny tiles so the odd sizes below span several tiles and the shrink splits H in three.
@@ -186,3 +185,10 @@ def test_a_device_resident_batch_follows_in_place_updates(tiles, grouped):
     tb.launch(ops, x, gammas, p, out)
     assert rel(out, reference_forward(ops, x, gammas, second)) < 1e-5
     assert torch.count_nonzero(p.sh) == 0
+
+
+def test_gammas_of_another_floating_dtype_are_read_in_float32():
+    sink, x, gammas, batch = make_case(2, 20, 10, 2, 2, 7, True, True, seed=5)
+    want, _ = run(sink, x, gammas, batch)
+    got, _ = run(sink, x, gammas.double(), batch)  # sglang passes the router's float32 weights
+    assert rel(got, want.double()) < 1e-6

@@ -28,7 +28,7 @@ def shrink_gate_up(ops: SinkOperands, s: int, xs: torch.Tensor) -> torch.Tensor:
 def expand_gate_up(ops: SinkOperands, s: int, shrunk: torch.Tensor) -> torch.Tensor:
     """``shrunk [Ts, O, 2R]`` -> the delta of ``y``, ``[Ts, n, 2F]`` in the sink's gate/up
     row layout: gate B from the gate features, up B from the up features."""
-    n, F, R = ops.n, ops.intermediate, ops.rank
+    n, F, R = ops.n, ops.intermediate, ops.max_rank
     if ops.shared_outer:  # w1_delta [n*2F, 2R] places both halves of B in y's layout already
         return (shrunk[:, 0] @ ops.w1_delta[s].T).view(-1, n, 2 * F)
     gb = ops.buffers[1][s]                                                 # [n, 2F, R]

@@ -192,7 +192,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if single and T >= FOLD_TOKENS:
         return _launch_single(ops, x, gammas, p, out)
     # What may differ between calls on this plan, for the repeat-launch cache (_run).
-    key = (x.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+    key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
     w13, w2 = ops.w13, ops.w2
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
