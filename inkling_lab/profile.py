@@ -578,7 +578,8 @@ def side_by_side_case(c: Case, ceilings: dict[str, float], flushes: dict[str, L2
     del ref, ref_base
     ok = {k for k, e in errors.items() if e == e and e < 1e-2}
     graphs = {k: _capture(fns[k]) for k in fns if k in ok}
-    times = {mode: {k: _stats(v) for k, v in time_interleaved(graphs, fl, reps).items()} for mode, fl in flushes.items()}
+    times = {mode: {k: _stats(v) for k, v in time_interleaved(graphs, fl, reps).items()}
+             for mode, fl in flushes.items()}
     del graphs
     roof = roofline(c, **ceilings)
     return {"case": asdict(c), "roofline_us": roof.us, "bound": roof.bound, "bytes": roof.bytes, "flops": roof.flops,

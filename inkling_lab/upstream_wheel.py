@@ -246,7 +246,7 @@ class UpstreamSink:
             lora_ranks=padded(batch.lora_ranks.to(dev, torch.int32)), scalings=padded(batch.scalings.to(dev)),
             max_len=int(lens.max()), seg_lens=lens.to(dev, torch.int32), permutation=None,
             expected_tokens=batch.num_tokens, has_active_lora=True)
-        n, F = sink.n_shared_experts, sink.intermediate_size
+        n = sink.n_shared_experts
 
         def swiglu(y: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
             # InklingBatchDenseMLP._swiglu for interleaved w13: rows are (token, expert).

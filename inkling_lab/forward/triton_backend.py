@@ -194,7 +194,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     # What may differ between calls on this plan, for the repeat-launch cache (_run).
     key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
-    w13, w2 = ops.w13, ops.w2
+    w2 = ops.w2
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
