@@ -20,6 +20,13 @@ Timing (``time_graph``): a CUDA graph of the forward, replayed with the L2 evict
 timed with CUDA events; the median is reported. The ``torch`` backend syncs with the host (it looks up each
 slot's tokens), so it is timed eagerly the same way (``time_eager``).
 
+Side by side (issue 15, ``--vs-upstream WHEEL``): at every point of the
+``side_by_side_cases`` grid the kit and sglang 0.5.23's paths taken from its wheel
+(``upstream_wheel``) are checked against ``reference_f64`` and timed as graphs taking
+turns (``time_interleaved``) under both flush modes; ``side_by_side_rows(record)`` gives
+plot-ready rows, ``side_by_side_table``/``side_by_side_summary`` the notes' tables.
+``--graph-check``: the user-level forward captured with a device-resident batch.
+
 Command line: ``inkling-lab profile --out data/profiles`` (``register_cli``).
 """
 from __future__ import annotations

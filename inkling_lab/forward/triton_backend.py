@@ -1,11 +1,16 @@
 """The Triton backend (``forward/kernels.py``): three launches per forward for few
-tokens; for many, cuBLAS's two base GEMMs with four launches around them.
+tokens (the up and down GEMVs split over ``K`` where rows are long); for many,
+cuBLAS's two base GEMMs with the kernels around them, and for a batch whose tokens all
+use one slot the LoRA folded into cuBLAS calls from 2048 tokens on.
 
-``triton_forward(ops, x, gammas, batch)`` is ``launch(ops, x, gammas, plan(...))``:
-``plan`` turns the ``SlotBatch`` into device tensors (each token's effective slot,
-``-1`` for base only and rank-0 slots, and the per-slot scalings) and picks tile
-sizes for the token count; ``launch`` only enqueues kernels, so a CUDA graph can
-capture it and replay it against the same plan.
+``launch(ops, x, gammas, plan(...))`` only enqueues kernels, so a CUDA graph can
+capture it and replay it against the same plan. ``plan`` turns the ``SlotBatch`` into
+device tensors (each token's effective slot, ``-1`` for base only and rank-0 slots,
+the per-slot scalings, the workspaces) and picks tiles for the token count; a batch
+made by ``SlotBatch.to(device)`` is resolved on the device at every launch instead,
+so a captured forward follows in-place updates of its metadata. ``triton_forward``
+(the dispatcher's entry) caches the plan per batch object and, for few tokens, replays
+a graph of its launches (host time, KERNEL_NOTES.md).
 """
 from __future__ import annotations
 
