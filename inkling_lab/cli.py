@@ -62,7 +62,7 @@ def _fail(command: str, exc: BaseException) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .convert import doctor
+    from .doctor import doctor
 
     report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
                     max_rank=args.max_rank, tp=args.tp)
