@@ -1,64 +1,121 @@
-"""The adapter doctor: what sglang 0.5.23 would do with one PEFT adapter, and what to fix.
+"""The adapter doctor: what sglang 0.5.23 does with one PEFT adapter, next to what it means.
 
-``doctor`` walks one adapter down upstream's path (normalize, slice, load, validate)
-and reports the first error upstream would raise (its exact message), then every
-finding with its fix.
+``doctor(folder, n, H, F)`` follows the adapter down sglang's own loading path, one
+stage at a time, each run once and recorded (what it produced, or the error it hit):
+
+1. ``read``: the config as ``LoRAConfig`` and ``LoRAAdapter.__init__`` read it, the
+   DoRA refusal of ``LoRAManager.validate_new_adapter``, the weights files as
+   ``DefaultModelLoader`` finds them (every ``*.safetensors``, else ``*.bin``);
+2. ``normalize``: upstream's three steps (SPEC §6), with its raw errors;
+3. ``targets``: the server's target modules decide whether the sink is wrapped at
+   all and which weights are skipped (``init_lora_modules``, ``load_lora_weight_to_buffer``);
+4. ``shard``: tensor-parallel rank 0's slice (SPEC §7);
+5. ``pool``: the buffer load with sglang's one ``lora_alpha / r`` and its shape asserts;
+6. ``set_lora_info``: the five checks (SPEC §3) on the pool sglang built;
+7. ``forward``: what the served sink then computes (the per-expert defect, NaN).
+
+The report carries three verdicts that are never mixed: what sglang does when it
+loads the adapter (loads / raises, with the exact text / skips weights, with the
+exact warning), what sglang then computes (the adapter's math, something else and
+why, or the base model only), and what the kit's converter does (writes the
+adapter's math, with its repairs, or refuses, with the reason). Exit status 1
+whenever sglang fails or serves something other than the adapter's math.
 """
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 import sys
 import types
+import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Sequence
 
-from .adapters import Adapter, FactorName, load_adapter
-from .convert import ConvertedPool, convert
+import torch
+from safetensors import safe_open
+
+from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of, normalize_shared_sink,
+                       read_peft_config)
+from .catalog import UpstreamDefectWarning
+from .convert import ConvertedPool, _shard, convert
 from .errors import find_entry
-from .geometry import BUFFER_NAMES, Geometry
+from .geometry import BUFFER_NAMES
+from .lora import SharedSinkLoRA
 from .pool import LoRAFactors
 from .upstream_defect import doctor_finding
 from .validate import PRETTY, Finding, diagnose_pool
 
-# ----------------------------------------------------------------------------
+STAGES = ("read", "normalize", "targets", "shard", "pool", "set_lora_info", "forward")
 
-def _fmt(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+SINK_TARGETS = ("gate_up_proj", "down_proj")
+"""``init_lora_modules`` (lora_manager.py) wraps the sink only when the server's target
+modules hold both."""
+
+_UPSTREAM_TARGET_NAMES = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+                          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+"""The part of ``get_normalized_target_modules``'s mapping (utils.py) that concerns
+the sink and attention: note that ``w1``/``w3``/``w2`` are *not* mapped."""
 
 
-_SOURCES = {"gate_up_a": ("gate_up_proj", "A"), "gate_up_b": ("gate_up_proj", "B"),
-            "down_a": ("down_proj", "A"), "down_b": ("down_proj", "B")}
+def server_target_modules(targets: Any) -> set[str]:
+    """The target modules as sglang 0.5.23 normalizes them (``get_normalized_target_modules``,
+    utils.py): the last name part, ``gate_proj``/``up_proj`` -> ``gate_up_proj``;
+    ``"all"``/``"all-linear"`` -> ``{"all"}``."""
+    if isinstance(targets, str):
+        return {"all"} if targets in ("all", "all-linear") else {targets}
+    return {_UPSTREAM_TARGET_NAMES.get(t.split(".")[-1], t.split(".")[-1]) for t in targets or ()}
 
 
-def shape_journey(adapter: Adapter, module: str, factors: LoRAFactors | None = None,
-                  pool_shapes: dict[str, tuple[int, ...]] | None = None) -> list[dict[str, Any]]:
-    """Each pool buffer's way from the PEFT file: the 2D factors it comes from, the
-    normalized factor ``[O or n, ...]`` and the pool buffer ``[S, ...]``."""
-    rows = []
-    normalized = factors.tensors() if factors is not None else {}
-    for name, (proj, ab) in _SOURCES.items():
-        peft = []
-        for key in adapter.factor_keys:
-            fn = FactorName.parse(key)
-            stacks = {"gate_proj", "up_proj", "gate_up_proj"} if proj == "gate_up_proj" else {"down_proj"}
-            if fn.module == module and fn.ab == ab and fn.canonical in stacks:
-                label = f"{'' if fn.expert is None else f'{fn.expert}.'}{fn.proj}.lora_{ab}"
-                order = (fn.expert or 0, fn.canonical == "up_proj")  # gate before up, as stacked
-                peft.append((order, label, [int(d) for d in adapter.weights[key].shape]))
-        peft = [(label, shape) for _, label, shape in sorted(peft)]
-        rows.append({"buffer": name, "peft": peft,
-                     "normalized": list(normalized[name].shape) if name in normalized else None,
-                     "pool": list(pool_shapes[name]) if pool_shapes else None})
-    return rows
+# -- the three verdicts ---------------------------------------------------------------
+
+@dataclass
+class SglangLoad:
+    """Verdict 1, what sglang 0.5.23 does when it loads the adapter. ``outcome``:
+    ``loads``, ``raises`` (``text``: the exact ``Type: message``), ``skips`` (``text``:
+    the exact warning; the rest loads), or ``unknown`` (the kit cannot see; ``why``)."""
+
+    outcome: str
+    text: str = ""
+    stage: str = ""
+    upstream: str = ""
+    why: str = ""
+
+
+@dataclass
+class SglangCompute:
+    """Verdict 2, what the served sink computes. ``outcome``: ``adapter`` (the adapter's
+    math), ``different`` (``causes`` by name; ``relative_error`` of the LoRA delta when
+    measured), ``base`` (the base model only), ``nan``, ``nothing`` (it does not load),
+    or ``unknown``."""
+
+    outcome: str
+    causes: list[str] = field(default_factory=list)
+    relative_error: float | None = None
+
+
+@dataclass
+class KitVerdict:
+    """Verdict 3, what ``inkling-lab convert`` does: ``writes`` the adapter's math (with
+    ``repairs``, each a finding), or ``refuses`` (``text``: its error, with the way out)."""
+
+    outcome: str
+    text: str = ""
+    code: str | None = None
+    repairs: list[str] = field(default_factory=list)
 
 
 @dataclass
 class DoctorReport:
-    """What loading one adapter into an Inkling sink would do, and what to fix.
+    """What sglang 0.5.23 does with one adapter for a sink of ``n``, ``H``, ``F``, next to
+    the adapter's math and the kit's converter; every finding with its fix.
 
-    ``error``: the first exception along upstream's path (``None`` when it loads);
-    ``findings``: every finding with its fix (repairs and notes included), the error
-    first; ``journey``: each pool buffer's shapes from file to pool.
+    ``load``, ``computes``, ``kit``: the three verdicts. ``stages``: each stage of the
+    path, what it produced or where it failed. ``journey``: each pool buffer's shapes,
+    as saved in the file -> normalized -> in the kit's pool. ``targets``: the server's
+    target modules the verdicts assume, and ``targets_from`` where they came from.
     """
 
     adapter: str
@@ -67,45 +124,79 @@ class DoctorReport:
     intermediate: int
     tp: int
     max_rank: int | None
+    targets: list[str] = field(default_factory=list)
+    targets_from: str = ""
+    load: SglangLoad = field(default_factory=lambda: SglangLoad("unknown"))
+    computes: SglangCompute = field(default_factory=lambda: SglangCompute("unknown"))
+    kit: KitVerdict = field(default_factory=lambda: KitVerdict("refuses"))
     findings: list[Finding] = field(default_factory=list)
-    error: BaseException | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)
     journey: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pool: ConvertedPool | None = None
     about: str = ""
+    error: BaseException | None = None
+    """The kit's own refusal (its converter's error), if any."""
+
+    @property
+    def exit_status(self) -> int:
+        """0 only when sglang loads the adapter and serves its math; else 1."""
+        return 0 if self.load.outcome == "loads" and self.computes.outcome == "adapter" else 1
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
 
     @property
     def fails(self) -> bool:
-        return self.error is not None
+        """True when sglang raises while loading it."""
+        return self.load.outcome == "raises"
 
     @property
     def error_code(self) -> str | None:
-        if self.error is None:
-            return None
-        entry = find_entry(self.error)
-        return entry.code if entry else None
+        """The catalog code of sglang's error, else of the kit's refusal."""
+        for text in (self.load.text if self.load.outcome == "raises" else "", self.kit.text):
+            entry = find_entry(text) if text else None
+            if entry is not None:
+                return entry.code
+        return None
 
-    @property
-    def upstream_raises(self) -> bool:
-        """True when the error is one sglang itself raises (not a kit refusal)."""
-        entry = find_entry(self.error) if self.error is not None else None
-        return entry is not None and entry.origin.startswith("sglang")
+    def warn(self, stacklevel: int = 2) -> None:
+        """Emit every ``ISL-W…`` finding as an ``UpstreamDefectWarning``."""
+        for f in self.findings:
+            if f.code.startswith("ISL-W"):
+                warnings.warn(UpstreamDefectWarning(f"{f.code}: {f.message}"), stacklevel=stacklevel)
 
-    def _error_line(self) -> str:
-        if self.error is None:
-            return "sglang 0.5.23 loading it: passes (normalize, load into the pool, set_lora_info)"
-        text = f"{type(self.error).__name__}: {self.error}"
-        if self.upstream_raises:
-            return f"sglang 0.5.23 loading it raises:\n  {text}"
-        return f"inkling_lab refuses it (sglang would fail later or silently):\n  {text}"
+    def _verdict_lines(self) -> list[str]:
+        load = {"loads": "loads it",
+                "raises": f"raises (in {self.load.stage}; {self.load.upstream}):\n    {self.load.text}",
+                "skips": f"loads it and skips weights, with this warning ({self.load.upstream}):\n    {self.load.text}",
+                "unknown": f"cannot be told: {self.load.why}"}[self.load.outcome]
+        c = self.computes
+        computes = {"adapter": "the adapter's math",
+                    "different": "something other than the adapter's math",
+                    "base": "the base model only (the adapter changes nothing)",
+                    "nan": "NaN (every output of the adapter's requests)",
+                    "nothing": "nothing (it does not load)",
+                    "unknown": "cannot be told from the files"}[c.outcome]
+        if c.relative_error is not None and c.outcome in ("different", "base"):
+            computes += f" (relative error of the LoRA delta on random inputs: {c.relative_error:.3g})"
+        kit = ("writes the adapter's math" + (f", after {len(self.kit.repairs)} repair(s): "
+                                                + "; ".join(self.kit.repairs) if self.kit.repairs else "")
+               if self.kit.outcome == "writes" else f"refuses it:\n    {self.kit.text}")
+        lines = [f"1. sglang 0.5.23 {load}", f"2. sglang 0.5.23 then computes {computes}"]
+        lines += [f"     because {cause}" for cause in c.causes]
+        lines.append(f"3. inkling-lab convert {kit}")
+        return lines
 
     def __str__(self) -> str:
         lines = [f"Adapter {self.adapter}" + (f": {self.about}" if self.about else ""),
                  f"Sink: n={self.n}, H={self.hidden}, F={self.intermediate}"
                  + (f" (tp={self.tp}: F={self.intermediate // self.tp} per rank)" if self.tp > 1 else "")
                  + (f", pool max rank R={self.max_rank}" if self.max_rank else ""),
-                 self._error_line()]
+                 f"Server target modules: {self.targets} ({self.targets_from})"]
+        lines += self._verdict_lines()
         for module, rows in self.journey.items():
-            lines.append(f"Shapes, file -> normalized -> pool ({module}):")
+            lines.append(f"Shapes, as saved -> normalized -> in the kit's pool ({module}):")
             for row in rows:
                 peft = " + ".join(f"{label} {_fmt(s)}" for label, s in row["peft"]) or "(none: zeros)"
                 norm = _fmt(row["normalized"]) if row["normalized"] else "?"
@@ -113,152 +204,609 @@ class DoctorReport:
                 lines.append(f"  {PRETTY[row['buffer']]:<10} {peft} -> {norm} -> {pool}")
         lines.append(f"Findings ({len(self.findings)}):" if self.findings else "Findings: none")
         lines += [str(f) for f in self.findings]
-        warned = any(f.code.startswith("ISL-W") for f in self.findings)  # loads, but computed wrongly
-        lines.append("Verdict: FAILS to load (exit status 1)" if self.fails
-                     else "Verdict: loads, but see the warning above" if warned
-                     else "Verdict: loads" + (" after the repairs above"
-                                              if any(f.code.startswith("ISL-K") for f in self.findings) else ""))
+        lines.append(f"Exit status {self.exit_status}: " + (
+            "sglang 0.5.23 loads it and serves the adapter's math" if self.ok else
+            "sglang 0.5.23 fails to load it" if self.fails else
+            "sglang 0.5.23 would not serve the adapter's math"))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
 
     def to_dict(self) -> dict[str, Any]:
-        """The report for machines (``--json``)."""
-        err = None
-        if self.error is not None:
-            err = {"type": type(self.error).__name__, "message": str(self.error), "code": self.error_code,
-                   "raised_by": "sglang" if self.upstream_raises else "inkling_lab"}
-        return {"adapter": self.adapter, "ok": not self.fails, "error": err,
+        """The report for machines (``--json``): the three verdicts, the stages, findings and shapes."""
+        return {"adapter": self.adapter, "ok": self.ok, "exit_status": self.exit_status,
                 "sink": {"n_shared_experts": self.n, "hidden": self.hidden, "intermediate": self.intermediate,
                          "tp": self.tp, "max_rank": self.max_rank},
-                "findings": [asdict(f) for f in self.findings], "shapes": self.journey}
+                "server": {"target_modules": self.targets, "from": self.targets_from,
+                           "wraps_sink": all(t in self.targets for t in SINK_TARGETS) or "all" in self.targets},
+                "sglang": {"load": asdict(self.load), "computes": asdict(self.computes)},
+                "kit": asdict(self.kit), "error_code": self.error_code,
+                "findings": [asdict(f) for f in self.findings], "stages": self.stages, "shapes": self.journey}
 
 
-def _split_fix(adapter: Adapter, n: int) -> str:
-    """Why a flat factor does not split into ``n`` experts, and which ``n`` it would."""
-    for key in adapter.factor_keys:
-        fn = FactorName.parse(key)
-        t = adapter.weights[key]
-        if fn.expert is not None or fn.is_outer or t.dim() != 2:
-            continue
-        size = t.shape[1] if fn.ab == "A" else t.shape[0]
-        if size % n:
-            fits = [k for k in range(1, min(size, 16) + 1) if size % k == 0]
-            return (f"{fn.proj}.lora_{fn.ab} {_fmt(t.shape)} holds {size} expert features, not a multiple of "
-                    f"n={n}: check --n-shared-experts (it splits for n in {fits}) or re-export the adapter "
-                    "for this model")
-    return "re-export the adapter for this model's number of shared experts"
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
 
 
-def _fit_findings(adapter: Adapter, pool: Geometry, n: int, tp: int) -> list[Finding]:
-    """Why an adapter does not fit its pool slot (``ISL-E016``), in plain words: its
-    rank against ``R``, its ``H`` and per-rank ``F`` against the sink's."""
-    f = next(iter(adapter.factors(n).values()))  # every module of one adapter has one geometry
-    H, F = int(f.gate_up_a.shape[-1]), int(f.down_a.shape[-1])
-    out = []
-    if f.rank > pool.rank:
-        out.append(Finding("ISL-E016", "down_a", f"the adapter has rank r={f.rank}; the pool's max rank is "
-                           f"R={pool.rank}", f"convert with --max-rank {f.rank} or larger (sglang: "
-                           "--max-lora-rank)", upstream=True))
-    if H != pool.hidden:
-        out.append(Finding("ISL-D101", "gate_up_a", f"the adapter has H={H}; the sink's hidden size is "
-                           f"{pool.hidden}", "check --hidden: this adapter was trained for a model of "
-                           f"hidden size {H}"))
-    if F != pool.intermediate * tp:
-        total = n * F
-        fits = [k for k in range(1, total + 1) if total % k == 0 and total // k == pool.intermediate * tp]
-        guess = f"; its {total} expert features would give F={pool.intermediate * tp} with n={fits[0]}" if fits else ""
-        out.append(Finding("ISL-D102", "down_a", f"with n={n} the adapter has F={F}; the sink's F is "
-                           f"{pool.intermediate * tp}", "check --n-shared-experts and --intermediate (the "
-                           f"model's full F, before tensor parallelism){guess}"))
-    return out
+def _exc_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _finding(code: str, where: str, message: str, fix: str, consequence: str = "", upstream: bool = False) -> Finding:
+    more = f" (more: inkling-lab explain {code})"
+    return Finding(code, where, message, fix + more, upstream, consequence)
+
+
+# -- the sglang path -------------------------------------------------------------------
+
+class _Raised(Exception):
+    """sglang raises here: ``text`` as it prints, in ``stage``, from ``upstream``."""
+
+    def __init__(self, stage: str, text: str, upstream: str, finding: Finding | None = None) -> None:
+        super().__init__(text)
+        self.stage, self.text, self.upstream, self.finding = stage, text, upstream, finding
+
+
+def _torch_size(shape: Sequence[int]) -> str:
+    return f"torch.Size([{', '.join(str(int(d)) for d in shape)}])"
+
+
+class _Sglang:
+    """One adapter folder down sglang 0.5.23's loading path. Each stage method runs once,
+    appends its record to ``stages`` and raises ``_Raised`` where sglang raises."""
+
+    def __init__(self, folder: Path, n: int, hidden: int, intermediate: int, tp: int, max_rank: int | None,
+                 cli_targets: Sequence[str] | None, name: str) -> None:
+        self.folder, self.n, self.H, self.F, self.tp = folder, n, hidden, intermediate, tp
+        self.max_rank, self.cli_targets, self.name = max_rank, cli_targets, name
+        self.stages: list[dict[str, Any]] = []
+        self.findings: list[Finding] = []
+        self.causes: list[str] = []
+        self.config: dict[str, Any] = {}
+        self.weights: dict[str, torch.Tensor] = {}
+        self.skip_warning = ""
+        self.wrapped = True
+        self.base_only = False
+        self.unknown = ""
+        self.factors: dict[str, LoRAFactors] = {}
+        self.scaling = 0.0
+        self.r = 0
+
+    def record(self, stage: str, **produced: Any) -> None:
+        self.stages.append({"stage": stage, **produced})
+
+    # 1. read -----------------------------------------------------------------------
+    def read(self) -> None:
+        where = "lora_config.py: LoRAConfig.__init__"
+        config_path = self.folder / CONFIG_FILE
+        if not config_path.is_file():
+            subs = sorted(p.parent.name for p in self.folder.glob(f"*/{CONFIG_FILE}")) if self.folder.is_dir() else []
+            text = f"FileNotFoundError: [Errno 2] No such file or directory: '{os.path.join(str(self.folder), CONFIG_FILE)}'"
+            finding = None
+            if subs:
+                finding = _finding(
+                    "ISL-K311", CONFIG_FILE, f"{self.folder.name} holds no adapter of its own but PEFT named "
+                    f"adapters in subfolders: {', '.join(subs)}",
+                    "point sglang and the kit at one of them: " + "; ".join(
+                        f"inkling-lab doctor {self.folder / s}" for s in subs[:3]))
+            raise _Raised("read", text, "lora_config.py: LoRAConfig.get_lora_config (open)", finding)
+        try:
+            self.config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _Raised("read", _exc_text(exc), "lora_config.py: LoRAConfig.get_lora_config (json.load)") from None
+        cfg = self.config
+        try:
+            if not isinstance(cfg, dict):
+                cfg["target_modules"]  # noqa: B018 - what sglang evaluates, for its exact error
+            for key in ("target_modules", "r", "lora_alpha"):  # LoRAConfig.__init__ reads these, in this order
+                cfg[key]  # noqa: B018
+        except (KeyError, TypeError) as exc:
+            raise _Raised("read", _exc_text(exc), where) from None
+        if cfg.get("use_dora", False):
+            raise _Raised("read", f"ValueError: Failed to load {self.name} because LoRA serving currently doesn't "
+                          "support DoRA adapters", "lora_manager.py: LoRAManager.validate_new_adapter")
+        try:  # LoRAAdapter.__init__, literally
+            assert cfg["peft_type"].lower() == "lora"  # noqa: S101 - the exact upstream check
+            self.scaling = cfg["lora_alpha"] / cfg["r"]
+        except (AssertionError, KeyError, AttributeError, TypeError, ZeroDivisionError) as exc:
+            raise _Raised("read", _exc_text(exc), "lora.py: LoRAAdapter.__init__") from None
+        self.r = cfg["r"]
+        files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            pickles = sorted(self.folder.glob("*.bin")) or sorted(self.folder.glob("*.pt"))
+            if not pickles:
+                raise _Raised("read", f"RuntimeError: Cannot find any model weights with `{self.folder}`",
+                              "model_loader/loader.py: DefaultModelLoader._prepare_weights")
+            self.unknown = (f"sglang reads {', '.join(p.name for p in pickles)} with torch.load(weights_only=True); "
+                            "the kit never unpickles, so it cannot see what that holds")
+            self.record("read", config=CONFIG_FILE, weights=[p.name for p in pickles], read_by="torch.load")
+            return
+        for path in files:  # every *.safetensors of the folder, as safetensors_weights_iterator reads them
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for key in f.keys():
+                        self.weights[key] = f.get_tensor(key)
+            except Exception as exc:  # noqa: BLE001 - the library's own error is the verdict
+                raise _Raised("read", _exc_text(exc),
+                              "model_loader/weight_utils.py: safetensors_weights_iterator (safe_open)") from None
+        self.record("read", config=CONFIG_FILE, weights=[p.name for p in files], r=self.r,
+                    lora_alpha=cfg["lora_alpha"], scaling=self.scaling, tensors=len(self.weights))
+
+    # 2. normalize ------------------------------------------------------------------
+    def normalize(self) -> None:
+        sink = {k: v for k, v in self.weights.items() if FactorName.parse(k) is not None}
+        self._duplicates(sink)
+        try:
+            self.normalized = normalize_shared_sink(sink, self.n)
+        except RuntimeError as exc:
+            raise _Raised("normalize", _exc_text(exc), "lora.py: LoRAAdapter._normalize_shared_expert_moe") from None
+        self.record("normalize", shapes={k: list(t.shape) for k, t in self.normalized.items()})
+
+    def _duplicates(self, sink: dict[str, torch.Tensor]) -> None:
+        groups: dict[tuple, list[FactorName]] = {}
+        for key in sink:
+            fn = FactorName.parse(key)
+            groups.setdefault((fn.module, fn.expert, fn.canonical, fn.ab), []).append(fn)
+        for names in groups.values():
+            if len(names) < 2:
+                continue
+            w_named = [fn for fn in names if fn.proj in ("w1", "w3", "w2")]
+            if w_named and len(w_named) < len(names):
+                kept, how = w_named[-1], "lora.py: LoRAAdapter._rename_expert_w_to_proj renames it over the other"
+            else:
+                kept, how = sorted(names, key=lambda f: f.key)[-1], (
+                    "mem_pool.py: load_lora_weight_to_buffer files experts by int(index), the later key replaces "
+                    "the earlier")
+            dropped = [fn.key for fn in names if fn is not kept]
+            self.causes.append(f"two keys for one factor: it serves {kept.key} and drops {', '.join(dropped)}")
+            self.findings.append(_finding(
+                "ISL-W106", kept.key, f"{' and '.join(fn.key for fn in names)} are one factor: sglang 0.5.23 serves "
+                f"{kept.key} and silently drops the other ({how})", "keep one key per factor",
+                consequence="which factor was trained is not in the file"))
+
+    # 3. targets --------------------------------------------------------------------
+    def targets(self) -> set[str]:
+        adapter_targets = self.config["target_modules"]
+        if self.cli_targets is not None:
+            server = server_target_modules(self.cli_targets)
+            if "all" not in server and not isinstance(adapter_targets, str):
+                own = server_target_modules(adapter_targets)
+                if not own <= server:
+                    raise _Raised(
+                        "targets", f"ValueError: LoRA adapter '{self.name}' contains target modules "
+                        f"{sorted(own - server)} that are not included in the specified --lora-target-modules "
+                        f"{sorted(server)}. Please update --lora-target-modules to include all required modules: "
+                        f"{sorted(server | own)}, or use 'all' to enable all supported modules.",
+                        "lora_manager.py: LoRAManager.init_lora_shapes")
+        else:
+            if isinstance(adapter_targets, str) and adapter_targets not in ("all", "all-linear"):
+                raise _Raised("targets", f"ValueError: SGLang does not recognize target_modules='{adapter_targets}'. "
+                              "Please use a list of module name suffixes in the adapter's PEFT config, or explicitly "
+                              "specify --lora-target-modules during server startup.",
+                              "lora_manager.py: LoRAManager.init_lora_shapes")
+            server = server_target_modules(adapter_targets)
+        self.server = server
+        self.wrapped = "all" in server or all(t in server for t in SINK_TARGETS)
+        if not self.wrapped:
+            self.base_only = True
+            missing = [t for t in SINK_TARGETS if t not in server]
+            self.causes.append(f"the server's target modules {sorted(server)} lack {' and '.join(missing)}, so "
+                               "init_lora_modules never wraps the shared sink: its factors load and are never applied")
+            self.findings.append(_finding(
+                "ISL-W103", "target_modules", f"the server's target modules {sorted(server)} do not hold both "
+                f"gate_up_proj and down_proj (missing: {', '.join(missing)}): sglang 0.5.23 does not wrap the shared "
+                "sink, so the adapter's sink factors are loaded and never applied: the sink serves the base model",
+                "serve with --lora-target-modules gate_up_proj down_proj (or list gate_proj, up_proj and down_proj "
+                "in target_modules; w1/w3/w2 are not renamed there)",
+                consequence="requests with this adapter get the base model's sink output"))
+        names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
+        skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
+        if skipped:
+            self.skip_warning = (
+                f"LoRA adapter '<lora id>': {len(skipped)} weight(s) skipped because they did not match any target "
+                f"module in {sorted(server)}. Skipped weights: {skipped}. This likely indicates a mismatch between "
+                "the adapter's target modules and the base model architecture.")
+            for key in skipped:
+                self.normalized.pop(key)
+            self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
+                               f"{', '.join(sorted({FactorName.parse(k).proj for k in skipped}))} is not applied")
+            self.findings.append(_finding(
+                "ISL-W104", "target_modules", self.skip_warning,
+                "an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate), or add the "
+                "module to the targets; inkling-lab convert stacks a lone up with a zero gate",
+                consequence="sglang logs this warning and serves the adapter without these weights "
+                            "(with --lora-strict-loading the same text is a ValueError)"))
+        self.record("targets", server=sorted(server), wraps_sink=self.wrapped, skipped=skipped)
+        return server
+
+    # 4. shard and 5. pool ----------------------------------------------------------
+    def assemble(self) -> None:
+        """The factors as sglang's buffers receive them, per module: nothing repaired."""
+        for module in dict.fromkeys(FactorName.parse(k).module for k in self.normalized):
+            parts = {}
+            for proj in ("gate_up_proj", "down_proj"):
+                for ab in "AB":
+                    parts[proj, ab] = self._gather(module, proj, ab)
+            self.factors[module] = parts  # type: ignore[assignment]
+        self.record("shard", tp=self.tp, rank=0)
+
+    def _gather(self, module: str, proj: str, ab: str) -> Any:
+        shared = self.normalized.get(FactorName(module, None, proj, ab).key)
+        per = {fn.expert: t for k, t in self.normalized.items()
+               if (fn := FactorName.parse(k)) and fn.expert is not None and fn.with_(expert=None).key ==
+               FactorName(module, None, proj, ab).key}
+        return shared if not per else per
+
+    def load_pool(self) -> None:
+        """``load_lora_weight_to_buffer``'s shape asserts, on buffers of sglang's shapes,
+        and the factors as they land (B times ``lora_alpha / r`` in the stored dtype)."""
+        n, H, F, r = self.n, self.H, self.F // self.tp, self.r
+        R = self.max_rank if self.max_rank is not None else r
+        sink = SharedSinkLoRA(n, self.H, self.F, device="meta")
+        loaded: dict[str, LoRAFactors] = {}
+        for module, parts in self.factors.items():
+            ga, gb, da, db = (parts[p] for p in (("gate_up_proj", "A"), ("gate_up_proj", "B"),
+                                                ("down_proj", "A"), ("down_proj", "B")))
+            shared_outer = isinstance(ga, torch.Tensor) or ga is None and not isinstance(db, dict)
+            ga, gb, da, db = (self._per_expert(t, shared) for t, shared in
+                              ((ga, shared_outer), (gb, False), (da, False), (db, shared_outer)))
+            if self.tp > 1:
+                full = LoRAFactors(*(t if t is not None else torch.zeros(0) for t in (ga, gb, da, db)))
+                if all(t is not None for t in (ga, gb, da, db)):
+                    cut = _shard(sink, full, 0, self.tp)
+                    ga, gb, da, db = cut.gate_up_a, cut.gate_up_b, cut.down_a, cut.down_b
+            for name, t in (("gate_up_a", ga), ("down_a", da), ("gate_up_b", gb), ("down_b", db)):
+                for view, w in self._views(name, t, shared_outer, r, R, H, F):
+                    if tuple(view) != tuple(w):
+                        raise _Raised("pool", f"AssertionError: LoRA buffer shape {_torch_size(view)} does not "
+                                      f"match weight shape {_torch_size(w)}.",
+                                      "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
+            loaded[module] = self._landed(module, ga, gb, da, db)
+        self.loaded = loaded
+        self.record("pool", max_rank=R, lora_rank=r, scaling=self.scaling,
+                    modules={m: {k: list(t.shape) for k, t in f.tensors().items()} for m, f in loaded.items()})
+
+    @staticmethod
+    def _views(name: str, t: torch.Tensor | None, shared_outer: bool, r: int, R: int, H: int, F: int
+               ) -> list[tuple[torch.Size, torch.Size]]:
+        """``(buffer view shape, weight shape)`` pairs that ``load_lora_weight_to_buffer``
+        asserts equal, in its order: the slot's views are cut at the config's ``r``
+        (``lora_rank``) inside buffers of max rank ``R``; gate-up A's halves at ``R``
+        offsets, each weight half cut at ``r`` rows."""
+        if t is None:
+            return []
+        buf = {"gate_up_a": (2 * R, H), "down_a": (R, F), "gate_up_b": (2 * F, R), "down_b": (H, R)}[name]
+        view = torch.empty(buf, device="meta")
+        if name == "gate_up_a" and shared_outer:  # one representative weight, checked whole
+            return [(view[: 2 * r].shape, t[0].shape)]
+        if name == "gate_up_a":
+            return [(view[c * R: c * R + r].shape, w[c * r:(c + 1) * r].shape) for w in t for c in range(2)]
+        if name == "down_a":
+            return [(view[:r].shape, w[:r].shape) for w in t]
+        return [(view[:, :r].shape, w.shape) for w in t]
+
+    def _per_expert(self, t: Any, outer_shared: bool) -> torch.Tensor | None:
+        """``[E, ...]``: a 3D tensor as is, a per-expert dict stacked over experts
+        ``0..n-1`` (absent experts zero, as the zeroed buffer leaves them)."""
+        if t is None or isinstance(t, torch.Tensor):
+            return t
+        if any(e >= self.n for e in t):
+            self.unknown = f"per-expert factors for experts {sorted(t)} of a sink of n={self.n}"
+        first = next(iter(t.values()))
+        return torch.stack([t.get(e, torch.zeros_like(first)) for e in range(self.n)])
+
+    def _landed(self, module: str, ga: torch.Tensor | None, gb: torch.Tensor | None, da: torch.Tensor | None,
+                db: torch.Tensor | None) -> LoRAFactors:
+        """What the slot holds, as kit factors ``[O, 2r, H]``...: missing factors zero; a
+        3D down B of one expert in a per-expert pool fills expert 0 only
+        (``_iter_local_expert_weights`` yields one expert per row)."""
+        r, n, H, F = self.r, self.n, self.H, self.F // self.tp
+        like = next(t for t in (ga, gb, da, db) if t is not None)
+        zeros = lambda *s: torch.zeros(*s, dtype=like.dtype)  # noqa: E731
+        O = max(ga.shape[0] if ga is not None else 1, db.shape[0] if db is not None else 1)
+        ga = ga if ga is not None else zeros(O, 2 * r, H)
+        gb = gb if gb is not None else zeros(n, 2 * F, r)
+        da = da if da is not None else zeros(n, r, F)
+        db = db if db is not None else zeros(O, H, r)
+        if ga.shape[0] != db.shape[0]:
+            per = "gate-up A" if ga.shape[0] > 1 else "down B"
+            self.causes.append(f"{module}: {per} is per expert and the other outer factor shared: in the per-expert "
+                               "pool sglang fills the shared one into expert 0 only (the other experts get zero)")
+            if ga.shape[0] == 1:
+                ga = torch.cat([ga, zeros(n - 1, *ga.shape[1:])])
+            else:
+                db = torch.cat([db, zeros(n - 1, *db.shape[1:])])
+        # B times the scaling in the adapter's stored dtype, then cast (mem_pool.py): so a bf16 adapter
+        # carries bf16 rounding of scaling * B, as sglang serves it.
+        scale = lambda b: (b * self.scaling).double()  # noqa: E731
+        return LoRAFactors(ga.double(), scale(gb), da.double(), scale(db), lora_alpha=float(da.shape[-2]), name=module)
+
+    # 6. set_lora_info, 7. forward ---------------------------------------------------
+    def check_and_forward(self) -> None:
+        codes: list[str] = []
+        for module, f in self.loaded.items():
+            g = LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(), f.down_b.float(),
+                            lora_alpha=f.lora_alpha)
+            from .pool import LoRAPool
+
+            pool = LoRAPool(self.n, self.H, self.F // self.tp, 1, max(f.rank, 1), outer=f.outer)
+            if f.rank and all(torch.isfinite(t).all() for t in f.tensors().values()):
+                pool.load(0, g)
+            codes += diagnose_pool(*pool.buffers(), n_shared_experts=self.n).codes
+        self.record("set_lora_info", passes=not [c for c in codes if c.startswith("ISL-E")], codes=codes)
+        nan = [m for m, f in self.loaded.items() if not all(torch.isfinite(t).all() for t in f.tensors().values())]
+        if not math.isfinite(self.scaling) or nan:
+            what = (f"the scaling lora_alpha / r = {self.config['lora_alpha']} / {self.r} is {self.scaling}"
+                    if not math.isfinite(self.scaling) else f"{', '.join(nan)} holds NaN/Inf factors")
+            self.causes.append(what + ": every output of the slot is NaN")
+            self.findings.append(_finding(
+                "ISL-W105", "adapter", f"{what}: sglang 0.5.23 loads it without a word and every output of a request "
+                "that uses it is NaN (or infinite)", "re-export the adapter from a finite checkpoint; inkling-lab "
+                "convert refuses it (ISL-K301/K302)"))
+        per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1}
+        if per_expert and self.wrapped:
+            defect = doctor_finding({m: LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(),
+                                                    f.down_b.float(), f.lora_alpha, f.name)
+                                     for m, f in per_expert.items()}, what=f"adapter {self.name!r}")
+            if defect is not None:
+                self.findings.append(defect)
+                self.causes.append("the per-expert outer layout: sglang 0.5.23's gate/up delta is wrong (ISL-W001)")
+        self.record("forward", wrapped=self.wrapped, per_expert_modules=sorted(per_expert), nan_modules=nan)
+
+
+def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1, max_rank: int | None = None,
+               target_modules: Sequence[str] | None = None, name: str | None = None) -> _Sglang:
+    """Every stage of sglang's path, each once; ``.raised`` holds where it stopped, if it did."""
+    path = _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name)
+    path.raised = None
+    try:
+        path.read()
+        if path.unknown:
+            path.server = server_target_modules(target_modules if target_modules is not None
+                                                else path.config.get("target_modules"))
+            return path
+        path.normalize()
+        path.targets()
+        path.assemble()
+        path.load_pool()
+        path.check_and_forward()
+    except _Raised as raised:
+        path.raised = raised
+        path.record(raised.stage, error=raised.text, upstream=raised.upstream)
+    return path
+
+
+def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str) -> tuple[list[str], list[Finding]]:
+    """Where sglang's one ``lora_alpha / r`` is not PEFT's scaling (rsLoRA, alpha and rank
+    patterns), and the fields sglang does not read (fan_in_fan_out, modules_to_save, init)."""
+    try:
+        peft = read_peft_config(adapter_config, CONFIG_FILE)
+    except ValueError:
+        return [], []  # the kit refuses the config: its verdict says why; sglang's is read from the raw values
+    causes, findings = [], []
+    sglang = peft.lora_alpha / peft.r
+    modules = sorted({module_of(k) for k in keys})
+    if peft.use_rslora and peft.r > 1 and not peft.alpha_pattern and not peft.rank_pattern:
+        factor = math.sqrt(peft.r)
+        causes.append(f"use_rslora: PEFT scales by lora_alpha/sqrt(r), sglang by lora_alpha/r: served sqrt(r) = "
+                      f"{factor:.4g} times too weak")
+        findings.append(_finding(
+            "ISL-W101", CONFIG_FILE, f"use_rslora is set: PEFT scales this adapter by lora_alpha/sqrt(r) = "
+            f"{peft.lora_alpha:g}/sqrt({peft.r}) = {peft.lora_alpha / factor:.6g}; sglang 0.5.23 ignores use_rslora "
+            f"and scales by lora_alpha/r = {sglang:.6g}: the adapter is served sqrt(r) = {factor:.4g} times too weak",
+            f'for sglang, save it with "lora_alpha": {peft.lora_alpha * factor:.8g} and "use_rslora": false (the '
+            f"same math: {peft.lora_alpha * factor:.8g}/{peft.r} = {peft.lora_alpha / factor:.6g})"))
+    off: dict[str, float] = {}
+    for m in modules:
+        s = peft.scaling_of(m)
+        if not math.isclose(s, sglang, rel_tol=1e-12):
+            off[m] = s / sglang
+    rank_off = {m: peft.rank_of(m) for m in modules if peft.rank_of(m) != peft.r}
+    if peft.alpha_pattern and off:
+        detail = "; ".join(f"{m}: alpha {peft.alpha_of(m):g}, served {1 / v:.4g} times " +
+                           ("too weak" if v > 1 else "too strong") for m, v in off.items() if m not in rank_off)
+        causes.append("alpha_pattern is ignored by sglang (one lora_alpha for every module): " + detail)
+        findings.append(_finding(
+            "ISL-W102", CONFIG_FILE, f"alpha_pattern gives modules their own lora_alpha; sglang 0.5.23 reads one "
+            f"lora_alpha ({peft.lora_alpha:g}) for every module and ignores alpha_pattern: {detail}",
+            "for sglang, fold each module's alpha/lora_alpha ratio into its lora_B and drop alpha_pattern "
+            "(inkling-lab convert writes exactly that math into its pool), or split the adapter by alpha"))
+    if rank_off:
+        detail = "; ".join(f"{m}: rank {k}" for m, k in rank_off.items())
+        causes.append(f"rank_pattern is ignored by sglang (one r={peft.r} for every module): {detail}")
+        findings.append(_finding(
+            "ISL-W112", CONFIG_FILE, f"rank_pattern gives modules their own rank ({detail}); sglang 0.5.23 reads one "
+            f"r={peft.r} for every module and ignores rank_pattern",
+            "for sglang, zero-pad every module's factors to one rank R (exact: zero rows of A meet zero columns of "
+            "B), fold each module's own scaling over lora_alpha/R into its lora_B, and save r=R without "
+            "rank_pattern; inkling-lab convert writes that math into its pool"))
+    if peft.fan_in_fan_out:
+        findings.append(_finding(
+            "ISL-W111", CONFIG_FILE, "fan_in_fan_out is set: PEFT uses it only to merge deltas into Conv1D-style "
+            "[in, out] weights (for torch.nn.Linear it turns it off with a warning); the factors keep their "
+            "[r, in] / [out, r] shapes and read as usual, and sglang 0.5.23 does not read the field",
+            "none needed for the sink (the field changes nothing here)"))
+    if peft.modules_to_save:
+        causes.append(f"modules_to_save {list(peft.modules_to_save)}: sglang has no saved-module replacement")
+        findings.append(_finding(
+            "ISL-W109", CONFIG_FILE, f"modules_to_save {list(peft.modules_to_save)}: PEFT saved full trained copies of "
+            "these modules; sglang 0.5.23's LoRAConfig does not read modules_to_save, so they are not served as "
+            "replacements (the base modules are)", "merge the adapter into the base model to serve the saved "
+            "modules, or train without modules_to_save"))
+    init = peft.base_changing_init
+    if init is not None:
+        causes.append(f"init_lora_weights={peft.init_lora_weights!r}: the factors are a delta on PEFT's residual base, "
+                      "and sglang applies them to the model's own weights")
+        findings.append(_finding(
+            "ISL-W107", CONFIG_FILE, f"init_lora_weights is {peft.init_lora_weights!r}: PEFT changed the base weights "
+            f"when it made this adapter ({init}), so the factors mean a delta on that residual base; sglang 0.5.23 "
+            "loads them as plain LoRA on the model's own weights, which is right only for an adapter converted to "
+            "plain LoRA when it was saved", "re-save it with PEFT's path_initial_model_for_weight_conversion "
+            "(PiSSA, OLoRA, CorDA), or serve it on the LoftQ base it was made with"))
+    if peft.lora_bias:
+        causes.append("lora_bias: sglang has no LoRA bias, the trained biases are not served")
+        findings.append(_finding(
+            "ISL-W108", CONFIG_FILE, "lora_bias is set: PEFT adds a trained bias to each lora_B; sglang 0.5.23 has no "
+            "LoRA bias (LoRAConfig does not read lora_bias and no buffer holds one), so the adapter's biases are "
+            "not served", "merge the adapter into the base weights (PEFT merge_and_unload), or train with "
+            "lora_bias=False"))
+    return causes, findings
+
+
+def _journey(adapter: Adapter, module: str, factors: LoRAFactors | None,
+             pool_shapes: dict[str, tuple[int, ...]] | None, saved: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """Each pool buffer's way from the file: the 2D factors *as saved* (``saved``: the
+    shapes in the file, before any repair), normalized ``[O or n, ...]``, pool ``[S, ...]``."""
+    rows = []
+    normalized = factors.tensors() if factors is not None else {}
+    for name, (proj, ab) in {"gate_up_a": ("gate_up_proj", "A"), "gate_up_b": ("gate_up_proj", "B"),
+                             "down_a": ("down_proj", "A"), "down_b": ("down_proj", "B")}.items():
+        peft = []
+        stacks = {"gate_proj", "up_proj", "gate_up_proj"} if proj == "gate_up_proj" else {"down_proj"}
+        for key in adapter.factor_keys:
+            fn = FactorName.parse(key)
+            if fn.module == module and fn.ab == ab and fn.canonical in stacks:
+                label = f"{'' if fn.expert is None else f'{fn.expert}.'}{fn.proj}.lora_{ab}"
+                order = (fn.expert or 0, fn.canonical == "up_proj")  # gate before up, as stacked
+                peft.append((order, label, saved.get(key, [int(d) for d in adapter.weights[key].shape])))
+        rows.append({"buffer": name, "peft": [(label, shape) for _, label, shape in sorted(peft)],
+                     "normalized": list(normalized[name].shape) if name in normalized else None,
+                     "pool": list(pool_shapes[name]) if pool_shapes else None})
+    return rows
+
+
+def shape_journey(adapter: Adapter, module: str, factors: LoRAFactors | None = None,
+                  pool_shapes: dict[str, tuple[int, ...]] | None = None) -> list[dict[str, Any]]:
+    """Each pool buffer's way from the PEFT file: the 2D factors it comes from, the
+    normalized factor ``[O or n, ...]`` and the pool buffer ``[S, ...]``."""
+    return _journey(adapter, module, factors, pool_shapes, {})
+
+
+def _saved_shapes(folder: Path) -> dict[str, list[int]]:
+    try:
+        with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception:  # noqa: BLE001 - unreadable: the verdicts say why
+        return {}
 
 
 def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hidden: int, intermediate: int,
-           max_rank: int | None = None, tp: int = 1) -> DoctorReport:
-    """Walk one adapter down upstream's path for a sink of ``n``, ``H=hidden`` and
-    full per-expert ``F=intermediate`` over ``tp`` ranks; never raises on bad input.
+           max_rank: int | None = None, tp: int = 1, *, target_modules: Sequence[str] | None = None,
+           repair: bool = False, measure: bool = True) -> DoctorReport:
+    """What sglang 0.5.23 does with one adapter folder for a sink of ``n``, ``H=hidden``
+    and full per-expert ``F=intermediate`` over ``tp`` ranks; never raises on bad input.
 
-    Reading (the kit's ``ISL-K2xx``), normalization (upstream's raw reshape error),
-    the tensor-parallel slice (rank 0 of ``tp``), loading into a pool of max rank
-    ``max_rank`` (default: the adapter's rank), and ``set_lora_info``'s checks.
+    ``target_modules``: the server's ``--lora-target-modules`` (default: the adapter's
+    own ``target_modules``, and the report says so). ``max_rank``: the server's
+    ``--max-lora-rank`` (default: the adapter's ``r``). ``repair``: let the kit's
+    converter make repairs that guess (a folded down A, a rank read from the factors).
+    ``measure``: run ``compare`` to size a difference (skip it for speed).
     """
     n = n_shared_experts
-    label = (adapter.source or adapter.name) if isinstance(adapter, Adapter) else str(adapter)
-    report = DoctorReport(label, n, hidden, intermediate, tp, max_rank)
-    try:
-        if not isinstance(adapter, Adapter):
-            adapter = load_adapter(adapter)
-    except (OSError, ValueError) as exc:
-        report.error = exc
-        report.findings.append(_error_finding(exc))
-        return report
-    report.about = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (scaling {adapter.scaling:g}), "
-                    f"{len(adapter.modules)} module(s)"
-                    + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
-    report.max_rank = max_rank if max_rank is not None else adapter.r
-    try:
-        pool = convert([adapter], n, hidden=hidden, intermediate=intermediate, max_rank=report.max_rank,
-                       tp_size=tp)
-    except RuntimeError as exc:  # torch's reshape error from normalization
-        report.error = exc
-        report.findings.append(_error_finding(exc, _split_fix(adapter, n)))
-    except AssertionError as exc:
-        report.error = exc
-        geometry = Geometry(n=n, hidden=hidden, intermediate=max(intermediate // max(tp, 1), 1),
-                            rank=report.max_rank)
-        specific = _fit_findings(adapter, geometry, n, tp)
-        report.findings.append(_error_finding(exc, "; ".join(f.fix for f in specific) or None))
-        report.findings += [f for f in specific if f.code != "ISL-E016"]
-    except ValueError as exc:
-        report.error = exc
-        report.findings.append(_error_finding(exc))
+    folder = Path(adapter.source) if isinstance(adapter, Adapter) else Path(adapter)
+    if folder.name in (CONFIG_FILE, WEIGHTS_FILE):
+        folder = folder.parent
+    name = folder.name or str(folder)
+    report = DoctorReport(str(folder), n, hidden, intermediate, tp, max_rank)
+    path = run_sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name)
+    raised = path.raised
+    if raised is not None:
+        report.load = SglangLoad("raises", raised.text, raised.stage, raised.upstream)
+        if raised.finding is not None:
+            path.findings.insert(0, raised.finding)
     else:
-        report.pool = pool
-        g = pool.geometry
-        for module, bufs in pool.layers.items():
-            report.findings += diagnose_pool(*bufs, n_shared_experts=n, hidden_size=hidden,
-                                             intermediate_size=g.intermediate, lora_ranks=pool.lora_ranks).findings
-        defect = doctor_finding(adapter.factors(n), what=f"adapter {adapter.name!r}")  # loads, but computed wrongly
-        report.findings += [defect] if defect else []
-    report.findings += [f for f in adapter.findings if f not in report.findings]
-    _add_journey(report, adapter, n)
+        report.load = SglangLoad("skips" if path.skip_warning else "loads", path.skip_warning,
+                                 upstream="mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer"
+                                 if path.skip_warning else "")
+    report.stages = path.stages
+    server = getattr(path, "server", None)
+    report.targets = sorted(server) if server is not None else []
+    report.targets_from = ("--lora-target-modules" if target_modules is not None
+                           else "the adapter's own target_modules (pass --lora-target-modules for the server's)")
+
+    _kit(report, folder, adapter if isinstance(adapter, Adapter) else None, repair)
+    causes, config_findings = _config_causes(path.config, [k for k in path.weights
+                                                           if FactorName.parse(k) is not None], name)
+    report.findings = path.findings + config_findings + [f for f in report.findings if f not in path.findings]
+    causes = path.causes + causes
+    if report.load.outcome == "raises":
+        report.computes = SglangCompute("nothing")
+        if report.load.stage == "read" and "DoRA" not in report.load.text:
+            report.findings.insert(0, _finding("ISL-K201" if "adapter_config" in report.load.text else "ISL-K203",
+                                               "adapter", f"sglang 0.5.23 cannot load it: {report.load.text}",
+                                               "see the kit's verdict for the file and the way out",
+                                               upstream=True)) if not report.findings else None
+    elif path.unknown:
+        report.load = SglangLoad("unknown" if "torch.load" not in path.unknown else "loads", why=path.unknown)
+        report.computes = SglangCompute("unknown", [path.unknown])
+    elif path.base_only:
+        report.computes = SglangCompute("base", causes)
+    elif any("NaN" in c for c in causes):
+        report.computes = SglangCompute("nan", causes)
+    elif causes:
+        report.computes = SglangCompute("different", causes)
+    else:
+        report.computes = SglangCompute("adapter")
+    if measure and report.computes.outcome in ("different", "base") and report.pool is not None:
+        from .compare import compare
+
+        try:
+            report.computes.relative_error = compare([folder], n, hidden, intermediate,
+                                                     target_modules=target_modules, repair=repair).sglang_error
+        except Exception:  # noqa: BLE001 - sizing is a bonus; the verdict stands without it
+            pass
     return report
 
 
-def _add_journey(report: DoctorReport, adapter: Adapter, n: int) -> None:
+def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool) -> None:
+    """Verdict 3: the kit's converter on the same folder; the journey of the shapes."""
+    n, saved = report.n, _saved_shapes(folder)
     try:
-        factors = adapter.factors(n)
-    except (RuntimeError, ValueError):
-        factors = {}
+        adapter = given if given is not None else load_adapter(folder, guess=repair)
+        report.about = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (PEFT scaling {adapter.scaling:g}), "
+                        f"{len(adapter.modules)} module(s)" + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
+        if report.max_rank is None:
+            report.max_rank = adapter.r
+        pool = convert([adapter], n, hidden=report.hidden, intermediate=report.intermediate,
+                       max_rank=max(report.max_rank, max(f.rank for f in adapter.factors(n).values())),
+                       tp_size=report.tp)
+    except (OSError, ValueError, RuntimeError, AssertionError) as exc:
+        report.error = exc
+        entry = find_entry(exc)
+        fix = _kit_fix(exc, entry.code if entry else None, folder)
+        report.kit = KitVerdict("refuses", _exc_text(exc), entry.code if entry else None)
+        report.findings.append(Finding(entry.code if entry else "error", "adapter", _exc_text(exc),
+                                       fix + (f" (more: inkling-lab explain {entry.code})" if entry else ""),
+                                       upstream=bool(entry and entry.origin.startswith("sglang")),
+                                       consequence="inkling-lab convert refuses it"))
+        return
+    report.pool = pool
+    report.kit = KitVerdict("writes", repairs=[f"{f.code} {f.message}" for f in adapter.findings
+                                               if f.code.startswith("ISL-K")] +
+                            [f"{f.code} {f.message}" for f in pool.findings if f.code == "ISL-W001"])
+    report.findings += [f for f in adapter.findings if f.code.startswith(("ISL-K", "ISL-N"))]
+    factors = adapter.factors(n)
     for module in adapter.modules:
-        pool_shapes = None
-        if report.pool is not None:
-            pool_shapes = {name: tuple(t.shape) for name, t in zip(BUFFER_NAMES, report.pool.buffers(module))}
-        report.journey[module] = shape_journey(adapter, module, factors.get(module), pool_shapes)
+        shapes = {name: tuple(t.shape) for name, t in zip(BUFFER_NAMES, pool.buffers(module))}
+        report.journey[module] = _journey(adapter, module, factors.get(module), shapes, saved)
 
 
-_UNREADABLE = {"ISL-K201", "ISL-K202", "ISL-K203", "ISL-K204"}
-"""Refusals of a folder that no loader can read (no config, bad config, no or a corrupt
-weights file), as opposed to refusals of what sglang would load and get wrong."""
-
-
-def _error_finding(exc: BaseException, fix: str | None = None) -> Finding:
-    """The error itself as the first finding; ``fix`` defaults to the message's own advice."""
-    entry = find_entry(exc)
-    code = entry.code if entry else "error"
-    upstream = entry is not None and entry.origin.startswith("sglang")
-    fix = fix or "follow the advice in the message"
-    if entry is not None:
-        fix += f" (more: inkling-lab explain {code})"
-    if upstream:
-        consequence = ""
-    elif code in _UNREADABLE:
-        consequence = "sglang cannot read this adapter either; the kit says which file and why"
-    else:
-        consequence = "sglang does not raise this: it fails later or computes something else"
-    return Finding(code, "adapter", f"{type(exc).__name__}: {exc}", fix, upstream, consequence)
+def _kit_fix(exc: BaseException, code: str | None, folder: Path) -> str:
+    """The way out of a kit refusal: the message's own advice, or the exact step."""
+    text = str(exc)
+    if code == "ISL-K203" and any(folder.glob("*.bin")):
+        binary = sorted(folder.glob("*.bin"))[0].name
+        return ("convert it to safetensors once, where you trust the file: python -c \"import torch; from "
+                "safetensors.torch import save_file; save_file(torch.load('" + binary + "', weights_only=True), "
+                f"'{WEIGHTS_FILE}')\" (sglang reads the .bin itself with torch.load(weights_only=True))")
+    if code == "ISL-E012":
+        return "check --n-shared-experts: a flat factor's expert features do not split into n"
+    if code == "ISL-E016":
+        return ("check --max-rank (sglang: --max-lora-rank), --hidden and --intermediate against the model the "
+                "adapter was trained for")
+    advice = text.split(": ", 1)[-1]
+    return advice[advice.rfind(";") + 1:].strip() if ";" in advice else "see the message"
 
 
 class _CallableModule(types.ModuleType):
