@@ -701,6 +701,11 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
     source = str(folder)
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     if not config_path.is_file():
+        named = sorted(c.parent.name for c in folder.glob(f"*/{CONFIG_FILE}")) if folder.is_dir() else []
+        if named:  # PEFT saves adapters other than "default" in subfolders named after them
+            raise _refuse(FileNotFoundError(
+                f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE} here, but this folder holds PEFT named adapters in "
+                f"subfolders: {', '.join(named)}; point at one of them, e.g. {folder.name}/{named[0]}"), folder)
         why = "" if folder.is_dir() else " (the folder does not exist)"
         raise _refuse(FileNotFoundError(
             f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE}{why}: a PEFT adapter is a folder with "
