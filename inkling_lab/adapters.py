@@ -33,7 +33,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -194,9 +194,20 @@ class Adapter:
         ranks = sorted({int(t.shape[fn.rank_axis]) for fn, t in factors.values() if t.dim() == 2 and t.numel()})
         _check_duplicates([fn for fn, _ in factors.values()], where_w)
         adapter._infer_rank(factors, ranks, where_cfg)
+        wrong_rank = []  # every factor of the wrong rank is reported, in one error
         for key, (fn, t) in factors.items():
-            adapter.weights[key] = adapter._checked(fn, t, where_w, ranks, factors)
+            try:
+                adapter.weights[key] = adapter._checked(fn, t, where_w, ranks, factors)
+            except ValueError as exc:
+                if "its rank axis" not in str(exc):
+                    raise
+                wrong_rank.append(str(exc))
+                continue
             _check_finite(key, adapter.weights[key], where_w)
+        if wrong_rank:
+            raise ValueError(wrong_rank[0] if len(wrong_rank) == 1 else
+                             f"{len(wrong_rank)} factors do not have the rank the config gives them:\n  "
+                             + "\n  ".join(wrong_rank))
         if not adapter.factor_keys:
             raise ValueError(
                 f"{where_w}: no shared-sink LoRA factors: no tensor is named "
@@ -223,7 +234,7 @@ class Adapter:
         said = f"r={r}" + (" (rank_pattern)" if r != self.r else "")
         if t.shape[axis] == r:
             return t
-        transposed = t.shape[1 - axis] == r and r in ranks
+        transposed = t.shape[1 - axis] == r and r in ranks and self._fits_transposed(fn, t, factors)
         if transposed and self.repair:
             self.findings.append(Finding(
                 "ISL-K206", fn.key, f"{fn.key} is stored transposed {_shape(t)}; read as {_shape(t.T)} "
@@ -241,6 +252,22 @@ class Adapter:
                else f"; no factor has rank {r} (their rank axes are {ranks}): fix r in {CONFIG_FILE} "
                "(--repair reads it from the factors when they all agree)" if r not in ranks
                else f": re-export this factor with rank {r}, or give its module its own rank in rank_pattern"))
+
+    def _fits_transposed(self, fn: FactorName, t: torch.Tensor,
+                         factors: Mapping[str, tuple[FactorName, torch.Tensor]]) -> bool:
+        """Read transposed, would ``t``'s other axis agree with the factors of its role
+        that have their rank where it belongs (``H`` for the outer factors, the same
+        projection's features for the inner ones)? No such factor: no evidence against."""
+        def role(f: FactorName) -> Any:
+            return "H" if f.is_outer else (f.canonical, f.ab, f.expert is None)
+
+        def size(f: FactorName, shape: Sequence[int]) -> int:
+            return int(shape[1] if f.ab == "A" else shape[0])
+
+        seen = {size(g, u.shape) for g, u in factors.values()
+                if g is not fn and role(g) == role(fn) and u.dim() == 2 and u.numel()
+                and u.shape[g.rank_axis] == self.peft.rank_of(module_of(g.key))}
+        return not seen or size(fn, t.T.shape) in seen
 
     def _infer_rank(self, factors: Mapping[str, tuple[FactorName, torch.Tensor]], ranks: list[int],
                     where: str) -> None:

@@ -252,7 +252,7 @@ def compare(adapters: Sequence[str | os.PathLike[str]], n_shared_experts: int, h
     ``target_modules``: the server's ``--lora-target-modules`` (default: each adapter's
     own). ``repair``: let the converter make the repairs that guess.
     """
-    from .doctor import _exc_text, run_sglang
+    from .doctor import _config_causes, _exc_text, run_sglang
 
     n, folders = n_shared_experts, [Path(a) for a in adapters]
     report = CompareReport([f.name for f in folders], n, hidden, intermediate, tokens, seed,
@@ -266,14 +266,6 @@ def compare(adapters: Sequence[str | os.PathLike[str]], n_shared_experts: int, h
         except (OSError, ValueError) as exc:
             read.append(None)
             report.status["peft"].append(f"not computed: the kit cannot read it ({_exc_text(exc)})")
-    good = [a for a in read if a is not None]
-    pool = None
-    if good:
-        try:
-            pool = convert(good, n, hidden=hidden, intermediate=intermediate)
-        except (ValueError, RuntimeError, AssertionError) as exc:
-            kit_error = _exc_text(exc)
-    slot_of = {id(a): s for s, a in enumerate(good)}
     for slot, (folder, adapter) in enumerate(zip(folders, read)):
         path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules)
         if path.raised is not None:
@@ -285,15 +277,26 @@ def compare(adapters: Sequence[str | os.PathLike[str]], n_shared_experts: int, h
         if adapter is None:
             report.status["kit"].append("not computed: the kit refuses it")
             continue
-        report.status["kit"].append("computed" if pool is not None else f"not computed: {kit_error}")
-        causes = "; ".join(path.causes)
+        try:  # its slot of the pool, converted alone so that one bad adapter does not hide the others
+            pool = convert([adapter], n, hidden=hidden, intermediate=intermediate)
+            report.status["kit"].append("computed")
+        except (ValueError, RuntimeError, AssertionError) as exc:
+            pool = None
+            report.status["kit"].append(f"not computed: the converter refuses it ({_exc_text(exc)})")
+        causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights
+                                                                      if FactorName.parse(k)], folder.name)[0])
+        try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)
+            peft = {m: batch.delta(peft_deltas(adapter, m, n)) for m in adapter.modules}
+        except (RuntimeError, ValueError, IndexError) as exc:
+            report.status["peft"][slot] = f"not computed: the adapter does not fit this sink ({_exc_text(exc)})"
+            continue
         for module in adapter.modules:
-            got = {"peft": batch.delta(peft_deltas(adapter, module, n))}
+            got = {"peft": peft[module]}
             if path.raised is None and not path.unknown:
                 got["sglang"] = batch.delta(_sglang_deltas(path, module))
             if pool is not None:
                 bufs = pool.buffers(module)
-                got["kit"] = batch.delta(factor_deltas(*(b[slot_of[id(adapter)]] for b in bufs)))
+                got["kit"] = batch.delta(factor_deltas(*(b[0] for b in bufs)))
             report.deltas[module, slot] = got
             for what in ("sglang", "kit"):
                 if what not in got:

@@ -37,8 +37,8 @@ from typing import Any, Iterable, Sequence
 import torch
 from safetensors import safe_open
 
-from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of, normalize_shared_sink,
-                       read_peft_config)
+from .adapters import (CONFIG_FILE, PROJECTIONS, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of,
+                       normalize_shared_sink, read_peft_config)
 from .catalog import UpstreamDefectWarning
 from .convert import ConvertedPool, _shard, convert
 from .errors import find_entry
@@ -330,15 +330,22 @@ class _Sglang:
             except Exception as exc:  # noqa: BLE001 - the library's own error is the verdict
                 raise _Raised("read", _exc_text(exc),
                               "model_loader/weight_utils.py: safetensors_weights_iterator (safe_open)") from None
+        biases = [k for k in self.weights if "shared_experts." in k and k.endswith("lora_B.bias")]
+        if biases:
+            self.unknown = (f"{len(biases)} lora_B.bias tensor(s) (lora_bias): sglang 0.5.23 has no LoRA bias and "
+                            "routes them like B weights in load_lora_weight_to_buffer; the kit does not model where "
+                            "they land")
         self.record("read", config=CONFIG_FILE, weights=[p.name for p in files], r=self.r,
                     lora_alpha=cfg["lora_alpha"], scaling=self.scaling, tensors=len(self.weights))
 
     # 2. normalize ------------------------------------------------------------------
     def normalize(self) -> None:
-        sink = {k: v for k, v in self.weights.items() if FactorName.parse(k) is not None}
+        sink = {k: v for k, v in self.weights.items() if (fn := FactorName.parse(k)) and fn.proj in PROJECTIONS}
+        # other keys under shared_experts (a misspelt projection, a bias) pass normalization untouched
+        others = {k: v for k, v in self.weights.items() if "shared_experts." in k and k not in sink}
         self._duplicates(sink)
         try:
-            self.normalized = normalize_shared_sink(sink, self.n)
+            self.normalized = {**normalize_shared_sink(sink, self.n), **others}
         except RuntimeError as exc:
             raise _Raised("normalize", _exc_text(exc), "lora.py: LoRAAdapter._normalize_shared_expert_moe") from None
         self.record("normalize", shapes={k: list(t.shape) for k, t in self.normalized.items()})
@@ -423,13 +430,24 @@ class _Sglang:
     # 4. shard and 5. pool ----------------------------------------------------------
     def assemble(self) -> None:
         """The factors as sglang's buffers receive them, per module: nothing repaired."""
-        for module in dict.fromkeys(FactorName.parse(k).module for k in self.normalized):
+        for module in dict.fromkeys(fn.module for k in self.normalized
+                                    if (fn := FactorName.parse(k)) and fn.proj in PROJECTIONS):
             parts = {}
             for proj in ("gate_up_proj", "down_proj"):
                 for ab in "AB":
                     parts[proj, ab] = self._gather(module, proj, ab)
             self.factors[module] = parts  # type: ignore[assignment]
+            self._unpaired(module)
         self.record("shard", tp=self.tp, rank=0)
+
+    def _unpaired(self, module: str) -> None:
+        parts = self.factors[module]
+        for proj in ("gate_up_proj", "down_proj"):
+            have = [ab for ab in "AB" if parts[proj, ab] is not None]
+            if len(have) == 1:
+                lacks = "B" if have == ["A"] else "A"
+                self.causes.append(f"{module}: {proj}.lora_{have[0]} has no lora_{lacks}: sglang zero-fills the "
+                                   f"missing buffer, so that projection adds nothing")
 
     def _gather(self, module: str, proj: str, ab: str) -> Any:
         shared = self.normalized.get(FactorName(module, None, proj, ab).key)
@@ -604,8 +622,9 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
             off[m] = s / sglang
     rank_off = {m: peft.rank_of(m) for m in modules if peft.rank_of(m) != peft.r}
     if peft.alpha_pattern and off:
-        detail = "; ".join(f"{m}: alpha {peft.alpha_of(m):g}, served {1 / v:.4g} times " +
-                           ("too weak" if v > 1 else "too strong") for m, v in off.items() if m not in rank_off)
+        detail = "; ".join(f"{m}: alpha {peft.alpha_of(m):g}, served " +
+                           (f"{v:.4g} times too weak" if v > 1 else f"{1 / v:.4g} times too strong")
+                           for m, v in off.items() if m not in rank_off)
         causes.append("alpha_pattern is ignored by sglang (one lora_alpha for every module): " + detail)
         findings.append(_finding(
             "ISL-W102", CONFIG_FILE, f"alpha_pattern gives modules their own lora_alpha; sglang 0.5.23 reads one "
@@ -654,22 +673,23 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
     return causes, findings
 
 
-def _journey(adapter: Adapter, module: str, factors: LoRAFactors | None,
-             pool_shapes: dict[str, tuple[int, ...]] | None, saved: dict[str, list[int]]) -> list[dict[str, Any]]:
-    """Each pool buffer's way from the file: the 2D factors *as saved* (``saved``: the
-    shapes in the file, before any repair), normalized ``[O or n, ...]``, pool ``[S, ...]``."""
+def _journey(saved: dict[str, list[int]], module: str, factors: LoRAFactors | None,
+             pool_shapes: dict[str, tuple[int, ...]] | None) -> list[dict[str, Any]]:
+    """Each pool buffer's way from the file: the 2D factors *as saved* (``saved``: key ->
+    shape in the file, before any repair), normalized ``[O or n, ...]``, pool ``[S, ...]``
+    (``None`` where the kit stopped before)."""
     rows = []
     normalized = factors.tensors() if factors is not None else {}
     for name, (proj, ab) in {"gate_up_a": ("gate_up_proj", "A"), "gate_up_b": ("gate_up_proj", "B"),
                              "down_a": ("down_proj", "A"), "down_b": ("down_proj", "B")}.items():
         peft = []
         stacks = {"gate_proj", "up_proj", "gate_up_proj"} if proj == "gate_up_proj" else {"down_proj"}
-        for key in adapter.factor_keys:
+        for key, shape in saved.items():
             fn = FactorName.parse(key)
-            if fn.module == module and fn.ab == ab and fn.canonical in stacks:
+            if fn is not None and fn.module == module and fn.ab == ab and fn.canonical in stacks:
                 label = f"{'' if fn.expert is None else f'{fn.expert}.'}{fn.proj}.lora_{ab}"
                 order = (fn.expert or 0, fn.canonical == "up_proj")  # gate before up, as stacked
-                peft.append((order, label, saved.get(key, [int(d) for d in adapter.weights[key].shape])))
+                peft.append((order, label, list(shape)))
         rows.append({"buffer": name, "peft": [(label, shape) for _, label, shape in sorted(peft)],
                      "normalized": list(normalized[name].shape) if name in normalized else None,
                      "pool": list(pool_shapes[name]) if pool_shapes else None})
@@ -680,7 +700,7 @@ def shape_journey(adapter: Adapter, module: str, factors: LoRAFactors | None = N
                   pool_shapes: dict[str, tuple[int, ...]] | None = None) -> list[dict[str, Any]]:
     """Each pool buffer's way from the PEFT file: the 2D factors it comes from, the
     normalized factor ``[O or n, ...]`` and the pool buffer ``[S, ...]``."""
-    return _journey(adapter, module, factors, pool_shapes, {})
+    return _journey({k: list(adapter.weights[k].shape) for k in adapter.factor_keys}, module, factors, pool_shapes)
 
 
 def _saved_shapes(folder: Path) -> dict[str, list[int]]:
@@ -780,6 +800,8 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
                                        fix + (f" (more: inkling-lab explain {entry.code})" if entry else ""),
                                        upstream=bool(entry and entry.origin.startswith("sglang")),
                                        consequence="inkling-lab convert refuses it"))
+        for module in dict.fromkeys(fn.module for k in saved if (fn := FactorName.parse(k)) is not None):
+            report.journey[module] = _journey(saved, module, None, None)
         return
     report.pool = pool
     report.kit = KitVerdict("writes", repairs=[f"{f.code} {f.message}" for f in adapter.findings
@@ -789,7 +811,8 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
     factors = adapter.factors(n)
     for module in adapter.modules:
         shapes = {name: tuple(t.shape) for name, t in zip(BUFFER_NAMES, pool.buffers(module))}
-        report.journey[module] = _journey(adapter, module, factors.get(module), shapes, saved)
+        report.journey[module] = _journey(saved or {k: list(adapter.weights[k].shape) for k in adapter.factor_keys},
+                                          module, factors.get(module), shapes)
 
 
 def _kit_fix(exc: BaseException, code: str | None, folder: Path) -> str:
