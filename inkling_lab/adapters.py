@@ -360,9 +360,10 @@ class Adapter:
             else:
                 H, F = ga.shape[-1], gb.shape[-2] // 2
                 da, db = torch.zeros(n, r, F, dtype=dtype), torch.zeros(ga.shape[0], H, r, dtype=dtype)
+        ga, gb, da, db = _one_rank(ga, gb, da, db)
         ga, db = self._one_outer_layout(module, ga, db, where)
         gb, da = self._peft_scalings(module, n, gb, da)
-        return LoRAFactors(ga, gb, da, db, lora_alpha=self.scaling * r, name=self.name)
+        return LoRAFactors(ga, gb, da, db, lora_alpha=self.scaling * da.shape[-2], name=self.name)
 
     def projection_scalings(self, module: str, n: int) -> dict[str, list[float]]:
         """PEFT's scaling of each projection (``gate``, ``up``, ``down``) of each of the
@@ -597,6 +598,24 @@ def _check_pairs(keys: list[str], where: str) -> None:
         other = fn.with_(ab="B" if fn.ab == "A" else "A").key
         if other not in present:
             raise ValueError(f"{where}: {key!r} has no matching {other!r}: every LoRA factor needs its A and its B")
+
+
+def _one_rank(ga: torch.Tensor, gb: torch.Tensor, da: torch.Tensor, db: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gate/up and down of one module at different ranks (``rank_pattern``): both
+    zero-padded to the larger, which is exact (zero rows of A meet zero columns of B)."""
+    r_gu, r_d = ga.shape[-2] // 2, da.shape[-2]
+    R = max(r_gu, r_d)
+    if r_gu == r_d:
+        return ga, gb, da, db
+
+    def pad(t: torch.Tensor, axis: int, to: int) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[axis] = to - t.shape[axis]
+        return torch.cat([t, t.new_zeros(shape)], dim=axis)
+
+    ga = torch.cat([pad(ga[..., :r_gu, :], -2, R), pad(ga[..., r_gu:, :], -2, R)], dim=-2)
+    return ga, pad(gb, -1, R), pad(da, -2, R), pad(db, -1, R)
 
 
 def _check_duplicates(names: list[FactorName], where: str) -> None:

@@ -344,6 +344,10 @@ class _Sglang:
         # other keys under shared_experts (a misspelt projection, a bias) pass normalization untouched
         others = {k: v for k, v in self.weights.items() if "shared_experts." in k and k not in sink}
         self._duplicates(sink)
+        if any(t.dim() != 2 and FactorName.parse(k).canonical != "down_proj" for k, t in sink.items()):
+            # upstream's reshape skips it, then torch.cat stacks it with its partner along dim() - 2
+            self.unknown = "a gate/up factor that is not 2D: the kit does not model how upstream stacks it"
+            return
         try:
             self.normalized = {**normalize_shared_sink(sink, self.n), **others}
         except RuntimeError as exc:
@@ -408,6 +412,7 @@ class _Sglang:
                 "in target_modules; w1/w3/w2 are not renamed there)",
                 consequence="requests with this adapter get the base model's sink output"))
         names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
+        label = lambda k: (fn.proj if (fn := FactorName.parse(k)) else k.rsplit(".", 2)[0].rsplit(".", 1)[-1])  # noqa: E731
         skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
         if skipped:
             self.skip_warning = (
@@ -417,7 +422,7 @@ class _Sglang:
             for key in skipped:
                 self.normalized.pop(key)
             self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
-                               f"{', '.join(sorted({FactorName.parse(k).proj for k in skipped}))} is not applied")
+                               f"{', '.join(sorted({label(k) for k in skipped}))} is not applied")
             self.findings.append(_finding(
                 "ISL-W104", "target_modules", self.skip_warning,
                 "an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate), or add the "
@@ -469,11 +474,14 @@ class _Sglang:
             shared_outer = isinstance(ga, torch.Tensor) or ga is None and not isinstance(db, dict)
             ga, gb, da, db = (self._per_expert(t, shared) for t, shared in
                               ((ga, shared_outer), (gb, False), (da, False), (db, shared_outer)))
-            if self.tp > 1:
-                full = LoRAFactors(*(t if t is not None else torch.zeros(0) for t in (ga, gb, da, db)))
-                if all(t is not None for t in (ga, gb, da, db)):
+            if self.tp > 1 and all(t is not None for t in (ga, gb, da, db)):
+                try:
+                    full = LoRAFactors(*(torch.stack(t) if isinstance(t, list) else t for t in (ga, gb, da, db)))
                     cut = _shard(sink, full, 0, self.tp)
-                    ga, gb, da, db = cut.gate_up_a, cut.gate_up_b, cut.down_a, cut.down_b
+                except (ValueError, RuntimeError) as exc:  # upstream cuts without checking: empty or short slices
+                    self.unknown = f"tensor-parallel slicing of factors that do not split over tp={self.tp} ({exc})"
+                    continue
+                ga, gb, da, db = cut.gate_up_a, cut.gate_up_b, cut.down_a, cut.down_b
             for name, t in (("gate_up_a", ga), ("down_a", da), ("gate_up_b", gb), ("down_b", db)):
                 for view, w in self._views(name, t, shared_outer, r, R, H, F):
                     if tuple(view) != tuple(w):
@@ -504,15 +512,16 @@ class _Sglang:
             return [(view[:r].shape, w[:r].shape) for w in t]
         return [(view[:, :r].shape, w.shape) for w in t]
 
-    def _per_expert(self, t: Any, outer_shared: bool) -> torch.Tensor | None:
-        """``[E, ...]``: a 3D tensor as is, a per-expert dict stacked over experts
-        ``0..n-1`` (absent experts zero, as the zeroed buffer leaves them)."""
+    def _per_expert(self, t: Any, outer_shared: bool) -> torch.Tensor | list[torch.Tensor] | None:
+        """One weight per expert: a 3D tensor as is, a per-expert dict as the list over
+        experts ``0..n-1`` (absent experts zero, as the zeroed buffer leaves them; each
+        is checked against its own buffer view, so their shapes may differ here)."""
         if t is None or isinstance(t, torch.Tensor):
             return t
         if any(e >= self.n for e in t):
             self.unknown = f"per-expert factors for experts {sorted(t)} of a sink of n={self.n}"
         first = next(iter(t.values()))
-        return torch.stack([t.get(e, torch.zeros_like(first)) for e in range(self.n)])
+        return [t.get(e, torch.zeros_like(first)) for e in range(self.n)]
 
     def _landed(self, module: str, ga: torch.Tensor | None, gb: torch.Tensor | None, da: torch.Tensor | None,
                 db: torch.Tensor | None) -> LoRAFactors:
@@ -520,6 +529,10 @@ class _Sglang:
         3D down B of one expert in a per-expert pool fills expert 0 only
         (``_iter_local_expert_weights`` yields one expert per row)."""
         r, n, H, F = self.r, self.n, self.H, self.F // self.tp
+        # what the buffer views took: gate-up A's rows 0..2r-1 (a per-expert one is cut, not checked, at r
+        # rows per half) and down A's rows 0..r-1 (cut, not checked); the B factors were checked whole
+        stack = lambda ws, cut: torch.stack([w[:cut] for w in ws]) if ws is not None else None  # noqa: E731
+        ga, gb, da, db = stack(ga, 2 * r), stack(gb, None), stack(da, r), stack(db, None)
         like = next(t for t in (ga, gb, da, db) if t is not None)
         zeros = lambda *s: torch.zeros(*s, dtype=like.dtype)  # noqa: E731
         O = max(ga.shape[0] if ga is not None else 1, db.shape[0] if db is not None else 1)
@@ -548,9 +561,9 @@ class _Sglang:
                             lora_alpha=f.lora_alpha)
             from .pool import LoRAPool
 
-            pool = LoRAPool(self.n, self.H, self.F // self.tp, 1, max(f.rank, 1), outer=f.outer)
-            if f.rank and all(torch.isfinite(t).all() for t in f.tensors().values()):
-                pool.load(0, g)
+            pool = LoRAPool(self.n, self.H, self.F // self.tp, 1, max(self.r, 1), outer=f.outer)
+            if all(torch.isfinite(t).all() for t in f.tensors().values()):
+                pool.load(0, g)  # sglang's buffers hold exactly these (they were checked against its views)
             codes += diagnose_pool(*pool.buffers(), n_shared_experts=self.n).codes
         self.record("set_lora_info", passes=not [c for c in codes if c.startswith("ISL-E")], codes=codes)
         nan = [m for m, f in self.loaded.items() if not all(torch.isfinite(t).all() for t in f.tensors().values())]
@@ -585,6 +598,10 @@ def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1
                                                 else path.config.get("target_modules"))
             return path
         path.normalize()
+        if path.unknown:
+            path.server = server_target_modules(target_modules if target_modules is not None
+                                                else path.config.get("target_modules"))
+            return path
         path.targets()
         path.assemble()
         path.load_pool()
@@ -781,20 +798,22 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
 
 def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool) -> None:
     """Verdict 3: the kit's converter on the same folder; the journey of the shapes."""
-    n, saved = report.n, _saved_shapes(folder)
+    n, saved, rank = report.n, _saved_shapes(folder), 0
     try:
         adapter = given if given is not None else load_adapter(folder, guess=repair)
         report.about = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (PEFT scaling {adapter.scaling:g}), "
                         f"{len(adapter.modules)} module(s)" + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
-        if report.max_rank is None:
-            report.max_rank = adapter.r
+        rank = max(f.rank for f in adapter.factors(n).values())  # rank_pattern: a module may exceed r
         pool = convert([adapter], n, hidden=report.hidden, intermediate=report.intermediate,
-                       max_rank=max(report.max_rank, max(f.rank for f in adapter.factors(n).values())),
-                       tp_size=report.tp)
+                       max_rank=report.max_rank if report.max_rank is not None else rank, tp_size=report.tp)
+        if report.max_rank is None:
+            report.max_rank = rank
     except (OSError, ValueError, RuntimeError, AssertionError) as exc:
         report.error = exc
         entry = find_entry(exc)
         fix = _kit_fix(exc, entry.code if entry else None, folder)
+        if entry is not None and entry.code == "ISL-E016" and report.max_rank is not None and rank > report.max_rank:
+            fix = f"convert with --max-rank {rank} or larger (sglang: --max-lora-rank {rank})"
         report.kit = KitVerdict("refuses", _exc_text(exc), entry.code if entry else None)
         report.findings.append(Finding(entry.code if entry else "error", "adapter", _exc_text(exc),
                                        fix + (f" (more: inkling-lab explain {entry.code})" if entry else ""),

@@ -342,8 +342,11 @@ class _Diagnoser:
             self.add("ISL-D104", short[0], f"slot counts differ: {detail}",
                      f"every buffer needs one entry per slot: give {', '.join(PRETTY[k] for k in short)} "
                      f"{most} slots (zero slots are 'no adapter')",
-                     "shared outer: IndexError while set_lora_info builds the derived operands; "
-                     "per-expert outer: an error or a wrong slot in the forward")
+                     "set_lora_info counts slots by gate-up B only (inkling_common/lora.py, "
+                     "_allocate_lora_operands and _refresh_lora_operands): shared outer, a down A with fewer slots "
+                     "than gate-up B gets torch's IndexError there, and every other difference is accepted "
+                     "(e.g. set_lora_info(ga[:1], gb, da, db) and set_lora_info(ga, gb[:2], da, db)); per-expert "
+                     "outer, all are accepted; what is short then fails or reads another slot in the forward")
         if self.max_loras is not None and counts:
             most = max(counts.values())
             if most > self.max_loras:
