@@ -117,10 +117,20 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+_FROM_AN_ADAPTER = ("ISL-K2", "ISL-K3", "ISL-W0", "ISL-W1", "ISL-E010", "ISL-E011", "ISL-E012", "ISL-E015", "ISL-E016")
+"""Codes whose error comes from an adapter's files: the doctor on that folder comes first."""
+
+
 def _explain(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.message == ["-"] else " ".join(args.message)
     try:
-        print(explain(text).explain())
+        entry = explain(text)
+        if entry.code.startswith(_FROM_AN_ADAPTER):
+            print("First, run the doctor on the adapter (your model's sizes from its config.json):\n"
+                  "  inkling-lab doctor ADAPTER_FOLDER -n N_SHARED_EXPERTS --hidden HIDDEN_SIZE --intermediate "
+                  "SHARED_EXPERT_INTERMEDIATE_SIZE\n  it says what sglang 0.5.23 does with it, what it then computes "
+                  "and what to fix.\n")
+        print(entry.explain())
     except NoCatalogEntry as exc:
         print(f"inkling-lab explain: {exc}", file=sys.stderr)
         print("  paste the whole error line (type and message), a traceback (inkling-lab explain - < log.txt), "

@@ -30,7 +30,7 @@ import re
 import sys
 import types
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -351,7 +351,8 @@ class _Sglang:
         try:
             self.normalized = {**normalize_shared_sink(sink, self.n), **others}
         except RuntimeError as exc:
-            raise _Raised("normalize", _exc_text(exc), "lora.py: LoRAAdapter._normalize_shared_expert_moe") from None
+            raise _Raised("normalize", _exc_text(exc), "lora.py: LoRAAdapter._normalize_weights (_normalize_shared_expert_moe, "
+                          "normalize_gate_up_proj)") from None
         self.record("normalize", shapes={k: list(t.shape) for k, t in self.normalized.items()})
 
     def _duplicates(self, sink: dict[str, torch.Tensor]) -> None:
@@ -690,6 +691,13 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
     return causes, findings
 
 
+def config_findings(adapter: Adapter) -> list[Finding]:
+    """The config's findings about sglang 0.5.23 (``ISL-W101`` rsLoRA, ``W102``
+    alpha_pattern, ``W112`` rank_pattern, ``W109``, ``W111``...), for the converter to
+    print next to its own."""
+    return _config_causes(adapter.config, adapter.factor_keys, adapter.name)[1]
+
+
 def _journey(saved: dict[str, list[int]], module: str, factors: LoRAFactors | None,
              pool_shapes: dict[str, tuple[int, ...]] | None) -> list[dict[str, Any]]:
     """Each pool buffer's way from the file: the 2D factors *as saved* (``saved``: key ->
@@ -785,6 +793,12 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
         report.computes = SglangCompute("different", causes)
     else:
         report.computes = SglangCompute("adapter")
+    said = {"loads": "loads it", "skips": "loads it, skipping weights", "unknown": "may load it",
+            "raises": f"raises {report.load.text}"}[report.load.outcome]
+    then = {"adapter": "and serves its math", "nothing": "", "different": "and serves something else (verdict 2)",
+            "base": "and serves the base model", "nan": "and serves NaN", "unknown": ""}[report.computes.outcome]
+    report.findings = [replace(f, consequence=f"sglang 0.5.23 {said} {then}".strip())
+                       if f.consequence == "inkling-lab convert refuses it" else f for f in report.findings]
     if measure and report.computes.outcome in ("different", "base") and report.pool is not None:
         from .compare import compare
 
@@ -834,9 +848,23 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
                                           module, factors.get(module), shapes)
 
 
+_KIT_FIXES = {
+    "ISL-K201": "point at the folder that holds adapter_config.json and adapter_model.safetensors",
+    "ISL-K202": "correct that field of adapter_config.json (the value the adapter was trained with)",
+    "ISL-K204": "download or export adapter_model.safetensors again (the file is cut short or corrupt)",
+    "ISL-K208": "train with the shared experts' projections in target_modules: there is nothing for the sink",
+    "ISL-K209": "export the missing factor too (its key is in the message): a LoRA delta is B @ A",
+    "ISL-K210": "check --n-shared-experts against the experts the factors are saved for",
+    "ISL-K214": "re-export the adapter with one shape per projection (gate and up alike, every expert alike)",
+}
+"""The way out of kit refusals whose message states the problem only."""
+
+
 def _kit_fix(exc: BaseException, code: str | None, folder: Path) -> str:
-    """The way out of a kit refusal: the message's own advice, or the exact step."""
+    """The way out of a kit refusal: the exact step, or the message's own advice."""
     text = str(exc)
+    if code in _KIT_FIXES:
+        return _KIT_FIXES[code]
     if code == "ISL-K203" and any(folder.glob("*.bin")):
         binary = sorted(folder.glob("*.bin"))[0].name
         return ("convert it to safetensors once, where you trust the file: python -c \"import torch; from "
@@ -848,7 +876,7 @@ def _kit_fix(exc: BaseException, code: str | None, folder: Path) -> str:
         return ("check --max-rank (sglang: --max-lora-rank), --hidden and --intermediate against the model the "
                 "adapter was trained for")
     advice = text.split(": ", 1)[-1]
-    return advice[advice.rfind(";") + 1:].strip() if ";" in advice else "see the message"
+    return advice[advice.rfind(";") + 1:].strip() if ";" in advice else advice.rsplit(": ", 1)[-1]
 
 
 class _CallableModule(types.ModuleType):
