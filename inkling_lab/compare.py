@@ -243,31 +243,35 @@ def _sglang_deltas(path: Any, module: str) -> Deltas | None:
     return factor_deltas(ga, gb, f.down_a, f.down_b)
 
 
-def compare(adapters: Sequence[str | os.PathLike[str]], n_shared_experts: int, hidden: int, intermediate: int, *,
+def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_experts: int, hidden: int, intermediate: int, *,
             target_modules: Sequence[str] | None = None, repair: bool = False, tokens: int = 8,
             seed: int = 0) -> CompareReport:
-    """The three deltas of each adapter (slot ``i`` = ``adapters[i]``) on one seeded
-    random batch of ``tokens`` tokens; never raises on a bad adapter (its column says why).
+    """The three deltas of each adapter (slot ``i`` = ``adapters[i]``: a folder, or an
+    ``Adapter`` in memory) on one seeded random batch of ``tokens`` tokens; never raises
+    on a bad adapter (its column says why).
 
     ``target_modules``: the server's ``--lora-target-modules`` (default: each adapter's
     own). ``repair``: let the converter make the repairs that guess.
     """
     from .doctor import _config_causes, _exc_text, run_sglang
 
-    n, folders = n_shared_experts, [Path(a) for a in adapters]
-    report = CompareReport([f.name for f in folders], n, hidden, intermediate, tokens, seed,
-                           {"peft": [], "sglang": [], "kit": []})
+    n = n_shared_experts
+    folders = [Path(a.source) if isinstance(a, Adapter) else Path(a) for a in adapters]
+    report = CompareReport([a.name if isinstance(a, Adapter) else f.name for a, f in zip(adapters, folders)], n,
+                           hidden, intermediate, tokens, seed, {"peft": [], "sglang": [], "kit": []})
     batch = Batch.random(n, hidden, intermediate, tokens, seed)
     read: list[Adapter | None] = []
-    for folder in folders:
+    for given, folder in zip(adapters, folders):
         try:
-            read.append(load_adapter(folder, guess=repair))
+            read.append(given if isinstance(given, Adapter) else load_adapter(folder, guess=repair))
             report.status["peft"].append("computed")
         except (OSError, ValueError) as exc:
             read.append(None)
             report.status["peft"].append(f"not computed: the kit cannot read it ({_exc_text(exc)})")
-    for slot, (folder, adapter) in enumerate(zip(folders, read)):
-        path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules)
+    for slot, (given, folder, adapter) in enumerate(zip(adapters, folders, read)):
+        in_memory = given if isinstance(given, Adapter) and not (folder / "adapter_config.json").is_file() else None
+        path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules,
+                          name=report.adapters[slot], state=in_memory)
         if path.raised is not None:
             report.status["sglang"].append(f"not served: it fails to load ({path.raised.text})")
         elif path.unknown:
@@ -284,7 +288,7 @@ def compare(adapters: Sequence[str | os.PathLike[str]], n_shared_experts: int, h
             pool = None
             report.status["kit"].append(f"not computed: the converter refuses it ({_exc_text(exc)})")
         causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights
-                                                                      if FactorName.parse(k)], folder.name)[0])
+                                                                      if FactorName.parse(k)], report.adapters[slot])[0])
         try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)
             peft = {m: batch.delta(peft_deltas(adapter, m, n)) for m in adapter.modules}
         except (RuntimeError, ValueError, IndexError) as exc:
@@ -303,7 +307,7 @@ def compare(adapters: Sequence[str | os.PathLike[str]], n_shared_experts: int, h
                     continue
                 for e in [*range(n), None]:
                     a, b = (got[what].sum(0), got["peft"].sum(0)) if e is None else (got[what][e], got["peft"][e])
-                    row = mismatch(a, b, module=module, slot=slot, adapter=folder.name, expert=e, got=what)
+                    row = mismatch(a, b, module=module, slot=slot, adapter=report.adapters[slot], expert=e, got=what)
                     if not row.close:
                         row.cause = causes if what == "sglang" else "the kit's pool differs from PEFT's math (a bug)"
                     report.rows.append(row)

@@ -167,24 +167,27 @@ class DoctorReport:
                 warnings.warn(UpstreamDefectWarning(f"{f.code}: {f.message}"), stacklevel=stacklevel)
 
     def _verdict_lines(self) -> list[str]:
-        load = {"loads": "loads it",
-                "raises": f"raises (in {self.load.stage}; {self.load.upstream}):\n    {self.load.text}",
+        wrapped = ("\n    (with the adapter in --lora-paths, at startup, as RuntimeError: Failed to load LoRA adapter "
+                   f"{Path(self.adapter).name}: {self.load.text.split(': ', 1)[-1] if ': ' in self.load.text else ''})"
+                   if self.load.stage in ("read", "normalize") else "")
+        load = {"loads": "loads it" + (f" ({self.load.why})" if self.load.why else ""),
+                "raises": f"raises (in {self.load.stage}; {self.load.upstream}):\n    {self.load.text}{wrapped}",
                 "skips": f"loads it and skips weights, with this warning ({self.load.upstream}):\n    {self.load.text}",
-                "unknown": f"cannot be told: {self.load.why}"}[self.load.outcome]
+                "unknown": f"may load it; the kit cannot tell: {self.load.why}"}[self.load.outcome]
         c = self.computes
         computes = {"adapter": "the adapter's math",
                     "different": "something other than the adapter's math",
                     "base": "the base model only (the adapter changes nothing)",
                     "nan": "NaN (every output of the adapter's requests)",
                     "nothing": "nothing (it does not load)",
-                    "unknown": "cannot be told from the files"}[c.outcome]
+                    "unknown": "what the kit cannot tell from the files"}[c.outcome]
         if c.relative_error is not None and c.outcome in ("different", "base"):
             computes += f" (relative error of the LoRA delta on random inputs: {c.relative_error:.3g})"
         kit = ("writes the adapter's math" + (f", after {len(self.kit.repairs)} repair(s): "
                                                 + "; ".join(self.kit.repairs) if self.kit.repairs else "")
                if self.kit.outcome == "writes" else f"refuses it:\n    {self.kit.text}")
         lines = [f"1. sglang 0.5.23 {load}", f"2. sglang 0.5.23 then computes {computes}"]
-        lines += [f"     because {cause}" for cause in c.causes]
+        lines += [f"     because {cause}" for cause in c.causes if cause != self.load.why]
         lines.append(f"3. inkling-lab convert {kit}")
         return lines
 
@@ -295,6 +298,12 @@ class _Sglang:
             self.config = json.loads(config_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _Raised("read", _exc_text(exc), "lora_config.py: LoRAConfig.get_lora_config (json.load)") from None
+        self.check_config()
+        self.read_weights()
+
+    def check_config(self) -> None:
+        """``LoRAConfig.__init__``, ``validate_new_adapter`` and ``LoRAAdapter.__init__``, literally."""
+        where = "lora_config.py: LoRAConfig.__init__"
         cfg = self.config
         try:
             if not isinstance(cfg, dict):
@@ -312,6 +321,8 @@ class _Sglang:
         except (AssertionError, KeyError, AttributeError, TypeError, ZeroDivisionError) as exc:
             raise _Raised("read", _exc_text(exc), "lora.py: LoRAAdapter.__init__") from None
         self.r = cfg["r"]
+
+    def read_weights(self) -> None:
         files = sorted(self.folder.glob("*.safetensors"))
         if not files:
             pickles = sorted(self.folder.glob("*.bin")) or sorted(self.folder.glob("*.pt"))
@@ -336,7 +347,7 @@ class _Sglang:
                             "routes them like B weights in load_lora_weight_to_buffer; the kit does not model where "
                             "they land")
         self.record("read", config=CONFIG_FILE, weights=[p.name for p in files], r=self.r,
-                    lora_alpha=cfg["lora_alpha"], scaling=self.scaling, tensors=len(self.weights))
+                    lora_alpha=self.config["lora_alpha"], scaling=self.scaling, tensors=len(self.weights))
 
     # 2. normalize ------------------------------------------------------------------
     def normalize(self) -> None:
@@ -380,6 +391,16 @@ class _Sglang:
     # 3. targets --------------------------------------------------------------------
     def targets(self) -> set[str]:
         adapter_targets = self.config["target_modules"]
+        where = "lora_manager.py: LoRAManager.init_lora_shapes"
+        if isinstance(adapter_targets, str) and adapter_targets not in ("all", "all-linear"):
+            raise _Raised("targets", f"ValueError: SGLang does not recognize target_modules='{adapter_targets}'. "
+                          "Please use a list of module name suffixes in the adapter's PEFT config, or explicitly "
+                          "specify --lora-target-modules during server startup.", where)
+        if not isinstance(adapter_targets, (str, list)):
+            raise _Raised("targets", "ValueError: SGLang currently only supports inferring LoRA target modules when a "
+                          "list of suffixes is provided in `target_modules` field of PEFT config. Please explicitly "
+                          "specify `--lora-target-modules` during server startup. You can specify `all` to enable all "
+                          "support modules types. ", where)
         if self.cli_targets is not None:
             server = server_target_modules(self.cli_targets)
             if "all" not in server and not isinstance(adapter_targets, str):
@@ -389,14 +410,8 @@ class _Sglang:
                         "targets", f"ValueError: LoRA adapter '{self.name}' contains target modules "
                         f"{sorted(own - server)} that are not included in the specified --lora-target-modules "
                         f"{sorted(server)}. Please update --lora-target-modules to include all required modules: "
-                        f"{sorted(server | own)}, or use 'all' to enable all supported modules.",
-                        "lora_manager.py: LoRAManager.init_lora_shapes")
+                        f"{sorted(server | own)}, or use 'all' to enable all supported modules.", where)
         else:
-            if isinstance(adapter_targets, str) and adapter_targets not in ("all", "all-linear"):
-                raise _Raised("targets", f"ValueError: SGLang does not recognize target_modules='{adapter_targets}'. "
-                              "Please use a list of module name suffixes in the adapter's PEFT config, or explicitly "
-                              "specify --lora-target-modules during server startup.",
-                              "lora_manager.py: LoRAManager.init_lora_shapes")
             server = server_target_modules(adapter_targets)
         self.server = server
         self.wrapped = "all" in server or all(t in server for t in SINK_TARGETS)
@@ -588,12 +603,19 @@ class _Sglang:
 
 
 def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1, max_rank: int | None = None,
-               target_modules: Sequence[str] | None = None, name: str | None = None) -> _Sglang:
-    """Every stage of sglang's path, each once; ``.raised`` holds where it stopped, if it did."""
+               target_modules: Sequence[str] | None = None, name: str | None = None,
+               state: Adapter | None = None) -> _Sglang:
+    """Every stage of sglang's path, each once; ``.raised`` holds where it stopped, if it did.
+    ``state``: an adapter held in memory, read from its config and tensors instead of files."""
     path = _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name)
     path.raised = None
     try:
-        path.read()
+        if state is None:
+            path.read()
+        else:
+            path.config, path.weights = dict(state.config), dict(state.weights)
+            path.check_config()
+            path.record("read", config="in memory", tensors=len(path.weights), r=path.r, scaling=path.scaling)
         if path.unknown:
             path.server = server_target_modules(target_modules if target_modules is not None
                                                 else path.config.get("target_modules"))
@@ -752,9 +774,11 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     folder = Path(adapter.source) if isinstance(adapter, Adapter) else Path(adapter)
     if folder.name in (CONFIG_FILE, WEIGHTS_FILE):
         folder = folder.parent
-    name = folder.name or str(folder)
-    report = DoctorReport(str(folder), n, hidden, intermediate, tp, max_rank)
-    path = run_sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name)
+    # An adapter in memory is read as it stands (its factors as the kit repaired them); from a folder, as saved.
+    in_memory = adapter if isinstance(adapter, Adapter) and not (folder / CONFIG_FILE).is_file() else None
+    name = (in_memory.name if in_memory is not None else folder.name) or str(folder)
+    report = DoctorReport(name if in_memory is not None else str(folder), n, hidden, intermediate, tp, max_rank)
+    path = run_sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name, state=in_memory)
     raised = path.raised
     if raised is not None:
         report.load = SglangLoad("raises", raised.text, raised.stage, raised.upstream)
@@ -784,7 +808,7 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
                                                upstream=True)) if not report.findings else None
     elif path.unknown:
         report.load = SglangLoad("unknown" if "torch.load" not in path.unknown else "loads", why=path.unknown)
-        report.computes = SglangCompute("unknown", [path.unknown])
+        report.computes = SglangCompute("unknown", [path.unknown] + causes)
     elif path.base_only:
         report.computes = SglangCompute("base", causes)
     elif any("NaN" in c for c in causes):
@@ -803,7 +827,7 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
         from .compare import compare
 
         try:
-            report.computes.relative_error = compare([folder], n, hidden, intermediate,
+            report.computes.relative_error = compare([in_memory or folder], n, hidden, intermediate,
                                                      target_modules=target_modules, repair=repair).sglang_error
         except Exception:  # noqa: BLE001 - sizing is a bonus; the verdict stands without it
             pass
