@@ -255,6 +255,11 @@ def _torch_size(shape: Sequence[int]) -> str:
     return f"torch.Size([{', '.join(str(int(d)) for d in shape)}])"
 
 
+def parts_per_expert(gate_up_a: torch.Tensor) -> bool:
+    """True when a per-expert pool's gate-up A holds trained factors (not zero-filled)."""
+    return bool(gate_up_a.any())
+
+
 class _Sglang:
     """One adapter folder down sglang 0.5.23's loading path. Each stage method runs once,
     appends its record to ``stages`` and raises ``_Raised`` where sglang raises."""
@@ -484,10 +489,15 @@ class _Sglang:
         R = self.max_rank if self.max_rank is not None else r
         sink = SharedSinkLoRA(n, self.H, self.F, device="meta")
         loaded: dict[str, LoRAFactors] = {}
+        shared_outer = self._shared_outer()
         for module, parts in self.factors.items():
             ga, gb, da, db = (parts[p] for p in (("gate_up_proj", "A"), ("gate_up_proj", "B"),
                                                 ("down_proj", "A"), ("down_proj", "B")))
-            shared_outer = isinstance(ga, torch.Tensor) or ga is None and not isinstance(db, dict)
+            if shared_outer and db is not None and len(db) != 1:  # a dict of experts, or a 3D tensor's rows
+                what = "lora_B dict has {} entries" if isinstance(db, dict) else "lora_B has expert_dim={}"
+                raise _Raised("pool", f"ValueError: experts_shared_outer_loras is enabled but down_proj_moe "
+                              f"{what.format(len(db))} (expected 1).",
+                              "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
             ga, gb, da, db = (self._per_expert(t, shared) for t, shared in
                               ((ga, shared_outer), (gb, False), (da, False), (db, shared_outer)))
             if self.tp > 1 and all(t is not None for t in (ga, gb, da, db)):
@@ -504,7 +514,7 @@ class _Sglang:
                         raise _Raised("pool", f"AssertionError: LoRA buffer shape {_torch_size(view)} does not "
                                       f"match weight shape {_torch_size(w)}.",
                                       "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
-            loaded[module] = self._landed(module, ga, gb, da, db)
+            loaded[module] = self._landed(module, ga, gb, da, db, shared_outer)
         self.loaded = loaded
         self.record("pool", max_rank=R, lora_rank=r, scaling=self.scaling,
                     modules={m: {k: list(t.shape) for k, t in f.tensors().items()} for m, f in loaded.items()})
@@ -539,10 +549,27 @@ class _Sglang:
         first = next(iter(t.values()))
         return [t.get(e, torch.zeros_like(first)) for e in range(self.n)]
 
-    def _landed(self, module: str, ga: torch.Tensor | None, gb: torch.Tensor | None, da: torch.Tensor | None,
-                db: torch.Tensor | None) -> LoRAFactors:
-        """What the slot holds, as kit factors ``[O, 2r, H]``...: missing factors zero; a
-        3D down B of one expert in a per-expert pool fills expert 0 only
+    def _shared_outer(self) -> bool:
+        """``LoRAManager._detect_shared_outer_loras`` (lora_manager.py): the pool is shared
+        outer when the gate-up A factors are 3D with one expert; per expert when they are
+        named per expert, or when there is no gate-up A at all; mixed ones raise."""
+        kinds = set()
+        for parts in self.factors.values():
+            ga = parts["gate_up_proj", "A"]
+            if isinstance(ga, torch.Tensor) and ga.dim() == 3:
+                kinds.add(ga.shape[0] == 1)
+            elif isinstance(ga, dict):
+                kinds.add(False)
+        if len(kinds) > 1:
+            raise _Raised("pool", "RuntimeError: Mixed shared-outer LoRA formats detected across loaded adapters "
+                          "(conflict in adapter '<lora id>'). All MoE adapters must either all use shared outer "
+                          "experts (expert_dim=1) or all use per-expert weights.",
+                          "lora_manager.py: LoRAManager._detect_shared_outer_loras")
+        return kinds == {True}
+
+    def _landed(self, module: str, ga: Any, gb: Any, da: Any, db: Any, shared_outer: bool) -> LoRAFactors:
+        """What the slot holds, as kit factors ``[O, 2r, H]``...: missing factors zero; in
+        a per-expert pool a 3D down B of one expert fills expert 0 only
         (``_iter_local_expert_weights`` yields one expert per row)."""
         r, n, H, F = self.r, self.n, self.H, self.F // self.tp
         # what the buffer views took: gate-up A's rows 0..2r-1 (a per-expert one is cut, not checked, at r
@@ -551,19 +578,16 @@ class _Sglang:
         ga, gb, da, db = stack(ga, 2 * r), stack(gb, None), stack(da, r), stack(db, None)
         like = next(t for t in (ga, gb, da, db) if t is not None)
         zeros = lambda *s: torch.zeros(*s, dtype=like.dtype)  # noqa: E731
-        O = max(ga.shape[0] if ga is not None else 1, db.shape[0] if db is not None else 1)
+        O = 1 if shared_outer else n
         ga = ga if ga is not None else zeros(O, 2 * r, H)
         gb = gb if gb is not None else zeros(n, 2 * F, r)
         da = da if da is not None else zeros(n, r, F)
         db = db if db is not None else zeros(O, H, r)
-        if ga.shape[0] != db.shape[0]:
-            per = "gate-up A" if ga.shape[0] > 1 else "down B"
-            self.causes.append(f"{module}: {per} is per expert and the other outer factor shared: in the per-expert "
-                               "pool sglang fills the shared one into expert 0 only (the other experts get zero)")
-            if ga.shape[0] == 1:
-                ga = torch.cat([ga, zeros(n - 1, *ga.shape[1:])])
-            else:
-                db = torch.cat([db, zeros(n - 1, *db.shape[1:])])
+        if db.shape[0] < O:
+            self.causes.append(f"{module}: down B is shared but the pool is per expert (its gate-up A "
+                               + ("is named per expert" if parts_per_expert(ga) else "is absent") +
+                               "): sglang fills down B into expert 0 only, the other experts' down deltas are zero")
+            db = torch.cat([db, zeros(O - db.shape[0], *db.shape[1:])])
         # B times the scaling in the adapter's stored dtype, then cast (mem_pool.py): so a bf16 adapter
         # carries bf16 rounding of scaling * B, as sglang serves it.
         scale = lambda b: (b * self.scaling).double()  # noqa: E731
@@ -591,7 +615,7 @@ class _Sglang:
                 "ISL-W105", "adapter", f"{what}: sglang 0.5.23 loads it without a word and every output of a request "
                 "that uses it is NaN (or infinite)", "re-export the adapter from a finite checkpoint; inkling-lab "
                 "convert refuses it (ISL-K301/K302)"))
-        per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1}
+        per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1 and f.gate_up_a.any()}
         if per_expert and self.wrapped:
             defect = doctor_finding({m: LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(),
                                                     f.down_b.float(), f.lora_alpha, f.name)
@@ -873,6 +897,10 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
 
 
 _KIT_FIXES = {
+    "ISL-K102": "use a --tp that divides the model's intermediate size F (each rank holds F/tp features)",
+    "ISL-K203": "save the adapter with PEFT's save_pretrained, which writes adapter_model.safetensors",
+    "ISL-K206": "re-export each named factor at the rank the config gives its module (r, or its rank_pattern "
+                "entry); if every factor agrees on another rank, correct r (or let --repair read it)",
     "ISL-K201": "point at the folder that holds adapter_config.json and adapter_model.safetensors",
     "ISL-K202": "correct that field of adapter_config.json (the value the adapter was trained with)",
     "ISL-K204": "download or export adapter_model.safetensors again (the file is cut short or corrupt)",
@@ -887,13 +915,13 @@ _KIT_FIXES = {
 def _kit_fix(exc: BaseException, code: str | None, folder: Path) -> str:
     """The way out of a kit refusal: the exact step, or the message's own advice."""
     text = str(exc)
-    if code in _KIT_FIXES:
-        return _KIT_FIXES[code]
     if code == "ISL-K203" and any(folder.glob("*.bin")):
         binary = sorted(folder.glob("*.bin"))[0].name
         return ("convert it to safetensors once, where you trust the file: python -c \"import torch; from "
                 "safetensors.torch import save_file; save_file(torch.load('" + binary + "', weights_only=True), "
                 f"'{WEIGHTS_FILE}')\" (sglang reads the .bin itself with torch.load(weights_only=True))")
+    if code in _KIT_FIXES:
+        return _KIT_FIXES[code]
     if code == "ISL-E012":
         return "check --n-shared-experts: a flat factor's expert features do not split into n"
     if code == "ISL-E016":

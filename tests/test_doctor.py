@@ -154,6 +154,20 @@ def test_sglang_facts_are_stated_exactly():
     assert "two keys for one factor" in w1.kit.text
 
 
+@pytest.mark.parametrize("init", ["pissa", "pissa_niter_4", "olora", "corda", "loftq"])
+def test_base_changing_inits_are_named_for_sglang_and_refused_by_the_kit(init, tmp_path):
+    ad = synthetic_adapter(2, 8, 6, 4, seed=0)
+    folder = save_adapter(Adapter("a", 4, 8.0, ad.target_modules, ad.weights, {**ad.config, "init_lora_weights": init}),
+                          tmp_path / "a")
+    report = doctor(folder, 2, 8, 6, measure=False)
+    assert (report.load.outcome, report.computes.outcome, report.kit.code) == ("loads", "different", "ISL-K305")
+    assert "ISL-W107" in [f.code for f in report.findings] and report.exit_status == 1
+    assert ("LoftQ-quantized base" in report.kit.text) == (init == "loftq")
+    converted = save_adapter(Adapter("b", 4, 8.0, ad.target_modules, ad.weights,  # as PEFT's conversion saves it
+                                     {**ad.config, "init_lora_weights": True}), tmp_path / "b")
+    assert doctor(converted, 2, 8, 6).exit_status == 0
+
+
 def test_explain_and_warn_for_the_new_codes():
     import warnings
 
