@@ -40,11 +40,11 @@ from safetensors import safe_open
 from .adapters import (CONFIG_FILE, PROJECTIONS, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of,
                        normalize_shared_sink, read_peft_config)
 from .catalog import UpstreamDefectWarning
-from .convert import ConvertedPool, _shard, convert
+from .convert import ConvertedPool, convert
 from .errors import find_entry
 from .geometry import BUFFER_NAMES
-from .lora import SharedSinkLoRA
 from .pool import LoRAFactors
+from .shard import slice_lora_a, slice_lora_b
 from .upstream_defect import doctor_finding
 from .validate import PRETTY, Finding, diagnose_pool
 
@@ -251,6 +251,15 @@ class _Raised(Exception):
         self.stage, self.text, self.upstream, self.finding = stage, text, upstream, finding
 
 
+def _shapes_of(t: Any) -> Any:
+    """A factor's shape for the record: a tensor's, per expert for a dict, None when absent."""
+    if t is None:
+        return None
+    if isinstance(t, dict):
+        return {e: list(w.shape) for e, w in t.items()}
+    return list(t.shape)
+
+
 def _torch_size(shape: Sequence[int]) -> str:
     return f"torch.Size([{', '.join(str(int(d)) for d in shape)}])"
 
@@ -286,7 +295,6 @@ class _Sglang:
 
     # 1. read -----------------------------------------------------------------------
     def read(self) -> None:
-        where = "lora_config.py: LoRAConfig.__init__"
         config_path = self.folder / CONFIG_FILE
         if not config_path.is_file():
             subs = sorted(p.parent.name for p in self.folder.glob(f"*/{CONFIG_FILE}")) if self.folder.is_dir() else []
@@ -464,7 +472,6 @@ class _Sglang:
                     parts[proj, ab] = self._gather(module, proj, ab)
             self.factors[module] = parts  # type: ignore[assignment]
             self._unpaired(module)
-        self.record("shard", tp=self.tp, rank=0)
 
     def _unpaired(self, module: str) -> None:
         parts = self.factors[module]
@@ -482,12 +489,27 @@ class _Sglang:
                FactorName(module, None, proj, ab).key}
         return shared if not per else per
 
+    def shard(self) -> None:
+        """Tensor-parallel rank 0's share (``slice_moe_lora_{a,b}_weights``, SPEC §7), on
+        the dicts and 3D tensors as they stand."""
+        for module, parts in self.factors.items():
+            if self.tp > 1:
+                try:
+                    for (proj, ab), cut in ((("gate_up_proj", "A"), slice_lora_a), (("gate_up_proj", "B"), slice_lora_b),
+                                            (("down_proj", "A"), slice_lora_a), (("down_proj", "B"), slice_lora_b)):
+                        if parts[proj, ab] is not None:
+                            parts[proj, ab] = cut(parts[proj, ab], 0, proj, self.tp, self.n, intermediate_size=self.F)
+                except (ValueError, RuntimeError) as exc:  # the kit refuses what upstream cuts unchecked
+                    self.unknown = f"tensor-parallel slicing of factors that do not split over tp={self.tp} ({exc})"
+                    return
+        self.record("shard", tp=self.tp, rank=0, shapes={
+            m: {f"{proj}.lora_{ab}": _shapes_of(t) for (proj, ab), t in parts.items()} for m, parts in self.factors.items()})
+
     def load_pool(self) -> None:
         """``load_lora_weight_to_buffer``'s shape asserts, on buffers of sglang's shapes,
         and the factors as they land (B times ``lora_alpha / r`` in the stored dtype)."""
-        n, H, F, r = self.n, self.H, self.F // self.tp, self.r
+        H, F, r = self.H, self.F // self.tp, self.r
         R = self.max_rank if self.max_rank is not None else r
-        sink = SharedSinkLoRA(n, self.H, self.F, device="meta")
         loaded: dict[str, LoRAFactors] = {}
         shared_outer = self._shared_outer()
         for module, parts in self.factors.items():
@@ -498,16 +520,7 @@ class _Sglang:
                 raise _Raised("pool", f"ValueError: experts_shared_outer_loras is enabled but down_proj_moe "
                               f"{what.format(len(db))} (expected 1).",
                               "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
-            ga, gb, da, db = (self._per_expert(t, shared) for t, shared in
-                              ((ga, shared_outer), (gb, False), (da, False), (db, shared_outer)))
-            if self.tp > 1 and all(t is not None for t in (ga, gb, da, db)):
-                try:
-                    full = LoRAFactors(*(torch.stack(t) if isinstance(t, list) else t for t in (ga, gb, da, db)))
-                    cut = _shard(sink, full, 0, self.tp)
-                except (ValueError, RuntimeError) as exc:  # upstream cuts without checking: empty or short slices
-                    self.unknown = f"tensor-parallel slicing of factors that do not split over tp={self.tp} ({exc})"
-                    continue
-                ga, gb, da, db = cut.gate_up_a, cut.gate_up_b, cut.down_a, cut.down_b
+            ga, gb, da, db = (self._per_expert(t) for t in (ga, gb, da, db))
             for name, t in (("gate_up_a", ga), ("down_a", da), ("gate_up_b", gb), ("down_b", db)):
                 for view, w in self._views(name, t, shared_outer, r, R, H, F):
                     if tuple(view) != tuple(w):
@@ -538,7 +551,7 @@ class _Sglang:
             return [(view[:r].shape, w[:r].shape) for w in t]
         return [(view[:, :r].shape, w.shape) for w in t]
 
-    def _per_expert(self, t: Any, outer_shared: bool) -> torch.Tensor | list[torch.Tensor] | None:
+    def _per_expert(self, t: Any) -> torch.Tensor | list[torch.Tensor] | None:
         """One weight per expert: a 3D tensor as is, a per-expert dict as the list over
         experts ``0..n-1`` (absent experts zero, as the zeroed buffer leaves them; each
         is checked against its own buffer view, so their shapes may differ here)."""
@@ -651,6 +664,9 @@ def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1
             return path
         path.targets()
         path.assemble()
+        path.shard()
+        if path.unknown:
+            return path
         path.load_pool()
         path.check_and_forward()
     except _Raised as raised:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from inkling_lab.adapters import NAMINGS, Adapter, load_adapter, save_adapter, synthetic_adapter
 from inkling_lab.cli import main
-from inkling_lab.compare import Batch, compare, compare_figure_data, peft_deltas
+from inkling_lab.compare import compare, compare_figure_data, peft_deltas
 from inkling_lab.doctor import doctor, server_target_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,7 +232,6 @@ def test_the_peft_math_is_what_peft_computes_for_adapters_peft_saved(extra, tmp_
     adapter = load_adapter(tmp_path / "saved")
     module = adapter.modules[0]
     experts = model.base_model.model.model.layers[0].mlp.shared_experts
-    x = torch.randn(5, H, dtype=torch.float64)
     gate, up, down = peft_deltas(adapter, module, n)
     with torch.no_grad():
         for layer, mine, width in ((experts.gate_proj, gate, H), (experts.up_proj, up, H)):
