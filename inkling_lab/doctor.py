@@ -264,11 +264,6 @@ def _torch_size(shape: Sequence[int]) -> str:
     return f"torch.Size([{', '.join(str(int(d)) for d in shape)}])"
 
 
-def parts_per_expert(gate_up_a: torch.Tensor) -> bool:
-    """True when a per-expert pool's gate-up A holds trained factors (not zero-filled)."""
-    return bool(gate_up_a.any())
-
-
 class _Sglang:
     """One adapter folder down sglang 0.5.23's loading path. Each stage method runs once,
     appends its record to ``stages`` and raises ``_Raised`` where sglang raises."""
@@ -286,7 +281,8 @@ class _Sglang:
         self.wrapped = True
         self.base_only = False
         self.unknown = ""
-        self.factors: dict[str, LoRAFactors] = {}
+        self.factors: dict[str, dict[tuple[str, str], Any]] = {}
+        """Per module, (projection, A or B) -> the normalized factor: a tensor, a dict by expert, or None."""
         self.scaling = 0.0
         self.r = 0
 
@@ -598,7 +594,7 @@ class _Sglang:
         db = db if db is not None else zeros(O, H, r)
         if db.shape[0] < O:
             self.causes.append(f"{module}: down B is shared but the pool is per expert (its gate-up A "
-                               + ("is named per expert" if parts_per_expert(ga) else "is absent") +
+                               + ("is named per expert" if ga.any() else "is absent") +
                                "): sglang fills down B into expert 0 only, the other experts' down deltas are zero")
             db = torch.cat([db, zeros(O - db.shape[0], *db.shape[1:])])
         # B times the scaling in the adapter's stored dtype, then cast (mem_pool.py): so a bf16 adapter
@@ -685,7 +681,7 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
     causes, findings = [], []
     sglang = peft.lora_alpha / peft.r
     modules = sorted({module_of(k) for k in keys})
-    if peft.use_rslora and peft.r > 1 and not peft.alpha_pattern and not peft.rank_pattern:
+    if peft.use_rslora and peft.r > 1:
         factor = math.sqrt(peft.r)
         causes.append(f"use_rslora: PEFT scales by lora_alpha/sqrt(r), sglang by lora_alpha/r: served sqrt(r) = "
                       f"{factor:.4g} times too weak")
@@ -695,16 +691,13 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
             f"and scales by lora_alpha/r = {sglang:.6g}: the adapter is served sqrt(r) = {factor:.4g} times too weak",
             f'for sglang, save it with "lora_alpha": {peft.lora_alpha * factor:.8g} and "use_rslora": false (the '
             f"same math: {peft.lora_alpha * factor:.8g}/{peft.r} = {peft.lora_alpha / factor:.6g})"))
-    off: dict[str, float] = {}
-    for m in modules:
-        s = peft.scaling_of(m)
-        if not math.isclose(s, sglang, rel_tol=1e-12):
-            off[m] = s / sglang
+    # each module's PEFT scaling over sglang's one: for the modules an alpha_pattern key gives their own alpha
+    off = {m: peft.scaling_of(m) / sglang for m in modules if peft.alpha_of(m) != peft.lora_alpha}
     rank_off = {m: peft.rank_of(m) for m in modules if peft.rank_of(m) != peft.r}
-    if peft.alpha_pattern and off:
+    if off:
         detail = "; ".join(f"{m}: alpha {peft.alpha_of(m):g}, served " +
                            (f"{v:.4g} times too weak" if v > 1 else f"{1 / v:.4g} times too strong")
-                           for m, v in off.items() if m not in rank_off)
+                           for m, v in off.items() if m not in rank_off) or "its modules also have their own rank"
         causes.append("alpha_pattern is ignored by sglang (one lora_alpha for every module): " + detail)
         findings.append(_finding(
             "ISL-W102", CONFIG_FILE, f"alpha_pattern gives modules their own lora_alpha; sglang 0.5.23 reads one "

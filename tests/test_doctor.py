@@ -189,6 +189,13 @@ def test_compare_report_reads_like_assert_close():
     assert "Cause: the per-expert outer layout" in text and not report.agree
     bad = [r for r in report.rows if r.got == "sglang" and not r.close]
     assert {r.slot for r in bad} == {0}  # slot 1 (gate_up, shared outer) is served right
+    import matplotlib.pyplot as plt
+
+    from inkling_lab.compare import compare_figure
+
+    fig = compare_figure(report, slot=0)
+    assert len(fig.axes) == 2 and "per_expert" in fig.axes[0].get_title()
+    plt.close(fig)
     data = compare_figure_data(report, slot=0)
     assert set(data["norms"]) == {"peft", "sglang", "kit"} and len(data["norms"]["peft"]) == 2
     assert data["differences"]["kit"] == [0.0, 0.0] and min(data["differences"]["sglang"]) > 0
