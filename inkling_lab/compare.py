@@ -73,13 +73,9 @@ def peft_deltas(adapter: Adapter, module: str, n: int) -> Deltas:
                     if fn.canonical == "gate_up_proj" else ((fn.canonical.removesuffix("_proj"), rows),)
                 for part, block in parts:
                     out[part][e] = s[part][e] * block @ a
-    like = {"gate": None, "up": None, "down": None}
-    for part, ds in out.items():
-        like[part] = next((d for d in ds if d is not None), None)
-    F = (like["gate"] if like["gate"] is not None else like["up"] if like["up"] is not None
-         else like["down"].T).shape[0]
-    H = (like["down"] if like["down"] is not None else (like["gate"] if like["gate"] is not None else like["up"]).T
-         ).shape[0]
+    # a projection the adapter does not train adds nothing: zeros of the trained ones' F and H
+    some = next(d if part != "down" else d.T for part, ds in out.items() for d in ds if d is not None)
+    F, H = some.shape
     zero = {"gate": (F, H), "up": (F, H), "down": (H, F)}
     return tuple(torch.stack([d if d is not None else torch.zeros(zero[p], dtype=torch.float64) for d in out[p]])
                  for p in ("gate", "up", "down"))  # type: ignore[return-value]
