@@ -244,10 +244,10 @@ ENTRIES: list[CatalogEntry] = [
         "fan_in_fan_out is set: PEFT uses it only to merge deltas into Conv1D-style [in, out] weights (for "
         "torch.nn.Linear it turns it off with a warning); the factors keep their [r, in] / [out, r] shapes and "
         "read as usual, and sglang 0.5.23 does not read the field",
-        "PEFT transposes the merged delta for Conv1D-style layers only (peft/tuners/lora/layer.py: "
-        "'fan_in_fan_out is set to True but the target module is `torch.nn.Linear`. Setting fan_in_fan_out to "
-        "False.'). The shared sink's projections are linear layers; lora_A and lora_B are saved as usual. This "
-        "note only says that the field was read and changes nothing.",
+        "PEFT transposes the merged delta for Conv1D-style layers only; on a torch.nn.Linear target it warns "
+        "and switches the field off (peft/tuners/lora/layer.py, where it dispatches the layer type). The shared "
+        "sink's projections are linear layers; lora_A and lora_B are saved as usual. This note only says that the "
+        "field was read and changes nothing.",
         "A config copied from a GPT-2 adapter.", "saved(fan_in_fan_out=True)", "saved(fan_in_fan_out=False)"),
     _warning(
         "ISL-W112", "rank_pattern: sglang reads one r for every module",
