@@ -14,6 +14,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .geometry import Geometry
+
 Form = Literal["linearized", "per_expert"]
 
 
@@ -123,6 +125,12 @@ class SharedSink(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n, H, F, dtype=dtype, device=device), requires_grad=False)
         self.reset_parameters(seed)
         self._lin_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @classmethod
+    def from_geometry(cls, g: Geometry, interleaved: bool = True, dtype: torch.dtype = torch.float32,
+                      device: torch.device | str | None = None, seed: int = 0) -> SharedSink:
+        """A sink of ``g``'s ``n``, ``H`` and ``F`` (``il.PRESETS["inkling-tp8"]``, say)."""
+        return cls(g.n, g.hidden, g.intermediate, interleaved, dtype, device, seed)
 
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:
