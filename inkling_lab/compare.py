@@ -249,7 +249,7 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
     ``target_modules``: the server's ``--lora-target-modules`` (default: each adapter's
     own). ``repair``: let the converter make the repairs that guess.
     """
-    from .doctor import _config_causes, _exc_text, run_sglang
+    from .doctor import _exc_text, run_sglang
 
     n = n_shared_experts
     folders = [Path(a.source) if isinstance(a, Adapter) else Path(a) for a in adapters]
@@ -283,31 +283,41 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
         except (ValueError, RuntimeError, AssertionError) as exc:
             pool = None
             report.status["kit"].append(f"not computed: the converter refuses it ({_exc_text(exc)})")
-        causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights
-                                                                      if FactorName.parse(k)], report.adapters[slot])[0])
-        try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)
-            peft = {m: batch.delta(peft_deltas(adapter, m, n)) for m in adapter.modules}
-        except (RuntimeError, ValueError, IndexError) as exc:
-            report.status["peft"][slot] = f"not computed: the adapter does not fit this sink ({_exc_text(exc)})"
-            continue
-        for module in adapter.modules:
-            got = {"peft": peft[module]}
-            if path.raised is None and not path.unknown:
-                got["sglang"] = batch.delta(_sglang_deltas(path, module))
-            if pool is not None:
-                bufs = pool.buffers(module)
-                got["kit"] = batch.delta(factor_deltas(*(b[0] for b in bufs)))
-            report.deltas[module, slot] = got
-            for what in ("sglang", "kit"):
-                if what not in got:
-                    continue
-                for e in [*range(n), None]:
-                    a, b = (got[what].sum(0), got["peft"].sum(0)) if e is None else (got[what][e], got["peft"][e])
-                    row = mismatch(a, b, module=module, slot=slot, adapter=report.adapters[slot], expert=e, got=what)
-                    if not row.close:
-                        row.cause = causes if what == "sglang" else "the kit's pool differs from PEFT's math (a bug)"
-                    report.rows.append(row)
+        add_slot(report, slot, batch, path, adapter, pool)
     return report
+
+
+def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter: Adapter, pool: Any) -> None:
+    """Compare one slot: PEFT's math of ``adapter``, what sglang serves (``path``, a
+    finished ``run_sglang``) and ``pool`` (the kit's, the adapter in its slot 0, or
+    ``None``); fills ``report.deltas`` and ``report.rows`` (the doctor sizes a finding
+    with it, from the stages it already ran)."""
+    from .doctor import _config_causes, _exc_text
+
+    n = report.n
+    causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights if FactorName.parse(k)],
+                                                    report.adapters[slot])[0])
+    try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)
+        peft = {m: batch.delta(peft_deltas(adapter, m, n)) for m in adapter.modules}
+    except (RuntimeError, ValueError, IndexError) as exc:
+        report.status["peft"][slot] = f"not computed: the adapter does not fit this sink ({_exc_text(exc)})"
+        return
+    for module in adapter.modules:
+        got = {"peft": peft[module]}
+        if path.raised is None and not path.unknown:
+            got["sglang"] = batch.delta(_sglang_deltas(path, module))
+        if pool is not None:
+            got["kit"] = batch.delta(factor_deltas(*(b[0] for b in pool.buffers(module))))
+        report.deltas[module, slot] = got
+        for what in ("sglang", "kit"):
+            if what not in got:
+                continue
+            for e in [*range(n), None]:
+                a, b = (got[what].sum(0), got["peft"].sum(0)) if e is None else (got[what][e], got["peft"][e])
+                row = mismatch(a, b, module=module, slot=slot, adapter=report.adapters[slot], expert=e, got=what)
+                if not row.close:
+                    row.cause = causes if what == "sglang" else "the kit's pool differs from PEFT's math (a bug)"
+                report.rows.append(row)
 
 
 def compare_figure_data(report: CompareReport, module: str | None = None, slot: int = 0) -> dict[str, Any]:

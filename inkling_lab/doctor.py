@@ -827,7 +827,7 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     report.targets_from = ("--lora-target-modules" if target_modules is not None
                            else "the adapter's own target_modules (pass --lora-target-modules for the server's)")
 
-    _kit(report, folder, adapter if isinstance(adapter, Adapter) else None, repair)
+    read = _kit(report, folder, adapter if isinstance(adapter, Adapter) else None, repair)
     causes, config_findings = _config_causes(path.config, [k for k in path.weights
                                                            if FactorName.parse(k) is not None], name)
     report.findings = path.findings + config_findings + [f for f in report.findings if f not in path.findings]
@@ -856,25 +856,25 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
             "base": "and serves the base model", "nan": "and serves NaN", "unknown": ""}[report.computes.outcome]
     report.findings = [replace(f, consequence=f"sglang 0.5.23 {said} {then}".strip())
                        if f.consequence == "inkling-lab convert refuses it" else f for f in report.findings]
-    if measure and report.computes.outcome in ("different", "base") and report.pool is not None:
-        from .compare import compare
+    if measure and report.computes.outcome in ("different", "base") and read is not None and tp == 1:
+        from .compare import Batch, CompareReport, add_slot
 
-        try:
-            report.computes.relative_error = compare([in_memory or folder], n, hidden, intermediate,
-                                                     target_modules=target_modules, repair=repair).sglang_error
-        except Exception:  # noqa: BLE001 - sizing is a bonus; the verdict stands without it
-            pass
+        sized = CompareReport([name], n, hidden, intermediate, 8, 0, {"peft": ["computed"]})
+        add_slot(sized, 0, Batch.random(n, hidden, intermediate), path, read, report.pool)  # the stages already run
+        report.computes.relative_error = sized.sglang_error
     return report
 
 
-def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool) -> None:
-    """Verdict 3: the kit's converter on the same folder; the journey of the shapes."""
+def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool) -> Adapter | None:
+    """Verdict 3: the kit's converter on the same folder; the journey of the shapes.
+    Returns the adapter as the kit read it (``None`` when it refuses to read it)."""
     n, saved, rank = report.n, _saved_shapes(folder), 0
     try:
         adapter = given if given is not None else load_adapter(folder, guess=repair)
         report.about = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (PEFT scaling {adapter.scaling:g}), "
                         f"{len(adapter.modules)} module(s)" + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
-        rank = max(f.rank for f in adapter.factors(n).values())  # rank_pattern: a module may exceed r
+        factors = adapter.factors(n)
+        rank = max(f.rank for f in factors.values())  # rank_pattern: a module may exceed r
         pool = convert([adapter], n, hidden=report.hidden, intermediate=report.intermediate,
                        max_rank=report.max_rank if report.max_rank is not None else rank, tp_size=report.tp)
         if report.max_rank is None:
@@ -892,17 +892,17 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
                                        consequence="inkling-lab convert refuses it"))
         for module in dict.fromkeys(fn.module for k in saved if (fn := FactorName.parse(k)) is not None):
             report.journey[module] = _journey(saved, module, None, None)
-        return
+        return None
     report.pool = pool
     report.kit = KitVerdict("writes", repairs=[f"{f.code} {f.message}" for f in adapter.findings
                                                if f.code.startswith("ISL-K")] +
                             [f"{f.code} {f.message}" for f in pool.findings if f.code == "ISL-W001"])
     report.findings += [f for f in adapter.findings if f.code.startswith(("ISL-K", "ISL-N"))]
-    factors = adapter.factors(n)
     for module in adapter.modules:
         shapes = {name: tuple(t.shape) for name, t in zip(BUFFER_NAMES, pool.buffers(module))}
         report.journey[module] = _journey(saved or {k: list(adapter.weights[k].shape) for k in adapter.factor_keys},
                                           module, factors.get(module), shapes)
+    return adapter
 
 
 _KIT_FIXES = {
