@@ -350,6 +350,7 @@ def compare_figure(report: CompareReport, module: str | None = None, slot: int =
     bottom.set_xticks([e + 0.4 - width / 2 for e in range(n)], [f"expert {e}" for e in range(n)])
     top.legend(fontsize=8)
     bottom.legend(fontsize=8)
-    top.set_title(f"{data['adapter']}: each expert's LoRA delta, three ways ({data['module'].split('.layers.')[-1]})",
+    layer = data["module"].split(".layers.")[-1].split(".")[0]
+    top.set_title(f"{data['adapter']}: each expert's LoRA delta, three ways (layer {layer}; kit − peft is zero)",
                   fontsize=10)
     return fig
