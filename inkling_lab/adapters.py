@@ -205,9 +205,10 @@ class Adapter:
                 continue
             _check_finite(key, adapter.weights[key], where_w)
         if wrong_rank:
-            raise ValueError(wrong_rank[0] if len(wrong_rank) == 1 else
-                             f"{len(wrong_rank)} factors do not have the rank the config gives them:\n  "
-                             + "\n  ".join(wrong_rank))
+            exc = ValueError(wrong_rank[0])
+            for other in wrong_rank[1:]:
+                exc.add_note(f"also: {other.split(': ', 1)[-1]}")
+            raise exc
         if not adapter.factor_keys:
             raise ValueError(
                 f"{where_w}: no shared-sink LoRA factors: no tensor is named "

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from .errors import NoCatalogEntry, explain, find_entry
+from .errors import NoCatalogEntry, explain, find_entry, read_pasted
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -117,20 +117,12 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-_FROM_AN_ADAPTER = ("ISL-K2", "ISL-K3", "ISL-W0", "ISL-W1", "ISL-E010", "ISL-E011", "ISL-E012", "ISL-E015", "ISL-E016")
-"""Codes whose error comes from an adapter's files: the doctor on that folder comes first."""
-
-
 def _explain(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.message == ["-"] else " ".join(args.message)
+    text, note = read_pasted(sys.stdin) if args.message == ["-"] else (" ".join(args.message), "")
+    if note:
+        print(f"inkling-lab explain: {note}", file=sys.stderr)
     try:
-        entry = explain(text)
-        if entry.code.startswith(_FROM_AN_ADAPTER):
-            print("First, run the doctor on the adapter (your model's sizes from its config.json):\n"
-                  "  inkling-lab doctor ADAPTER_FOLDER -n N_SHARED_EXPERTS --hidden HIDDEN_SIZE --intermediate "
-                  "SHARED_EXPERT_INTERMEDIATE_SIZE\n  it says what sglang 0.5.23 does with it, what it then computes "
-                  "and what to fix.\n")
-        print(entry.explain())
+        print(explain(text).explain())
     except NoCatalogEntry as exc:
         print(f"inkling-lab explain: {exc}", file=sys.stderr)
         print("  paste the whole error line (type and message), a traceback (inkling-lab explain - < log.txt), "

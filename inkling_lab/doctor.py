@@ -161,10 +161,11 @@ class DoctorReport:
         return None
 
     def warn(self, stacklevel: int = 2) -> None:
-        """Emit every ``ISL-W…`` finding as an ``UpstreamDefectWarning``."""
+        """Emit every ``ISL-W…`` finding as an ``UpstreamDefectWarning`` (its message: the
+        catalog entry it belongs to is found from it)."""
         for f in self.findings:
             if f.code.startswith("ISL-W"):
-                warnings.warn(UpstreamDefectWarning(f"{f.code}: {f.message}"), stacklevel=stacklevel)
+                warnings.warn(UpstreamDefectWarning(f.message), stacklevel=stacklevel)
 
     def _verdict_lines(self) -> list[str]:
         wrapped = ("\n    (with the adapter in --lora-paths, at startup, as RuntimeError: Failed to load LoRA adapter "
@@ -449,7 +450,7 @@ class _Sglang:
             self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
                                f"{', '.join(sorted({label(k) for k in skipped}))} is not applied")
             self.findings.append(_finding(
-                "ISL-W104", "target_modules", self.skip_warning,
+                "ISL-W002", "target_modules", self.skip_warning,
                 "an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate), or add the "
                 "module to the targets; inkling-lab convert stacks a lone up with a zero gate",
                 consequence="sglang logs this warning and serves the adapter without these weights "
@@ -885,10 +886,11 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
         fix = _kit_fix(exc, entry.code if entry else None, folder)
         if entry is not None and entry.code == "ISL-E016" and report.max_rank is not None and rank > report.max_rank:
             fix = f"convert with --max-rank {rank} or larger (sglang: --max-lora-rank {rank})"
-        report.kit = KitVerdict("refuses", _exc_text(exc), entry.code if entry else None)
+        also = [note for note in getattr(exc, "__notes__", []) if note.startswith("also: ")]  # every bad factor
+        report.kit = KitVerdict("refuses", "\n    ".join([_exc_text(exc), *also]), entry.code if entry else None)
         report.findings.append(Finding(entry.code if entry else "error", "adapter", _exc_text(exc),
                                        fix + (f" (more: inkling-lab explain {entry.code})" if entry else ""),
-                                       upstream=bool(entry and entry.origin.startswith("sglang")),
+                                       upstream=bool(entry and entry.by_upstream),
                                        consequence="inkling-lab convert refuses it"))
         for module in dict.fromkeys(fn.module for k in saved if (fn := FactorName.parse(k)) is not None):
             report.journey[module] = _journey(saved, module, None, None)

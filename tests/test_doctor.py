@@ -87,9 +87,9 @@ def test_alpha_and_rank_patterns_honoured_by_the_kit_and_named_for_sglang():
 
 def test_shapes_are_reported_as_saved_and_every_wrong_rank_factor_is_named():
     report = doctor(SAMPLES / "up_rank16", 2, 8, 6)
-    text = report.kit.text
-    assert "2 factors do not have the rank" in text
+    text = report.kit.text  # both, as saved: the first as the error, the other as its "also:" note
     assert "up_proj.lora_A.weight' has shape [16, 8]" in text and "up_proj.lora_B.weight' has shape [12, 16]" in text
+    assert "\n    also: tensor" in text
     assert "[8, 16]" not in str(report)
     rows = next(iter(report.journey.values()))
     assert ("up_proj.lora_A", [16, 8]) in rows[0]["peft"]
@@ -174,8 +174,10 @@ def test_explain_and_warn_for_the_new_codes():
     from inkling_lab.catalog import UpstreamDefectWarning
     from inkling_lab.errors import explain
 
-    assert explain("ISL-W101").origin.startswith("sglang") and "LoRAAdapter.__init__" in explain("ISL-W101").meaning
-    with pytest.warns(UpstreamDefectWarning, match="ISL-W101: use_rslora is set"):
+    entry = explain("ISL-W101")
+    assert "sglang/srt/lora/lora.py: LoRAAdapter.__init__" in entry.upstream and entry.adapter_caused
+    assert explain(doctor(SAMPLES / "rslora", 2, 8, 6).findings[0].message) is entry
+    with pytest.warns(UpstreamDefectWarning, match="use_rslora is set"):
         doctor(SAMPLES / "rslora", 2, 8, 6).warn()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
