@@ -39,7 +39,7 @@ from safetensors import safe_open
 
 from .adapters import (CONFIG_FILE, PROJECTIONS, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of,
                        normalize_shared_sink, read_peft_config)
-from .catalog import UpstreamDefectWarning
+from .catalog import UpstreamDefectWarning, message
 from .convert import ConvertedPool, convert
 from .errors import find_entry
 from .geometry import BUFFER_NAMES
@@ -323,8 +323,8 @@ class _Sglang:
         except (KeyError, TypeError) as exc:
             raise _Raised("read", _exc_text(exc), where) from None
         if cfg.get("use_dora", False):
-            raise _Raised("read", f"ValueError: Failed to load {self.name} because LoRA serving currently doesn't "
-                          "support DoRA adapters", "lora_manager.py: LoRAManager.validate_new_adapter")
+            raise _Raised("read", "ValueError: " + message("ISL-E025", name=self.name),
+                          "lora_manager.py: LoRAManager.validate_new_adapter")
         try:  # LoRAAdapter.__init__, literally
             assert cfg["peft_type"].lower() == "lora"  # noqa: S101 - the exact upstream check
             self.scaling = cfg["lora_alpha"] / cfg["r"]
@@ -441,10 +441,8 @@ class _Sglang:
         label = lambda k: (fn.proj if (fn := FactorName.parse(k)) else k.rsplit(".", 2)[0].rsplit(".", 1)[-1])  # noqa: E731
         skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
         if skipped:
-            self.skip_warning = (
-                f"LoRA adapter '<lora id>': {len(skipped)} weight(s) skipped because they did not match any target "
-                f"module in {sorted(server)}. Skipped weights: {skipped}. This likely indicates a mismatch between "
-                "the adapter's target modules and the base model architecture.")
+            self.skip_warning = message("ISL-W002", uid="<lora id>", count=len(skipped), targets=sorted(server),
+                                        names=skipped)
             for key in skipped:
                 self.normalized.pop(key)
             self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
@@ -512,18 +510,23 @@ class _Sglang:
         for module, parts in self.factors.items():
             ga, gb, da, db = (parts[p] for p in (("gate_up_proj", "A"), ("gate_up_proj", "B"),
                                                 ("down_proj", "A"), ("down_proj", "B")))
+            if any(isinstance(t, torch.Tensor) and t.dim() != 3 for t in (ga, gb, da, db)):
+                # which buffer such a weight is routed to depends on the wrapped module (is_shared_fused_moe)
+                self.unknown = f"{module}: a factor that is neither 2D nor 3D reaches the buffer load; not modelled"
+                return
             if shared_outer and db is not None and len(db) != 1:  # a dict of experts, or a 3D tensor's rows
-                what = "lora_B dict has {} entries" if isinstance(db, dict) else "lora_B has expert_dim={}"
-                raise _Raised("pool", f"ValueError: experts_shared_outer_loras is enabled but down_proj_moe "
-                              f"{what.format(len(db))} (expected 1).",
-                              "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
+                # the dict's words differ from ISL-E015's only after the factor's name
+                text = message("ISL-E015", factor="down_proj_moe lora_B", k=len(db))
+                if isinstance(db, dict):
+                    text = text.split(" has expert_dim=")[0] + f" dict has {len(db)} entries (expected 1)."
+                raise _Raised("pool", f"ValueError: {text}", "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
             ga, gb, da, db = (self._per_expert(t) for t in (ga, gb, da, db))
             for name, t in (("gate_up_a", ga), ("down_a", da), ("gate_up_b", gb), ("down_b", db)):
                 for view, w in self._views(name, t, shared_outer, r, R, H, F):
                     if tuple(view) != tuple(w):
-                        raise _Raised("pool", f"AssertionError: LoRA buffer shape {_torch_size(view)} does not "
-                                      f"match weight shape {_torch_size(w)}.",
-                                      "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
+                        raise _Raised("pool", "AssertionError: " + message(
+                            "ISL-E016", buffer_shape=_torch_size(view), weight_shape=_torch_size(w)),
+                            "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
             loaded[module] = self._landed(module, ga, gb, da, db, shared_outer)
         self.loaded = loaded
         self.record("pool", max_rank=R, lora_rank=r, scaling=self.scaling,
@@ -571,9 +574,7 @@ class _Sglang:
             elif isinstance(ga, dict):
                 kinds.add(False)
         if len(kinds) > 1:
-            raise _Raised("pool", "RuntimeError: Mixed shared-outer LoRA formats detected across loaded adapters "
-                          "(conflict in adapter '<lora id>'). All MoE adapters must either all use shared outer "
-                          "experts (expert_dim=1) or all use per-expert weights.",
+            raise _Raised("pool", "RuntimeError: " + message("ISL-E028", adapter="<lora id>"),
                           "lora_manager.py: LoRAManager._detect_shared_outer_loras")
         return kinds == {True}
 
@@ -665,6 +666,8 @@ def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1
         if path.unknown:
             return path
         path.load_pool()
+        if path.unknown:
+            return path
         path.check_and_forward()
     except _Raised as raised:
         path.raised = raised
