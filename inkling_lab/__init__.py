@@ -8,6 +8,7 @@
 """
 from .batch import SlotBatch
 from .errors import CATALOG, CatalogEntry, explain, expect_error
+from .errors import expect_finding
 from .geometry import PRESETS, Geometry
 from .lora import LoRABackend, SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
@@ -18,14 +19,16 @@ from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_po
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "parallel", "profile", "upstream_defect", "cli")
+_LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "doctor", "compare", "parallel", "profile",
+                 "upstream_defect", "cli")
 
 _LAZY_NAMES = {
     # adapters on disk (SPEC §6)
     "Adapter": "adapters", "load_adapter": "adapters", "save_adapter": "adapters",
     "normalize_shared_sink": "adapters", "synthetic_adapter": "adapters",
     # the converter and the doctor
-    "ConvertedPool": "convert", "load_pool": "convert", "doctor": "convert", "DoctorReport": "convert",
+    "ConvertedPool": "convert", "load_pool": "convert",
+    "doctor": "doctor", "DoctorReport": "doctor",
     # tensor parallelism (SPEC §7)
     "shard_sink": "parallel", "RankShard": "parallel", "run_tp": "parallel", "TPCase": "parallel",
     "sum_of_shards": "parallel",
@@ -57,6 +60,6 @@ __all__ = [
     "LoRAPool", "PRESETS", "PoolLayout", "SharedSink", "SharedSinkLoRA", "SlotBatch",
     "Scenario",
     "slice_lora_a", "slice_lora_b",
-    "diagnose_pool", "expect_error", "explain", "validate_pool",
+    "diagnose_pool", "expect_error", "expect_finding", "explain", "validate_pool",
     *sorted(_LAZY_NAMES), "convert_adapters",
 ]

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
+
+from .catalog import error
 
 
 def _not_an_int(v: object) -> bool:
@@ -39,8 +41,7 @@ def _as_long(values: Sequence[int] | torch.Tensor, what: str) -> torch.Tensor:
     for i, v in enumerate(items):
         if _not_an_int(v):
             kind = "NaN" if isinstance(v, float) and math.isnan(v) else type(v).__name__
-            raise TypeError(f"SlotBatch: {what} must hold integers, but {what}[{i}] is {v!r} ({kind}): "
-                            "pass whole numbers")
+            raise error("ISL-K152", what=what, index=i, value=repr(v), kind=kind)
     try:
         return torch.tensor([int(v) for v in items], dtype=torch.long)
     except (RuntimeError, ValueError, OverflowError):  # torch's words for an int past int64: "Overflow ..."
@@ -67,10 +68,26 @@ class SlotBatch:
     max_len: int
     num_slots: int
     permutation: torch.Tensor | None = None
+    tokens: int | None = None
+    """Host copy of ``seg_indptr[-1]``, kept by ``to()``: a device-resident batch
+    answers ``num_tokens`` without a device sync (CUDA graph capture allows none)."""
 
     @property
     def num_tokens(self) -> int:
-        return int(self.seg_indptr[-1])
+        return self.tokens if self.tokens is not None else int(self.seg_indptr[-1])
+
+    def to(self, device: torch.device | str) -> "SlotBatch":
+        """This batch with its tensors on ``device`` (like sglang's ``LoRABatchInfo``).
+
+        Copy once, before capture; afterwards rewrite the tensors in place
+        (``seg_indptr.copy_(...)``, same ``T`` and segment count) and a captured
+        forward replays with the new segments and slots."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return replace(self, seg_indptr=move(self.seg_indptr), weight_indices=move(self.weight_indices),
+                       lora_ranks=move(self.lora_ranks), scalings=move(self.scalings),
+                       permutation=move(self.permutation), tokens=self.num_tokens)
 
     @property
     def num_segments(self) -> int:
@@ -146,9 +163,7 @@ def _check_slots(ids: torch.Tensor, num_slots: int, what: str) -> None:
     bad = torch.nonzero((ids < -1) | (ids >= num_slots)).flatten()
     if bad.numel():
         i = int(bad[0])
-        raise ValueError(
-            f"SlotBatch: {what} {i} uses slot {int(ids[i])}, but the pool has slots 0..{num_slots - 1} "
-            f"(-1 means base model only); {bad.numel()} {what}(s) out of range")
+        raise error("ISL-K103", where=what, index=i, slot=int(ids[i]), last=num_slots - 1, count=bad.numel())
 
 
 def _rank_scaling(num_slots: int, lora_ranks: Sequence[int] | None, scalings: Sequence[float] | None

@@ -111,6 +111,7 @@ class SharedSinkLoRA(SharedSink):
         self.w1_delta: torch.Tensor | None = None
         self.a_cat: torch.Tensor | None = None
         self.down_cat: torch.Tensor | None = None  # the second generation's derived operand
+        self._ops_cache: SinkOperands | None = None  # see operands()
 
     # -- eligibility -------------------------------------------------------------------
     @property
@@ -293,8 +294,15 @@ class SharedSinkLoRA(SharedSink):
 
         The record holds the module's own tensors (no copies): a slot refresh, which
         writes in place, shows through it; after ``set_lora_info`` ask for a new one.
+        The same record comes back while nothing was replaced (a forward's host time
+        counts: a decode step is a few microseconds of GPU work).
         """
-        return self._operands(self.lora_buffers, self.w1_delta, self.a_cat)
+        ops, w13_lin = self._ops_cache, self.linearized()[0]
+        if (ops is None or ops.w13_lin is not w13_lin or ops.buffers is not self.lora_buffers
+                or ops.w1_delta is not self.w1_delta or ops.a_cat is not self.a_cat
+                or ops.interleaved != self.interleaved):
+            ops = self._ops_cache = self._operands(self.lora_buffers, self.w1_delta, self.a_cat)
+        return ops
 
     def operands_for(self, gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
                      down_b: torch.Tensor) -> SinkOperands:
