@@ -12,7 +12,8 @@ a small tile sweep, then the few-token grid against the three-launch triton back
    (the base sink alone through cuBLAS, no LoRA work), each a CUDA graph replayed with
    the L2 flushed before every replay (``profile.time_graph``), the three timed one after
    another at each point; ``single``'s output checked against ``triton``'s at every
-   point. Each point carries its roofline (``profile.roofline``, the run's own ceilings).
+   point. Each point carries its roofline (``profile.roofline``, the run's own ceilings)
+   and the prediction made before the run, ``model_us`` = bytes / copy bandwidth + ``FIXED_US``.
 
     cd .gpu_stage && PYTHONPATH=. python3 scripts/h200_single_launch.py --out $OUT/h200_single_launch.json
 """
@@ -43,6 +44,9 @@ CANDIDATES = {  # 4 per shape: warps, reduction step, feature block, the down ta
 }
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
 """Max-norm relative error allowed against float64 (the triton backend reaches ~4e-3 bf16, ~4e-4 fp16)."""
+FIXED_US = 3.0
+"""The prediction's fixed cost of one launch (``model_us``): ~2 us of graph launch, fill and
+drain, ~1 us for the two device-wide waits (shrink -> activation, up -> down)."""
 DEVICE = "cuda"
 BUDGET_S, GRID_BUDGET_S = 200, 280
 """Past these many seconds the sweep stops trying candidates and the grid stops (recorded as
@@ -194,6 +198,7 @@ def main() -> int:
                     roof = pr.roofline(c, **ceilings)
                     row = dict(shape=shape, n=n, H=H, F=F, R=R, S=S, T=T, config=name, us=us,
                                roofline_us=roof.us, roofline_bytes=roof.bytes,
+                               model_us=roof.bytes / (ceilings["copy_TBps"] * 1e12) * 1e6 + FIXED_US,
                                ratio_single=us["single"] / roof.us, speedup_vs_triton=us["triton"] / us["single"],
                                vs_cublas_base=us["cublas_base"] / us["single"], rel_vs_triton=agree,
                                out_absmax=float(expect.abs().max()),
