@@ -52,8 +52,6 @@ from ..operands import SinkOperands
 MAX_TOKENS = 64
 """Tokens one launch handles (one tile of ``BT <= 64`` rows): the regime of weight streaming."""
 
-_CNT_TICKET, _CNT_SHRINK, _CNT_FEAT, _CNT_EXIT, _CNT_BLOCKS = 0, 1, 2, 3, 4
-"""Counter slots: ticket, shrink tasks done, feature blocks done, programs left, then one per feature block."""
 
 
 # -- the kernel -------------------------------------------------------------------------------
@@ -344,7 +342,9 @@ class Workspace:
     """What one launch reads and writes besides its inputs, allocated once so a CUDA graph
     replays against fixed addresses: ``sh [max_tokens, O*2R]``, ``mid [max_tokens, O*R]``
     float32, ``act [max_tokens, n*F]`` working dtype, ``part [NB * ksplit * BT * 2bf]``
-    float32, ``counters [4 + NB]`` int32 (``NB = n * cdiv(F, bf)`` feature blocks) and
+    float32, ``counters [4 + NB]`` int32 (``[0]`` the next ticket, ``[1]`` shrink tasks done,
+    ``[2]`` feature blocks done, ``[3]`` programs left, ``[4 + fb]`` H slices of feature block
+    ``fb`` arrived; ``NB = n * cdiv(F, bf)``) and
     ``seen [H]`` float32 (the prefetch's scratch).
     The kernel leaves ``sh``, ``mid`` and ``counters`` zero, as it found them."""
 
