@@ -147,6 +147,11 @@ def test_one_launch_matches_the_reference_on_random_shapes(n, H, F, R, S, T, sha
     check(ops, x, gammas, batch, config)
 
 
+def test_the_largest_token_tile():
+    ops, x, gammas, batch = make_case(2, 24, 20, 4, 3, sl.MAX_TOKENS, False, True, seed=11)
+    check(ops, x, gammas, batch, sl.SingleConfig(ksplit=2, **TINY))
+
+
 def test_tokens_of_rank_0_slots_get_the_base_only():
     ops, x, gammas, batch = make_case(2, 24, 12, 4, 2, 6, True, True, seed=5, token_slots=[1] * 6)
     assert int(batch.lora_ranks[1]) == 0 and torch.count_nonzero(ops.buffers[0][1]) > 0

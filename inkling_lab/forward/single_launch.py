@@ -53,7 +53,6 @@ MAX_TOKENS = 64
 """Tokens one launch handles (one tile of ``BT <= 64`` rows): the regime of weight streaming."""
 
 
-
 # -- the kernel -------------------------------------------------------------------------------
 
 @triton.jit
