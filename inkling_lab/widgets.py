@@ -165,13 +165,13 @@ def layout_explorer():
 def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermediate: int = 6,
                      start: str = "gate_up"):
     """Pick a sample adapter, ``n``, the pool's max rank and ``tp``: the doctor's report
-    and each factor's shapes from file to pool, redrawn. Drives ``convert.doctor``."""
+    and each factor's shapes from file to pool, redrawn. Drives ``inkling_lab.doctor``."""
     from pathlib import Path
 
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    from .convert import doctor
+    from .doctor import doctor
     from .viz import adapter_journey_figure
 
     names = sorted(p.name for p in Path(folder).iterdir() if p.is_dir())

@@ -137,7 +137,8 @@ def test_a_deeply_nested_config_is_a_clear_error(tmp_path):
         load_adapter(folder)
     assert "nested too deeply" in str(caught.exception)
     result = _cli("doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6")
-    assert b"RecursionError" not in result.stderr + result.stdout
+    assert result.returncode == 1 and b"Traceback" not in result.stderr  # a report (sglang's json.load does recurse)
+    assert b"nested too deeply" in result.stdout
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS, errno.EACCES])

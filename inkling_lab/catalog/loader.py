@@ -66,7 +66,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Merge the DoRA adapter into the base weights (PEFT merge_and_unload) and serve the merged "
                "model, or train a plain LoRA adapter (use_dora=False).",
         upstream=_VALIDATE + " (reads use_dora from LoRAConfig, srt/lora/lora_config.py).",
-        generation=LOADER, adapter_caused=True, reproduced=False,
+        generation=LOADER, adapter_caused=True, reproduced=False, kit_code="ISL-K303",
         sample="ValueError: Failed to load my-dora-adapter because LoRA serving currently doesn't support "
                "DoRA adapters"),
     CatalogEntry(
