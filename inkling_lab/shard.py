@@ -22,6 +22,7 @@ from typing import Union
 import torch
 
 from .catalog import CATALOG
+from .geometry import check_tp  # re-exported: the cuts' one divisibility check
 
 Factor = Union[torch.Tensor, dict[int, torch.Tensor]]
 
@@ -35,8 +36,6 @@ plain projection names are the kit's shorthand)."""
 MSG_DOWN_A_WIDTH = CATALOG["ISL-E010"].message  # {n} {width}
 MSG_GATE_UP_B_HEIGHT = CATALOG["ISL-E011"].message  # {n} {height}
 MSG_TP_RANK = CATALOG["ISL-K101"].message  # {tp_rank} {tp_size} {last}
-MSG_TP_SPLIT = CATALOG["ISL-K102"].message  # {what} {intermediate} {tp_size} {divisors}
-MSG_TP_SIZE = "tp_size must be at least 1, got {tp_size}"
 MSG_TARGET = "target_module must be one of {names} for the shared sink, got {target_module}"
 
 
@@ -57,19 +56,6 @@ def check_rank(tp_rank: int, tp_size: int) -> None:
     an empty or misplaced slice and serve a silently wrong delta."""
     if not 0 <= tp_rank < tp_size:
         raise ValueError(MSG_TP_RANK.format(tp_rank=tp_rank, tp_size=tp_size, last=tp_size - 1))
-
-
-def check_tp(intermediate: int, tp_size: int, what: str = "tensor parallelism") -> int:
-    """``F / tp``, the features of one expert that each rank holds; refuses a ``tp``
-    below 1 or one that does not split ``F`` (``ISL-K102``). The one divisibility check
-    of the kit's sharding (``what`` names the tensor being cut)."""
-    if tp_size < 1:
-        raise ValueError(MSG_TP_SIZE.format(tp_size=tp_size))
-    if intermediate % tp_size:
-        divisors = [d for d in range(1, intermediate + 1) if intermediate % d == 0][:12]
-        raise ValueError(MSG_TP_SPLIT.format(what=what, intermediate=intermediate, tp_size=tp_size,
-                                             divisors=divisors))
-    return intermediate // tp_size
 
 
 def rank_features(intermediate: int, tp_rank: int, tp_size: int) -> torch.Tensor:
