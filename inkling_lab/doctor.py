@@ -23,6 +23,9 @@ whenever sglang fails or serves something other than the adapter's math.
 """
 from __future__ import annotations
 
+import ast
+import builtins
+import contextlib
 import json
 import math
 import os
@@ -159,6 +162,22 @@ class DoctorReport:
             if entry is not None:
                 return entry.code
         return None
+
+    def raise_for_sglang(self) -> None:
+        """Raise what sglang 0.5.23 raises loading the adapter (verdict 1, ``load.text``),
+        as the builtin exception type its text names (``RuntimeError`` for another type);
+        nothing when sglang loads it. For scripts and ``expect_error``: the doctor itself
+        never raises."""
+        if self.load.outcome != "raises":
+            return
+        name, _, text = self.load.text.partition(": ")
+        exc_type = getattr(builtins, name, None)
+        if not (isinstance(exc_type, type) and issubclass(exc_type, Exception)):
+            raise RuntimeError(self.load.text)
+        if exc_type is KeyError:  # its text is the key's repr: raise the key, so str() reads the same
+            with contextlib.suppress(ValueError, SyntaxError):
+                raise KeyError(ast.literal_eval(text))
+        raise exc_type(text)
 
     def warn(self, stacklevel: int = 2) -> None:
         """Emit every ``ISL-W…`` finding as an ``UpstreamDefectWarning`` (its message: the
@@ -337,7 +356,7 @@ class _Sglang:
         if not files:
             pickles = sorted(self.folder.glob("*.bin")) or sorted(self.folder.glob("*.pt"))
             if not pickles:
-                raise _Raised("read", f"RuntimeError: Cannot find any model weights with `{self.folder}`",
+                raise _Raised("read", "RuntimeError: " + message("ISL-E031", path=self.folder),
                               "model_loader/loader.py: DefaultModelLoader._prepare_weights")
             self.unknown = (f"sglang reads {', '.join(p.name for p in pickles)} with torch.load(weights_only=True); "
                             "the kit never unpickles, so it cannot see what that holds")
@@ -403,24 +422,17 @@ class _Sglang:
         adapter_targets = self.config["target_modules"]
         where = "lora_manager.py: LoRAManager.init_lora_shapes"
         if isinstance(adapter_targets, str) and adapter_targets not in ("all", "all-linear"):
-            raise _Raised("targets", f"ValueError: SGLang does not recognize target_modules='{adapter_targets}'. "
-                          "Please use a list of module name suffixes in the adapter's PEFT config, or explicitly "
-                          "specify --lora-target-modules during server startup.", where)
+            raise _Raised("targets", "ValueError: " + message("ISL-E032", target_modules=adapter_targets), where)
         if not isinstance(adapter_targets, (str, list)):
-            raise _Raised("targets", "ValueError: SGLang currently only supports inferring LoRA target modules when a "
-                          "list of suffixes is provided in `target_modules` field of PEFT config. Please explicitly "
-                          "specify `--lora-target-modules` during server startup. You can specify `all` to enable all "
-                          "support modules types. ", where)
+            raise _Raised("targets", "ValueError: " + message("ISL-E033"), where)
         if self.cli_targets is not None:
             server = server_target_modules(self.cli_targets)
             if "all" not in server and not isinstance(adapter_targets, str):
                 own = server_target_modules(adapter_targets)
                 if not own <= server:
-                    raise _Raised(
-                        "targets", f"ValueError: LoRA adapter '{self.name}' contains target modules "
-                        f"{sorted(own - server)} that are not included in the specified --lora-target-modules "
-                        f"{sorted(server)}. Please update --lora-target-modules to include all required modules: "
-                        f"{sorted(server | own)}, or use 'all' to enable all supported modules.", where)
+                    raise _Raised("targets", "ValueError: " + message(
+                        "ISL-E034", name=self.name, unsupported=sorted(own - server), server=sorted(server),
+                        required=sorted(server | own)), where)
         else:
             server = server_target_modules(adapter_targets)
         self.server = server
@@ -515,10 +527,8 @@ class _Sglang:
                 self.unknown = f"{module}: a factor that is neither 2D nor 3D reaches the buffer load; not modelled"
                 return
             if shared_outer and db is not None and len(db) != 1:  # a dict of experts, or a 3D tensor's rows
-                # the dict's words differ from ISL-E015's only after the factor's name
-                text = message("ISL-E015", factor="down_proj_moe lora_B", k=len(db))
-                if isinstance(db, dict):
-                    text = text.split(" has expert_dim=")[0] + f" dict has {len(db)} entries (expected 1)."
+                text = (message("ISL-E035", factor="down_proj_moe lora_B", count=len(db)) if isinstance(db, dict)
+                        else message("ISL-E015", factor="down_proj_moe lora_B", k=len(db)))
                 raise _Raised("pool", f"ValueError: {text}", "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
             ga, gb, da, db = (self._per_expert(t) for t in (ga, gb, da, db))
             for name, t in (("gate_up_a", ga), ("down_a", da), ("gate_up_b", gb), ("down_b", db)):
