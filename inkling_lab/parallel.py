@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .batch import SlotBatch
+from .catalog import error
 from .geometry import PRESETS, Geometry
 from .lora import SharedSinkLoRA
 from .records import dtype_name, relative_error
@@ -374,9 +375,8 @@ def resolve_dist_backend(dist_backend: str, tp: int) -> str:
     if dist_backend not in DIST_BACKENDS:
         raise ValueError(f"dist_backend must be 'auto', 'gloo' (CPU) or 'nccl' (GPUs), got {dist_backend!r}")
     if dist_backend == "nccl" and (gpus < tp or not dist.is_nccl_available()):
-        raise ValueError(f"NCCL needs one GPU per rank: tp={tp}, but this machine shows {gpus} CUDA device(s)"
-                         f"{'' if dist.is_nccl_available() else ' and this torch has no NCCL'}; "
-                         f"use dist_backend='gloo' (CPU) or a smaller tp")
+        raise error("ISL-K106", tp=tp, gpus=gpus,
+                    detail="" if dist.is_nccl_available() else " and this torch has no NCCL")
     return dist_backend
 
 
@@ -468,8 +468,7 @@ def check_world_size(tp: int, world_size: int | None = None) -> None:
     """Under ``torchrun``: refuse a world size (default: ``$WORLD_SIZE``) other than ``tp``."""
     world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     if world != tp:
-        raise ValueError(f"torchrun started {world} process(es) (WORLD_SIZE={world}) but tp={tp} was asked: "
-                         f"run torchrun --nproc-per-node {tp} ..., or pass --tp {world}")
+        raise error("ISL-K105", world=world, tp=tp)
 
 
 def _parser() -> argparse.ArgumentParser:
