@@ -17,7 +17,7 @@ build such a module).
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Callable, Union
 
 import torch
 
@@ -106,6 +106,18 @@ def split_gate_up_b(weights: torch.Tensor, n_shared_experts: int) -> torch.Tenso
     return weights.view(n_shared_experts, height // n_shared_experts, rank)
 
 
+def _with_expert_axis(weights: Factor, tp_rank: int, target_module: str, tp_size: int, n_shared_experts: int,
+                      cut_module: str, split: Callable[[torch.Tensor, int], torch.Tensor]) -> tuple[Factor, bool]:
+    """Both slicers' first step: check the rank, give a 2D factor its expert axis (the
+    factor this slicer cuts is ``split`` into ``n`` experts, the other one gets a leading
+    axis of 1), and say whether this rank cuts it (``cut_module`` at ``tp_size > 1``)."""
+    check_rank(tp_rank, tp_size)
+    module = target_module_name(target_module)
+    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
+        weights = split(weights, n_shared_experts) if module == cut_module else weights.unsqueeze(0)
+    return weights, tp_size > 1 and module == cut_module
+
+
 def slice_lora_a(weights: Factor, tp_rank: int, target_module: str, tp_size: int,
                  n_shared_experts: int, intermediate_size: int | None = None) -> Factor:
     """Rank ``tp_rank``'s share of a LoRA A factor (upstream's ``slice_moe_lora_a_weights``).
@@ -117,11 +129,9 @@ def slice_lora_a(weights: Factor, tp_rank: int, target_module: str, tp_size: int
     a dict is cut expert by expert and stays a dict. ``intermediate_size``: the
     module's full per-expert ``F`` (default: the factor's).
     """
-    check_rank(tp_rank, tp_size)
-    module = target_module_name(target_module)
-    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
-        weights = weights.unsqueeze(0) if module == GATE_UP else split_down_a(weights, n_shared_experts)
-    if tp_size <= 1 or module != DOWN:
+    weights, cuts = _with_expert_axis(weights, tp_rank, target_module, tp_size, n_shared_experts,
+                                      DOWN, split_down_a)
+    if not cuts:
         return weights
     if isinstance(weights, dict):
         return {expert: cut_features(w, tp_rank, tp_size, intermediate_size=intermediate_size)
@@ -141,12 +151,11 @@ def slice_lora_b(weights: Factor, tp_rank: int, target_module: str, tp_size: int
     other tensor along its first axis, as upstream cuts it. ``intermediate_size``: the
     module's full per-expert ``F`` (default: each expert's rows // 2).
     """
-    check_rank(tp_rank, tp_size)
-    module = target_module_name(target_module)
-    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
-        weights = weights.unsqueeze(0) if module == DOWN else split_gate_up_b(weights, n_shared_experts)
-    if tp_size <= 1 or module != GATE_UP:
+    weights, cuts = _with_expert_axis(weights, tp_rank, target_module, tp_size, n_shared_experts,
+                                      GATE_UP, split_gate_up_b)
+    if not cuts:
         return weights
+
     def cut(w: torch.Tensor) -> torch.Tensor:
         return cut_gate_up(w, tp_rank, tp_size, intermediate_size=intermediate_size)
 
