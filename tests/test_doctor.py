@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from inkling_lab.adapters import NAMINGS, Adapter, load_adapter, save_adapter, synthetic_adapter
 from inkling_lab.cli import main
 from inkling_lab.compare import compare, compare_figure_data, peft_deltas
-from inkling_lab.doctor import SglangLoad, doctor, server_target_modules
+from inkling_lab.doctor import SglangLoad, doctor
+from inkling_lab.sglang_path import server_target_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "adapters"
