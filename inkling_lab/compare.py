@@ -7,7 +7,7 @@ without it) three ways, in float64:
 
 * ``peft``: from the adapter's 2D factors alone, with PEFT's scaling of each
   projection (``use_rslora``, ``alpha_pattern``, ``rank_pattern`` honoured), no pool;
-* ``sglang``: what sglang 0.5.23 serves (``inkling_lab.doctor.run_sglang``): one
+* ``sglang``: what sglang 0.5.23 serves (``inkling_lab.sglang_path.run_sglang``): one
   ``lora_alpha / r``, weights it skips dropped, nothing when the sink is not wrapped,
   the per-expert outer defect of SPEC §8 (``upstream_defect``) applied;
 * ``kit``: the pool ``inkling-lab convert`` writes.
@@ -28,6 +28,7 @@ import torch.nn.functional as Fn
 
 from .adapters import Adapter, FactorName, load_adapter
 from .convert import convert
+from .sglang_path import _config_causes, _exc_text, run_sglang
 from .upstream_defect import sglang_0_5_23_equivalent_buffers
 
 RTOL, ATOL = 1.3e-6, 1e-5
@@ -249,8 +250,6 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
     ``target_modules``: the server's ``--lora-target-modules`` (default: each adapter's
     own). ``repair``: let the converter make the repairs that guess.
     """
-    from .doctor import _exc_text, run_sglang
-
     n = n_shared_experts
     folders = [Path(a.source) if isinstance(a, Adapter) else Path(a) for a in adapters]
     report = CompareReport([a.name if isinstance(a, Adapter) else f.name for a, f in zip(adapters, folders)], n,
@@ -292,8 +291,6 @@ def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter:
     finished ``run_sglang``) and ``pool`` (the kit's, the adapter in its slot 0, or
     ``None``); fills ``report.deltas`` and ``report.rows`` (the doctor sizes a finding
     with it, from the stages it already ran)."""
-    from .doctor import _config_causes, _exc_text
-
     n = report.n
     causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights if FactorName.parse(k)],
                                                     report.adapters[slot])[0])

@@ -244,16 +244,7 @@ def _timed(run: Callable[[], None], flush: L2Flush, reps: int, warmup: int = 3) 
 
 def time_graph(fn: Callable[[], object], flush: L2Flush, reps: int = 50) -> list[float]:
     """µs of each replay of a CUDA graph of ``fn`` (L2 flushed before each)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up (compile, allocate) off the capture
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return _timed(graph.replay, flush, reps)
+    return _timed(_capture(fn).replay, flush, reps)
 
 
 def time_eager(fn: Callable[[], object], flush: L2Flush, reps: int = 50) -> list[float]:
@@ -530,6 +521,8 @@ def side_by_side_variants(sink, x, gammas, batch, S: int) -> dict[str, Callable[
 
 
 def _capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``fn``, after two warm-up calls on a side stream (they compile and
+    allocate, which a capture cannot)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # compile and allocate off the capture

@@ -1,5 +1,6 @@
 """The doctor and compare: each sample's documented verdicts, exit status and --json
 fields; the PEFT math against PEFT itself; repairs that guess only with --repair."""
+import builtins
 import json
 import math
 import shutil
@@ -14,12 +15,33 @@ from hypothesis import strategies as st
 from inkling_lab.adapters import NAMINGS, Adapter, load_adapter, save_adapter, synthetic_adapter
 from inkling_lab.cli import main
 from inkling_lab.compare import compare, compare_figure_data, peft_deltas
-from inkling_lab.doctor import doctor, server_target_modules
+from inkling_lab.doctor import SglangLoad, doctor
+from inkling_lab.sglang_path import server_target_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "adapters"
 MANIFEST = json.loads((SAMPLES / "MANIFEST.json").read_text())
 TOY = ["-n", "2", "--hidden", "8", "--intermediate", "6"]
+
+
+@pytest.mark.parametrize("sample", MANIFEST, ids=lambda m: m["name"])
+def test_raise_for_sglang_raises_verdict_one_as_the_type_it_names(sample):
+    """The doctor never raises; ``raise_for_sglang`` raises what sglang raises loading
+    the folder: the builtin type its text names (else RuntimeError), the text after it."""
+    report = doctor(SAMPLES / sample["name"], 2, 8, 6, measure=False)
+    if sample["name"] == "gate_up":  # a missing config key: KeyError's text is the key's repr
+        report.load = SglangLoad("raises", "KeyError: 'r'", "read")
+    if report.load.outcome != "raises":
+        assert report.raise_for_sglang() is None
+        return
+    name, _, text = report.load.text.partition(": ")
+    with pytest.raises(Exception) as caught:
+        report.raise_for_sglang()
+    builtin = getattr(builtins, name, None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception):
+        assert type(caught.value) is builtin and str(caught.value) == text
+    else:
+        assert type(caught.value) is RuntimeError and str(caught.value) == report.load.text
 
 
 @pytest.mark.parametrize("sample", MANIFEST, ids=lambda m: m["name"])

@@ -4,24 +4,15 @@ adapter's math (``ISL-W101..W149``). Each sglang fact names the upstream file an
 function it was read from (``sglang/srt/...`` of the 0.5.23 wheel)."""
 from __future__ import annotations
 
+from ._snippets import DOCTOR_ADAPTER, SAVED
 from .entry import KIT, CatalogEntry, UpstreamDefectWarning
 
 _SERVES = ("inkling_lab doctor (a warning: sglang 0.5.23 raises nothing here and serves something other than "
            "the adapter's math)")
 
-_ADAPTER = ("from inkling_lab.adapters import Adapter, load_adapter, save_adapter, synthetic_adapter\n"
-            "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # r=4, lora_alpha=8, flat PEFT factors\n"
-            "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n")
-_FOLDER = (_ADAPTER + "import tempfile\nfrom pathlib import Path\n"
-           "def saved(weights=None, **config):  # the adapter as a PEFT folder, config fields changed\n"
-           "    config = {**ad.config, **config}\n"
-           "    a = Adapter(ad.name, config['r'], config['lora_alpha'], config['target_modules'], weights or ad.weights,"
-           " config)\n"
-           "    return save_adapter(a, Path(tempfile.mkdtemp()) / 'adapter')\n")
-
 
 def _refusal(code: str, title: str, message: str, meaning: str, when: str, trigger: str, fix: str, *,
-             remedy: str, upstream: str, setup: str = _ADAPTER, related: tuple[str, ...] = (),
+             remedy: str, upstream: str, setup: str = DOCTOR_ADAPTER, related: tuple[str, ...] = (),
              exc_type: type[BaseException] = ValueError) -> CatalogEntry:
     return CatalogEntry(code=code, title=title, exc_type=exc_type, message=message, meaning=meaning, when=when,
                         setup=setup, trigger=trigger, fix=fix, remedy=remedy, upstream=upstream, generation=KIT,
@@ -35,7 +26,7 @@ def _warning(code: str, title: str, message: str, meaning: str, when: str, trigg
         return f"il.doctor({expr}, 2, 8, 6).warn()" + (f"  # {note}" if note else "") + "\n"
 
     return CatalogEntry(code=code, title=title, exc_type=UpstreamDefectWarning, kind="warning", message=message,
-                        meaning=meaning, when=when, setup=_FOLDER, trigger=call(trigger), fix=call(fix),
+                        meaning=meaning, when=when, setup=SAVED, trigger=call(trigger), fix=call(fix),
                         remedy=remedy, upstream=upstream, generation=_SERVES, adapter_caused=True, related=related)
 
 
