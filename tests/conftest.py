@@ -2,8 +2,30 @@
 tokens and their batch) built by the one factory, ``inkling_lab.Scenario.random``."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    # Triton decides at decoration time whether a function is interpreted, its own
+    # standard library (tl.sum, tl.max, ...) included, when triton is first imported.
+    # Without a GPU the kit's kernels only ever run in the interpreter, so triton is
+    # imported under TRITON_INTERPRET=1 before a library that uses torch's triton
+    # integration (PEFT) imports it compiled; the variable itself is restored, so the
+    # tests that switch the interpreter on and off still decide for themselves.
+    _saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    except ImportError:  # the kernels' tests skip without triton
+        pass
+    finally:
+        if _saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = _saved
 
 from inkling_lab.geometry import PRESETS, Geometry
 from inkling_lab.scenario import Scenario
