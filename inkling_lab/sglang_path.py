@@ -62,6 +62,20 @@ def _finding(code: str, where: str, message: str, fix: str, consequence: str = "
     return Finding(code, where, message, fix + more, upstream, consequence)
 
 
+def _skip_fix(skipped: list[str]) -> str:
+    """The way out for the weights sglang skips, by what they are."""
+    fixes = []
+    if any(".base_layer." in k or k.endswith(("shared_experts.lora_A.weight", "shared_experts.lora_B.weight"))
+           for k in skipped):
+        fixes.append("a PEFT target_parameters export matches no module sglang 0.5.23 wraps: merge it into the base "
+                     "weights (PEFT merge_and_unload) to serve it (ISL-N204)")
+    if any(".up_proj." in k or ".w3." in k for k in skipped):
+        fixes.append("an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate; "
+                     "inkling-lab convert stacks a lone up with a zero gate)")
+    fixes.append("start the server with every module the adapter trains in --lora-target-modules")
+    return "; ".join(fixes)
+
+
 # -- the sglang path -------------------------------------------------------------------
 
 class _Raised(Exception):
@@ -261,9 +275,7 @@ class _Sglang:
             self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
                                f"{', '.join(sorted({label(k) for k in skipped}))} is not applied")
             self.findings.append(_finding(
-                "ISL-W002", "target_modules", self.skip_warning,
-                "an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate), or add the "
-                "module to the targets; inkling-lab convert stacks a lone up with a zero gate",
+                "ISL-W002", "target_modules", self.skip_warning, _skip_fix(skipped),
                 consequence="sglang logs this warning and serves the adapter without these weights "
                             "(with --lora-strict-loading the same text is a ValueError)"))
         self.record("targets", server=sorted(server), wraps_sink=self.wrapped, skipped=skipped)

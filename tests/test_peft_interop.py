@@ -19,6 +19,7 @@ from inkling_lab.adapters import (  # noqa: E402
     CONFIG_FILE, WEIGHTS_FILE, is_target_parameters_export, load_adapter, peft_target_parameter_keys, save_adapter)
 from inkling_lab.batch import SlotBatch  # noqa: E402
 from inkling_lab.convert import convert  # noqa: E402
+from inkling_lab.doctor import doctor  # noqa: E402
 from inkling_lab.errors import expect_error  # noqa: E402
 from inkling_lab.records import relative_error  # noqa: E402
 from inkling_lab.transformers_interop import (  # noqa: E402
@@ -194,3 +195,12 @@ def test_the_kit_writes_a_target_parameters_export_as_peft_does(tmp_path):
     assert peft.keys() == kit.keys() and all(torch.equal(peft[k], kit[k]) for k in peft)
     assert json.loads((again / CONFIG_FILE).read_text())["target_parameters"] == \
         [f"mlp.shared_experts.{p}" for p in PARAMETERS]
+
+
+def test_the_doctor_says_sglang_skips_a_target_parameters_export_and_how_to_serve_it(tmp_path):
+    made = make_peft_sink_adapter(tmp_path / "peft_inkling", n=2, hidden=8, intermediate=6, rank=2)
+    report = doctor(made.folder, n_shared_experts=2, hidden=8, intermediate=6)
+    (skip,) = [f for f in report.findings if f.code == "ISL-W002"]
+    assert "6 weight(s) skipped" in skip.message and ".base_layer." in skip.message
+    assert "merge_and_unload" in skip.fix and "zero gate" not in skip.fix  # no lone up_proj here
+    assert report.exit_status == 1 and "base model only" in str(report)
