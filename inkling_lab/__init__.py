@@ -17,6 +17,7 @@ from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_po
 __version__ = "0.1.0"
 
 _LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "parallel", "profile", "upstream_defect", "cli")
+_LAZY_MODULES += ("nb", "exercises")  # the notebooks' own helpers and the exercises' checks
 
 _LAZY_NAMES = {
     # adapters on disk (SPEC §6)
