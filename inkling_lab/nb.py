@@ -36,6 +36,25 @@ def _ipython():
     return get_ipython()
 
 
+_last_cell: dict[str, str] = {}
+"""The source of the cell that finished last (kept by an IPython ``post_run_cell`` hook:
+IPython's own ``_i`` is empty when a runner executes cells without history, as nbval does)."""
+
+
+def _remember(result) -> None:
+    if "il.nb.verify(" not in result.info.raw_cell:
+        _last_cell["source"] = result.info.raw_cell
+
+
+def _watch_cells() -> None:
+    shell = _ipython()
+    if shell is not None and _remember not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _remember)
+
+
+_watch_cells()  # from the first il.nb call on, so that verify() can see the fix cell before it
+
+
 def _last_library_frame(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if "inkling_lab" in Path(f.filename).parts and Path(f.filename).name != "errors.py"]
@@ -69,7 +88,7 @@ def raised(code: str) -> None:
     if upstream:
         print(f"  sglang raises it in {upstream}: its traceback ends there, below the server's loader frames")
     elif entry.origin.startswith("inkling_lab"):
-        print("  sglang has no such check: this is the kit refusing early (see 'Why' below)")
+        print("  a refusal of the kit's own (ISL-K): what sglang does instead is under 'Why' below")
     else:
         print(f"  {entry.origin} raises the same type and message; only the frames above it differ")
 
@@ -81,10 +100,10 @@ def verify(code: str) -> None:
     Raises ``AssertionError`` with what still goes wrong. What the fix prints is not
     shown again.
     """
-    shell = _ipython()
-    if shell is None:
-        raise RuntimeError("il.nb.verify re-runs the previous notebook cell: call it in Jupyter/IPython")
-    source = shell.user_ns.get("_i", "")
+    source = _last_cell.get("source", "")
+    if not source.strip():
+        raise RuntimeError("il.nb.verify re-runs the fix cell run just before it: run that cell first "
+                           "(in Jupyter or IPython)")
     entry = CATALOG[code]
     first = next((line for line in source.splitlines() if line.strip() and not line.startswith("#")), "")
     with warnings.catch_warnings():

@@ -53,7 +53,6 @@ def execute(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     # No timing metadata: a re-run that changes no output changes no byte of the file.
     client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False, coalesce_streams=True,
-                            store_widget_state=False,
                             resources={"metadata": {"path": str(path.parent)}})
     skip_gpu = not torch.cuda.is_available()
     skipped = 0
