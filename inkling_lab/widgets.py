@@ -74,40 +74,76 @@ def error_lab():
                    preset, n, *boxes, out])
 
 
-def pool_explorer(n: int = 2, hidden: int = 8, intermediate: int = 6):
-    """Slots, max rank, an adapter's rank and alpha, the outer layout: watch the four
-    buffers fill, pad and scale."""
+def _figure_explorer(draw, controls: dict, title: str = ""):
+    """A thin front: ``controls`` ({argument: widget}) above an ``Output`` that
+    ``draw(**values)`` (a pure function returning ``(text, Figure)``) redraws on every
+    change. The old figure is cleared first and each figure closed once shown, so the
+    browser always shows exactly the last one (no auto-rendering by ``interact``)."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
+    from IPython.display import display
 
+    out = w.Output()
+
+    def show(*_):
+        text, fig = draw(**{name: widget.value for name, widget in controls.items()})
+        with out:
+            out.clear_output(wait=True)
+            if text:
+                print(text)
+            display(fig)
+        plt.close(fig)
+
+    for widget in controls.values():
+        widget.observe(show, names="value")
+    show()
+    header = [w.HTML(title)] if title else []
+    return w.VBox([*header, w.HBox(list(controls.values())[:3]), w.HBox(list(controls.values())[3:]), out])
+
+
+def pool_explorer_figure(slots: int, max_rank: int, rank: int, lora_alpha: float, per_expert_outer: bool,
+                         n: int = 2, hidden: int = 8, intermediate: int = 6):
+    """``pool_explorer``'s drawing: one adapter of ``rank`` (clipped to ``max_rank``,
+    and said so on the figure) in slot 0 of a fresh pool. Returns ``(text, Figure)``."""
     from .pool import LoRAFactors, LoRAPool
     from .viz import pool_figure
 
-    def draw(slots: int, max_rank: int, rank: int, lora_alpha: float, per_expert_outer: bool):
-        pool = LoRAPool(n, hidden, intermediate, slots, max_rank, outer=n if per_expert_outer else 1)
-        pool.load(0, LoRAFactors.random(n, hidden, intermediate, min(rank, max_rank), lora_alpha=lora_alpha,
-                                        outer=pool.geometry.outer, seed=0))
-        pool_figure(pool)
-        plt.show()
+    pool = LoRAPool(n, hidden, intermediate, slots, max_rank, outer=n if per_expert_outer else 1)
+    loaded = min(rank, max_rank)
+    pool.load(0, LoRAFactors.random(n, hidden, intermediate, loaded, lora_alpha=lora_alpha,
+                                    outer=pool.geometry.outer, seed=0))
+    note = (f"rank {rank} > max rank {max_rank}: drawn clipped to rank {max_rank}; loading it for real "
+            "fails with ISL-E016" if rank > max_rank else "")
+    scaling = f"scaling lora_alpha / r = {lora_alpha:g} / {loaded} = {lora_alpha / loaded:.3g}" if loaded else \
+        "rank 0: nothing loaded"
+    return f"slot 0 holds a rank-{loaded} adapter; B carries its {scaling}", pool_figure(pool, note)
 
-    return w.interactive(draw, slots=w.IntSlider(value=2, min=1, max=4), max_rank=w.IntSlider(value=4, min=1, max=8),
-                         rank=w.IntSlider(value=2, min=0, max=8), lora_alpha=w.FloatSlider(value=4.0, min=0.5, max=16),
-                         per_expert_outer=w.Checkbox(value=False))
+
+def pool_explorer(n: int = 2, hidden: int = 8, intermediate: int = 6):
+    """Slots, max rank, an adapter's rank and alpha, the outer layout: watch the four
+    buffers fill, pad and scale (one colour scale, its bar shows the range)."""
+    import functools
+
+    import ipywidgets as w
+
+    controls = {"slots": w.IntSlider(value=2, min=1, max=4, description="slots"),
+                "max_rank": w.IntSlider(value=4, min=1, max=8, description="max rank"),
+                "rank": w.IntSlider(value=2, min=0, max=8, description="rank"),
+                "lora_alpha": w.FloatSlider(value=4.0, min=0.5, max=16, description="lora_alpha"),
+                "per_expert_outer": w.Checkbox(value=False, description="per-expert outer")}
+    draw = functools.partial(pool_explorer_figure, n=n, hidden=hidden, intermediate=intermediate)
+    return _figure_explorer(draw, controls)
 
 
 def layout_explorer():
     """The interleaved and contiguous gate/up rows of w13 for a chosen F and n."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
 
     from .viz import gate_up_layout_figure
 
-    def draw(intermediate: int, n: int):
-        gate_up_layout_figure(intermediate, n)
-        plt.show()
-
-    return w.interactive(draw, intermediate=w.IntSlider(value=4, min=1, max=8, description="F"),
-                         n=w.IntSlider(value=2, min=1, max=3, description="n"))
+    controls = {"intermediate": w.IntSlider(value=4, min=1, max=8, description="F"),
+                "n": w.IntSlider(value=2, min=1, max=3, description="n")}
+    return _figure_explorer(lambda intermediate, n: ("", gate_up_layout_figure(intermediate, n)), controls)
 
 # -- adapters (issue 3) -------------------------------------------------------------------
 
@@ -231,31 +267,37 @@ def tp_shard_explorer(n: int = 2, intermediate: int = 6):
 
 # -- the per-expert outer defect (issue 7) ----------------------------------------------
 
-def defect_explorer(n: int = 2, hidden: int = 16):
-    """One per-expert outer adapter: change its rank, F, seed, the base layout, and
-    whether its outer factors are the same for every expert; see how far sglang
-    0.5.23's output is from the intended one, and whether the collapse applies."""
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
-
+def defect_explorer_figure(rank: int, intermediate: int, seed: int, interleaved: bool,
+                           same_outer_for_every_expert: bool, n: int = 2, hidden: int = 16):
+    """``defect_explorer``'s drawing: one per-expert outer adapter, sglang 0.5.23's
+    sink output next to the intended one. Returns ``(text, Figure)``."""
     from .pool import LoRAFactors
     from .upstream_defect import collapse_identical_outer, defect_report
     from .viz import defect_outputs_figure
 
-    def draw(rank: int, intermediate: int, seed: int, interleaved: bool, same_outer_for_every_expert: bool):
-        factors = LoRAFactors.random(n, hidden, intermediate, rank, outer=n, seed=seed)
-        if same_outer_for_every_expert:  # expert 0's outer factors, exported once per expert
-            factors = LoRAFactors(factors.gate_up_a[:1].expand(n, -1, -1), factors.gate_up_b, factors.down_a,
-                                  factors.down_b[:1].expand(n, -1, -1), factors.lora_alpha)
-        report = defect_report(factors, interleaved=interleaved, seed=seed)
-        collapsed = collapse_identical_outer(factors.gate_up_a, factors.down_b)[2]
-        print(f"relative error of sglang 0.5.23's sink output: {report.relative_error:.2f}")
-        print("collapse to shared outer: " + ("applies (exact; then computed right upstream)" if collapsed
-                                              else "does not apply (the experts' outer factors differ)"))
-        defect_outputs_figure(report)
-        plt.show()
+    factors = LoRAFactors.random(n, hidden, intermediate, rank, outer=n, seed=seed)
+    if same_outer_for_every_expert:  # expert 0's outer factors, exported once per expert
+        factors = LoRAFactors(factors.gate_up_a[:1].expand(n, -1, -1), factors.gate_up_b, factors.down_a,
+                              factors.down_b[:1].expand(n, -1, -1), factors.lora_alpha)
+    report = defect_report(factors, interleaved=interleaved, seed=seed)
+    collapsed = collapse_identical_outer(factors.gate_up_a, factors.down_b)[2]
+    text = (f"relative error of sglang 0.5.23's sink output: {report.relative_error:.2f}\n"
+            "collapse to shared outer: " + ("applies (exact; then computed right upstream)" if collapsed
+                                            else "does not apply (the experts' outer factors differ)"))
+    return text, defect_outputs_figure(report)
 
-    return w.interactive(draw, rank=w.IntSlider(value=4, min=1, max=8),
-                         intermediate=w.IntSlider(value=6, min=2, max=12, description="F"),
-                         seed=w.IntSlider(value=0, min=0, max=20), interleaved=w.Checkbox(value=True),
-                         same_outer_for_every_expert=w.Checkbox(value=False))
+
+def defect_explorer(n: int = 2, hidden: int = 16):
+    """One per-expert outer adapter: change its rank, F, seed, the base layout, and
+    whether its outer factors are the same for every expert; see how far sglang
+    0.5.23's output is from the intended one, and whether the collapse applies."""
+    import functools
+
+    import ipywidgets as w
+
+    controls = {"rank": w.IntSlider(value=4, min=1, max=8, description="rank"),
+                "intermediate": w.IntSlider(value=6, min=2, max=12, description="F"),
+                "seed": w.IntSlider(value=0, min=0, max=20, description="seed"),
+                "interleaved": w.Checkbox(value=True, description="interleaved"),
+                "same_outer_for_every_expert": w.Checkbox(value=False, description="same outer for every expert")}
+    return _figure_explorer(functools.partial(defect_explorer_figure, n=n, hidden=hidden), controls)
