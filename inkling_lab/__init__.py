@@ -11,6 +11,7 @@ from .errors import CATALOG, CatalogEntry, explain, expect_error
 from .geometry import PRESETS, Geometry
 from .lora import LoRABackend, SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
+from .scenario import Scenario
 from .sink import SharedSink
 from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_pool
 
@@ -54,6 +55,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "CATALOG", "CatalogEntry", "Diagnosis", "Finding", "Geometry", "LoRABackend", "LoRAFactors",
     "LoRAPool", "PRESETS", "PoolLayout", "SharedSink", "SharedSinkLoRA", "SlotBatch",
+    "Scenario",
     "diagnose_pool", "expect_error", "explain", "validate_pool",
     *sorted(_LAZY_NAMES), "convert_adapters",
 ]

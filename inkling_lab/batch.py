@@ -1,14 +1,51 @@
 """A batch of tokens in contiguous segments, each naming one slot or none (SPEC §5)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 
-def _as_long(values: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    return torch.as_tensor(values, dtype=torch.long).flatten().cpu()
+def _not_an_int(v: object) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.numel() != 1 or v.dtype == torch.bool or v.is_floating_point() or v.is_complex()
+    return isinstance(v, bool) or not isinstance(v, numbers.Integral)
+
+
+def _as_long(values: Sequence[int] | torch.Tensor, what: str) -> torch.Tensor:
+    """``values`` as a flat CPU long tensor; a float, boolean, string or NaN anywhere is
+    refused (``TypeError`` naming ``what`` and the first such element) instead of being
+    truncated or read as a slot."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"SlotBatch: {what} must be a sequence of integers, got the string {values!r}")
+    if isinstance(values, torch.Tensor) or hasattr(values, "__array__"):
+        try:
+            t = torch.as_tensor(values).flatten()
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"SlotBatch: {what} must hold integers: {exc}") from None
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+            first = f" ({what}[0] is {t[0].item()!r})" if t.numel() else ""
+            fix = ("booleans are no ids: pass the integers themselves" if t.dtype == torch.bool
+                   else "convert it with .long() once you know no value has a fraction")
+            raise TypeError(f"SlotBatch: {what} must be an integer tensor, got {t.dtype}{first}: {fix}")
+        return t.to(torch.long).cpu()
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"SlotBatch: {what} must be a sequence of integers, got {type(values).__name__}") from None
+    for i, v in enumerate(items):
+        if _not_an_int(v):
+            kind = "NaN" if isinstance(v, float) and math.isnan(v) else type(v).__name__
+            raise TypeError(f"SlotBatch: {what} must hold integers, but {what}[{i}] is {v!r} ({kind}): "
+                            "pass whole numbers")
+    try:
+        return torch.tensor([int(v) for v in items], dtype=torch.long)
+    except (RuntimeError, ValueError, OverflowError):  # torch's words for an int past int64: "Overflow ..."
+        i = next(i for i, v in enumerate(items) if not -2**63 <= int(v) < 2**63)
+        raise ValueError(f"SlotBatch: {what}[{i}] is {int(items[i])}, outside the int64 range") from None
 
 
 @dataclass(frozen=True)
@@ -44,7 +81,7 @@ class SlotBatch:
                       lora_ranks: Sequence[int] | None = None, scalings: Sequence[float] | None = None
                       ) -> "SlotBatch":
         """Segments given directly: ``lengths[g]`` tokens use slot ``slots[g]`` (``-1``: none)."""
-        lengths_t, slots_t = _as_long(lengths), _as_long(slots)
+        lengths_t, slots_t = _as_long(lengths, "lengths"), _as_long(slots, "slots")
         if lengths_t.numel() != slots_t.numel():
             raise ValueError(f"SlotBatch: {lengths_t.numel()} segment lengths but {slots_t.numel()} slots")
         if (lengths_t < 0).any():
@@ -61,7 +98,7 @@ class SlotBatch:
                          group: bool = False) -> "SlotBatch":
         """From each token's slot (``-1``: base only). Runs of equal slots become segments;
         ``group=True`` adds the permutation that sorts tokens by slot (one segment per slot)."""
-        ids = _as_long(token_slots)
+        ids = _as_long(token_slots, "token_slots")
         _check_slots(ids, num_slots, "token")
         perm = None
         if group and ids.numel():
@@ -102,6 +139,10 @@ class SlotBatch:
 
 
 def _check_slots(ids: torch.Tensor, num_slots: int, what: str) -> None:
+    if isinstance(num_slots, bool) or not isinstance(num_slots, numbers.Integral):
+        raise TypeError(f"SlotBatch: num_slots must be an integer (the pool's S), got {num_slots!r}")
+    if num_slots < 0:
+        raise ValueError(f"SlotBatch: num_slots must be >= 0 (the pool's S), got {num_slots}")
     bad = torch.nonzero((ids < -1) | (ids >= num_slots)).flatten()
     if bad.numel():
         i = int(bad[0])
@@ -112,10 +153,29 @@ def _check_slots(ids: torch.Tensor, num_slots: int, what: str) -> None:
 
 def _rank_scaling(num_slots: int, lora_ranks: Sequence[int] | None, scalings: Sequence[float] | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    ranks = _as_long(lora_ranks) if lora_ranks is not None else torch.full((num_slots,), -1, dtype=torch.long)
-    scal = (torch.as_tensor(scalings, dtype=torch.float32).flatten().cpu() if scalings is not None
-            else torch.ones(num_slots))
+    ranks = (_as_long(lora_ranks, "lora_ranks") if lora_ranks is not None
+             else torch.full((num_slots,), -1, dtype=torch.long))
+    scal = _as_scalings(scalings) if scalings is not None else torch.ones(num_slots)
     for name, t in (("lora_ranks", ranks), ("scalings", scal)):
         if t.numel() != num_slots:
             raise ValueError(f"SlotBatch: {name} has {t.numel()} entries but the pool has {num_slots} slots")
+    if (ranks < -1).any():
+        i = int(torch.nonzero(ranks < -1)[0])
+        raise ValueError(f"SlotBatch: lora_ranks[{i}] is {int(ranks[i])}: a rank is >= 0 (-1: unknown)")
     return ranks, scal
+
+
+def _as_scalings(scalings: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """Per-slot scalings as float32; a string, boolean, NaN or infinity is refused (a NaN
+    scaling would silently turn every token of its slot into NaN)."""
+    items = scalings.flatten().tolist() if isinstance(scalings, torch.Tensor) else scalings
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"SlotBatch: scalings must be a sequence of numbers, got {items!r}")
+    items = list(items)
+    for i, v in enumerate(items):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"SlotBatch: scalings must hold numbers, but scalings[{i}] is {v!r} "
+                            f"({type(v).__name__})")
+        if not math.isfinite(v):
+            raise ValueError(f"SlotBatch: scalings[{i}] is {v!r}: a scaling must be finite")
+    return torch.tensor(items, dtype=torch.float32)

@@ -14,60 +14,86 @@ BUFFER_NAMES = ("gate_up_a", "gate_up_b", "down_a", "down_b")
 """The four pool buffers, in ``set_lora_info`` order."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Geometry:
     """Sizes of one shared sink and its LoRA pool.
 
-    ``outer`` is ``1`` (shared outer: one gate-up A and one down B for all experts)
-    or ``n`` (per-expert outer).
+    ``max_rank`` is the pool's ``R`` (each adapter's own rank ``r <= R`` is
+    ``LoRAFactors.rank``); ``rank`` is kept as another name for it, as an argument and
+    an attribute. ``outer`` is ``1`` (shared outer: one gate-up A and one down B for all
+    experts) or ``n`` (per-expert outer).
     """
 
     n: int
     hidden: int
     intermediate: int
-    rank: int = 4
-    slots: int = 1
-    outer: int = 1
+    max_rank: int
+    slots: int
+    outer: int
 
-    def __post_init__(self) -> None:
+    def __init__(self, n: int, hidden: int, intermediate: int, max_rank: int | None = None, slots: int = 1,
+                 outer: int = 1, *, rank: int | None = None) -> None:
+        if max_rank is not None and rank is not None and max_rank != rank:
+            raise TypeError(f"Geometry: max_rank={max_rank} and rank={rank} name the same R: give one")
+        R = max_rank if max_rank is not None else rank if rank is not None else 4
+        for name, value in (("n", n), ("hidden", hidden), ("intermediate", intermediate), ("max_rank", R),
+                            ("slots", slots), ("outer", outer)):
+            object.__setattr__(self, name, value)
+        self._validate()
+
+    def _validate(self) -> None:
         for name in ("n", "hidden", "intermediate", "slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Geometry.{name} must be at least 1, got {getattr(self, name)}")
-        if self.rank < 0:
-            raise ValueError(f"Geometry.rank must be at least 0, got {self.rank}")
+        if self.max_rank < 0:
+            raise ValueError(f"Geometry.max_rank must be at least 0, got {self.max_rank}")
         if self.outer not in (1, self.n):
             raise ValueError(
                 f"Geometry.outer must be 1 (shared outer) or n={self.n} (per-expert outer), got {self.outer}"
             )
 
     @property
+    def rank(self) -> int:
+        """``R``, the pool's max rank: another name for ``max_rank``."""
+        return self.max_rank
+
+    @property
     def shared_outer(self) -> bool:
         return self.outer == 1
 
     def with_(self, **changes: int) -> "Geometry":
-        """A copy with some symbols changed (``g.with_(rank=8)``)."""
+        """A copy with some symbols changed (``g.with_(max_rank=8)``; ``rank=`` works too)."""
+        if "rank" in changes:
+            changes["max_rank"] = changes.pop("rank")
         return replace(self, **changes)
+
+    def tp_shard(self, tp_size: int) -> "Geometry":
+        """The geometry of one of ``tp_size`` tensor-parallel shards (SPEC §7): ``F / tp_size``
+        features per expert, everything else the same."""
+        if tp_size < 1 or self.intermediate % tp_size:
+            raise ValueError(f"intermediate size {self.intermediate} is not divisible by tp_size={tp_size}")
+        return replace(self, intermediate=self.intermediate // tp_size)
 
     # The four buffers (SPEC §2).
     @property
     def gate_up_a(self) -> Shape:
         """``[S, O, 2R, H]``: rows ``0..R-1`` gate A, ``R..2R-1`` up A."""
-        return (self.slots, self.outer, 2 * self.rank, self.hidden)
+        return (self.slots, self.outer, 2 * self.max_rank, self.hidden)
 
     @property
     def gate_up_b(self) -> Shape:
         """``[S, n, 2F, R]``: per expert, rows ``0..F-1`` gate B, ``F..2F-1`` up B."""
-        return (self.slots, self.n, 2 * self.intermediate, self.rank)
+        return (self.slots, self.n, 2 * self.intermediate, self.max_rank)
 
     @property
     def down_a(self) -> Shape:
         """``[S, n, R, F]``."""
-        return (self.slots, self.n, self.rank, self.intermediate)
+        return (self.slots, self.n, self.max_rank, self.intermediate)
 
     @property
     def down_b(self) -> Shape:
         """``[S, O, H, R]``."""
-        return (self.slots, self.outer, self.hidden, self.rank)
+        return (self.slots, self.outer, self.hidden, self.max_rank)
 
     def buffer_shapes(self) -> dict[str, Shape]:
         """The four pool buffer shapes by name, in ``set_lora_info`` order."""
@@ -88,19 +114,26 @@ class Geometry:
     @property
     def w1_delta(self) -> Shape:
         """``[S, n*2F, 2R]``."""
-        return (self.slots, self.n * 2 * self.intermediate, 2 * self.rank)
+        return (self.slots, self.n * 2 * self.intermediate, 2 * self.max_rank)
 
     @property
     def a_cat(self) -> Shape:
         """``[S, R, n*F]``."""
-        return (self.slots, self.rank, self.n * self.intermediate)
+        return (self.slots, self.max_rank, self.n * self.intermediate)
 
+
+_INKLING = Geometry(n=2, hidden=6144, intermediate=3072, max_rank=64, slots=4, outer=1)
 
 PRESETS: dict[str, Geometry] = {
     # Small enough to print and to run in Triton's CPU interpreter.
-    "toy": Geometry(n=2, hidden=8, intermediate=6, rank=2, slots=3, outer=1),
-    # The two benchmark shapes of the profiling grid (issue 4), at R 64 and 4 slots.
-    "A": Geometry(n=2, hidden=1536, intermediate=768, rank=64, slots=4, outer=1),
-    "B": Geometry(n=2, hidden=4096, intermediate=2048, rank=64, slots=4, outer=1),
+    "toy": Geometry(n=2, hidden=8, intermediate=6, max_rank=2, slots=3, outer=1),
+    # The two benchmark shapes of the profiling grid, at R 64 and 4 slots.
+    "A": Geometry(n=2, hidden=1536, intermediate=768, max_rank=64, slots=4, outer=1),
+    "B": Geometry(n=2, hidden=4096, intermediate=2048, max_rank=64, slots=4, outer=1),
+    # The real model's text config (hidden 6144, moe_intermediate 3072, 2 shared experts),
+    # whole and as one rank of each tensor-parallel degree serving uses (F / tp per rank).
+    "inkling": _INKLING,
+    **{f"inkling-tp{tp}": _INKLING.tp_shard(tp) for tp in (2, 4, 8)},
 }
-"""Named geometries: ``toy`` for reading, ``A`` and ``B`` for the benchmark grid."""
+"""Named geometries: ``toy`` for reading, ``A`` and ``B`` for the benchmark grid,
+``inkling`` and ``inkling-tp2/4/8`` for the real model (pool at R 64, 4 slots)."""

@@ -2,31 +2,63 @@
 tensor-parallel slicing (SPEC §3, §4, §7)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import Iterable
 
 import torch
 
-from .sink import SharedSink, gate_up_rows
-from .validate import PoolLayout, validate_pool
-
-if TYPE_CHECKING:
-    from .batch import SlotBatch
-
-INELIGIBLE = "InklingBatchDenseMLPWithLoRA is ineligible: "
-PROBLEM_BACKEND = "multi-slot dense LoRA requires the Triton backend"
-PROBLEM_WEIGHTS = "the shared sink does not use linearized BF16 weights"
-
-_GATE_UP = ("gate_up_proj", "gate_up_proj_moe")
-_DOWN = ("down_proj", "down_proj_moe")
-
+from . import shard
+from .batch import SlotBatch
+from .forward import run_forward
+from .operands import SinkOperands
+from .shard import Factor
+from .sink import SharedSink
+from .validate import (MSG_INELIGIBLE, MSG_POOL_SHAPE, MSG_SLOT_RANGE, MSG_V2_INTERLEAVED, MSG_V2_NO_ENGINE,
+                       MSG_V2_NOT_BF16, MSG_V2_POOL_SHAPE, PROBLEM_BACKEND, PROBLEM_WEIGHTS, V2_CLASS,
+                       PoolLayout, check_generation, validate_pool)
 
 @dataclass(frozen=True)
 class LoRABackend:
-    """The serving backend as the module sees it: its name and the batch's slot count."""
+    """The serving backend as the module sees it: its name and the batch's slot count.
+
+    Only ``triton_v2`` carries the dense engine (upstream: a ``runner``) that the
+    second wrapper generation needs.
+    """
 
     name: str = "triton"
     max_loras_per_batch: int = 1
+
+    @property
+    def dense_engine(self) -> bool:
+        return self.name == "triton_v2"
+
+
+def _write_slots(w1_delta: torch.Tensor, a_cat: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
+                 slot_ids: Iterable[int], interleaved: bool) -> None:
+    """Copy the given slots of the pool into ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]``.
+
+    Upstream's refresh, step by step (its failures are upstream's): ``w1_delta`` viewed
+    as gate/up halves of ``[S, n, F, 2, 2R]`` (interleaved; ``[S, n, 2, F, 2R]`` for the
+    contiguous base), which an odd 2F fails unless it is empty; ``a_cat`` as
+    ``[S, R, n, F]``; then per slot: zero, gate B into the gate rows' first ``R``
+    columns, up B into the up rows' last ``R``, down A with its expert and rank axes
+    swapped. Every size is named in the views: ``-1`` is ambiguous for an empty tensor.
+    """
+    S, n, two_f, R = gate_up_b.shape
+    F = two_f // 2
+    if interleaved:
+        rows = w1_delta.view(S, n, F, 2, 2 * R)
+        gate, up = rows[:, :, :, 0], rows[:, :, :, 1]
+    else:
+        rows = w1_delta.view(S, n, 2, F, 2 * R)
+        gate, up = rows[:, :, 0], rows[:, :, 1]
+    cat = a_cat.view(S, R, n, down_a.shape[3])
+    with torch.no_grad():
+        for s in slot_ids:
+            rows[s].zero_()
+            gate[s, :, :, :R].copy_(gate_up_b[s, :, :F])
+            up[s, :, :, R:].copy_(gate_up_b[s, :, F:])
+            cat[s].copy_(down_a[s].permute(1, 0, 2))  # down A with fewer slots: torch's IndexError
 
 
 def derive_operands(gate_up_b: torch.Tensor, down_a: torch.Tensor, interleaved: bool
@@ -36,19 +68,24 @@ def derive_operands(gate_up_b: torch.Tensor, down_a: torch.Tensor, interleaved: 
     ``gate_up_b [S, n, 2F, R]`` -> ``w1_delta [S, n*2F, 2R]``: maps the ``2R`` shrink
     output onto the base ``y`` layout (gate B in the gate rows' first ``R`` columns,
     up B in the up rows' last ``R``). ``down_a [S, n, R, F]`` -> ``a_cat [S, R, n*F]``:
-    down A of all experts side by side. Slots are those of ``gate_up_b``.
+    down A of all experts side by side. Allocated like upstream's (from the shapes of
+    gate-up B and down A, in their dtypes and devices), then every slot written; slots
+    are those of ``gate_up_b``.
     """
     S, n, two_f, R = gate_up_b.shape
-    F = two_f // 2
-    halves = gate_up_b.reshape(S, n, 2, F, R)  # an odd 2F fails here, as upstream's does
-    w1 = gate_up_b.new_zeros(S, n, two_f, 2 * R)
-    gate_rows, up_rows = gate_up_rows(F, interleaved, gate_up_b.device)
-    w1[:, :, gate_rows, :R] = halves[:, :, 0]
-    w1[:, :, up_rows, R:] = halves[:, :, 1]
-    a_cat = down_a.new_empty(S, R, n * down_a.shape[-1])
-    for s in range(S):  # indexes down A by gate-up B's slots: fewer slots is an IndexError
-        a_cat[s] = down_a[s].transpose(0, 1).reshape(R, -1)
-    return w1.reshape(S, n * two_f, 2 * R), a_cat
+    w1_delta = gate_up_b.new_empty(S, n * two_f, 2 * R)
+    a_cat = down_a.new_empty(S, R, n * down_a.shape[3])
+    _write_slots(w1_delta, a_cat, gate_up_b, down_a, range(S), interleaved)
+    return w1_delta, a_cat
+
+
+def _into(stored: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """Adopt ``new``, or copy it into ``stored`` (same shape) so the address stays fixed."""
+    if stored is None:
+        return new
+    with torch.no_grad():
+        stored.copy_(new)
+    return stored
 
 
 class SharedSinkLoRA(SharedSink):
@@ -71,6 +108,7 @@ class SharedSinkLoRA(SharedSink):
         self.layout: PoolLayout | None = None
         self.w1_delta: torch.Tensor | None = None
         self.a_cat: torch.Tensor | None = None
+        self.down_cat: torch.Tensor | None = None  # the second generation's derived operand
 
     # -- eligibility -------------------------------------------------------------------
     @property
@@ -79,14 +117,17 @@ class SharedSinkLoRA(SharedSink):
         return self.interleaved and self.dtype == torch.bfloat16
 
     def initialize_lora(self, backend: LoRABackend, generation: str = "v1") -> None:
-        """Upstream's eligibility check for the multi-slot dense LoRA wrapper.
+        """Upstream's eligibility check for the multi-slot dense LoRA wrapper, then a
+        module with no pool (upstream's ``initialize_lora`` starts afresh too).
 
         ``generation="v1"`` (``InklingBatchDenseMLPWithLoRA``) needs Triton for more
-        than one slot and an interleaved bf16 sink. ``"v2"`` (the dense engine) takes
-        any base and words its pool validation as one message (``ISL-E006``).
+        than one slot and an interleaved bf16 sink, and lists every problem in one
+        ``ValueError``. ``"v2"`` (``InklingBatchDenseMLPWithLoRAV2``, the dense engine)
+        raises at the first of: a backend without the dense engine (only ``triton_v2``
+        has one), a sink that is not bf16, an interleaved sink (it needs the
+        contiguous ``[gate ‖ up]`` base). A failed call changes nothing.
         """
-        if generation not in ("v1", "v2"):
-            raise ValueError(f"generation must be 'v1' or 'v2', got {generation!r}")
+        check_generation(generation)
         if generation == "v1":
             problems = []
             if backend.max_loras_per_batch > 1 and backend.name != "triton":
@@ -94,8 +135,19 @@ class SharedSinkLoRA(SharedSink):
             if not self.linearized_bf16:
                 problems.append(PROBLEM_WEIGHTS)
             if problems:
-                raise ValueError(INELIGIBLE + "; ".join(problems))
+                raise ValueError(MSG_INELIGIBLE.format(problems="; ".join(problems)))
+        else:
+            if not backend.dense_engine:
+                raise ValueError(MSG_V2_NO_ENGINE.format(cls=V2_CLASS))
+            # The dense engine linearizes the bf16 sink in either layout; V1's "only
+            # interleaved" does not apply, the third check wants the other one.
+            if self.dtype != torch.bfloat16:
+                raise ValueError(MSG_V2_NOT_BF16.format(cls=V2_CLASS))
+            if self.interleaved:
+                raise ValueError(MSG_V2_INTERLEAVED)
         self.backend, self.generation = backend, generation
+        self.lora_buffers = self.layout = None
+        self.w1_delta = self.a_cat = self.down_cat = None
 
     # -- the pool ----------------------------------------------------------------------
     @property
@@ -104,124 +156,158 @@ class SharedSinkLoRA(SharedSink):
 
     def set_lora_info(self, gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
                       down_b: torch.Tensor) -> PoolLayout:
-        """Validate and adopt the four pool buffers; build the shared-outer operands.
+        """Validate and adopt the four pool buffers; build the derived operands.
 
-        Raises upstream's ``ValueError``s (SPEC §3), the raw torch error upstream gives
-        for an odd 2F or too few down-A slots, and ``RuntimeError`` when a second
-        shared-outer call would change the derived operands' shapes. Unlike upstream,
-        a failed call leaves the module exactly as it was.
+        ``gate_up_a [S, O, 2R, H]``, ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``,
+        ``down_b [S, O, H, R]``. Raises what this module's generation raises upstream,
+        in upstream's order (SPEC §3): its checks' ``ValueError``s, its pool-shape
+        ``RuntimeError`` on a later call, and the raw torch errors of its operand step
+        (same exception types). Unlike upstream's first generation, a failed call leaves
+        the module exactly as it was: everything is built aside and adopted at the end.
+
+        ``v1``, shared outer: ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]``,
+        allocated once and later written in place (CUDA graphs replay against them).
+        ``v2``: ``down_cat``, ``[S, R, n*F]`` shared outer (it is ``a_cat``) or
+        ``[S, H, n*R]`` per expert; the kit adds the ``w1_delta`` its forward needs.
         """
         layout = validate_pool(gate_up_a, gate_up_b, down_a, down_b, n_shared_experts=self.n_shared_experts,
                                generation=self.generation)
         buffers = (gate_up_a, gate_up_b, down_a, down_b)
+        if self.generation == "v2":
+            self._set_lora_info_v2(buffers, layout)
+            return layout
         if not layout.shared_outer:
             self.lora_buffers, self.layout = buffers, layout
             self.w1_delta = self.a_cat = None  # a later shared-outer call starts afresh
             return layout
-        w1, a_cat = derive_operands(gate_up_b, down_a, self.interleaved)
-        if self.w1_delta is not None and self.a_cat is not None:
-            old = (tuple(self.w1_delta.shape), tuple(self.a_cat.shape))
-            new = (tuple(w1.shape), tuple(a_cat.shape))
-            if old != new:
-                raise RuntimeError(
-                    "Shared-sink LoRA pool shape changed after initialization: "
-                    f"gate-up {old[0]} -> {new[0]}, down-A {old[1]} -> {new[1]}")
-            with torch.no_grad():
-                self.w1_delta.copy_(w1)
-                self.a_cat.copy_(a_cat)
+        S, n, two_f, R = gate_up_b.shape
+        if self.w1_delta is None or self.a_cat is None:
+            w1_delta, a_cat = derive_operands(gate_up_b, down_a, self.interleaved)
         else:
-            self.w1_delta, self.a_cat = w1, a_cat
+            # Upstream compares the shapes it would allocate before it reshapes anything.
+            old = (tuple(self.w1_delta.shape), tuple(self.a_cat.shape))
+            new = ((S, n * two_f, 2 * R), (S, R, n * down_a.shape[3]))
+            if old != new:
+                raise RuntimeError(MSG_POOL_SHAPE.format(old_gate_up=old[0], new_gate_up=new[0],
+                                                         old_down=old[1], new_down=new[1]))
+            w1_delta, a_cat = torch.empty_like(self.w1_delta), torch.empty_like(self.a_cat)
+            _write_slots(w1_delta, a_cat, gate_up_b, down_a, range(S), self.interleaved)
+        self.w1_delta, self.a_cat = _into(self.w1_delta, w1_delta), _into(self.a_cat, a_cat)
         self.lora_buffers, self.layout = buffers, layout
         return layout
 
-    def on_lora_slots_updated(self, slot_ids) -> None:
+    def _set_lora_info_v2(self, buffers: tuple[torch.Tensor, ...], layout: PoolLayout) -> None:
+        """The dense engine's ``set_lora_info`` after its checks (SPEC §3, second generation)."""
+        gate_up_a, gate_up_b, down_a, down_b = buffers
+        n, S, R, shared = self.n_shared_experts, layout.slots, layout.rank, layout.shared_outer
+        two_f, hidden = gate_up_b.shape[2], down_b.shape[2]
+        F = two_f // 2
+        shape = (S, R, n * F) if shared else (S, hidden, n * R)
+        if self.down_cat is not None and tuple(self.down_cat.shape) != shape:
+            raise RuntimeError(MSG_V2_POOL_SHAPE.format(old=tuple(self.down_cat.shape), new=shape))
+        # The engine's views of the pool for its GEMMs. The kit computes from the buffers
+        # themselves; the views are taken for their failures, which are upstream's: an
+        # empty per-expert A (reshape with -1), a gate-up B whose slots are not gate-up A's,
+        # F = 0 (its segment offsets are range(0, n*2F+1, F)).
+        if not shared:
+            gate_up_a.reshape(S, n * 2 * R, -1)
+        gate_up_b.view(S, n * two_f, R)
+        range(0, n * two_f + 1, F)
+        if not shared:
+            down_a.view(S, n * R, -1)
+        source = (down_a if shared else down_b).permute(0, 2, 1, 3)
+        down_cat = down_a.new_empty(shape) if self.down_cat is None else torch.empty_like(self.down_cat)
+        target = down_cat.view_as(source)
+        with torch.no_grad():
+            for s in range(source.shape[0]):
+                target[s].copy_(source[s])
+        w1_delta = None
+        # The kit's forward needs w1_delta; a pool that upstream accepts but whose gate-up
+        # B does not match down A (an odd 2F, another F or slot count) gets none.
+        if (shared and two_f % 2 == 0 and gate_up_b.shape[0] == S == down_a.shape[0]
+                and down_a.shape[3] == F):
+            stored = self.w1_delta if self.w1_delta is not None and self.w1_delta.shape == (S, n * two_f, 2 * R) \
+                else None
+            w1_delta = gate_up_b.new_empty(S, n * two_f, 2 * R) if stored is None else torch.empty_like(stored)
+            _write_slots(w1_delta, down_cat, gate_up_b, down_a, range(S), self.interleaved)
+            w1_delta = _into(stored, w1_delta)
+        self.down_cat = _into(self.down_cat, down_cat)
+        self.w1_delta, self.a_cat = w1_delta, self.down_cat if shared else None
+        self.lora_buffers, self.layout = buffers, layout
+
+    def on_lora_slots_updated(self, slot_ids: Iterable[int] | None = None) -> None:
         """Re-derive the operands of the given slots after the pool changed them in place.
 
-        Shared outer: every id must be a slot (else ``IndexError`` listing every
-        requested id, sorted). Per-expert pools, and a module with no pool yet, have
-        nothing derived and accept any ids, as upstream does.
+        ``slot_ids``: ids, or ``None`` for every slot (an empty set refreshes none).
+        ``v1``, shared outer after a successful ``set_lora_info``: every id must be a
+        slot, else ``IndexError`` listing every requested id, sorted. Per-expert pools,
+        and a module with no pool yet, have nothing derived and accept any ids, as
+        upstream does. ``v2`` does not range-check: an id past the end gets torch's own
+        ``IndexError`` from the copy (and ``-1`` is the last slot, as in torch); before a
+        successful ``set_lora_info`` it does nothing.
         """
-        if not self.shared_outer or self.w1_delta is None or self.a_cat is None or self.lora_buffers is None:
+        if self.lora_buffers is None:
             return
-        ids = sorted({int(s) for s in slot_ids})
-        S = self.w1_delta.shape[0]
-        if any(not 0 <= s < S for s in ids):
-            raise IndexError(f"Shared-sink LoRA slot out of range: {ids}")
-        _, gb, da, _ = self.lora_buffers
-        with torch.no_grad():
-            for s in ids:
-                w1, a_cat = derive_operands(gb[s:s + 1], da[s:s + 1], self.interleaved)
-                self.w1_delta[s].copy_(w1[0])
-                self.a_cat[s].copy_(a_cat[0])
+        _, gate_up_b, down_a, down_b = self.lora_buffers
+        if self.generation == "v2":
+            self._refresh_v2(slot_ids)
+            return
+        if self.w1_delta is None or self.a_cat is None:
+            return
+        S = gate_up_b.shape[0]
+        if slot_ids is None:
+            slot_ids = range(S)
+        elif any(s < 0 or s >= S for s in slot_ids):
+            raise IndexError(MSG_SLOT_RANGE.format(slot_ids=sorted(slot_ids)))
+        _write_slots(self.w1_delta, self.a_cat, gate_up_b, down_a, slot_ids, self.interleaved)
+
+    def _refresh_v2(self, slot_ids: Iterable[int] | None) -> None:
+        _, gate_up_b, down_a, down_b = self.lora_buffers
+        source = (down_a if self.shared_outer else down_b).permute(0, 2, 1, 3)
+        target = self.down_cat.view_as(source)
+        for s in range(source.shape[0]) if slot_ids is None else slot_ids:
+            with torch.no_grad():
+                target[s].copy_(source[s])
+            if self.w1_delta is not None:
+                _write_slots(self.w1_delta, self.a_cat, gate_up_b, down_a, (s,), self.interleaved)
 
     # -- tensor parallelism (SPEC §7) --------------------------------------------------
-    def _check_tp(self, tp_rank: int, tp_size: int) -> None:
-        if tp_size < 1 or not 0 <= tp_rank < tp_size:
-            raise ValueError(
-                f"tp_rank {tp_rank} is outside the tensor-parallel group of size {tp_size}: "
-                f"use a rank in 0..{tp_size - 1}")
+    def slice_lora_a(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
+        """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n."""
+        return shard.slice_lora_a(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
 
-    @staticmethod
-    def _kind(target_module: str) -> str:
-        if target_module in _GATE_UP:
-            return "gate_up"
-        if target_module in _DOWN:
-            return "down"
-        raise ValueError(f"target_module must be one of {_GATE_UP + _DOWN} for the shared sink, "
-                         f"got {target_module!r}")
-
-    @staticmethod
-    def _shard_bounds(features: int, tp_rank: int, tp_size: int, what: str) -> tuple[int, int]:
-        if features % tp_size:
-            raise ValueError(f"{what}: intermediate size {features} is not divisible by tp_size={tp_size}")
-        width = features // tp_size
-        return tp_rank * width, (tp_rank + 1) * width
-
-    def slice_lora_a(self, weights: torch.Tensor, tp_rank: int, target_module: str, tp_size: int
-                     ) -> torch.Tensor:
-        """This rank's share of a LoRA A factor.
-
-        gate/up A ``[.., 2r, H]`` is replicated. down A, flat ``[r, n*F]`` or per expert
-        ``[.., n, r, F]``, is cut along F: flat input first becomes ``[n, r, F]``.
-        """
-        self._check_tp(tp_rank, tp_size)
-        if self._kind(target_module) == "gate_up":
-            return weights
-        n = self.n_shared_experts
-        if weights.dim() == 2:
-            width = weights.shape[1]
-            if width % n:
-                raise ValueError(f"Shared-sink down LoRA-A width must be divisible by {n}, got {width}")
-            weights = weights.reshape(weights.shape[0], n, width // n).transpose(0, 1)
-        lo, hi = self._shard_bounds(weights.shape[-1], tp_rank, tp_size, "down LoRA-A")
-        return weights[..., lo:hi].contiguous()
-
-    def slice_lora_b(self, weights: torch.Tensor, tp_rank: int, target_module: str, tp_size: int
-                     ) -> torch.Tensor:
-        """This rank's share of a LoRA B factor.
-
-        down B ``[.., H, r]`` is replicated. gate/up B, flat ``[n*2F, r]`` or per expert
-        ``[.., n, 2F, r]``, keeps this rank's slice of the gate half and the same slice
-        of the up half.
-        """
-        self._check_tp(tp_rank, tp_size)
-        if self._kind(target_module) == "down":
-            return weights
-        n = self.n_shared_experts
-        if weights.dim() == 2:
-            height = weights.shape[0]
-            if height % n:
-                raise ValueError(f"Shared-sink gate/up LoRA-B height must be divisible by {n}, got {height}")
-            weights = weights.reshape(n, height // n, weights.shape[1])
-        F = weights.shape[-2] // 2
-        lo, hi = self._shard_bounds(F, tp_rank, tp_size, "gate/up LoRA-B")
-        return torch.cat([weights[..., lo:hi, :], weights[..., F + lo:F + hi, :]], dim=-2).contiguous()
+    def slice_lora_b(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
+        """This rank's share of a LoRA B factor: ``shard.slice_lora_b`` with this sink's n."""
+        return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
 
     # -- forward -----------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
+    def operands(self) -> SinkOperands:
+        """What a forward backend reads: the weights and their linearized views, the
+        layout, the adopted pool buffers and derived operands (``None`` where absent).
+
+        The record holds the module's own tensors (no copies): a slot refresh, which
+        writes in place, shows through it; after ``set_lora_info`` ask for a new one.
+        """
+        w13_lin, w2_lin = self.linearized()
+        return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
+                            interleaved=self.interleaved, buffers=self.lora_buffers,
+                            w1_delta=self.w1_delta, a_cat=self.a_cat)
+
+    def operands_for(self, gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
+                     down_b: torch.Tensor) -> SinkOperands:
+        """The operands of this sink's weights with another pool, validated and derived
+        as ``set_lora_info`` would, but adopted nowhere: the module is left as it is.
+
+        For a forward over buffers the module should not keep (what sglang 0.5.23
+        computes, a benchmark pool of another rank on the same weights).
+        """
+        layout = validate_pool(gate_up_a, gate_up_b, down_a, down_b, n_shared_experts=self.n_shared_experts,
+                               generation=self.generation)
+        w1, a_cat = derive_operands(gate_up_b, down_a, self.interleaved) if layout.shared_outer else (None, None)
+        return replace(self.operands(), buffers=(gate_up_a, gate_up_b, down_a, down_b), w1_delta=w1, a_cat=a_cat)
+
+    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
                 backend: str = "auto") -> torch.Tensor:
         """``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]``, a ``SlotBatch`` naming each
         token's slot -> ``out`` like ``x``. No batch or no pool: the base sink."""
-        from .forward import run_forward
-
-        return run_forward(self, x, gammas, batch, backend)
+        return run_forward(self.operands(), x, gammas, batch, backend)

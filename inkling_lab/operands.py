@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors have no single truth value: compare fields yourself
 class SinkOperands:
     """What one forward reads, in the SPEC's symbols.
 
@@ -67,6 +67,11 @@ class SinkOperands:
         return self.buffers is not None and self.buffers[0].shape[1] == 1
 
     @property
-    def rank(self) -> int:
+    def max_rank(self) -> int:
         """``R``, the pool's max rank (``gate_up_b.shape[-1]``), or 0 without a pool."""
         return self.buffers[1].shape[-1] if self.buffers is not None else 0
+
+    @property
+    def rank(self) -> int:
+        """Another name for ``max_rank`` (the pool's ``R``, not an adapter's ``r``)."""
+        return self.max_rank

@@ -36,7 +36,7 @@ from .geometry import PRESETS, Geometry
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
 from .records import dtype_name, relative_error
-from .sink import gate_up_rows
+from .shard import check_tp, rank_features, shard_pool, shard_w2, shard_w13
 
 DIST_BACKENDS = ("gloo", "nccl")
 
@@ -47,43 +47,7 @@ reference: float64 is exact up to the order of the sums; bf16 carries the one ca
 the activation and the all-reduce of bf16 partials."""
 
 
-# -- sharding --------------------------------------------------------------------------
-def check_tp(intermediate: int, tp: int) -> None:
-    """Refuse a ``tp`` that does not split ``F`` evenly (catalog ``ISL-K102``)."""
-    if tp < 1:
-        raise ValueError(f"tp must be at least 1, got {tp}")
-    if intermediate % tp:
-        divisors = [d for d in range(1, intermediate + 1) if intermediate % d == 0]
-        raise ValueError(
-            f"tensor parallelism: intermediate size {intermediate} is not divisible by tp_size={tp}; "
-            f"each rank holds F/tp features of every expert, so use a tp in {divisors[:12]}")
-
-
-def rank_features(sink: SharedSinkLoRA, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """``[F/tp]``: the intermediate features (of every expert) that ``tp_rank`` holds.
-
-    Read off ``slice_lora_a`` applied to the feature numbers themselves, so the base
-    shards and the LoRA shards come from one cut and cannot disagree.
-    """
-    check_tp(sink.intermediate_size, tp_size)
-    numbers = torch.arange(sink.intermediate_size).view(1, 1, -1)  # a down-A-like [n=1, r=1, F]
-    return sink.slice_lora_a(numbers, tp_rank, "down_proj", tp_size).flatten()
-
-
-def _shard_w13(sink: SharedSinkLoRA, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """``w13 [n, 2F, H] -> [n, 2F/tp, H]``: the gate and up rows of the rank's features,
-    kept in the sink's layout (interleaved pairs or ``[gate ‖ up]``)."""
-    F = sink.intermediate_size
-    gate, up = gate_up_rows(F, sink.interleaved, sink.device)
-    # In [gate ‖ up] order w13 is cut exactly like gate/up B: reuse that cut.
-    contiguous = sink.w13.detach()[:, torch.cat([gate, up])]
-    part = sink.slice_lora_b(contiguous, tp_rank, "gate_up_proj", tp_size)
-    local_gate, local_up = gate_up_rows(F // tp_size, sink.interleaved, sink.device)
-    out = torch.empty_like(part)
-    out[:, torch.cat([local_gate, local_up])] = part
-    return out
-
-
+# -- the sharded module (the cuts themselves are shard.py's) ---------------------------
 @dataclass
 class RankShard:
     """What one tensor-parallel rank holds: a ``SharedSinkLoRA`` of intermediate size
@@ -111,26 +75,22 @@ def shard_sink(sink: SharedSinkLoRA, tp_rank: int, tp_size: int,
                device: torch.device | str | None = None) -> RankShard:
     """Rank ``tp_rank``'s share of ``sink`` and its pool, on ``device`` (default: the sink's).
 
-    Base: ``w13 [n, 2F/tp, H]``, ``w2 [n, H, F/tp]``. Pool, through the module's own
-    ``slice_lora_a``/``slice_lora_b``: gate-up A ``[S, O, 2R, H]`` and down B
-    ``[S, O, H, R]`` replicated, gate-up B ``[S, n, 2F/tp, R]``, down A ``[S, n, R, F/tp]``.
+    Base: ``w13 [n, 2F/tp, H]``, ``w2 [n, H, F/tp]``. Pool (``shard.shard_pool``):
+    gate-up A ``[S, O, 2R, H]`` and down B ``[S, O, H, R]`` replicated, gate-up B
+    ``[S, n, 2F/tp, R]``, down A ``[S, n, R, F/tp]``.
     The shard owns copies: ``sink`` and its pool are never written. ``tp_size=1`` gives a
     full copy (on another device, say).
     """
-    features = rank_features(sink, tp_rank, tp_size)
+    features = rank_features(sink.intermediate_size, tp_rank, tp_size)
     target = torch.device(device) if device is not None else sink.device
     shard = SharedSinkLoRA(sink.n_shared_experts, sink.hidden_size, sink.intermediate_size // tp_size,
                            sink.interleaved, sink.dtype, device=target)
     with torch.no_grad():
-        shard.w13.copy_(_shard_w13(sink, tp_rank, tp_size))
-        shard.w2.copy_(sink.slice_lora_a(sink.w2.detach(), tp_rank, "down_proj", tp_size))
+        shard.w13.copy_(shard_w13(sink.w13.detach(), tp_rank, tp_size, sink.interleaved))
+        shard.w2.copy_(shard_w2(sink.w2.detach(), tp_rank, tp_size))
     shard.backend, shard.generation = sink.backend, sink.generation
     if sink.lora_buffers is not None:
-        ga, gb, da, db = sink.lora_buffers
-        parts = (sink.slice_lora_a(ga, tp_rank, "gate_up_proj", tp_size),
-                 sink.slice_lora_b(gb, tp_rank, "gate_up_proj", tp_size),
-                 sink.slice_lora_a(da, tp_rank, "down_proj", tp_size),
-                 sink.slice_lora_b(db, tp_rank, "down_proj", tp_size))
+        parts = shard_pool(*sink.lora_buffers, tp_rank, tp_size)
         shard.set_lora_info(*(p.to(device=target, copy=True) for p in parts))
     return RankShard(shard, tp_rank, tp_size, features)
 

@@ -21,9 +21,11 @@ def _outer_mismatch(which: str, k: int) -> ValueError:
 
 def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
     # Upstream's loader asserts exact shape equality before it copies (an adapter
-    # of too large a rank, or of another H or F, fails here).
-    assert view.shape == weight.shape, (
-        f"LoRA buffer shape {tuple(view.shape)} does not match weight shape {tuple(weight.shape)}.")
+    # of too large a rank, or of another H or F, fails here). Raised, not asserted,
+    # so that ``python -O`` cannot turn it into a broadcast or a raw copy error.
+    if view.shape != weight.shape:
+        raise AssertionError(
+            f"LoRA buffer shape {tuple(view.shape)} does not match weight shape {tuple(weight.shape)}.")
     view.copy_(weight)
 
 
@@ -45,6 +47,7 @@ class LoRAFactors:
 
     @property
     def rank(self) -> int:
+        """``r``, this adapter's own rank (a pool holds it if ``r <= R``, its ``max_rank``)."""
         return int(self.down_a.shape[-2])
 
     @property
@@ -103,7 +106,7 @@ class LoRAPool:
     def __init__(self, n: int, hidden: int, intermediate: int, slots: int, max_rank: int,
                  outer: int = 1, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
-        self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, rank=max_rank,
+        self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, max_rank=max_rank,
                                  slots=slots, outer=outer)
         g = self.geometry
         self.gate_up_a = torch.zeros(g.gate_up_a, dtype=dtype, device=device)
@@ -115,7 +118,7 @@ class LoRAPool:
     @classmethod
     def from_geometry(cls, g: Geometry, dtype: torch.dtype = torch.float32,
                       device: torch.device | str | None = None) -> "LoRAPool":
-        return cls(g.n, g.hidden, g.intermediate, g.slots, g.rank, g.outer, dtype, device)
+        return cls(g.n, g.hidden, g.intermediate, g.slots, g.max_rank, g.outer, dtype, device)
 
     @property
     def slots(self) -> int:
@@ -123,7 +126,7 @@ class LoRAPool:
 
     @property
     def max_rank(self) -> int:
-        return self.geometry.rank
+        return self.geometry.max_rank
 
     @property
     def shared_outer(self) -> bool:
@@ -139,7 +142,11 @@ class LoRAPool:
 
     def load(self, slot: int, factors: LoRAFactors, name: str | None = None) -> None:
         """Write one adapter into ``slot``: zero it, copy the gate/up halves at max-rank
-        offsets, and scale the B factors by ``lora_alpha / r``."""
+        offsets, and scale the B factors by ``lora_alpha / r``.
+
+        A load that fails (upstream's shape assertion, an outer-layout mismatch, a tensor
+        that cannot be copied) leaves the slot, its adapter and ``names`` as they were.
+        """
         self._check_slot(slot)
         r, R = factors.rank, self.max_rank
         if self.shared_outer:
@@ -157,12 +164,16 @@ class LoRAPool:
         scaling = factors.scaling
         half = ga.shape[1] // 2
         with torch.no_grad():
-            self.clear(slot)
-            _copy_checked(self.gate_up_a[slot, :, :min(half, R)], ga[:, :half])
-            _copy_checked(self.gate_up_a[slot, :, R:R + min(half, R)], ga[:, half:])
-            _copy_checked(self.gate_up_b[slot, :, :, :min(r, R)], gb * scaling)
-            _copy_checked(self.down_a[slot, :, :min(r, R)], da)
-            _copy_checked(self.down_b[slot, :, :, :min(r, R)], db * scaling)
+            # Built off to the side (one slot's worth), so that any failure happens before
+            # the slot is touched; the final copies cannot fail (same shape, dtype, device).
+            sga, sgb, sda, sdb = staged = [torch.zeros_like(buf[slot]) for buf in self.buffers()]
+            _copy_checked(sga[:, :min(half, R)], ga[:, :half])
+            _copy_checked(sga[:, R:R + min(half, R)], ga[:, half:])
+            _copy_checked(sgb[:, :, :min(r, R)], gb * scaling)
+            _copy_checked(sda[:, :min(r, R)], da)
+            _copy_checked(sdb[:, :, :min(r, R)], db * scaling)
+            for buf, new in zip(self.buffers(), staged):
+                buf[slot].copy_(new)
         self._slots[slot] = _SlotRecord(name if name is not None else factors.name, r, scaling)
 
     def clear(self, slot: int) -> None:
@@ -205,5 +216,5 @@ class LoRAPool:
     def __repr__(self) -> str:
         g = self.geometry
         layout = "shared outer" if g.shared_outer else "per-expert outer"
-        return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.rank}, "
+        return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.max_rank}, "
                 f"{layout}, dtype={self.gate_up_a.dtype}, ranks={self.lora_ranks})")

@@ -279,15 +279,17 @@ def backend_runner(backend: str, sink, x, gammas, batch, tiles=None) -> tuple[Ca
     if backend == "triton":
         from .forward.triton_backend import launch, plan
 
-        p = plan(sink, x.shape[0], batch, x.device, tiles)
+        ops = sink.operands()
+        p = plan(ops, x.shape[0], batch, x.device, tiles)
         out = torch.empty_like(x)
-        return (lambda: launch(sink, x, gammas, p, out)), True
+        return (lambda: launch(ops, x, gammas, p, out)), True
     if backend == "cublas_base":
         return (lambda: sink.base_forward(x, gammas)), True
     if backend == "torch":
         from .forward.torch_backend import torch_forward
 
-        return (lambda: torch_forward(sink, x, gammas, batch)), False
+        ops = sink.operands()
+        return (lambda: torch_forward(ops, x, gammas, batch)), False
     raise ValueError(f"unknown benchmark backend {backend!r}; choose triton, torch or cublas_base")
 
 
@@ -306,8 +308,9 @@ def check_correctness(cases: Iterable[Case], device: str = "cuda", seed: int = 1
         ranks[-1] = 0 if c.S > 1 else c.R
         batch = SlotBatch.from_token_slots(ids, c.S, lora_ranks=ranks)
         out = torch.full_like(x, float("nan"))
-        launch(sink, x, gammas, plan(sink, c.T, batch, x.device), out)
-        ref = reference_forward(sink, x, gammas, batch)
+        ops = sink.operands()
+        launch(ops, x, gammas, plan(ops, c.T, batch, x.device), out)
+        ref = reference_forward(ops, x, gammas, batch)
         err = float((out.double().cpu() - ref).norm() / ref.norm())
         rows.append({**asdict(c), "rel_err": err, "ok": bool(err < 1e-2)})
     return rows

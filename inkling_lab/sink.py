@@ -58,10 +58,34 @@ def linearize(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.
     return w13.reshape(n * two_f, hidden), w2.transpose(1, 2).reshape(n * w2.shape[2], hidden)
 
 
-def _as_tokens(x: torch.Tensor, last: int, what: str) -> torch.Tensor:
+def _as_tokens(x: torch.Tensor, last: int, what: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1 or x.shape[-1] != last:
         raise ValueError(f"{what} must end in a dimension of size {last}, got shape {tuple(x.shape)}")
+    # Checked here so that a mismatch names the tensor instead of surfacing as a raw matmul error.
+    if x.dtype != dtype:
+        raise TypeError(f"{what} is {x.dtype} but the sink's weights are {dtype}: pass {what}.to({dtype}) "
+                        f"(or build the sink with dtype={x.dtype})")
+    if x.device != device:
+        raise ValueError(f"{what} is on {x.device} but the sink's weights are on {device}: "
+                         f"pass {what}.to('{device}')")
     return x.reshape(-1, last)
+
+
+def check_tokens(x: torch.Tensor, gammas: torch.Tensor, *, n: int, hidden: int, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [T, H]`` (or ``[..., H]``) and ``gammas [T, n]`` (or ``[..., n]``) as 2D token
+    rows, after checking their sizes, and that dtype and device are the sink's.
+
+    Raises ``ValueError`` for a wrong size, token count or device, ``TypeError`` for a
+    wrong dtype or a non-tensor; each message names the argument and the fix.
+    """
+    x2 = _as_tokens(x, hidden, "x", dtype, device)
+    g2 = _as_tokens(gammas, n, "gammas", dtype, device)
+    if g2.shape[0] != x2.shape[0]:
+        raise ValueError(f"gammas has {g2.shape[0]} tokens but x has {x2.shape[0]}")
+    return x2, g2
 
 
 class SharedSink(nn.Module):
@@ -113,16 +137,10 @@ class SharedSink(nn.Module):
             self._lin_cache = (key, linearize(self.w13.detach(), self.w2.detach()))
         return self._lin_cache[1]
 
-    def _check_inputs(self, x: torch.Tensor, gammas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x2 = _as_tokens(x, self.hidden_size, "x")
-        g2 = _as_tokens(gammas, self.n_shared_experts, "gammas")
-        if g2.shape[0] != x2.shape[0]:
-            raise ValueError(f"gammas has {g2.shape[0]} tokens but x has {x2.shape[0]}")
-        return x2, g2
-
     def base_forward(self, x: torch.Tensor, gammas: torch.Tensor, form: Form = "linearized") -> torch.Tensor:
         """The sink without LoRA, in either form."""
-        x2, g2 = self._check_inputs(x, gammas)
+        x2, g2 = check_tokens(x, gammas, n=self.n_shared_experts, hidden=self.hidden_size,
+                              dtype=self.dtype, device=self.device)
         n, F = self.n_shared_experts, self.intermediate_size
         if form == "linearized":
             w13_lin, w2_lin = self.linearized()

@@ -26,7 +26,6 @@ outer layout, which is exact and sidesteps the defect.
 """
 from __future__ import annotations
 
-import copy
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import torch
 
 from .batch import SlotBatch
 from .catalog import UpstreamDefectWarning
+from .forward import run_forward
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
 from .sink import gate_up_rows
@@ -106,8 +106,8 @@ def sglang_0_5_23_per_expert_forward(sink: SharedSinkLoRA, x: torch.Tensor, gamm
 
     ``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]`` -> ``out`` like ``x`` (float64
     with the default ``reference`` backend). Computed as the kit's forward over
-    ``sglang_0_5_23_equivalent_buffers``, on a shallow twin of the sink, so the sink
-    and its pool are left as they were.
+    ``sglang_0_5_23_equivalent_buffers`` (substituted in the sink's operands only, so
+    the sink and its pool are left as they were).
     """
     if sink.lora_buffers is None or sink.layout is None:
         raise ValueError("sglang_0_5_23_per_expert_forward needs a sink with a pool: "
@@ -116,9 +116,8 @@ def sglang_0_5_23_per_expert_forward(sink: SharedSinkLoRA, x: torch.Tensor, gamm
         raise ValueError("this sink's pool is in the shared outer layout (O = 1), which sglang 0.5.23 "
                          "computes as intended: use sink(x, gammas, batch) instead")
     ga, gb, da, db = sink.lora_buffers
-    twin = copy.copy(sink)  # shares the weights; set_lora_info on it leaves the sink's own pool in place
-    twin.set_lora_info(*sglang_0_5_23_equivalent_buffers(ga, gb, sink.interleaved), da, db)
-    return twin(x, gammas, batch=batch, backend=backend)
+    upstream = sink.operands_for(*sglang_0_5_23_equivalent_buffers(ga, gb, sink.interleaved), da, db)
+    return run_forward(upstream, x, gammas, batch, backend)
 
 
 def collapse_identical_outer(gate_up_a: torch.Tensor, down_b: torch.Tensor, atol: float = 0.0

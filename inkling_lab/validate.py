@@ -30,6 +30,24 @@ MSG_V2_DISAGREE = (
     "Inkling shared-sink LoRA pool buffers do not agree: expected gate-up A [slots, 1 or {n}, 2R, H], "
     "gate-up B [slots, {n}, 2F, R], down A [slots, {n}, R, F], down B [slots, 1 or {n}, H, R] "
     "with one layout")
+GENERATIONS = ("v1", "v2")
+"""``v1``: ``InklingBatchDenseMLPWithLoRA``; ``v2``: ``InklingBatchDenseMLPWithLoRAV2``
+(the dense engine). Both are in the sglang 0.5.23 wheel."""
+
+# The rest of the module's own words (sglang 0.5.23, srt/models/inkling_common/lora.py),
+# raised by SharedSinkLoRA; kept here so that every message of set_lora_info, the slot
+# refresh and initialize_lora has one source.
+MSG_POOL_SHAPE = ("Shared-sink LoRA pool shape changed after initialization: "
+                  "gate-up {old_gate_up} -> {new_gate_up}, down-A {old_down} -> {new_down}")  # ISL-E007
+MSG_V2_POOL_SHAPE = "Shared-sink LoRA pool shape changed after initialization: {old} -> {new}"
+MSG_SLOT_RANGE = "Shared-sink LoRA slot out of range: {slot_ids}"  # ISL-E008, every id given, sorted
+V1_CLASS, V2_CLASS = "InklingBatchDenseMLPWithLoRA", "InklingBatchDenseMLPWithLoRAV2"
+MSG_INELIGIBLE = V1_CLASS + " is ineligible: {problems}"  # ISL-E009, problems joined by "; "
+PROBLEM_BACKEND = "multi-slot dense LoRA requires the Triton backend"
+PROBLEM_WEIGHTS = "the shared sink does not use linearized BF16 weights"
+MSG_V2_NO_ENGINE = "{cls} needs a backend with the dense engine"
+MSG_V2_NOT_BF16 = "{cls} needs the linearized BF16 shared sink"
+MSG_V2_INTERLEAVED = "The V2 shared sink must select contiguous W13 before loading"
 
 
 @dataclass(frozen=True)
@@ -52,12 +70,41 @@ def shape_of(x: Any) -> tuple[int, ...]:
 
 
 def _shapes(buffers: Sequence[Any]) -> dict[str, tuple[int, ...]]:
-    return {name: shape_of(b) for name, b in zip(BUFFER_NAMES, buffers)}
+    shapes = {}
+    for name, b in zip(BUFFER_NAMES, buffers):
+        try:
+            shapes[name] = shape_of(b)
+        except TypeError:
+            raise TypeError(f"{PRETTY[name]} {SYMBOLS[name]} must be a tensor or a shape tuple, "
+                            f"got {type(b).__name__}") from None
+    return shapes
 
 
-def upstream_check(shapes: dict[str, tuple[int, ...]], n: int) -> tuple[str, str] | None:
-    """The first of upstream's five checks that fails, as ``(code, message)``."""
+def check_generation(generation: str) -> None:
+    if generation not in GENERATIONS:
+        raise ValueError(f"generation must be 'v1' or 'v2', got {generation!r}")
+
+
+def upstream_check(shapes: dict[str, tuple[int, ...]], n: int, generation: str = "v1") -> tuple[str, str] | None:
+    """The first of upstream's checks that fails, as ``(code, message)``, else ``None``.
+
+    ``v1``: the five checks of SPEC §3 in order. ``v2`` has no 4D check: it unpacks
+    ``S, O, 2R, _ = gate-up A`` and ``_, _, 2F, R = gate-up B``, reads down B's axis 2,
+    then tests checks 2-5 in one condition, left to right, with one message. So on
+    ``v2`` a gate-up A or B with another number of axes raises Python's own unpacking
+    ``ValueError`` from here, and a down B (or down A) with too few axes
+    ``IndexError: tuple index out of range``, exactly where upstream's do.
+    """
+    check_generation(generation)
     ga, gb, da, db = (shapes[k] for k in BUFFER_NAMES)
+    if generation == "v2":
+        _, outer, two_rank, _ = ga
+        _, _, _, rank = gb
+        db[2]  # noqa: B018 -- upstream reads H here, before its condition
+        if (outer not in (1, n) or db[1] != outer or gb[1] != n or da[1] != n
+                or two_rank != 2 * rank or da[2] != rank or db[-1] != rank):
+            return "ISL-E006", MSG_V2_DISAGREE.format(n=n)
+        return None
     if any(len(s) != 4 for s in (ga, gb, da, db)):
         return "ISL-E001", MSG_NOT_4D
     if ga[1] not in (1, n) or db[1] not in (1, n):
@@ -78,21 +125,18 @@ def validate_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *,
 
     Buffers ``[S, O, 2R, H]``, ``[S, n, 2F, R]``, ``[S, n, R, F]``, ``[S, O, H, R]``.
     Raises ``ValueError`` with upstream's exact message, else returns the layout.
-    ``generation="v2"``: the dense-engine wrapper's words, which fold checks 2-5 into
-    one message. Like upstream it checks nothing else (not H, F, an odd 2F, slot
-    counts, dtypes).
+    ``generation="v2"``: the dense-engine wrapper, which folds checks 2-5 into one
+    message and has no 4D check (Python's own errors instead: ``upstream_check``).
+    Like upstream it checks nothing else (not H, F, an odd 2F, slot counts, dtypes).
     """
-    if generation not in ("v1", "v2"):
-        raise ValueError(f"generation must be 'v1' or 'v2', got {generation!r}")
+    check_generation(generation)
     shapes = _shapes((gate_up_a, gate_up_b, down_a, down_b))
-    failure = upstream_check(shapes, n_shared_experts)
+    failure = upstream_check(shapes, n_shared_experts, generation)
     if failure is not None:
-        if generation == "v2" and failure[0] != "ISL-E001":
-            raise ValueError(MSG_V2_DISAGREE.format(n=n_shared_experts))
         raise ValueError(failure[1])
     ga, gb = shapes["gate_up_a"], shapes["gate_up_b"]
     outer = ga[1]
-    return PoolLayout(slots=gb[0], outer=outer, rank=gb[3], hidden=ga[3],
+    return PoolLayout(slots=ga[0] if generation == "v2" else gb[0], outer=outer, rank=gb[3], hidden=ga[3],
                       intermediate=gb[2] // 2, shared_outer=outer == 1)
 
 

@@ -69,11 +69,12 @@ def main() -> None:
             sink, x, g, batch = pr.build_case(c, "cuda", base=base)
             base = sink
             roof = pr.roofline(c, **ceilings).us
+            ops = sink.operands()
             for t in (epilogue_candidates() if args.epilogues else candidates(T)):
-                p = plan(sink, T, batch, x.device, t)
+                p = plan(ops, T, batch, x.device, t)
                 out = torch.empty_like(x)
                 try:
-                    us = statistics.median(pr.time_graph(lambda: launch(sink, x, g, p, out), flush, 30))
+                    us = statistics.median(pr.time_graph(lambda: launch(ops, x, g, p, out), flush, 30))
                 except Exception as exc:  # a tile that does not fit in shared memory, say
                     print(shape, T, t, "FAILED", type(exc).__name__, str(exc)[:120], flush=True)
                     continue

@@ -6,38 +6,23 @@ checked against the reference on random inputs of every layout.
 """
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import BACKENDS, TRITON_ON_CUDA, pick_backend
 from inkling_lab.forward.reference import reference_forward
 from inkling_lab.forward.torch_backend import torch_forward
-from inkling_lab.lora import SharedSinkLoRA
+from inkling_lab.geometry import Geometry
+from inkling_lab.records import relative_error
 from inkling_lab.sink import swiglu_sink
 
 F64 = torch.float64
-
-
-def make_sink(n=2, H=12, F=6, R=3, S=3, outer=1, interleaved=True, seed=0, dtype=F64):
-    """A sink with a random pool (every slot full, not PEFT-zero, so deltas show)."""
-    g = torch.Generator().manual_seed(seed)
-    sink = SharedSinkLoRA(n, H, F, interleaved=interleaved, dtype=dtype, seed=seed)
-    O = 1 if outer == 1 else n
-    shapes = [(S, O, 2 * R, H), (S, n, 2 * F, R), (S, n, R, F), (S, O, H, R)]
-    sink.set_lora_info(*(torch.randn(s, generator=g, dtype=F64).to(dtype) for s in shapes))
-    return sink
-
-
-def inputs(sink, T, seed=0):
-    g = torch.Generator().manual_seed(seed + 17)
-    x = torch.randn(T, sink.hidden_size, generator=g, dtype=F64).to(sink.dtype)
-    gammas = torch.rand(T, sink.n_shared_experts, generator=g, dtype=F64).to(sink.dtype)
-    return x, gammas
+SMALL = Geometry(n=2, hidden=12, intermediate=6, max_rank=3, slots=3)
 
 
 def rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
+    return relative_error(a, b, norm="fro")
 
 
 def spec_formula(sink, x, gammas, batch):
@@ -63,96 +48,87 @@ def spec_formula(sink, x, gammas, batch):
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_reference_is_the_spec_formula_with_derived_operands(interleaved):
-    sink = make_sink(interleaved=interleaved, seed=3)
-    x, gammas = inputs(sink, 9, seed=3)
-    batch = SlotBatch.from_token_slots([0, 0, 2, -1, 1, 1, 2, 0, -1], 3)
-    assert rel(reference_forward(sink, x, gammas, batch), spec_formula(sink, x, gammas, batch)) < 1e-12
+def test_reference_is_the_spec_formula_with_derived_operands(scenario, interleaved):
+    sc = scenario(SMALL, tokens=9, seed=3, interleaved=interleaved, token_slots=[0, 0, 2, -1, 1, 1, 2, 0, -1])
+    ref = reference_forward(sc.operands(), sc.x, sc.gammas, sc.batch)
+    assert rel(ref, spec_formula(sc.sink, sc.x, sc.gammas, sc.batch)) < 1e-12
 
 
 @pytest.mark.parametrize("outer", [1, 2])
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_torch_matches_reference_on_mixed_slots(outer, interleaved):
-    sink = make_sink(outer=outer, interleaved=interleaved, seed=outer + 2 * interleaved)
-    x, gammas = inputs(sink, 11, seed=5)
-    batch = SlotBatch.from_token_slots([2, 2, -1, 0, 1, 1, 1, -1, 0, 2, 0], 3)
-    ref = reference_forward(sink, x, gammas, batch)
+def test_torch_matches_reference_on_mixed_slots(scenario, outer, interleaved):
+    sc = scenario(SMALL.with_(outer=outer), tokens=11, seed=outer + 2 * interleaved, interleaved=interleaved,
+                  token_slots=[2, 2, -1, 0, 1, 1, 1, -1, 0, 2, 0])
+    ref = reference_forward(sc.operands(), sc.x, sc.gammas, sc.batch)
     assert ref.dtype == F64
-    assert rel(torch_forward(sink, x, gammas, batch), ref) < 1e-12
+    assert rel(torch_forward(sc.operands(), sc.x, sc.gammas, sc.batch), ref) < 1e-12
     # The LoRA terms are not lost in rounding: without them the output moves a lot.
-    assert rel(sink.base_forward(x, gammas), ref) > 0.05
+    assert rel(sc.sink.base_forward(sc.x, sc.gammas), ref) > 0.05
 
 
-def test_rank_zero_and_empty_slots_are_the_base_model():
-    sink = make_sink(S=3, seed=7)
-    with torch.no_grad():
-        for buf in sink.lora_buffers:
-            buf[1].zero_()                                  # slot 1: empty (all zeros)
-    x, gammas = inputs(sink, 6, seed=7)
-    batch = SlotBatch.from_token_slots([0, 1, 2, 1, 2, 0], 3, lora_ranks=[3, 3, 0])  # slot 2: rank 0
-    base = sink.base_forward(x, gammas)
+def test_rank_zero_and_empty_slots_are_the_base_model(scenario):
+    sc = scenario(SMALL, tokens=6, seed=7, ranks=[3, 0, 3])                # slot 1: empty (all zeros)
+    x, gammas = sc.x, sc.gammas
+    # Slot 2 holds an adapter but the batch says rank 0: skipped although its buffers are not zero.
+    batch = SlotBatch.from_token_slots([0, 1, 2, 1, 2, 0], 3, lora_ranks=[3, 3, 0])
+    base = sc.sink.base_forward(x, gammas)
     for fn in (reference_forward, torch_forward):
-        out = fn(sink, x, gammas, batch)
+        out = fn(sc.operands(), x, gammas, batch)
         no_lora = torch.tensor([1, 2, 3, 4])
         assert rel(out[no_lora], base[no_lora]) < 1e-12
         assert rel(out[[0, 5]], base[[0, 5]]) > 0.05     # slot 0 is a real adapter
 
 
-def test_grouping_tokens_by_slot_changes_nothing():
-    sink = make_sink(seed=11)
-    x, gammas = inputs(sink, 10, seed=11)
+def test_grouping_tokens_by_slot_changes_nothing(scenario):
     ids = [2, 0, 1, 0, -1, 2, 2, 1, 0, -1]
-    plain = SlotBatch.from_token_slots(ids, 3)
+    sc = scenario(SMALL, tokens=10, seed=11, token_slots=ids)
     grouped = SlotBatch.from_token_slots(ids, 3, group=True)
     assert grouped.permutation is not None
-    ref = reference_forward(sink, x, gammas, plain)
+    ref = reference_forward(sc.operands(), sc.x, sc.gammas, sc.batch)
     for fn in (reference_forward, torch_forward):
-        assert rel(fn(sink, x, gammas, grouped), ref) < 1e-12
+        assert rel(fn(sc.operands(), sc.x, sc.gammas, grouped), ref) < 1e-12
 
 
-def test_per_expert_pool_with_equal_outer_factors_is_the_shared_outer():
-    shared = make_sink(outer=1, n=3, seed=13)
-    per_expert = make_sink(outer=3, n=3, seed=13)
-    ga, gb, da, db = shared.lora_buffers
-    per_expert.set_lora_info(ga.expand(-1, 3, -1, -1).contiguous(), gb, da, db.expand(-1, 3, -1, -1).contiguous())
-    with torch.no_grad():
-        per_expert.w13.copy_(shared.w13)
-        per_expert.w2.copy_(shared.w2)
-    x, gammas = inputs(shared, 7, seed=13)
-    batch = SlotBatch.from_token_slots([0, 1, 2, -1, 2, 1, 0], 3)
-    assert rel(reference_forward(per_expert, x, gammas, batch), reference_forward(shared, x, gammas, batch)) < 1e-12
+def test_per_expert_pool_with_equal_outer_factors_is_the_shared_outer(scenario):
+    shared = scenario(SMALL.with_(n=3), tokens=7, seed=13, token_slots=[0, 1, 2, -1, 2, 1, 0])
+    per_expert = scenario(SMALL.with_(n=3, outer=3), seed=13)              # same weights (same seed)
+    ga, gb, da, db = shared.sink.lora_buffers
+    per_expert.sink.set_lora_info(ga.expand(-1, 3, -1, -1).contiguous(), gb, da, db.expand(-1, 3, -1, -1).contiguous())
+    args = (shared.x, shared.gammas, shared.batch)
+    assert rel(reference_forward(per_expert.operands(), *args), reference_forward(shared.operands(), *args)) < 1e-12
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 3), H=st.integers(1, 9), F=st.integers(1, 6), R=st.integers(1, 4), S=st.integers(1, 4),
        outer_shared=st.booleans(), interleaved=st.booleans(), seed=st.integers(0, 10_000),
        ids=st.lists(st.integers(-1, 3), min_size=1, max_size=12), group=st.booleans())
-def test_torch_matches_reference_on_random_inputs(n, H, F, R, S, outer_shared, interleaved, seed, ids, group):
-    sink = make_sink(n=n, H=H, F=F, R=R, S=S, outer=1 if outer_shared else n, interleaved=interleaved, seed=seed)
+def test_torch_matches_reference_on_random_inputs(scenario, n, H, F, R, S, outer_shared, interleaved, seed, ids,
+                                                  group):
+    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=R, slots=S, outer=1 if outer_shared else n)
     ids = [min(i, S - 1) for i in ids]
     ranks = [(seed >> s) % 3 and R for s in range(S)]   # some slots rank 0
+    sc = scenario(g, tokens=len(ids), seed=seed, interleaved=interleaved, token_slots=ids)
     batch = SlotBatch.from_token_slots(ids, S, lora_ranks=ranks, group=group)
-    x, gammas = inputs(sink, len(ids), seed=seed)
-    ref = reference_forward(sink, x, gammas, batch)
-    assert torch.allclose(torch_forward(sink, x, gammas, batch).double(), ref, rtol=1e-10, atol=1e-10)
+    ref = reference_forward(sc.operands(), sc.x, sc.gammas, batch)
+    assert torch.allclose(torch_forward(sc.operands(), sc.x, sc.gammas, batch).double(), ref, rtol=1e-10, atol=1e-10)
 
 
-def test_dispatcher_runs_every_cpu_backend_and_keeps_the_input_shape():
-    sink = make_sink(seed=19)
-    x, gammas = inputs(sink, 6, seed=19)
-    batch = SlotBatch.from_token_slots([0, 1, 2, -1, 0, 1], 3)
-    ref = reference_forward(sink, x, gammas, batch)
+def test_dispatcher_runs_every_cpu_backend_and_keeps_the_input_shape(scenario):
+    sc = scenario(SMALL, tokens=6, seed=19, token_slots=[0, 1, 2, -1, 0, 1])
+    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
+    ref = reference_forward(sc.operands(), x, gammas, batch)
     for name in BACKENDS:
         out = sink(x.view(2, 3, -1), gammas.view(2, 3, -1), batch=batch, backend=name)
         assert out.shape == (2, 3, sink.hidden_size)
         assert rel(out.reshape(6, -1), ref) < 1e-12
-    assert pick_backend(sink, x) == "torch"                # CPU: no Triton
+    assert pick_backend(x) == "torch"                # CPU: no Triton
     assert rel(sink(x, gammas, batch=batch), ref) < 1e-12   # "auto"
+    assert rel(sc.forward("torch"), ref) < 1e-12
 
 
-def test_dispatcher_errors_name_the_problem(monkeypatch):
-    sink = make_sink(seed=23)
-    x, gammas = inputs(sink, 4, seed=23)
+def test_dispatcher_errors_name_the_problem(scenario, monkeypatch):
+    sc = scenario(SMALL, tokens=4, seed=23)
+    sink, x, gammas = sc.sink, sc.x, sc.gammas
     with pytest.raises(ValueError, match="unknown backend 'cuda'.*reference"):
         sink(x, gammas, batch=SlotBatch.from_token_slots([0] * 4, 3), backend="cuda")
     with pytest.raises(ValueError, match="describes 5 tokens but x has 4"):
@@ -162,3 +138,20 @@ def test_dispatcher_errors_name_the_problem(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match=TRITON_ON_CUDA):
         sink(x, gammas, batch=SlotBatch.from_token_slots([0] * 4, 3), backend="triton")
+
+
+def test_operands_for_computes_with_another_pool_and_adopts_nothing(scenario):
+    sc = scenario(SMALL, tokens=5, seed=29, token_slots=[0, 1, 2, 0, -1])
+    other = scenario(SMALL.with_(max_rank=2), seed=31)                    # another R: set_lora_info would refuse
+    before = sc.sink.lora_buffers, sc.sink.w1_delta.clone(), sc.sink.a_cat.clone()
+    ops = sc.sink.operands_for(*other.pool.buffers())
+    assert ops.max_rank == 2 and ops.w1_delta.shape == other.sink.w1_delta.shape
+    assert rel(torch_forward(ops, sc.x, sc.gammas, sc.batch),
+               reference_forward(other.operands(), sc.x, sc.gammas, sc.batch)) > 0.05  # other base weights
+    with torch.no_grad():
+        other.sink.w13.copy_(sc.sink.w13)
+        other.sink.w2.copy_(sc.sink.w2)
+    assert rel(torch_forward(ops, sc.x, sc.gammas, sc.batch),
+               reference_forward(other.operands(), sc.x, sc.gammas, sc.batch)) < 1e-12
+    assert sc.sink.lora_buffers is before[0]
+    assert torch.equal(sc.sink.w1_delta, before[1]) and torch.equal(sc.sink.a_cat, before[2])

@@ -31,3 +31,29 @@ def test_sizes_must_be_positive(field):
 def test_presets_match_the_benchmark_shapes():
     assert (PRESETS["A"].n, PRESETS["A"].hidden, PRESETS["A"].intermediate) == (2, 1536, 768)
     assert (PRESETS["B"].n, PRESETS["B"].hidden, PRESETS["B"].intermediate) == (2, 4096, 2048)
+
+
+def test_max_rank_is_the_pools_R_and_rank_still_names_it():
+    g = Geometry(n=2, hidden=8, intermediate=6, max_rank=4, slots=3)
+    assert g.rank == g.max_rank == 4
+    assert Geometry(n=2, hidden=8, intermediate=6, rank=4, slots=3) == g == Geometry(2, 8, 6, 4, 3)
+    assert g.with_(rank=2).max_rank == 2 and g.with_(max_rank=3).rank == 3
+    with pytest.raises(TypeError, match="max_rank=4 and rank=2 name the same R"):
+        Geometry(n=2, hidden=8, intermediate=6, max_rank=4, rank=2)
+    with pytest.raises(ValueError, match="max_rank must be at least 0"):
+        Geometry(n=2, hidden=8, intermediate=6, rank=-1)
+
+
+def test_a_tp_shard_holds_F_over_tp_features():
+    g = PRESETS["toy"]
+    assert g.tp_shard(2) == g.with_(intermediate=3) and g.tp_shard(1) == g
+    with pytest.raises(ValueError, match="intermediate size 6 is not divisible by tp_size=4"):
+        g.tp_shard(4)
+
+
+def test_inkling_presets_are_the_real_model_and_its_tp_shards():
+    ink = PRESETS["inkling"]
+    assert (ink.n, ink.hidden, ink.intermediate) == (2, 6144, 3072)
+    for tp in (2, 4, 8):
+        assert PRESETS[f"inkling-tp{tp}"] == ink.with_(intermediate=3072 // tp)
+    assert PRESETS["inkling-tp8"].intermediate == 384

@@ -102,7 +102,8 @@ def test_per_expert_pools_and_fresh_modules_accept_any_slot_id():
 def test_raw_errors_from_the_operand_step_leave_the_module_untouched():
     sink, pool = _sink(), _pool()
     ga, gb, da, db = pool.buffers()
-    with pytest.raises(RuntimeError, match=r"shape '\[3, 2, 2, 5, 4\]' is invalid for input of size 264"):
+    # upstream's view of w1_delta [S, n*2F, 2R] = [3, 22, 8] as [S, n, F, 2, 2R]
+    with pytest.raises(RuntimeError, match=r"^shape '\[3, 2, 5, 2, 8\]' is invalid for input of size 528$"):
         sink.set_lora_info(ga, gb[:, :, :11], da, db)
     with pytest.raises(IndexError, match="index 2 is out of bounds for dimension 0 with size 2"):
         sink.set_lora_info(ga, gb, da[:2], db)

@@ -8,10 +8,11 @@ from hypothesis import given, settings, strategies as st
 
 from inkling_lab.errors import expect_error
 from inkling_lab.geometry import Geometry
-from inkling_lab.lora import SharedSinkLoRA, derive_operands
+from inkling_lab.lora import derive_operands
 from inkling_lab.parallel import (AllReduceCost, TPCase, check_world_size, demo_cases, main, measure_allreduce,
-                                  rank_features, resolve_dist_backend, run_tp, shard_owners,
-                                  shard_sink, sum_of_shards, tp_forward)
+                                  resolve_dist_backend, run_tp, shard_owners, shard_sink, sum_of_shards,
+                                  tp_forward)
+from inkling_lab.shard import rank_features
 from inkling_lab.records import relative_error
 from inkling_lab.sink import gate_up_rows
 
@@ -87,7 +88,7 @@ def test_features_partition_F_and_owners_show_the_two_cuts():
     n, F, tp = 2, 8, 4
     owners = shard_owners(n, F, tp, interleaved=True)
     for r in range(tp):
-        f = rank_features(SharedSinkLoRA(n, 4, F), r, tp)
+        f = rank_features(F, r, tp)
         assert torch.equal((owners["w2"][0] == r).nonzero().flatten(), f)
         assert torch.equal((owners["down_a"][1] == r).nonzero().flatten(), f)
         # interleaved w13: one block of row pairs; gate/up B: the same slice of each half

@@ -20,7 +20,10 @@ from hypothesis import strategies as st
 
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward.reference import reference_forward
+from inkling_lab.geometry import Geometry
 from inkling_lab.lora import SharedSinkLoRA
+from inkling_lab.records import relative_error
+from inkling_lab.scenario import Scenario
 
 _PKG = "inkling_lab.forward"
 _NAMES = ("kernels", "triton_backend")
@@ -57,30 +60,27 @@ def _interpreter_on(monkeypatch):
 
 
 def make_case(n, H, F, R, S, T, outer_shared, interleaved, seed):
-    g = torch.Generator().manual_seed(seed)
-    sink = SharedSinkLoRA(n, H, F, interleaved=interleaved, dtype=torch.float32, seed=seed)
-    O = 1 if outer_shared else n
-    sink.set_lora_info(torch.randn(S, O, 2 * R, H, generator=g) / H ** 0.5, torch.randn(S, n, 2 * F, R, generator=g),
-                       torch.randn(S, n, R, F, generator=g) / F ** 0.5, torch.randn(S, O, H, R, generator=g))
-    ids = torch.randint(-1, S, (T,), generator=g)
+    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=R, slots=S, outer=1 if outer_shared else n)
+    sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
+    gen = torch.Generator().manual_seed(seed)
     ranks = [R] * S
     if S > 1:
         ranks[1] = 0  # a rank-0 slot is skipped even though its buffers are not zero
-    batch = SlotBatch.from_token_slots(ids, S, lora_ranks=ranks, scalings=(0.5 + torch.rand(S, generator=g)).tolist())
-    x = torch.randn(T, H, generator=g)
-    gammas = torch.rand(T, n, generator=g)
-    return sink, x, gammas, batch
+    batch = SlotBatch.from_token_slots(sc.batch.token_slots(), S, lora_ranks=ranks,
+                                       scalings=(0.5 + torch.rand(S, generator=gen)).tolist())
+    return sc.sink, sc.x, sc.gammas, batch
 
 
 def run(sink, x, gammas, batch, tiles=None):
     out = torch.full_like(x, float("nan"))
-    p = tb.plan(sink, x.shape[0], batch, x.device, tiles)
-    tb.launch(sink, x, gammas, p, out)
+    ops = sink.operands()
+    p = tb.plan(ops, x.shape[0], batch, x.device, tiles)
+    tb.launch(ops, x, gammas, p, out)
     return out, p
 
 
 def rel(a, b):
-    return float((a.double() - b).norm() / b.norm())
+    return relative_error(a, b, norm="fro")
 
 
 # Tiny tiles so the odd sizes below span several tiles and the shrink splits H in three.
@@ -94,7 +94,7 @@ CUBLAS = tb.Tiles(bm=16, bf=16, bn=16, bk=16, k_chunk=16, warps=2, stages=1, cub
 def test_kernels_match_the_reference(tiles, outer_shared, interleaved):
     sink, x, gammas, batch = make_case(3, 37, 21, 5, 3, 19, outer_shared, interleaved,
                                        seed=int(outer_shared) + 2 * int(interleaved) + 4 * int(tiles.cublas))
-    ref = reference_forward(sink, x, gammas, batch)
+    ref = reference_forward(sink.operands(), x, gammas, batch)
     out, _ = run(sink, x, gammas, batch, tiles)
     assert torch.isfinite(out).all(), "some output element was never written"
     assert rel(out, ref) < 1e-5
@@ -103,11 +103,12 @@ def test_kernels_match_the_reference(tiles, outer_shared, interleaved):
 
 def test_a_replayed_launch_gives_the_same_output_and_leaves_the_workspace_zero():
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 23, True, False, seed=9)
-    ref = reference_forward(sink, x, gammas, batch)
-    p = tb.plan(sink, x.shape[0], batch, x.device, FUSED)
+    ref = reference_forward(sink.operands(), x, gammas, batch)
+    ops = sink.operands()
+    p = tb.plan(ops, x.shape[0], batch, x.device, FUSED)
     for _ in range(2):  # what a CUDA graph replay does: the same plan, the same buffers
         out = torch.full_like(x, float("nan"))
-        tb.launch(sink, x, gammas, p, out)
+        tb.launch(ops, x, gammas, p, out)
         assert rel(out, ref) < 1e-5
         assert torch.count_nonzero(p.sh) == 0
 
@@ -115,10 +116,10 @@ def test_a_replayed_launch_gives_the_same_output_and_leaves_the_workspace_zero()
 def test_no_batch_or_no_pool_is_the_base_sink():
     sink, x, gammas, batch = make_case(2, 20, 10, 2, 2, 5, True, True, seed=3)
     base = sink.base_forward(x, gammas)
-    assert rel(tb.triton_forward(sink, x, gammas, None), base.double()) < 1e-5
+    assert rel(tb.triton_forward(sink.operands(), x, gammas, None), base.double()) < 1e-5
     bare = SharedSinkLoRA(2, 20, 10, dtype=torch.float32, seed=3)
-    assert rel(tb.triton_forward(bare, x, gammas, batch), base.double()) < 1e-5
-    assert tb.triton_forward(sink, x[:0], gammas[:0], None).shape == (0, 20)
+    assert rel(tb.triton_forward(bare.operands(), x, gammas, batch), base.double()) < 1e-5
+    assert tb.triton_forward(sink.operands(), x[:0], gammas[:0], None).shape == (0, 20)
 
 
 @settings(max_examples=8, deadline=None)
@@ -127,7 +128,7 @@ def test_no_batch_or_no_pool_is_the_base_sink():
 def test_kernels_match_the_reference_on_random_shapes(n, H, F, R, S, T, outer_shared, interleaved, seed):
     sink, x, gammas, batch = make_case(n, H, F, R, S, T, outer_shared, interleaved, seed)
     out, _ = run(sink, x, gammas, batch)  # the backend's own tile pick
-    assert rel(out, reference_forward(sink, x, gammas, batch)) < 1e-5
+    assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
 
 
 def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():

@@ -51,10 +51,47 @@ def test_first_failure_wins():
 
 def test_v2_folds_checks_two_to_five():
     for shapes, message in CASES:
+        if "4D" in message:
+            continue
         with pytest.raises(ValueError) as info:
             validate_pool(*shapes, n_shared_experts=N, generation="v2")
-        want = message if "4D" in message else MSG_V2_DISAGREE.format(n=N)
-        assert str(info.value) == want
+        assert str(info.value) == MSG_V2_DISAGREE.format(n=N)
+
+
+@pytest.mark.parametrize("i,shape,exc,message", [
+    (0, (1, 8, 16), ValueError, "not enough values to unpack (expected 4, got 3)"),
+    (0, (2, 1, 8, 16, 1), ValueError, "too many values to unpack (expected 4)"),
+    (1, (2, 3, 20), ValueError, "not enough values to unpack (expected 4, got 3)"),
+    (1, (2, 3, 20, 4, 1), ValueError, "too many values to unpack (expected 4)"),
+    (3, (2, 1), IndexError, "tuple index out of range"),          # down B's axis 2 is read before the check
+    (2, (2,), IndexError, "tuple index out of range"),            # down A's axis 1, reached in the condition
+    (2, (2, 3), IndexError, "tuple index out of range"),          # down A's axis 2, reached in the condition
+    (3, (2, 1, 16, 4, 1), ValueError, MSG_V2_DISAGREE.format(n=N)),  # 5D down B: last axis 1 is not R
+])
+def test_v2_has_no_4d_check_python_raises_where_upstream_unpacks(i, shape, exc, message):
+    with pytest.raises(exc) as info:
+        validate_pool(*_with(i, shape), n_shared_experts=N, generation="v2")
+    assert type(info.value) is exc and str(info.value) == message
+
+
+def test_v2_condition_stops_at_the_first_true_comparison():
+    # down A [2] would raise IndexError at its axis 1, but the outer dim of gate-up A is checked first
+    shapes = [(2, 2, 8, 16), GOOD[1], (2,), GOOD[3]]
+    with pytest.raises(ValueError, match="do not agree"):
+        validate_pool(*shapes, n_shared_experts=N, generation="v2")
+
+
+def test_v2_takes_other_4d_or_wider_buffers_it_does_not_index():
+    # down A with five axes passes V2's condition (it reads axes 1 and 2 only); V1 refuses it
+    shapes = [GOOD[0], GOOD[1], (2, 3, 4, 10, 1), GOOD[3]]
+    assert validate_pool(*shapes, n_shared_experts=N, generation="v2").slots == 2
+    with pytest.raises(ValueError, match="four 4D"):
+        validate_pool(*shapes, n_shared_experts=N)
+
+
+def test_validate_pool_names_a_buffer_that_is_no_tensor():
+    with pytest.raises(TypeError, match=r"^gate-up A \[S, O, 2R, H\] must be a tensor or a shape tuple, got NoneType$"):
+        validate_pool(None, *GOOD[1:], n_shared_experts=N)
 
 
 def test_valid_pool_layout():

@@ -2,23 +2,24 @@
 
 ``reference`` (float64 loops, the ground truth), ``torch`` (vectorized, any device)
 and ``triton`` (GPU kernels; CPU only under ``TRITON_INTERPRET=1``). ``auto`` picks
-the fastest correct one for the device.
+the fastest correct one for the device. Every backend is
+``fn(ops: SinkOperands, x [T, H], gammas [T, n], batch: SlotBatch | None) -> out [T, H]``;
+``run_forward`` checks the inputs once, for all of them.
 """
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
+from ..batch import SlotBatch
+from ..operands import SinkOperands
+from ..sink import check_tokens
 from .reference import reference_forward
 from .torch_backend import torch_forward
 
-if TYPE_CHECKING:
-    from ..batch import SlotBatch
-    from ..lora import SharedSinkLoRA
-
-Backend = Callable[["SharedSinkLoRA", torch.Tensor, torch.Tensor, "SlotBatch | None"], torch.Tensor]
+Backend = Callable[[SinkOperands, torch.Tensor, torch.Tensor, "SlotBatch | None"], torch.Tensor]
 
 BACKENDS: dict[str, Backend] = {"reference": reference_forward, "torch": torch_forward}
 
@@ -35,7 +36,7 @@ def _triton_backend() -> Backend:
     return triton_forward
 
 
-def pick_backend(sink: "SharedSinkLoRA", x: torch.Tensor) -> str:
+def pick_backend(x: torch.Tensor) -> str:
     """``triton`` for bf16/fp16 work on CUDA where Triton imports, else ``torch``.
 
     Measured on the H200 (``data/profiles/h200_grid.json``): the triton backend beats
@@ -52,19 +53,21 @@ def pick_backend(sink: "SharedSinkLoRA", x: torch.Tensor) -> str:
     return "torch"
 
 
-def run_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
-                batch: "SlotBatch | None", backend: str = "auto") -> torch.Tensor:
+def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
+                backend: str = "auto") -> torch.Tensor:
     """Base plus LoRA for ``x [T, H]`` (or ``[B, L, H]``) and ``gammas [T, n]``.
 
-    Returns ``x``'s shape; the ``reference`` backend returns float64.
+    ``x`` and ``gammas`` must have the sink's dtype and device; the batch must describe
+    ``T`` tokens over the pool's ``S`` slots. Returns ``x``'s shape; the ``reference``
+    backend returns float64.
     """
-    x2, g2 = sink._check_inputs(x, gammas)
+    x2, g2 = check_tokens(x, gammas, n=ops.n, hidden=ops.hidden, dtype=ops.dtype, device=ops.device)
     if batch is not None:
         if batch.num_tokens != x2.shape[0]:
             raise ValueError(f"the batch describes {batch.num_tokens} tokens but x has {x2.shape[0]}")
-        if sink.layout is not None and batch.num_slots != sink.layout.slots:
-            raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {sink.layout.slots}")
-    name = pick_backend(sink, x2) if backend == "auto" else backend
+        if ops.has_pool and batch.num_slots != ops.slots:
+            raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
+    name = pick_backend(x2) if backend == "auto" else backend
     if name == "triton":
         if not (x2.is_cuda or triton_interpreting()):
             raise RuntimeError(TRITON_ON_CUDA)
@@ -73,5 +76,4 @@ def run_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
         fn = BACKENDS[name]
     else:
         raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['triton', 'auto']}")
-    out = fn(sink, x2, g2, batch)
-    return out.reshape(x.shape)
+    return fn(ops, x2, g2, batch).reshape(x.shape)

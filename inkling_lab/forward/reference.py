@@ -5,29 +5,25 @@ directly (not the derived operands), so it also checks that those are right.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from ..batch import SlotBatch
+from ..operands import SinkOperands
 from ..sink import gate_up_rows
 
-if TYPE_CHECKING:
-    from ..batch import SlotBatch
-    from ..lora import SharedSinkLoRA
 
-
-def reference_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
-                      batch: "SlotBatch | None") -> torch.Tensor:
+def reference_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
+                      batch: SlotBatch | None) -> torch.Tensor:
     """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in float64 (base plus LoRA)."""
     f64 = torch.float64
-    n, F = sink.n_shared_experts, sink.intermediate_size
-    w13, w2 = sink.w13.detach().cpu().to(f64), sink.w2.detach().cpu().to(f64)
+    n, F = ops.n, ops.intermediate
+    w13, w2 = ops.w13.detach().cpu().to(f64), ops.w2.detach().cpu().to(f64)
     xs, gs = x.detach().cpu().to(f64), gammas.detach().cpu().to(f64)
-    gate_rows, up_rows = gate_up_rows(F, sink.interleaved)
+    gate_rows, up_rows = gate_up_rows(F, ops.interleaved)
     slots = batch.token_slots() if batch is not None else torch.full((xs.shape[0],), -1)
     pool = None
-    if sink.lora_buffers is not None and batch is not None:
-        pool = [b.detach().cpu().to(f64) for b in sink.lora_buffers]
+    if ops.buffers is not None and batch is not None:
+        pool = [b.detach().cpu().to(f64) for b in ops.buffers]
         R = pool[1].shape[-1]
 
     out = torch.zeros(xs.shape, dtype=f64)

@@ -1,59 +1,73 @@
-"""The vectorized torch path: the linearized base plus one shrink and one expand per
-slot present in the batch. Runs on CPU and GPU in the sink's dtype."""
+"""The vectorized torch path: the linearized base plus, per slot present in the batch,
+a shrink (down to the rank-``R`` LoRA features) and an expand (back up) around each of
+the two GEMMs. Runs on CPU and GPU in the sink's dtype."""
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
+from ..batch import SlotBatch
+from ..operands import SinkOperands
 from ..sink import accumulation_dtype, gate_up_rows, swiglu_sink
 
-if TYPE_CHECKING:
-    from ..batch import SlotBatch
-    from ..lora import SharedSinkLoRA
 
-
-def _slot_tokens(batch: "SlotBatch", device: torch.device) -> dict[int, torch.Tensor]:
+def _slot_tokens(batch: SlotBatch, device: torch.device) -> dict[int, torch.Tensor]:
     """Token indices (original order) of each active slot."""
     slots = batch.token_slots()
     return {s: torch.nonzero(slots == s).flatten().to(device) for s in batch.active_slots()}
 
 
-def torch_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
-                  batch: "SlotBatch | None") -> torch.Tensor:
+def shrink_gate_up(ops: SinkOperands, s: int, xs: torch.Tensor) -> torch.Tensor:
+    """``xs [Ts, H]`` -> ``[Ts, O, 2R]``: gate (first ``R``) and up (last ``R``) LoRA
+    features through slot ``s``'s gate-up A, once (shared outer) or per expert."""
+    ga = ops.buffers[0][s]                                                 # [O, 2R, H]
+    if ops.shared_outer:
+        return (xs @ ga[0].T).unsqueeze(1)
+    return torch.einsum("th,erh->ter", xs, ga)
+
+
+def expand_gate_up(ops: SinkOperands, s: int, shrunk: torch.Tensor) -> torch.Tensor:
+    """``shrunk [Ts, O, 2R]`` -> the delta of ``y``, ``[Ts, n, 2F]`` in the sink's gate/up
+    row layout: gate B from the gate features, up B from the up features."""
+    n, F, R = ops.n, ops.intermediate, ops.max_rank
+    if ops.shared_outer:  # w1_delta [n*2F, 2R] places both halves of B in y's layout already
+        return (shrunk[:, 0] @ ops.w1_delta[s].T).view(-1, n, 2 * F)
+    gb = ops.buffers[1][s]                                                 # [n, 2F, R]
+    gate_rows, up_rows = gate_up_rows(F, ops.interleaved, shrunk.device)
+    dy = shrunk.new_zeros(shrunk.shape[0], n, 2 * F)
+    dy[:, :, gate_rows] = torch.einsum("ter,efr->tef", shrunk[..., :R], gb[:, :F])
+    dy[:, :, up_rows] = torch.einsum("ter,efr->tef", shrunk[..., R:], gb[:, F:])
+    return dy
+
+
+def shrink_down(ops: SinkOperands, s: int, act: torch.Tensor) -> torch.Tensor:
+    """``act [Ts, n, F]`` -> ``[Ts, R]`` summed over the experts (shared down B: one
+    expand serves them all), or ``[Ts, n, R]`` per expert."""
+    if ops.shared_outer:  # a_cat [R, n*F]: one matmul over all experts' features is the expert sum
+        return act.reshape(act.shape[0], -1) @ ops.a_cat[s].T
+    return torch.einsum("tef,erf->ter", act, ops.buffers[2][s])
+
+
+def expand_down(ops: SinkOperands, s: int, shrunk: torch.Tensor) -> torch.Tensor:
+    """The down delta ``[Ts, H]`` from ``shrink_down``'s output, through slot ``s``'s down B."""
+    db = ops.buffers[3][s]                                                 # [O, H, R]
+    if ops.shared_outer:
+        return shrunk @ db[0].T
+    return torch.einsum("ter,ehr->th", shrunk, db)
+
+
+def torch_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
+                  batch: SlotBatch | None) -> torch.Tensor:
     """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype."""
-    n, F = sink.n_shared_experts, sink.intermediate_size
-    w13_lin, w2_lin = sink.linearized()
-    y = (x @ w13_lin.T).view(-1, n, 2 * F)
-    groups = _slot_tokens(batch, x.device) if batch is not None and sink.lora_buffers is not None else {}
+    n, F = ops.n, ops.intermediate
+    y = (x @ ops.w13_lin.T).view(-1, n, 2 * F)
+    groups = _slot_tokens(batch, x.device) if batch is not None and ops.has_pool else {}
     if groups:
-        ga, gb, da, db = sink.lora_buffers
-        R = gb.shape[-1]
-        shared = sink.shared_outer
-        gate_rows, up_rows = gate_up_rows(F, sink.interleaved, x.device)
         y = y.clone()
         for s, idx in groups.items():
-            xs = x[idx]
-            scale = float(batch.scalings[s])
-            if shared:
-                shrink = xs @ ga[s, 0].T                                   # [Ts, 2R]
-                y[idx] += (scale * (shrink @ sink.w1_delta[s].T)).view(-1, n, 2 * F)
-            else:
-                g = torch.einsum("th,erh->ter", xs, ga[s, :, :R])          # [Ts, n, R]
-                u = torch.einsum("th,erh->ter", xs, ga[s, :, R:])
-                dy = torch.zeros(xs.shape[0], n, 2 * F, dtype=y.dtype, device=y.device)
-                dy[:, :, gate_rows] = torch.einsum("ter,efr->tef", g, gb[s, :, :F])
-                dy[:, :, up_rows] = torch.einsum("ter,efr->tef", u, gb[s, :, F:])
-                y[idx] += scale * dy
-    act = swiglu_sink(y, gammas, sink.interleaved)                          # [T, n, F]
+            y[idx] += float(batch.scalings[s]) * expand_gate_up(ops, s, shrink_gate_up(ops, s, x[idx]))
+    act = swiglu_sink(y, gammas, ops.interleaved)                          # [T, n, F]
     acc = accumulation_dtype(x.dtype)
-    out = (act.reshape(-1, n * F) @ w2_lin).to(acc)
+    out = (act.reshape(-1, n * F) @ ops.w2_lin).to(acc)
     for s, idx in groups.items():
-        scale = float(batch.scalings[s])
-        if shared:
-            mid = act[idx].reshape(-1, n * F) @ sink.a_cat[s].T            # [Ts, R]: the expert sum
-            out[idx] += scale * (mid @ db[s, 0].T).to(acc)
-        else:
-            mid = torch.einsum("tef,erf->ter", act[idx], da[s])            # [Ts, n, R]
-            out[idx] += scale * torch.einsum("ter,ehr->th", mid, db[s]).to(acc)
+        out[idx] += (float(batch.scalings[s]) * expand_down(ops, s, shrink_down(ops, s, act[idx]))).to(acc)
     return out.to(x.dtype)

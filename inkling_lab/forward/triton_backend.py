@@ -1,7 +1,7 @@
 """The Triton backend (``forward/kernels.py``): three launches per forward for few
 tokens; for many, cuBLAS's two base GEMMs with four launches around them.
 
-``triton_forward(sink, x, gammas, batch)`` is ``launch(sink, x, gammas, plan(...))``:
+``triton_forward(ops, x, gammas, batch)`` is ``launch(ops, x, gammas, plan(...))``:
 ``plan`` turns the ``SlotBatch`` into device tensors (each token's effective slot,
 ``-1`` for base only and rank-0 slots, and the per-slot scalings) and picks tile
 sizes for the token count; ``launch`` only enqueues kernels, so a CUDA graph can
@@ -10,16 +10,13 @@ capture it and replay it against the same plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 
+from ..batch import SlotBatch
+from ..operands import SinkOperands
 from . import kernels
-
-if TYPE_CHECKING:
-    from ..batch import SlotBatch
-    from ..lora import SharedSinkLoRA
 
 
 @dataclass(frozen=True)
@@ -77,36 +74,36 @@ class Plan:
     tiles: Tiles
 
 
-def plan(sink: "SharedSinkLoRA", num_tokens: int, batch: "SlotBatch | None", device: torch.device,
+def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: torch.device,
          tiles: Tiles | None = None) -> Plan:
     """The device-side description of ``batch`` for ``launch`` (host work, not capturable)."""
-    tiles = tiles or pick_tiles(num_tokens, sink.n_shared_experts * sink.intermediate_size * sink.hidden_size)
-    if batch is None or sink.lora_buffers is None or not batch.active_slots():
+    tiles = tiles or pick_tiles(num_tokens, ops.n * ops.intermediate * ops.hidden)
+    if batch is None or ops.buffers is None or not batch.active_slots():
         empty = torch.full((max(num_tokens, 1),), -1, dtype=torch.int32, device=device)
         return Plan(empty, torch.ones(1, device=device), None, False, tiles)
     slots = batch.token_slots().clone()
     lora = slots >= 0
     slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
-    ga = sink.lora_buffers[0]
+    ga = ops.buffers[0]
     sh = torch.zeros(max(num_tokens, 1), ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
     return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
                 sh, True, tiles)
 
 
-def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Plan,
+def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """Enqueue the forward for ``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` (x's dtype)."""
     T, H = x.shape
-    n, F = sink.n_shared_experts, sink.intermediate_size
+    n, F = ops.n, ops.intermediate
     out = torch.empty_like(x) if out is None else out
     if T == 0:
         return out
     x, gammas = x.contiguous(), gammas.contiguous()
-    w13, w2 = sink.w13.detach(), sink.w2.detach()
+    w13, w2 = ops.w13.detach(), ops.w2.detach()
     t = p.tiles
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     if p.has_lora:
-        ga, gb, da, db = (b.detach().contiguous() for b in sink.lora_buffers)
+        ga, gb, da, db = (b.detach().contiguous() for b in ops.buffers)
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         BR = max(16, triton.next_power_of_2(R))
@@ -118,7 +115,7 @@ def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Pla
         O = R = o_step = 0
         BR = 16
     y = torch.mm(x, w13.view(n * 2 * F, H).T) if t.cublas else x
-    row_step, up_offset = (2, 1) if sink.interleaved else (1, F)
+    row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     grid_up = (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf),)
     kernels.up_kernel[grid_up](
         x, w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid,
@@ -127,9 +124,9 @@ def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Pla
         num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
         if not p.has_lora:
-            return torch.mm(act, sink.linearized()[1], out=out)
+            return torch.mm(act, ops.w2_lin, out=out)
         if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
-            _shrink(act, p, sink.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False)
+            _shrink(act, p, ops.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False)
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
             _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False)
     grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
@@ -139,7 +136,7 @@ def launch(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor, p: Pla
         BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m,
         num_warps=t.warps, num_stages=t.stages)
     if t.cublas:
-        out.addmm_(act, sink.linearized()[1])  # cuBLAS adds the base down GEMM to the LoRA term
+        out.addmm_(act, ops.w2_lin)  # cuBLAS adds the base down GEMM to the LoRA term
     return out
 
 
@@ -158,7 +155,7 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
         HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk, num_warps=t.swarps, num_stages=3)
 
 
-def triton_forward(sink: "SharedSinkLoRA", x: torch.Tensor, gammas: torch.Tensor,
-                   batch: "SlotBatch | None") -> torch.Tensor:
+def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
+                   batch: SlotBatch | None) -> torch.Tensor:
     """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (base plus LoRA)."""
-    return launch(sink, x, gammas, plan(sink, x.shape[0], batch, x.device))
+    return launch(ops, x, gammas, plan(ops, x.shape[0], batch, x.device))

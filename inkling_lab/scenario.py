@@ -1,0 +1,74 @@
+"""One forward's worth of seeded inputs: a sink with a loaded pool, tokens and their batch.
+
+``Scenario.random(geometry, seed=...)`` is the one factory the tests, the notebooks and
+the profiler build random cases with, so that "a random sink of this geometry" means
+the same thing everywhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .batch import SlotBatch
+from .geometry import Geometry
+from .lora import SharedSinkLoRA
+from .operands import SinkOperands
+from .pool import LoRAFactors, LoRAPool
+
+
+@dataclass
+class Scenario:
+    """A sink of ``geometry`` whose pool is set (``sink.set_lora_info(*pool.buffers())``),
+    ``x [T, H]``, ``gammas [T, n]`` and the ``SlotBatch`` naming each token's slot."""
+
+    geometry: Geometry
+    sink: SharedSinkLoRA
+    pool: LoRAPool
+    x: torch.Tensor
+    gammas: torch.Tensor
+    batch: SlotBatch
+
+    @classmethod
+    def random(cls, geometry: Geometry, *, tokens: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32,
+               device: torch.device | str | None = None, interleaved: bool = True,
+               ranks: Sequence[int] | None = None, token_slots: Sequence[int] | torch.Tensor | None = None,
+               group: bool = False) -> "Scenario":
+        """Seeded random weights; slot ``s`` holds an adapter of rank ``ranks[s]`` (``0``:
+        empty; default: every slot at the pool's ``R``) drawn by ``LoRAFactors.random``
+        (scaling ``lora_alpha / r = 1``) in the geometry's outer layout; ``x`` unit-normal,
+        ``gammas`` in ``(0, 1)``; each token's slot ``token_slots[t]`` (default: drawn from
+        ``-1..S-1``, ``-1`` meaning base only). ``group=True`` sorts the batch by slot.
+        Everything lives on ``device`` in ``dtype``; the same seed gives the same scenario.
+        """
+        g = geometry
+        ranks = [g.max_rank] * g.slots if ranks is None else list(ranks)
+        if len(ranks) != g.slots or any(not 0 <= r <= g.max_rank for r in ranks):
+            raise ValueError(f"Scenario.random: ranks must give each of the {g.slots} slots a rank in "
+                             f"0..{g.max_rank} (the pool's max_rank), got {ranks}")
+        sink = SharedSinkLoRA(g.n, g.hidden, g.intermediate, interleaved=interleaved, dtype=dtype,
+                              device=device, seed=seed)
+        pool = LoRAPool.from_geometry(g, dtype, device)
+        for s, r in enumerate(ranks):
+            if r:
+                pool.load(s, LoRAFactors.random(g.n, g.hidden, g.intermediate, rank=r, outer=g.outer,
+                                                seed=seed + 1 + s, dtype=dtype, name=f"adapter{s}"))
+        sink.set_lora_info(*pool.buffers())
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(tokens, g.hidden, generator=gen).to(dtype=dtype, device=device)
+        gammas = torch.rand(tokens, g.n, generator=gen).to(dtype=dtype, device=device)
+        if token_slots is None:
+            token_slots = torch.randint(-1, g.slots, (tokens,), generator=gen)
+        elif len(token_slots) != tokens:
+            raise ValueError(f"Scenario.random: token_slots names {len(token_slots)} tokens but tokens={tokens}")
+        batch = SlotBatch.from_token_slots(token_slots, g.slots, lora_ranks=pool.lora_ranks, group=group)
+        return cls(g, sink, pool, x, gammas, batch)
+
+    def operands(self) -> SinkOperands:
+        """The sink's operands, what a backend reads."""
+        return self.sink.operands()
+
+    def forward(self, backend: str = "auto") -> torch.Tensor:
+        """``sink(x, gammas, batch=batch, backend=backend)``: ``out [T, H]``."""
+        return self.sink(self.x, self.gammas, batch=self.batch, backend=backend)

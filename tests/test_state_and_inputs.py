@@ -1,0 +1,171 @@
+"""The kit under bad input (issue 14), grouped by promise.
+
+* State kept: a call that fails leaves the object exactly as it was.
+* Clear error: bad input gives a ``TypeError``/``ValueError`` that names the argument
+  and the bad element, never a silent truncation or a raw torch error.
+"""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inkling_lab.batch import SlotBatch
+from inkling_lab.lora import SharedSinkLoRA
+from inkling_lab.pool import LoRAFactors, LoRAPool
+from inkling_lab.sink import SharedSink
+
+F64 = torch.float64
+
+
+def _snapshot(pool: LoRAPool):
+    return [b.clone() for b in pool.buffers()], pool.names, pool.lora_ranks, pool.adapter_scalings
+
+
+def _assert_unchanged(pool: LoRAPool, before) -> None:
+    buffers, names, ranks, scalings = before
+    assert all(torch.equal(a, b) for a, b in zip(pool.buffers(), buffers))
+    assert (pool.names, pool.lora_ranks, pool.adapter_scalings) == (names, ranks, scalings)
+
+
+# -- state kept ----------------------------------------------------------------------------
+
+def _loaded_pool() -> LoRAPool:
+    pool = LoRAPool(n=2, hidden=8, intermediate=6, slots=2, max_rank=4, dtype=F64)
+    pool.load(0, LoRAFactors.random(2, 8, 6, rank=3, seed=1, dtype=F64), name="sql")
+    return pool
+
+
+def _meta_gate_up_a(f: LoRAFactors) -> LoRAFactors:
+    f.gate_up_a = f.gate_up_a.to("meta")  # passes every shape check, fails at the copy
+    return f
+
+
+@pytest.mark.parametrize("bad, error", [
+    (lambda: LoRAFactors.random(2, 8, 6, rank=8, seed=2, dtype=F64), AssertionError),       # r > R
+    (lambda: LoRAFactors.random(2, 9, 6, rank=2, seed=2, dtype=F64), AssertionError),       # another H
+    (lambda: LoRAFactors.random(2, 8, 5, rank=2, seed=2, dtype=F64), AssertionError),       # another F
+    (lambda: LoRAFactors.random(2, 8, 6, rank=2, outer=2, seed=2, dtype=F64), ValueError),  # per-expert
+    (lambda: _meta_gate_up_a(LoRAFactors.random(2, 8, 6, rank=2, seed=2, dtype=F64)), NotImplementedError),
+], ids=["rank_too_large", "other_hidden", "other_intermediate", "per_expert_into_shared", "uncopyable"])
+def test_state_kept_a_failed_load_leaves_the_slot_and_its_adapter(bad, error):
+    pool = _loaded_pool()
+    before = _snapshot(pool)
+    with pytest.raises(error):
+        pool.load(0, bad(), name="chat")
+    _assert_unchanged(pool, before)
+    assert pool.names == ["sql", None] and pool.slot_of("sql") == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(rank=st.integers(0, 7), hidden=st.sampled_from([8, 9]), intermediate=st.sampled_from([5, 6]),
+       slot=st.integers(0, 1), seed=st.integers(0, 1000))
+def test_state_kept_any_load_either_succeeds_or_changes_nothing(rank, hidden, intermediate, slot, seed):
+    pool = _loaded_pool()
+    before = _snapshot(pool)
+    factors = LoRAFactors.random(2, hidden, intermediate, rank=rank, seed=seed, dtype=F64)
+    try:
+        pool.load(slot, factors, name="new")
+    except AssertionError:
+        _assert_unchanged(pool, before)
+        assert rank > 4 or (hidden, intermediate) != (8, 6)
+    else:
+        assert pool.names[slot] == "new" and pool.lora_ranks[slot] == rank
+
+
+# -- clear error: SlotBatch ----------------------------------------------------------------
+
+BAD_IDS = [
+    ([0.7, 1.2, 2.9], r"token_slots\[0\] is 0\.7 \(float\)"),
+    ([0, True, 1], r"token_slots\[1\] is True \(bool\)"),
+    ([0, "1"], r"token_slots\[1\] is '1' \(str\)"),
+    ([0, math.nan], r"token_slots\[1\] is nan \(NaN\)"),
+    ("012", r"token_slots must be a sequence of integers, got the string '012'"),
+    (torch.tensor([0.0, 1.0]), r"token_slots must be an integer tensor, got torch.float32"),
+    (torch.tensor([True, False]), r"token_slots must be an integer tensor, got torch.bool"),
+]
+
+
+@pytest.mark.parametrize("ids, message", BAD_IDS, ids=[m.split(" ")[0] for _, m in BAD_IDS])
+def test_clear_error_token_slots_that_are_not_integers_are_refused(ids, message):
+    with pytest.raises(TypeError, match=message):
+        SlotBatch.from_token_slots(ids, num_slots=3)
+
+
+@pytest.mark.parametrize("lengths, slots, message", [
+    ([1.5, 2], [0, 1], r"lengths\[0\] is 1\.5 \(float\)"),
+    ([1, 2], [0, 1.0], r"slots\[1\] is 1\.0 \(float\)"),
+    ([True, 2], [0, 1], r"lengths\[0\] is True \(bool\)"),
+])
+def test_clear_error_segments_that_are_not_integers_are_refused(lengths, slots, message):
+    with pytest.raises(TypeError, match=message):
+        SlotBatch.from_segments(lengths, slots, num_slots=3)
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(scalings=[1.0, math.nan, 1.0]), ValueError, r"scalings\[1\] is nan: a scaling must be finite"),
+    (dict(scalings=[1.0, "2", 1.0]), TypeError, r"scalings\[1\] is '2' \(str\)"),
+    (dict(lora_ranks=[4, 0.5, 4]), TypeError, r"lora_ranks\[1\] is 0\.5 \(float\)"),
+    (dict(lora_ranks=[4, -2, 4]), ValueError, r"lora_ranks\[1\] is -2"),
+    (dict(num_slots=3.0), TypeError, r"num_slots must be an integer .* got 3\.0"),
+])
+def test_clear_error_per_slot_arguments_are_checked(kw, error, message):
+    args = dict(num_slots=3)
+    args.update(kw)
+    with pytest.raises(error, match=message):
+        SlotBatch.from_token_slots([0, 1], **args)
+
+
+def test_integer_ids_of_any_integer_kind_are_still_accepted():
+    np = pytest.importorskip("numpy")
+    for ids in ([0, 2], torch.tensor([0, 2], dtype=torch.int32), np.array([0, 2]), [np.int64(0), torch.tensor(2)]):
+        assert SlotBatch.from_token_slots(ids, num_slots=3).token_slots().tolist() == [0, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 5), st.floats(allow_nan=True), st.booleans(), st.text(max_size=2),
+                          st.none()), max_size=8))
+def test_clear_error_random_ids_give_a_batch_of_exactly_those_ints_or_a_documented_error(ids):
+    try:
+        batch = SlotBatch.from_token_slots(ids, num_slots=3)
+    except (TypeError, ValueError) as exc:
+        assert str(exc).startswith("SlotBatch: ")
+    else:
+        assert all(type(v) is int and -1 <= v < 3 for v in ids)
+        assert batch.token_slots().tolist() == ids
+
+
+# -- clear error: the forward's inputs -----------------------------------------------------
+
+def _sink_and_inputs(cls=SharedSinkLoRA):
+    sink = cls(2, 8, 6, dtype=torch.float32)
+    return sink, torch.randn(3, 8), torch.rand(3, 2)
+
+
+@pytest.mark.parametrize("cls", [SharedSinkLoRA, SharedSink])
+def test_clear_error_an_input_of_another_dtype_is_named(cls):
+    sink, x, gammas = _sink_and_inputs(cls)
+    with pytest.raises(TypeError, match=r"x is torch.float64 but the sink's weights are torch.float32: "
+                                        r"pass x.to\(torch.float32\)"):
+        sink(x.double(), gammas)
+    with pytest.raises(TypeError, match=r"gammas is torch.bfloat16 but the sink's weights are torch.float32"):
+        sink(x, gammas.bfloat16())
+
+
+@pytest.mark.parametrize("cls", [SharedSinkLoRA, SharedSink])
+def test_clear_error_an_input_on_another_device_is_named(cls):
+    sink, x, gammas = _sink_and_inputs(cls)
+    with pytest.raises(ValueError, match=r"x is on meta but the sink's weights are on cpu: pass x.to\('cpu'\)"):
+        sink(x.to("meta"), gammas)
+    with pytest.raises(ValueError, match=r"gammas is on meta but the sink's weights are on cpu"):
+        sink(x, gammas.to("meta"))
+
+
+def test_clear_error_every_backend_is_guarded_by_the_same_checks():
+    sink, x, gammas = _sink_and_inputs()
+    for backend in ("reference", "torch", "triton"):
+        with pytest.raises(TypeError, match="x is torch.float64"):
+            sink(x.double(), gammas, backend=backend)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        sink([[0.0] * 8], gammas[:1])
