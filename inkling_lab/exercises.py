@@ -312,10 +312,12 @@ def roofline_time(answer_us: Any, bound: Any, case, ceilings: dict) -> Verdict:
 def rank_gate_up_rows(answer: Any, sink, tp_rank: int, tp_size: int) -> Verdict:
     """07: which rows of one expert's gate-up B ``[2F, r]`` (``[gate ‖ up]``) rank
     ``tp_rank`` of ``tp_size`` holds, as a list of row numbers."""
+    from .shard import slice_lora_b
+
     F = sink.intermediate_size
-    positions = torch.arange(2 * F, dtype=torch.float64)[None, :, None].expand(sink.n_shared_experts, -1, 1)
-    held = sink.slice_lora_b(positions.contiguous(), tp_rank, "gate_up_proj", tp_size)
-    expected = [int(v) for v in held[0, :, 0].tolist()]
+    positions = torch.arange(2 * F, dtype=torch.float64)[:, None]  # one expert's [2F, r=1], each row its number
+    held = slice_lora_b({0: positions}, tp_rank, "gate_up_proj_moe", tp_size, sink.n_shared_experts)[0]
+    expected = [int(v) for v in held[:, 0].tolist()]
     name = "the gate-up B rows of one rank"
     hint = (f"rank k holds features k*F/tp .. (k+1)*F/tp - 1; gate-up B is [gate ‖ up], so those features "
             f"sit twice: in the gate half (rows 0..F-1) and again F rows further down (F = {F})")
@@ -331,7 +333,9 @@ def rank_gate_up_rows(answer: Any, sink, tp_rank: int, tp_size: int) -> Verdict:
 
 def rank_down_a(answer: Any, sink, down_a: torch.Tensor, tp_rank: int, tp_size: int) -> Verdict:
     """07: rank ``tp_rank``'s share of a per-expert down A ``[n, r, F]``."""
-    expected = sink.slice_lora_a(down_a, tp_rank, "down_proj", tp_size)
+    from .shard import slice_lora_a
+
+    expected = slice_lora_a(down_a, tp_rank, "down_proj_moe", tp_size, sink.n_shared_experts)
     F = down_a.shape[-1]
     hint = f"down A acts on F: rank k keeps the columns k*F/tp .. (k+1)*F/tp - 1 of every expert (F = {F})"
     return _tensor_verdict("down A of one rank", answer, expected, hint)

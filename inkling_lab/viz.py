@@ -7,7 +7,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-# -- core (issue 2): layouts, buffers, derived operands --------------------------------
+# -- core: layouts, buffers, derived operands --------------------------------
 
 _GATE, _UP, _EMPTY = "#3b7dd8", "#e8893a", "#f2f2f2"
 
@@ -49,8 +49,7 @@ def _zeros_grey_image(ax, t, vmax: float | None = None):
 
     img = t.detach().float().cpu().numpy()
     vmax = vmax or float(np.abs(img).max()) or 1.0
-    cmap = matplotlib.colormaps["coolwarm"].copy()
-    cmap.set_bad(_EMPTY)
+    cmap = matplotlib.colormaps["coolwarm"].with_extremes(bad=_EMPTY)
     return ax.imshow(np.ma.masked_where(img == 0, img), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto",
                      interpolation="nearest")
 
@@ -128,7 +127,7 @@ def derived_operands_figure(sink, slot: int = 0) -> Figure:
                  "from the up shrink", fontsize=10)
     return fig
 
-# -- adapters (issue 3) -------------------------------------------------------------------
+# -- adapters -------------------------------------------------------------------
 
 _STAGE_COLORS = {"file": "#8c8c8c", "normalized": "#3b7dd8", "pool": "#2a9d8f"}
 
@@ -216,7 +215,7 @@ def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
                  "to one scale; dashed: gate rows above, up rows below", fontsize=10)
     return fig
 
-# -- forward and profiling (issue 4) ----------------------------------------------------
+# -- forward and profiling ----------------------------------------------------
 
 _SLOT_COLORS = ("#3b7dd8", "#e8893a", "#4caf50", "#9c27b0", "#e53935", "#00897b", "#8d6e63", "#fdd835")
 _BACKEND_STYLE = {"triton": ("#d62728", "o", "triton (ours)"), "torch": ("#1f77b4", "s", "torch backend"),
@@ -291,7 +290,7 @@ def roofline_figure(copy_TBps: float, matmul_TFLOPs: float, points: list[tuple[s
 
 def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4) -> Figure:
     """A recorded grid: median µs against tokens per backend, the roofline, the
-    issue's targets and upstream's numbers (left); each backend over the roofline (right)."""
+    targets and upstream's recorded numbers (left); each backend over the roofline (right)."""
     from .profile import TARGET_LARGE_T, TARGET_SMALL_T, UPSTREAM, UPSTREAM_SINGLE_SLOT
 
     rows = [r for r in record["records"] if (r["case"]["shape"], r["case"]["R"], r["case"]["S"]) == (shape, R, S)]
@@ -313,7 +312,7 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
     ax.plot([], [], "_", color="green", ms=10, label=f"target ({TARGET_SMALL_T:g}x / {TARGET_LARGE_T:g}x roofline)")
     up = [(row[1], row[4]) for row in UPSTREAM if (row[0], row[2], row[3]) == (shape, S, R)]
     if up:
-        ax.plot(*zip(*up), "*", color="purple", ms=12, label="upstream sglang 0.5.23 (issue)")
+        ax.plot(*zip(*up), "*", color="purple", ms=12, label="upstream sglang 0.5.23, multi-slot")
     single = [(T, us) for (sh, T), us in UPSTREAM_SINGLE_SLOT.items() if sh == shape]
     if single:
         ax.plot(*zip(*single), "P", color="purple", ms=9, mfc="none", label="upstream single-slot cuBLAS")
@@ -328,7 +327,7 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
     ax2.set_yscale("log")
     ax2.set_xlabel("tokens T")
     ax2.set_ylabel("measured / roofline (1 = the hardware limit)")
-    ax2.set_title("distance from the roofline (green: the issue's target)", fontsize=10)
+    ax2.set_title("distance from the roofline (green: the target)", fontsize=10)
     env = record["environment"]
     fig.suptitle(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=9)
     return fig
@@ -358,7 +357,7 @@ def _short_kernel(name: str) -> str:
         return "cuBLAS GEMM" + (" (+C)" if "badd" in name else "")
     return name.replace("void ", "").split("<")[0][:28]
 
-# -- tensor parallelism (issue 5) -------------------------------------------------------
+# -- tensor parallelism -------------------------------------------------------
 
 def tp_shards_figure(owners: dict, interleaved: bool = True) -> Figure:
     """Which rank holds what, from ``parallel.shard_owners(n, F, tp, interleaved)``:
@@ -431,7 +430,7 @@ def allreduce_cost_figure(costs: list) -> Figure:
     return fig
 
 
-# -- the per-expert outer defect (issue 7) ----------------------------------------------
+# -- the per-expert outer defect ----------------------------------------------
 
 def _feature_labels(intermediate: int, interleaved: bool) -> list[str]:
     """Names of one expert's ``y`` columns in the sink's layout: ``g0, u0, ...`` or ``g0.., u0..``."""

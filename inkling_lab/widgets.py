@@ -2,7 +2,7 @@
 the library. Each returns the widget; the function it drives is tested on its own."""
 from __future__ import annotations
 
-# -- core (issue 2): the error lab -----------------------------------------------------
+# -- core: the error lab -----------------------------------------------------
 
 ERROR_LAB_PRESETS: dict[str, tuple[int, str, str, str, str]] = {
     # name: (n, gate-up A, gate-up B, down A, down B)
@@ -145,7 +145,7 @@ def layout_explorer():
                 "n": w.IntSlider(value=2, min=1, max=3, description="n")}
     return _figure_explorer(lambda intermediate, n: ("", gate_up_layout_figure(intermediate, n)), controls)
 
-# -- adapters (issue 3) -------------------------------------------------------------------
+# -- adapters -------------------------------------------------------------------
 
 def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermediate: int = 6,
                      start: str = "gate_up"):
@@ -182,11 +182,11 @@ def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermed
                    w.HBox([adapter, tp]), w.HBox([n, max_rank]), out])
 
 
-# -- forward and profiling (issue 4) ----------------------------------------------------
+# -- forward and profiling ----------------------------------------------------
 
 def roofline_explorer(record: dict | None = None):
     """Pick a shape, rank, slots and tokens: the case's bytes, FLOPs and roofline time
-    by ``profile.roofline`` (ceilings from ``record``, else the issue's), and, when the
+    by ``profile.roofline`` (ceilings from ``record``, else profile's recorded ones), and, when the
     record holds that point, each backend's measured time against it."""
     import ipywidgets as w
 
@@ -220,7 +220,7 @@ def roofline_explorer(record: dict | None = None):
     return w.VBox([w.HTML("<b>Roofline explorer</b>: minimal bytes and useful FLOPs of one forward"),
                    w.HBox([shape, rank, slots]), tokens, out])
 
-# -- tensor parallelism (issue 5) -------------------------------------------------------
+# -- tensor parallelism -------------------------------------------------------
 
 def tp_shard_explorer(n: int = 2, intermediate: int = 6):
     """Pick n, F, tp and the gate/up layout: see which rank holds which rows and
@@ -265,7 +265,7 @@ def tp_shard_explorer(n: int = 2, intermediate: int = 6):
                    w.HBox([n_box, f_box]), w.HBox([tp_box, layout]), out])
 
 
-# -- the per-expert outer defect (issue 7) ----------------------------------------------
+# -- the per-expert outer defect ----------------------------------------------
 
 def defect_explorer_figure(rank: int, intermediate: int, seed: int, interleaved: bool,
                            same_outer_for_every_expert: bool, n: int = 2, hidden: int = 16):
