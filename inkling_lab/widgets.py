@@ -1,6 +1,9 @@
-"""ipywidgets explorers: thin ``interact``-style fronts over pure, seeded functions of
-the library. Each returns the widget; the function it drives is tested on its own."""
+"""ipywidgets explorers: thin fronts over pure, seeded functions of the library. Each
+returns the widget; the drawing function it drives (``*_figure``, returning the text
+and the figure) is tested on its own."""
 from __future__ import annotations
+
+import threading
 
 # -- core: the error lab -----------------------------------------------------
 
@@ -74,25 +77,51 @@ def error_lab():
                    preset, n, *boxes, out])
 
 
+# JupyterLab sends widget messages to a kernel *subshell*: callbacks can run in several
+# threads at once, and matplotlib is not thread-safe (two figures drawn at the same time
+# come out blank). Every explorer draws under this one lock.
+_DRAW_LOCK = threading.Lock()
+
+
+def _png(fig) -> bytes:
+    """``fig`` rendered to PNG bytes, then closed (nothing is left for pyplot to show)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buffer.getvalue()
+
+
 def _figure_explorer(draw, controls: dict, title: str = ""):
     """A thin front: ``controls`` ({argument: widget}) above an ``Output`` that
     ``draw(**values)`` (a pure function returning ``(text, Figure)``) redraws on every
-    change. The old figure is cleared first and each figure closed once shown, so the
-    browser always shows exactly the last one (no auto-rendering by ``interact``)."""
+    change. Drawing is serialized (``_DRAW_LOCK``), a request overtaken by a newer one
+    is dropped, and the picture is rendered to PNG before it is shown, so the Output
+    always ends on the figure of the controls' last values."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+    from IPython.display import Image, display
 
     out = w.Output()
+    requests = [0]
 
     def show(*_):
-        text, fig = draw(**{name: widget.value for name, widget in controls.items()})
-        with out:
-            out.clear_output(wait=True)
-            if text:
-                print(text)
-            display(fig)
-        plt.close(fig)
+        requests[0] += 1
+        mine = requests[0]
+        with _DRAW_LOCK:
+            if mine != requests[0]:
+                return  # a newer change is waiting: it draws the newer values
+            text, fig = draw(**{name: widget.value for name, widget in controls.items()})
+            picture = _png(fig)
+            with out:
+                out.clear_output(wait=True)
+                if text:
+                    print(text)
+                display(Image(data=picture, format="png"))
 
     for widget in controls.values():
         widget.observe(show, names="value")
@@ -147,39 +176,37 @@ def layout_explorer():
 
 # -- adapters -------------------------------------------------------------------
 
-def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermediate: int = 6,
-                     start: str = "gate_up"):
-    """Pick a sample adapter, ``n``, the pool's max rank and ``tp``: the doctor's report
-    and each factor's shapes from file to pool, redrawn. Drives ``convert.doctor``."""
+def adapter_explorer_figure(adapter: str, n: int, max_rank: int, tp: int, folder: str = "../data/adapters",
+                            hidden: int = 8, intermediate: int = 6):
+    """``adapter_explorer``'s drawing: the doctor's report on one sample adapter and its
+    first module's journey from file to pool. Returns ``(text, Figure)``."""
     from pathlib import Path
-
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
 
     from .convert import doctor
     from .viz import adapter_journey_figure
 
+    report = doctor(Path(folder) / adapter, n, hidden, intermediate, max_rank, tp)
+    module, rows = next(iter(report.journey.items()))
+    return str(report), adapter_journey_figure(rows, f"{adapter}: {module}")
+
+
+def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermediate: int = 6,
+                     start: str = "gate_up"):
+    """Pick a sample adapter, ``n``, the pool's max rank and ``tp``: the doctor's report
+    and each factor's shapes from file to pool, redrawn."""
+    import functools
+    from pathlib import Path
+
+    import ipywidgets as w
+
     names = sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
-    adapter = w.Dropdown(options=names, value=start if start in names else names[0], description="adapter")
-    n = w.IntSlider(value=2, min=1, max=4, description="n experts")
-    max_rank = w.IntSlider(value=4, min=1, max=16, description="max rank R")
-    tp = w.Dropdown(options=[1, 2, 3, 6], value=1, description="tp")
-    out = w.Output()
-
-    def show(*_):
-        out.clear_output(wait=True)
-        with out:
-            report = doctor(Path(folder) / adapter.value, n.value, hidden, intermediate, max_rank.value, tp.value)
-            print(report)
-            for module, rows in list(report.journey.items())[:1]:
-                adapter_journey_figure(rows, f"{adapter.value}: {module}")
-                plt.show()
-
-    for widget in (adapter, n, max_rank, tp):
-        widget.observe(show, names="value")
-    show()
-    return w.VBox([w.HTML(f"<b>Adapter doctor</b>: a sink of H={hidden}, F={intermediate}"),
-                   w.HBox([adapter, tp]), w.HBox([n, max_rank]), out])
+    controls = {"adapter": w.Dropdown(options=names, value=start if start in names else names[0],
+                                      description="adapter"),
+                "tp": w.Dropdown(options=[1, 2, 3, 6], value=1, description="tp"),
+                "n": w.IntSlider(value=2, min=1, max=4, description="n experts"),
+                "max_rank": w.IntSlider(value=4, min=1, max=16, description="max rank R")}
+    draw = functools.partial(adapter_explorer_figure, folder=folder, hidden=hidden, intermediate=intermediate)
+    return _figure_explorer(draw, controls, f"<b>Adapter doctor</b>: a sink of H={hidden}, F={intermediate}")
 
 
 # -- forward and profiling ----------------------------------------------------
@@ -222,47 +249,43 @@ def roofline_explorer(record: dict | None = None):
 
 # -- tensor parallelism -------------------------------------------------------
 
-def tp_shard_explorer(n: int = 2, intermediate: int = 6):
-    """Pick n, F, tp and the gate/up layout: see which rank holds which rows and
-    columns, each rank's shapes, and the all-reduce bytes per token."""
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
+def tp_shard_explorer_figure(n: int, intermediate: int, tp: int, layout: str):
+    """``tp_shard_explorer``'s drawing: who holds what for ``tp`` ranks, each rank's
+    shapes and the all-reduce bytes per token. Returns ``(text, Figure)``."""
     import torch
 
     from .geometry import Geometry
     from .parallel import AllReduceCost, describe_shards, shard_owners
     from .viz import tp_shards_figure
 
+    interleaved = layout == "interleaved"
+    geometry = Geometry(n=n, hidden=8, intermediate=intermediate, rank=2, slots=2)
+    cost = AllReduceCost(hidden=4096, dtype=torch.bfloat16, tp=tp)
+    text = (f"{describe_shards(geometry, tp, interleaved)}\n"
+            f"all-reduce at H=4096 in bf16: {cost.payload} B per token per rank in, "
+            f"{cost.sent_per_rank:.0f} B sent per rank (ring); LoRA extra: {cost.lora_extra} B")
+    return text, tp_shards_figure(shard_owners(n, intermediate, tp, interleaved), interleaved)
+
+
+def tp_shard_explorer(n: int = 2, intermediate: int = 6):
+    """Pick n, F, tp and the gate/up layout: see which rank holds which rows and
+    columns, each rank's shapes, and the all-reduce bytes per token."""
+    import ipywidgets as w
+
     def divisors(F: int) -> list[int]:
         return [d for d in range(1, F + 1) if F % d == 0]
 
-    n_box = w.IntSlider(value=n, min=1, max=4, description="n experts")
-    f_box = w.IntSlider(value=intermediate, min=1, max=16, description="F")
-    tp_box = w.Dropdown(options=divisors(intermediate), value=2 if intermediate % 2 == 0 else 1, description="tp")
-    layout = w.ToggleButtons(options=["interleaved", "contiguous"], description="w13 layout")
-    out = w.Output()
-
-    def show(*_):
-        out.clear_output(wait=True)
-        with out:
-            interleaved = layout.value == "interleaved"
-            geometry = Geometry(n=n_box.value, hidden=8, intermediate=f_box.value, rank=2, slots=2)
-            print(describe_shards(geometry, tp_box.value, interleaved))
-            cost = AllReduceCost(hidden=4096, dtype=torch.bfloat16, tp=tp_box.value)
-            print(f"all-reduce at H=4096 in bf16: {cost.payload} B per token per rank in, "
-                  f"{cost.sent_per_rank:.0f} B sent per rank (ring); LoRA extra: {cost.lora_extra} B")
-            tp_shards_figure(shard_owners(n_box.value, f_box.value, tp_box.value, interleaved), interleaved)
-            plt.show()
+    controls = {"n": w.IntSlider(value=n, min=1, max=4, description="n experts"),
+                "intermediate": w.IntSlider(value=intermediate, min=1, max=16, description="F"),
+                "tp": w.Dropdown(options=divisors(intermediate), value=2 if intermediate % 2 == 0 else 1,
+                                 description="tp"),
+                "layout": w.ToggleButtons(options=["interleaved", "contiguous"], description="w13 layout")}
 
     def new_f(change):
-        tp_box.options = divisors(change["new"])  # only a tp that divides F is offered
+        controls["tp"].options = divisors(change["new"])  # only a tp that divides F is offered
 
-    f_box.observe(new_f, names="value")
-    for widget in (n_box, f_box, tp_box, layout):
-        widget.observe(show, names="value")
-    show()
-    return w.VBox([w.HTML("<b>Tensor-parallel shards</b>: one colour per rank"),
-                   w.HBox([n_box, f_box]), w.HBox([tp_box, layout]), out])
+    controls["intermediate"].observe(new_f, names="value")
+    return _figure_explorer(tp_shard_explorer_figure, controls, "<b>Tensor-parallel shards</b>: one colour per rank")
 
 
 # -- the per-expert outer defect ----------------------------------------------

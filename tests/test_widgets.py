@@ -17,10 +17,10 @@ def _close_figures():
     plt.close("all")
 
 
-def _not_blank(fig) -> bool:
+def _not_blank(fig, images: bool = True) -> bool:
     fig.canvas.draw()
     pixels = np.asarray(fig.canvas.buffer_rgba())
-    return bool(pixels.std() > 0) and any(ax.get_images() for ax in fig.axes)
+    return bool(pixels.std() > 0) and (not images or any(ax.get_images() for ax in fig.axes))
 
 
 @pytest.mark.parametrize("same", [False, True])
@@ -60,3 +60,21 @@ def test_explorers_build(make):
     import ipywidgets
 
     assert isinstance(make(), ipywidgets.Widget)
+
+
+def test_tp_shard_explorer_draws_both_layouts():
+    for layout in ("interleaved", "contiguous"):
+        text, fig = widgets.tp_shard_explorer_figure(n=2, intermediate=6, tp=3, layout=layout)
+        assert "all-reduce" in text and _not_blank(fig, images=False)
+
+
+def test_explorers_draw_one_after_another_under_one_lock():
+    # JupyterLab's subshells run callbacks in threads: drawing is serialized.
+    import threading
+
+    import inkling_lab.widgets as module
+
+    assert isinstance(module._DRAW_LOCK, type(threading.Lock()))
+    text, fig = widgets.pool_explorer_figure(2, 4, 2, 4.0, False)
+    png = module._png(fig)
+    assert png.startswith(b"\x89PNG") and not plt.get_fignums()  # rendered, then closed

@@ -175,7 +175,13 @@ class NotebookPage:
         self._until(_RUN_DONE, RUN_TIMEOUT_MS, "Run All finished")
 
     def cells(self) -> list[Cell]:
-        """What every cell shows now."""
+        """What every cell shows now (once every picture has loaded)."""
+        try:
+            self.page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.jp-Notebook img')).every(img => img.complete)",
+                timeout=WIDGET_TIMEOUT_MS, polling=250)
+        except PlaywrightError:
+            pass  # the blank-picture check names those that never loaded
         return [
             Cell(index=raw["index"], kind=raw["type"], source=raw["source"], tags=tuple(raw["tags"]),
                  count=raw["count"],
@@ -215,7 +221,7 @@ class NotebookPage:
         boxes = self.page.locator(_CHECKBOXES)
         for i in range(boxes.count()):
             box = boxes.nth(i)
-            box.scroll_into_view_if_needed()
+            self._in_view(box)
             before = box.evaluate(_SHOWN_BESIDE)
             box.click()
             self._until_changed(box, before, f"checkbox {i}")
@@ -239,7 +245,22 @@ class NotebookPage:
         holds it (with the kernel's metadata), waits for the write to finish."""
         self.page.evaluate(f"async path => {{ {_PANEL} await panel.context.save(); }}", self.path)
 
+    def _in_view(self, control: Locator) -> None:
+        """Scroll ``control`` to the middle of the window and wait until it stays put:
+        JupyterLab renders a long notebook lazily, and pictures above it still load."""
+        viewport = self.page.viewport_size or {"height": 900}
+        last = None
+        for _ in range(20):
+            control.evaluate("n => n.scrollIntoView({block: 'center'})")
+            self.page.wait_for_timeout(250)
+            box = control.bounding_box()
+            if box and box == last and 0 <= box["y"] <= viewport["height"] - box["height"]:
+                return
+            last = box
+        raise AssertionError(f"{self.path}: could not bring the control into view (it sits at {last})")
+
     def _drag_slider(self, handle: Locator) -> str:
+        self._in_view(handle)
         track = handle.locator("xpath=ancestor::*[contains(@class, 'noUi-target')]").bounding_box()
         grip = handle.bounding_box()
         if track is None or grip is None:
