@@ -12,6 +12,7 @@ from .geometry import PRESETS, Geometry
 from .lora import LoRABackend, SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
 from .scenario import Scenario
+from .shard import slice_lora_a, slice_lora_b
 from .sink import SharedSink
 from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_pool
 
@@ -56,6 +57,7 @@ __all__ = [
     "CATALOG", "CatalogEntry", "Diagnosis", "Finding", "Geometry", "LoRABackend", "LoRAFactors",
     "LoRAPool", "PRESETS", "PoolLayout", "SharedSink", "SharedSinkLoRA", "SlotBatch",
     "Scenario",
+    "slice_lora_a", "slice_lora_b",
     "diagnose_pool", "expect_error", "explain", "validate_pool",
     *sorted(_LAZY_NAMES), "convert_adapters",
 ]

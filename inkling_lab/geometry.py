@@ -6,6 +6,7 @@ expert dimension of the two outer factors (``1`` shared, ``n`` per expert).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 
 Shape = tuple[int, ...]
@@ -42,6 +43,10 @@ class Geometry:
         self._validate()
 
     def _validate(self) -> None:
+        for name in ("n", "hidden", "intermediate", "max_rank", "slots", "outer"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"Geometry.{name} must be an integer, got {value!r}")
         for name in ("n", "hidden", "intermediate", "slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Geometry.{name} must be at least 1, got {getattr(self, name)}")

@@ -1,8 +1,9 @@
-"""The shared sink with LoRA: ``set_lora_info``, derived operands, slot refresh and
-tensor-parallel slicing (SPEC §3, §4, §7)."""
+"""The shared sink with LoRA: ``initialize_lora``, ``set_lora_info``, derived operands and
+slot refresh, as either upstream wrapper generation does them (SPEC §3, §4); its
+tensor-parallel slicing is ``shard.py``'s (§7)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -16,6 +17,7 @@ from .sink import SharedSink
 from .validate import (MSG_INELIGIBLE, MSG_POOL_SHAPE, MSG_SLOT_RANGE, MSG_V2_INTERLEAVED, MSG_V2_NO_ENGINE,
                        MSG_V2_NOT_BF16, MSG_V2_POOL_SHAPE, PROBLEM_BACKEND, PROBLEM_WEIGHTS, V2_CLASS,
                        PoolLayout, check_generation, validate_pool)
+
 
 @dataclass(frozen=True)
 class LoRABackend:
@@ -109,6 +111,7 @@ class SharedSinkLoRA(SharedSink):
         self.w1_delta: torch.Tensor | None = None
         self.a_cat: torch.Tensor | None = None
         self.down_cat: torch.Tensor | None = None  # the second generation's derived operand
+        self._ops_cache: SinkOperands | None = None  # see operands()
 
     # -- eligibility -------------------------------------------------------------------
     @property
@@ -248,12 +251,12 @@ class SharedSinkLoRA(SharedSink):
         """
         if self.lora_buffers is None:
             return
-        _, gate_up_b, down_a, down_b = self.lora_buffers
         if self.generation == "v2":
             self._refresh_v2(slot_ids)
             return
         if self.w1_delta is None or self.a_cat is None:
             return
+        _, gate_up_b, down_a, _ = self.lora_buffers
         S = gate_up_b.shape[0]
         if slot_ids is None:
             slot_ids = range(S)
@@ -273,12 +276,16 @@ class SharedSinkLoRA(SharedSink):
 
     # -- tensor parallelism (SPEC §7) --------------------------------------------------
     def slice_lora_a(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
-        """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n."""
-        return shard.slice_lora_a(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
+        """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n
+        and (full, unsharded) F."""
+        return shard.slice_lora_a(weights, tp_rank, target_module, tp_size, self.n_shared_experts,
+                                  self.intermediate_size)
 
     def slice_lora_b(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
-        """This rank's share of a LoRA B factor: ``shard.slice_lora_b`` with this sink's n."""
-        return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, self.n_shared_experts)
+        """This rank's share of a LoRA B factor: ``shard.slice_lora_b`` with this sink's n
+        and (full, unsharded) F."""
+        return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, self.n_shared_experts,
+                                  self.intermediate_size)
 
     # -- forward -----------------------------------------------------------------------
     def operands(self) -> SinkOperands:
@@ -287,11 +294,15 @@ class SharedSinkLoRA(SharedSink):
 
         The record holds the module's own tensors (no copies): a slot refresh, which
         writes in place, shows through it; after ``set_lora_info`` ask for a new one.
+        The same record comes back while nothing was replaced (a forward's host time
+        counts: a decode step is a few microseconds of GPU work).
         """
-        w13_lin, w2_lin = self.linearized()
-        return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
-                            interleaved=self.interleaved, buffers=self.lora_buffers,
-                            w1_delta=self.w1_delta, a_cat=self.a_cat)
+        ops, w13_lin = self._ops_cache, self.linearized()[0]
+        if (ops is None or ops.w13_lin is not w13_lin or ops.buffers is not self.lora_buffers
+                or ops.w1_delta is not self.w1_delta or ops.a_cat is not self.a_cat
+                or ops.interleaved != self.interleaved):
+            ops = self._ops_cache = self._operands(self.lora_buffers, self.w1_delta, self.a_cat)
+        return ops
 
     def operands_for(self, gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
                      down_b: torch.Tensor) -> SinkOperands:
@@ -304,9 +315,15 @@ class SharedSinkLoRA(SharedSink):
         layout = validate_pool(gate_up_a, gate_up_b, down_a, down_b, n_shared_experts=self.n_shared_experts,
                                generation=self.generation)
         w1, a_cat = derive_operands(gate_up_b, down_a, self.interleaved) if layout.shared_outer else (None, None)
-        return replace(self.operands(), buffers=(gate_up_a, gate_up_b, down_a, down_b), w1_delta=w1, a_cat=a_cat)
+        return self._operands((gate_up_a, gate_up_b, down_a, down_b), w1, a_cat)
 
-    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
+    def _operands(self, buffers: tuple[torch.Tensor, ...] | None, w1_delta: torch.Tensor | None,
+                  a_cat: torch.Tensor | None) -> SinkOperands:
+        w13_lin, w2_lin = self.linearized()
+        return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
+                            interleaved=self.interleaved, buffers=buffers, w1_delta=w1_delta, a_cat=a_cat)
+
+    def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
                 backend: str = "auto") -> torch.Tensor:
         """``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]``, a ``SlotBatch`` naming each
         token's slot -> ``out`` like ``x``. No batch or no pool: the base sink."""

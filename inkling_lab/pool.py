@@ -7,7 +7,7 @@ offsets), and folds the scaling ``lora_alpha / r`` into the B factors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 

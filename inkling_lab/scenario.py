@@ -47,8 +47,7 @@ class Scenario:
         if len(ranks) != g.slots or any(not 0 <= r <= g.max_rank for r in ranks):
             raise ValueError(f"Scenario.random: ranks must give each of the {g.slots} slots a rank in "
                              f"0..{g.max_rank} (the pool's max_rank), got {ranks}")
-        sink = SharedSinkLoRA(g.n, g.hidden, g.intermediate, interleaved=interleaved, dtype=dtype,
-                              device=device, seed=seed)
+        sink = SharedSinkLoRA.from_geometry(g, interleaved, dtype, device, seed)
         pool = LoRAPool.from_geometry(g, dtype, device)
         for s, r in enumerate(ranks):
             if r:

@@ -9,9 +9,11 @@ upstream lacks (a ``tp_rank`` outside the group, ``ISL-K101``). ``shard_w13``,
 ``shard_w2`` and ``shard_pool`` cut the base weights and the four pool buffers the
 same way, so every shard of a rank comes from one cut.
 
-Upstream cuts at multiples of its module's ``F/tp``; these functions read ``F`` off the
-factor itself (the same numbers whenever the factor fits the module) and refuse a
-``tp`` that does not split it (``ISL-K102``: upstream cannot build such a module).
+Upstream cuts at multiples of its module's ``F/tp``, whatever the factor holds. Give
+the module's full per-expert ``F`` as ``intermediate_size`` to cut exactly there; by
+default ``F`` is read off the factor (the same cut whenever the factor fits the
+module). A ``tp`` that does not split ``F`` is refused (``ISL-K102``: upstream cannot
+build such a module).
 """
 from __future__ import annotations
 
@@ -78,18 +80,24 @@ def rank_features(intermediate: int, tp_rank: int, tp_size: int) -> torch.Tensor
 
 
 # -- the two cuts: every shard of a rank is one of these -------------------------------
-def cut_features(weights: torch.Tensor, tp_rank: int, tp_size: int, what: str = "down LoRA-A") -> torch.Tensor:
-    """``[..., F] -> [..., F/tp]``: the rank's block of the last axis (down A, ``w2``)."""
-    width = check_tp(weights.shape[-1], tp_size, what)
+def cut_features(weights: torch.Tensor, tp_rank: int, tp_size: int, what: str = "down LoRA-A",
+                 intermediate_size: int | None = None) -> torch.Tensor:
+    """``[..., F] -> [..., F/tp]``: the rank's block of the last axis (down A, ``w2``);
+    ``F`` is ``intermediate_size`` if given, else the last axis."""
+    F = weights.shape[-1] if intermediate_size is None else intermediate_size
+    width = check_tp(F, tp_size, what)
     start = tp_rank * width
     return weights[..., start:start + width].contiguous()
 
 
-def cut_gate_up(weights: torch.Tensor, tp_rank: int, tp_size: int, what: str = "gate/up LoRA-B") -> torch.Tensor:
+def cut_gate_up(weights: torch.Tensor, tp_rank: int, tp_size: int, what: str = "gate/up LoRA-B",
+                intermediate_size: int | None = None) -> torch.Tensor:
     """``[2F, ...] -> [2F/tp, ...]``, rows in ``[gate ‖ up]`` order: the rank's block of
-    the gate half, then the same block of the up half (upstream's per-expert cut)."""
+    the gate half, then the same block of the up half (upstream's per-expert cut). The
+    up half starts at row ``2F // 2`` of the factor; the block width is
+    ``intermediate_size / tp`` if given, else ``(2F // 2) / tp``."""
     half = weights.shape[0] // 2
-    width = check_tp(half, tp_size, what)
+    width = check_tp(half if intermediate_size is None else intermediate_size, tp_size, what)
     start = tp_rank * width
     gate, up = weights[start:start + width], weights[half + start:half + start + width]
     return torch.cat([gate, up], dim=0).contiguous()
@@ -101,7 +109,6 @@ def split_down_a(weights: torch.Tensor, n_shared_experts: int) -> torch.Tensor:
     rank, width = weights.shape
     if width % n_shared_experts:
         raise ValueError(MSG_DOWN_A_WIDTH.format(n=n_shared_experts, width=width))
-    # view, not reshape, as upstream: a non-contiguous factor gets torch's view error
     return weights.view(rank, n_shared_experts, width // n_shared_experts).transpose(0, 1).contiguous()
 
 
@@ -114,14 +121,15 @@ def split_gate_up_b(weights: torch.Tensor, n_shared_experts: int) -> torch.Tenso
 
 
 def slice_lora_a(weights: Factor, tp_rank: int, target_module: str, tp_size: int,
-                 n_shared_experts: int) -> Factor:
+                 n_shared_experts: int, intermediate_size: int | None = None) -> Factor:
     """Rank ``tp_rank``'s share of a LoRA A factor (upstream's ``slice_moe_lora_a_weights``).
 
     A 2D tensor first gets its expert axis: gate/up A ``[r, H] -> [1, r, H]``, down A
     ``[r, n*F] -> [n, r, F]`` (``ISL-E010`` when ``n*F`` does not split). Gate/up A, and
     everything at ``tp_size=1``, is then returned as it stands (a 3D tensor or a dict
     is the very object given). Down A is cut along its last axis to ``[..., F/tp]``;
-    a dict is cut expert by expert and stays a dict.
+    a dict is cut expert by expert and stays a dict. ``intermediate_size``: the
+    module's full per-expert ``F`` (default: the factor's).
     """
     check_rank(tp_rank, tp_size)
     module = target_module_name(target_module)
@@ -130,12 +138,13 @@ def slice_lora_a(weights: Factor, tp_rank: int, target_module: str, tp_size: int
     if tp_size <= 1 or module != DOWN:
         return weights
     if isinstance(weights, dict):
-        return {expert: cut_features(w, tp_rank, tp_size) for expert, w in weights.items()}
-    return cut_features(weights, tp_rank, tp_size)
+        return {expert: cut_features(w, tp_rank, tp_size, intermediate_size=intermediate_size)
+                for expert, w in weights.items()}
+    return cut_features(weights, tp_rank, tp_size, intermediate_size=intermediate_size)
 
 
 def slice_lora_b(weights: Factor, tp_rank: int, target_module: str, tp_size: int,
-                 n_shared_experts: int) -> Factor:
+                 n_shared_experts: int, intermediate_size: int | None = None) -> Factor:
     """Rank ``tp_rank``'s share of a LoRA B factor (upstream's ``slice_moe_lora_b_weights``).
 
     A 2D tensor first gets its expert axis: down B ``[H, r] -> [1, H, r]``, gate/up B
@@ -143,7 +152,8 @@ def slice_lora_b(weights: Factor, tp_rank: int, target_module: str, tp_size: int
     everything at ``tp_size=1``, is then returned as it stands. Gate/up B keeps the
     rank's rows of its gate half and the same rows of its up half: a dict expert by
     expert (it stays a dict), a 3D tensor expert by expert, stacked again, and any
-    other tensor along its first axis, as upstream cuts it.
+    other tensor along its first axis, as upstream cuts it. ``intermediate_size``: the
+    module's full per-expert ``F`` (default: each expert's rows // 2).
     """
     check_rank(tp_rank, tp_size)
     module = target_module_name(target_module)
@@ -151,11 +161,14 @@ def slice_lora_b(weights: Factor, tp_rank: int, target_module: str, tp_size: int
         weights = weights.unsqueeze(0) if module == DOWN else split_gate_up_b(weights, n_shared_experts)
     if tp_size <= 1 or module != GATE_UP:
         return weights
+    def cut(w: torch.Tensor) -> torch.Tensor:
+        return cut_gate_up(w, tp_rank, tp_size, intermediate_size=intermediate_size)
+
     if isinstance(weights, dict):
-        return {expert: cut_gate_up(w, tp_rank, tp_size) for expert, w in weights.items()}
+        return {expert: cut(w) for expert, w in weights.items()}
     if weights.dim() == 3:  # no experts: torch.stack's own error, as upstream's
-        return torch.stack([cut_gate_up(w, tp_rank, tp_size) for w in weights])
-    return cut_gate_up(weights, tp_rank, tp_size)
+        return torch.stack([cut(w) for w in weights])
+    return cut(weights)
 
 
 # -- the base weights and the pool ------------------------------------------------------------

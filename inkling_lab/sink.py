@@ -8,10 +8,13 @@ the same function: the *per-expert* form (one small matmul per expert) and the
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Literal
 
 import torch
 from torch import nn
+
+from .geometry import Geometry
 
 Form = Literal["linearized", "per_expert"]
 
@@ -58,15 +61,12 @@ def linearize(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.
     return w13.reshape(n * two_f, hidden), w2.transpose(1, 2).reshape(n * w2.shape[2], hidden)
 
 
-def _as_tokens(x: torch.Tensor, last: int, what: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _as_tokens(x: torch.Tensor, last: int, what: str, device: torch.device) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1 or x.shape[-1] != last:
         raise ValueError(f"{what} must end in a dimension of size {last}, got shape {tuple(x.shape)}")
-    # Checked here so that a mismatch names the tensor instead of surfacing as a raw matmul error.
-    if x.dtype != dtype:
-        raise TypeError(f"{what} is {x.dtype} but the sink's weights are {dtype}: pass {what}.to({dtype}) "
-                        f"(or build the sink with dtype={x.dtype})")
+    # Checked here so that a mismatch names the tensor instead of surfacing as a raw torch error.
     if x.device != device:
         raise ValueError(f"{what} is on {x.device} but the sink's weights are on {device}: "
                          f"pass {what}.to('{device}')")
@@ -76,13 +76,21 @@ def _as_tokens(x: torch.Tensor, last: int, what: str, dtype: torch.dtype, device
 def check_tokens(x: torch.Tensor, gammas: torch.Tensor, *, n: int, hidden: int, dtype: torch.dtype,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [T, H]`` (or ``[..., H]``) and ``gammas [T, n]`` (or ``[..., n]``) as 2D token
-    rows, after checking their sizes, and that dtype and device are the sink's.
+    rows, after checking their sizes and that they are where the sink's weights are.
 
-    Raises ``ValueError`` for a wrong size, token count or device, ``TypeError`` for a
-    wrong dtype or a non-tensor; each message names the argument and the fix.
+    ``x`` must have the weights' dtype. ``gammas`` may be of any floating dtype: sglang
+    passes the router's weights, typically float32 next to bf16 hidden states, and the
+    activation reads them in float32 either way. Raises ``ValueError`` for a wrong size,
+    token count or device, ``TypeError`` for a wrong dtype or a non-tensor; each message
+    names the argument and the fix.
     """
-    x2 = _as_tokens(x, hidden, "x", dtype, device)
-    g2 = _as_tokens(gammas, n, "gammas", dtype, device)
+    x2 = _as_tokens(x, hidden, "x", device)
+    g2 = _as_tokens(gammas, n, "gammas", device)
+    if x2.dtype != dtype:
+        raise TypeError(f"x is {x2.dtype} but the sink's weights are {dtype}: pass x.to({dtype}) "
+                        f"(or build the sink with dtype={x2.dtype})")
+    if not g2.is_floating_point():
+        raise TypeError(f"gammas is {g2.dtype}: the experts' weights are real numbers, pass gammas.float()")
     if g2.shape[0] != x2.shape[0]:
         raise ValueError(f"gammas has {g2.shape[0]} tokens but x has {x2.shape[0]}")
     return x2, g2
@@ -100,6 +108,10 @@ class SharedSink(nn.Module):
                  interleaved: bool = True, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, seed: int = 0) -> None:
         super().__init__()
+        for name, value in (("n_shared_experts", n_shared_experts), ("hidden_size", hidden_size),
+                            ("intermediate_size", intermediate_size)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"SharedSink: {name} must be an integer, got {value!r}")
         if min(n_shared_experts, hidden_size, intermediate_size) < 1:
             raise ValueError(
                 "SharedSink needs n_shared_experts, hidden_size and intermediate_size of at least 1, got "
@@ -113,6 +125,12 @@ class SharedSink(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n, H, F, dtype=dtype, device=device), requires_grad=False)
         self.reset_parameters(seed)
         self._lin_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @classmethod
+    def from_geometry(cls, g: Geometry, interleaved: bool = True, dtype: torch.dtype = torch.float32,
+                      device: torch.device | str | None = None, seed: int = 0) -> SharedSink:
+        """A sink of ``g``'s ``n``, ``H`` and ``F`` (``il.PRESETS["inkling-tp8"]``, say)."""
+        return cls(g.n, g.hidden, g.intermediate, interleaved, dtype, device, seed)
 
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:

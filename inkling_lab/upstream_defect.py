@@ -315,8 +315,6 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:
     return float(num.norm()) / d if d > 0 else 0.0
 
 
-
-
 def doctor_finding(source: Source | Mapping[str, LoRAFactors], *, interleaved: bool = True,
                    what: str | None = None) -> Finding | None:
     """The doctor's ``ISL-W001`` finding for a per-expert outer adapter or pool (``None``
@@ -344,7 +342,6 @@ def doctor_finding(source: Source | Mapping[str, LoRAFactors], *, interleaved: b
                    consequence="sglang 0.5.23 loads it without an error and serves a wrong gate/up delta: the up "
                                "half of gate-up A is never read, and gate-up B's rows land on the wrong features; "
                                "the down delta is right")
-
 
 
 def collapse_pool_outer(adapters: Sequence[Mapping[str, LoRAFactors]], names: Sequence[str], outer: int | None

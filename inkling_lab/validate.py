@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .geometry import BUFFER_NAMES
+from .geometry import BUFFER_NAMES, Geometry
 
 PRETTY = {"gate_up_a": "gate-up A", "gate_up_b": "gate-up B", "down_a": "down A", "down_b": "down B"}
 SYMBOLS = {"gate_up_a": "[S, O, 2R, H]", "gate_up_b": "[S, n, 2F, R]",
@@ -50,16 +50,13 @@ MSG_V2_NOT_BF16 = "{cls} needs the linearized BF16 shared sink"
 MSG_V2_INTERLEAVED = "The V2 shared sink must select contiguous W13 before loading"
 
 
-@dataclass(frozen=True)
-class PoolLayout:
-    """What a valid pool looks like: ``[S, O, 2R, H]`` and friends, in numbers."""
+@dataclass(frozen=True, init=False)
+class PoolLayout(Geometry):
+    """The geometry that four valid pool buffers spell out (``[S, O, 2R, H]`` and friends,
+    in numbers). Upstream's checks let zero extents through, so none is refused here."""
 
-    slots: int
-    outer: int
-    rank: int
-    hidden: int
-    intermediate: int
-    shared_outer: bool
+    def _validate(self) -> None:
+        """Nothing more than upstream's checks, which ran before the layout was read."""
 
 
 def shape_of(x: Any) -> tuple[int, ...]:
@@ -100,7 +97,7 @@ def upstream_check(shapes: dict[str, tuple[int, ...]], n: int, generation: str =
     if generation == "v2":
         _, outer, two_rank, _ = ga
         _, _, _, rank = gb
-        db[2]  # noqa: B018 -- upstream reads H here, before its condition
+        db[2]  # upstream reads H here, before its condition: too few axes is its IndexError
         if (outer not in (1, n) or db[1] != outer or gb[1] != n or da[1] != n
                 or two_rank != 2 * rank or da[2] != rank or db[-1] != rank):
             return "ISL-E006", MSG_V2_DISAGREE.format(n=n)
@@ -136,8 +133,8 @@ def validate_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *,
         raise ValueError(failure[1])
     ga, gb = shapes["gate_up_a"], shapes["gate_up_b"]
     outer = ga[1]
-    return PoolLayout(slots=ga[0] if generation == "v2" else gb[0], outer=outer, rank=gb[3], hidden=ga[3],
-                      intermediate=gb[2] // 2, shared_outer=outer == 1)
+    return PoolLayout(n=gb[1], hidden=ga[3], intermediate=gb[2] // 2, max_rank=gb[3],
+                      slots=ga[0] if generation == "v2" else gb[0], outer=outer)
 
 
 # ----------------------------------------------------------------------------

@@ -155,3 +155,18 @@ def test_operands_for_computes_with_another_pool_and_adopts_nothing(scenario):
                reference_forward(other.operands(), sc.x, sc.gammas, sc.batch)) < 1e-12
     assert sc.sink.lora_buffers is before[0]
     assert torch.equal(sc.sink.w1_delta, before[1]) and torch.equal(sc.sink.a_cat, before[2])
+
+
+def test_operands_are_handed_out_again_until_something_is_replaced(scenario):
+    sc = scenario(SMALL, seed=37)
+    ops = sc.sink.operands()
+    assert sc.sink.operands() is ops                                      # nothing changed
+    sc.sink.on_lora_slots_updated([0])                                    # writes in place: same record
+    assert sc.sink.operands() is ops
+    sc.sink.set_lora_info(*(b.clone() for b in sc.pool.buffers()))        # new buffers: a new record
+    assert sc.sink.operands() is not ops and sc.sink.operands().buffers is sc.sink.lora_buffers
+    ops = sc.sink.operands()
+    with torch.no_grad():
+        sc.sink.w13.mul_(2)                                               # new weights: a new record
+    assert sc.sink.operands() is not ops
+    torch.testing.assert_close(sc.sink.operands().w13_lin, sc.sink.linearized()[0])

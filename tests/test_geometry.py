@@ -57,3 +57,16 @@ def test_inkling_presets_are_the_real_model_and_its_tp_shards():
     for tp in (2, 4, 8):
         assert PRESETS[f"inkling-tp{tp}"] == ink.with_(intermediate=3072 // tp)
     assert PRESETS["inkling-tp8"].intermediate == 384
+
+
+def test_a_valid_pools_layout_is_its_geometry():
+    from inkling_lab.validate import validate_pool
+
+    g = Geometry(n=3, hidden=16, intermediate=10, max_rank=4, slots=5, outer=3)
+    layout = validate_pool(*g.buffer_shapes().values(), n_shared_experts=3)
+    assert isinstance(layout, Geometry) and layout.buffer_shapes() == g.buffer_shapes()
+    assert (layout.n, layout.slots, layout.outer, layout.max_rank, layout.rank) == (3, 5, 3, 4, 4)
+    assert not layout.shared_outer
+    # Upstream's checks let zero extents through, and so does the layout read from them.
+    empty = validate_pool((0, 1, 0, 0), (0, 2, 0, 0), (0, 2, 0, 0), (0, 1, 0, 0), n_shared_experts=2)
+    assert (empty.slots, empty.max_rank, empty.hidden, empty.intermediate) == (0, 0, 0, 0)

@@ -94,3 +94,13 @@ def test_bad_inputs_name_the_tensor():
         sink(torch.randn(3, 6), torch.rand(2, 2))
     with pytest.raises(ValueError, match="form must be"):
         sink.base_forward(torch.randn(3, 6), torch.rand(3, 2), form="fused")
+
+
+def test_a_sink_from_a_geometry_has_its_sizes():
+    from inkling_lab.geometry import PRESETS
+    from inkling_lab.lora import SharedSinkLoRA
+
+    sink = SharedSinkLoRA.from_geometry(PRESETS["toy"].with_(intermediate=4), interleaved=False, seed=2)
+    assert isinstance(sink, SharedSinkLoRA) and not sink.interleaved
+    assert (sink.n_shared_experts, sink.hidden_size, sink.intermediate_size) == (2, 8, 4)
+    assert torch.equal(sink.w13, SharedSinkLoRA(2, 8, 4, interleaved=False, seed=2).w13)

@@ -1,4 +1,4 @@
-"""The kit under bad input (issue 14), grouped by promise.
+"""The kit under bad input, grouped by promise.
 
 * State kept: a call that fails leaves the object exactly as it was.
 * Clear error: bad input gives a ``TypeError``/``ValueError`` that names the argument
@@ -136,6 +136,30 @@ def test_clear_error_random_ids_give_a_batch_of_exactly_those_ints_or_a_document
         assert batch.token_slots().tolist() == ids
 
 
+DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32, torch.bool,
+          torch.complex64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(0, 4), max_size=3), seed=st.integers(0, 99),
+       num_slots=st.integers(0, 4), segments=st.booleans())
+def test_clear_error_random_tensors_give_a_batch_or_a_documented_error(dtype, shape, seed, num_slots, segments):
+    gen = torch.Generator().manual_seed(seed)
+    values = (torch.randn(shape, generator=gen) * 3).to(dtype) if dtype.is_floating_point or dtype.is_complex \
+        else torch.randint(-2, 5, shape, generator=gen).to(dtype)
+    try:
+        if segments:
+            batch = SlotBatch.from_segments(values, values, num_slots=num_slots)
+        else:
+            batch = SlotBatch.from_token_slots(values, num_slots=num_slots)
+    except (TypeError, ValueError) as exc:
+        assert str(exc).startswith("SlotBatch: ")
+    else:
+        assert not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+        if not segments:
+            assert batch.token_slots().tolist() == values.flatten().long().tolist()
+
+
 # -- clear error: the forward's inputs -----------------------------------------------------
 
 def _sink_and_inputs(cls=SharedSinkLoRA):
@@ -149,8 +173,18 @@ def test_clear_error_an_input_of_another_dtype_is_named(cls):
     with pytest.raises(TypeError, match=r"x is torch.float64 but the sink's weights are torch.float32: "
                                         r"pass x.to\(torch.float32\)"):
         sink(x.double(), gammas)
-    with pytest.raises(TypeError, match=r"gammas is torch.bfloat16 but the sink's weights are torch.float32"):
-        sink(x, gammas.bfloat16())
+    with pytest.raises(TypeError, match=r"gammas is torch.int64: .* pass gammas.float\(\)"):
+        sink(x, torch.ones(3, 2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_gammas_of_another_floating_dtype_are_read_as_sglang_reads_them(backend):
+    # sglang hands the sink the router's weights, float32 next to bf16 hidden states.
+    sink = SharedSinkLoRA(2, 8, 6, dtype=torch.float64)
+    x, gammas = torch.randn(3, 8, dtype=F64), torch.rand(3, 2, dtype=F64)
+    want = sink(x, gammas, backend=backend)
+    torch.testing.assert_close(sink(x, gammas.float(), backend=backend), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(SharedSink.base_forward(sink, x, gammas.float()), want.to(F64), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("cls", [SharedSinkLoRA, SharedSink])
@@ -169,3 +203,17 @@ def test_clear_error_every_backend_is_guarded_by_the_same_checks():
             sink(x.double(), gammas, backend=backend)
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
         sink([[0.0] * 8], gammas[:1])
+
+
+# -- clear error: sizes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4.5), r"Geometry.max_rank .* got 4.5"),
+    (lambda: LoRAPool(n=2, hidden="8", intermediate=6, slots=3, max_rank=4), r"Geometry.hidden .* got '8'"),
+    (lambda: LoRAPool(n=True, hidden=8, intermediate=6, slots=3, max_rank=4), r"Geometry.n .* got True"),
+    (lambda: SharedSinkLoRA(2, 8.0, 6), r"SharedSink: hidden_size must be an integer, got 8.0"),
+    (lambda: SharedSink(2, 8, None), r"SharedSink: intermediate_size must be an integer, got None"),
+], ids=["pool_rank", "pool_hidden", "pool_n", "sink_hidden", "sink_intermediate"])
+def test_clear_error_sizes_that_are_not_integers_are_named(make, message):
+    with pytest.raises(TypeError, match=message):
+        make()

@@ -136,3 +136,10 @@ def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert not tb.pick_tiles(128, weight_elems=2 * 768 * 1536).cublas       # shape A
     assert tb.pick_tiles(128, weight_elems=2 * 2048 * 4096).cublas          # shape B
     assert tb.pick_tiles(8192).cublas and tb.pick_tiles(8192).bm >= 64
+
+
+def test_gammas_of_another_floating_dtype_are_read_in_float32():
+    sink, x, gammas, batch = make_case(2, 20, 10, 2, 2, 7, True, True, seed=5)
+    want, _ = run(sink, x, gammas, batch)
+    got, _ = run(sink, x, gammas.double(), batch)  # sglang passes the router's float32 weights
+    assert rel(got, want.double()) < 1e-6

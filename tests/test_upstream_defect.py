@@ -272,7 +272,7 @@ def test_the_doctors_finding():
     assert "inkling-lab convert" in doctor_finding(as_per_expert(shared, 2)).fix
 
 
-# -- the doctor and the converter (issue 3's, wired here) --------------------------------
+# -- the doctor and the converter -------------------------------------------------------
 
 def identical_outer_adapter():
     """A per-expert export whose outer factors are the same for both experts."""

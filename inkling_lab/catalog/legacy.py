@@ -84,8 +84,9 @@ ENTRIES: list[CatalogEntry] = [
                 "layout, expert-count and rank checks (ISL-E002..E005) into this one message. Run "
                 "il.diagnose_pool on the same buffers to see which of the four it is.",
         when="Any of the ISL-E002..E005 situations, on the V2 wrapper.",
-        setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6, interleaved=False)\n"
-              "sink.initialize_lora(il.LoRABackend('triton', 3), generation='v2')\n" + _POOL
+        setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6, interleaved=False,\n"
+              "                         dtype=torch.bfloat16)  # V2 needs the contiguous bf16 sink\n"
+              "sink.initialize_lora(il.LoRABackend('triton_v2', 3), generation='v2')\n" + _POOL
               + "ga, gb, da, db = pool.buffers()\n",
         trigger="sink.set_lora_info(ga[:, :, :4], gb, da, db)  # a rank mismatch, in V2's words\n",
         fix="print(il.diagnose_pool(ga[:, :, :4], gb, da, db, n_shared_experts=2).codes)  # which check\n"

@@ -39,12 +39,13 @@ def reference_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
             gate, up = y[gate_rows].clone(), y[up_rows].clone()
             if use_lora:
                 o = 0 if ga.shape[0] == 1 else e                 # shared or per-expert outer
+                # B @ (A @ x): A shrinks x to R features, B expands them to F.
                 gate += scaling * (gb[e, :F] @ (ga[o, :R] @ xs[t]))
                 up += scaling * (gb[e, F:] @ (ga[o, R:] @ xs[t]))
             act = torch.nn.functional.silu(gate) * up * gs[t, e]  # [F]
             out[t] += w2[e] @ act
             if use_lora:
-                if db.shape[0] == 1:                             # shared down B: sum the shrinks first
+                if db.shape[0] == 1:                             # shared down B: sum the shrinks, expand once
                     down_shrink += da[e] @ act
                 else:
                     out[t] += scaling * (db[e] @ (da[e] @ act))
