@@ -6,6 +6,7 @@ cell above raised, verify a fix cell. Each prints one short verdict; none holds 
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import sys
@@ -64,14 +65,19 @@ def _last_library_frame(exc: BaseException) -> str:
     return f"{'/'.join(path.parts[path.parts.index('inkling_lab'):])}, in {frames[-1].name}"
 
 
-def raised(code: str) -> None:
-    """Check that the cell run just before this one raised exactly catalog entry ``code``
-    (its type and its message), and say where the kit raised it and where sglang does.
+def _where_upstream(entry) -> str:
+    """Where sglang raises it, or, for the kit's own refusals, what sglang does instead."""
+    upstream = getattr(entry, "upstream", "")
+    by_upstream = getattr(entry, "by_upstream", getattr(entry, "origin", "").startswith("sglang"))
+    if by_upstream:
+        return (f"  sglang: {upstream}" if upstream else
+                "  sglang raises the same type and message; only the frames above it differ")
+    return "  the kit's own check" + (f"; sglang: {upstream}" if upstream else "")
 
-    Raises ``AssertionError`` when that cell raised nothing, or something else: a
-    walkthrough never passes by not raising. The exception is consumed, so the next
-    check cannot see it again.
-    """
+
+def _check_last_error(code: str) -> BaseException:
+    """The exception the previous cell raised, if it is exactly catalog entry ``code``;
+    ``AssertionError`` otherwise. Consumed, so that no later check sees it again."""
     exc = getattr(sys, "last_value", None)  # IPython's record of the last uncaught exception
     sys.last_value = None
     if hasattr(sys, "last_exc"):
@@ -81,24 +87,78 @@ def raised(code: str) -> None:
     if exc is None:
         check.__exit__(None, None, None)  # raises: nothing was raised
     check.__exit__(type(exc), exc, exc.__traceback__)  # raises unless it is exactly this entry
+    return exc
+
+
+def _explained(entry) -> str:
+    """The line saying how sglang's own words for ``entry`` read (they must be explained as it)."""
+    from .errors import find_entry
+
+    sample = getattr(entry, "sample", "")
+    if find_entry(sample) is not entry:
+        raise AssertionError(f"{entry.code}: sglang's words {sample!r} are not explained as {entry.code}")
+    return f"✓ explained as expected: {entry.code}, {entry.title}; {_who(entry)} says:\n  {sample}"
+
+
+def _who(entry) -> str:
+    return getattr(entry, "generation", "") or getattr(entry, "origin", "")
+
+
+def raised(code: str) -> None:
+    """Check that the cell run just before this one raised exactly catalog entry ``code``
+    (its type and its message), and say where the kit raised it and where sglang does.
+    For words the kit does not write itself, the cell must raise what the kit raises
+    instead (the entry's ``kit_code``), and sglang's words must read as ``code``.
+
+    Raises ``AssertionError`` when that cell raised nothing, or something else: a
+    walkthrough never passes by not raising.
+    """
     entry = CATALOG[code]
-    print(f"✓ raised as expected: {code}, {entry.title}")
+    kit_code = "" if getattr(entry, "reproduced", True) else entry.kit_code
+    exc = _check_last_error(kit_code or code)
+    shown = CATALOG[kit_code or code]
+    print(f"✓ raised as expected: {shown.code}, {shown.title}")
     print(f"  the kit raised it in {_last_library_frame(exc)}")
-    upstream = getattr(entry, "upstream", "")
-    if upstream:
-        print(f"  sglang raises it in {upstream}: its traceback ends there, below the server's loader frames")
-    elif entry.origin.startswith("inkling_lab"):
-        print("  a refusal of the kit's own (ISL-K): what sglang does instead is under 'Why' below")
+    if kit_code:
+        print(_explained(entry))
     else:
-        print(f"  {entry.origin} raises the same type and message; only the frames above it differ")
+        print(_where_upstream(entry))
+
+
+def reported(code: str, found) -> None:
+    """Check that ``found`` (a ``Diagnosis``, anything with ``.findings``, or a list of
+    findings: what the cell above gave) holds finding ``code``; ``AssertionError`` if not."""
+    from .errors import codes_of
+
+    entry = CATALOG[code]
+    got = codes_of(found)
+    if code not in got:
+        raise AssertionError(f"expected finding {code} ({entry.title}), but the cell above reports {got}")
+    print(f"✓ reported as expected: {code}, {entry.title}")
+    print(_where_upstream(entry))
+
+
+def explained(code: str) -> None:
+    """For words only sglang writes (the kit raises nothing for the trigger above):
+    check that they read as ``code`` and show them."""
+    print(_explained(CATALOG[code]))
+
+
+def _run(source: str, name: str):
+    """Run ``source`` like a cell; the value of its last line when that is an expression."""
+    tree = ast.parse(source, name)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    scope = {"__name__": "__main__"}
+    exec(compile(tree, name, "exec"), scope)
+    return eval(compile(ast.Expression(last.value), name, "eval"), scope) if last is not None else None
 
 
 def verify(code: str) -> None:
     """Re-run the cell run just before this one (the fix) in a fresh namespace, with
     catalog entry ``code``'s warning made an error, and say whether it runs clean.
 
-    Raises ``AssertionError`` with what still goes wrong. What the fix prints is not
-    shown again.
+    A finding's fix must not report it. Raises ``AssertionError`` with what still goes
+    wrong. What the fix prints is not shown again.
     """
     source = _last_cell.get("source", "")
     if not source.strip():
@@ -111,9 +171,14 @@ def verify(code: str) -> None:
             warnings.simplefilter("error", entry.exc_type)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(SNIPPET_PRELUDE + source, f"<fix for {code}>", "exec"), {"__name__": "__main__"})
+                result = _run(SNIPPET_PRELUDE + source, f"<fix for {code}>")
         except Exception as exc:  # noqa: BLE001 - any failure is the verdict
             raise AssertionError(f"the fix for {code} does not run clean in a fresh namespace: "
                                  f"{type(exc).__name__}: {exc}") from exc
+    if entry.exc_type is None and result is not None:  # a finding: the fix must not report it
+        from .errors import codes_of
+
+        if code in codes_of(result):
+            raise AssertionError(f"the fix for {code} still reports {code}")
     print(f"✓ verified: the fix runs clean on fresh objects, without {code} or any other error "
           f"(re-ran the cell above, from {first.strip()[:60]!r})")

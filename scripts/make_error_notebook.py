@@ -25,6 +25,7 @@ only what the catalog changed. Then execute the notebook:
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import pkgutil
 import sys
@@ -42,7 +43,7 @@ MARKER = "<!-- walkthroughs: generated from the catalog by scripts/make_error_no
 GENERATED = {"generated": "make_error_notebook"}
 
 # group: (heading, where the errors come from). The order is the order of a load:
-# files, normalization, slicing, the pool, the wrapper's checks, the forward.
+# files, the loader, normalization, slicing, the pool, the wrapper's checks, the forward.
 GROUPS: dict[str, tuple[str, str]] = {
     "adapter_files": ("Adapter files", "reading a PEFT adapter folder: the config, the weights file, the "
                       "names and shapes of the factors (the kit's loader; sglang reads the same files)"),
@@ -51,6 +52,8 @@ GROUPS: dict[str, tuple[str, str]] = {
                   "axis, renamed and stacked into gate-up"),
     "tp": ("Tensor-parallel slicing", "`slice_lora_a` / `slice_lora_b`: each rank's share of every factor, and "
            "the kit's tensor-parallel runner"),
+    "loader": ("The LoRA manager", "sglang's loader (`srt/lora/lora_manager.py`, `mem_pool.py`): what it "
+               "refuses, skips or drops while it reads an adapter and fills a slot"),
     "pool": ("Loading into a pool slot", "the LoRA memory pool: an adapter's normalized factors written into "
              "one slot of the four buffers"),
     "eligibility": ("Eligibility", "`initialize_lora`: whether the shared-sink LoRA wrapper can serve this "
@@ -61,6 +64,8 @@ GROUPS: dict[str, tuple[str, str]] = {
     "v2": ("The V2 generation", "the second wrapper generation (`InklingBatchDenseMLPWithLoRAV2`): its own "
            "`initialize_lora` errors and its folded pool message"),
     "forward": ("The forward", "a batch through the backends: slot ids, devices, kernels"),
+    "diagnose": ("diagnose_pool findings", "what `il.diagnose_pool` finds that sglang's checks let through: it "
+                 "reports, it does not raise"),
     "core": ("The forward", "a batch through the backends: slot ids, devices, kernels"),
     "upstream": ("Upstream behaviour", "what upstream's wrapper methods do with unusual inputs"),
     "doctor": ("Doctor findings", "`inkling-lab doctor`: what sglang would do with an adapter, found before "
@@ -82,6 +87,10 @@ _LEGACY_GROUPS = {
 }
 
 
+_ORDER = ("adapter_files", "files", "loader", "normalize", "tp", "pool", "eligibility", "set_lora_info", "refresh",
+          "v2", "forward", "core", "upstream", "gpu", "diagnose", "doctor", "warnings")
+
+
 def group_of(entry: CatalogEntry, module: str) -> str:
     """The entry's own ``group`` where it has one, else its catalog module's name."""
     group = getattr(entry, "group", "") or module
@@ -96,11 +105,10 @@ def grouped_entries() -> dict[str, list[CatalogEntry]]:
     """Every catalog entry, by group, groups in GROUPS' order (unknown groups last)."""
     by_group: dict[str, list[CatalogEntry]] = {}
     for info in sorted(pkgutil.iter_modules(catalog.__path__), key=lambda m: m.name):
-        if info.name == "entry":
-            continue
-        for entry in importlib.import_module(f"{catalog.__name__}.{info.name}").ENTRIES:
+        module = importlib.import_module(f"{catalog.__name__}.{info.name}")
+        for entry in getattr(module, "ENTRIES", ()):  # entry.py and helpers hold none
             by_group.setdefault(group_of(entry, info.name), []).append(entry)
-    order = list(GROUPS)
+    order = list(_ORDER)
     # Groups that share a heading (files / adapter_files) are shown as one.
     merged: dict[str, list[CatalogEntry]] = {}
     for group in sorted(by_group, key=lambda g: order.index(g) if g in order else len(order)):
@@ -127,9 +135,38 @@ def _code(source: str, cell_id: str, tags: tuple[str, ...] = ()) -> nbformat.Not
     return cell
 
 
+def _is_warning(entry: CatalogEntry) -> bool:
+    return isinstance(entry.exc_type, type) and issubclass(entry.exc_type, Warning)
+
+
+def _kind(entry: CatalogEntry) -> str:
+    """How the walkthrough shows the entry: ``raise`` (its trigger raises it, or, for
+    words the kit does not write, the kit's own error), ``report`` (a finding the
+    trigger's last line reports), ``explain`` (words only sglang writes; the kit's
+    trigger raises nothing)."""
+    if not getattr(entry, "reproduced", True):
+        return "raise" if getattr(entry, "kit_code", "") else "explain"
+    if entry.exc_type is None:
+        return "report"
+    return "raise"
+
+
+def _assign_last_line(source: str, name: str) -> str:
+    """``source`` with its last statement, an expression, assigned to ``name``."""
+    lines = source.rstrip("\n").splitlines()
+    last = ast.parse(source).body[-1]
+    if not isinstance(last, ast.Expr):
+        raise ValueError(f"a finding's trigger must end with the expression that reports it:\n{source}")
+    start = last.lineno - 1
+    lines[start] = f"{name} = " + lines[start]
+    return "\n".join(lines) + "\n"
+
+
 def _trigger_source(entry: CatalogEntry) -> str:
     source = entry.setup + entry.trigger
-    if isinstance(entry.exc_type, type) and issubclass(entry.exc_type, Warning):
+    if _kind(entry) == "report":
+        return _assign_last_line(source, "found")
+    if _is_warning(entry) and getattr(entry, "reproduced", True):
         # A warning raises nothing; made an error here, it shows where it comes from.
         kind = entry.exc_type
         return (f"import warnings\nfrom {kind.__module__} import {kind.__qualname__}\n\n"
@@ -139,26 +176,31 @@ def _trigger_source(entry: CatalogEntry) -> str:
     return source
 
 
-def _where(entry: CatalogEntry) -> str:
-    parts = [f"*{entry.origin}*"]
-    for field in ("generation", "upstream"):
-        value = getattr(entry, field, "")
-        if value:
-            parts.append(f"{field}: `{value}`" if field == "upstream" else f"{value} generation")
-    return " · ".join(parts)
+def _check_source(entry: CatalogEntry) -> str:
+    return {"raise": f'il.nb.raised("{entry.code}")', "report": f'il.nb.reported("{entry.code}", found)',
+            "explain": f'il.nb.explained("{entry.code}")'}[_kind(entry)]
+
+
+def _who(entry: CatalogEntry) -> str:
+    return getattr(entry, "generation", "") or getattr(entry, "origin", "")
 
 
 def entry_cells(entry: CatalogEntry) -> list[nbformat.NotebookNode]:
     """The six cells of one walkthrough."""
     code = entry.code
-    kind = entry.exc_type.__name__ if entry.exc_type else "warning"
+    kind = entry.exc_type.__name__ if entry.exc_type else getattr(entry, "kind", "warning")
+    why = [f"**Why:** {entry.meaning}"]
+    if getattr(entry, "upstream", ""):
+        why.append(f"**Where it comes from:** {entry.upstream}")
+    if getattr(entry, "remedy", ""):
+        why.append(f"**What to do:** {entry.remedy}")
+    raises = _kind(entry) == "raise"
     return [
-        _md(f"### {code} · {entry.title}\n\n{_where(entry)}. `{kind}: {entry.message}`\n\n"
+        _md(f"### {code} · {entry.title}\n\n*{_who(entry)}*. `{kind}: {entry.message}`\n\n"
             f"**When:** {entry.when}", _cell_id(code, "title")),
-        _code(_trigger_source(entry), _cell_id(code, "trigger"), ("raises-exception",)),
-        _code(f'il.nb.raised("{code}")', _cell_id(code, "check")),
-        _md(f"**Why:** {entry.meaning}\n\n**Fix** (edit it and re-run it, then the check below):",
-            _cell_id(code, "why")),
+        _code(_trigger_source(entry), _cell_id(code, "trigger"), ("raises-exception",) if raises else ()),
+        _code(_check_source(entry), _cell_id(code, "check")),
+        _md("\n\n".join(why) + "\n\n**Fix** (edit it and re-run it, then the check below):", _cell_id(code, "why")),
         # What a fix shows may hold random numbers; the verify cell below is its check.
         _code(entry.setup + entry.fix, _cell_id(code, "fix"), ("nbval-ignore-output",)),
         _code(f'il.nb.verify("{code}")', _cell_id(code, "verify")),

@@ -50,15 +50,25 @@ def test_notebook_03_walks_todays_catalog():
         "notebook 03 is stale: run scripts/make_error_notebook.py, then scripts/execute_notebooks.py on it"
 
 
-def test_every_catalog_entry_has_its_cells_in_notebook_03():
+def test_every_catalog_entry_is_walked_through_in_notebook_03():
+    """Trigger, check, why, fix and verify cells for every code, and the check's verdict
+    in the committed outputs: raised (the trigger cell raises and is tagged so),
+    reported (a finding) or explained (words only sglang writes)."""
     import inkling_lab as il
 
-    cells = _cells(ROOT / "notebooks" / "03_error_walkthroughs.ipynb")
+    cells = {c.get("id"): c for c in _cells(ROOT / "notebooks" / "03_error_walkthroughs.ipynb")}
+    shown = lambda c: "".join("".join(o.get("text", "")) for o in c.get("outputs", []))  # noqa: E731
     for code in il.CATALOG:
-        triggers = [c for c in cells if c.get("id") == f"{code}-trigger"]
-        assert triggers and "raises-exception" in triggers[0]["metadata"].get("tags", []), code
-        assert any(_source(c) == f'il.nb.raised("{code}")' for c in cells), code
-        assert any(_source(c) == f'il.nb.verify("{code}")' for c in cells), code
+        parts = {part: cells.get(f"{code}-{part}") for part in ("title", "trigger", "check", "why", "fix", "verify")}
+        assert all(parts.values()), f"{code}: missing {[p for p, c in parts.items() if not c]}: regenerate 03"
+        check = _source(parts["check"])
+        verdict = re.match(r'il\.nb\.(raised|reported|explained)\("' + code + '"', check)
+        assert verdict, f"{code}: the check cell is {check!r}"
+        raises = verdict.group(1) == "raised"
+        assert ("raises-exception" in parts["trigger"]["metadata"].get("tags", [])) is raises, code
+        assert re.search(rf"✓ (raised|reported|explained) as expected: ({code}|ISL-\w+)", shown(parts["check"])), \
+            f"{code}: its check shows no verdict: re-execute notebook 03"
+        assert "✓ verified" in shown(parts["verify"]), f"{code}: its fix is not verified: re-execute notebook 03"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
