@@ -8,6 +8,7 @@
 """
 from .batch import SlotBatch
 from .errors import CATALOG, CatalogEntry, explain, expect_error
+from .errors import expect_finding
 from .geometry import PRESETS, Geometry
 from .lora import LoRABackend, SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
@@ -58,6 +59,6 @@ __all__ = [
     "LoRAPool", "PRESETS", "PoolLayout", "SharedSink", "SharedSinkLoRA", "SlotBatch",
     "Scenario",
     "slice_lora_a", "slice_lora_b",
-    "diagnose_pool", "expect_error", "explain", "validate_pool",
+    "diagnose_pool", "expect_error", "expect_finding", "explain", "validate_pool",
     *sorted(_LAZY_NAMES), "convert_adapters",
 ]

@@ -8,6 +8,8 @@ from typing import Sequence
 
 import torch
 
+from .catalog import error
+
 
 def _not_an_int(v: object) -> bool:
     if isinstance(v, torch.Tensor):
@@ -39,8 +41,7 @@ def _as_long(values: Sequence[int] | torch.Tensor, what: str) -> torch.Tensor:
     for i, v in enumerate(items):
         if _not_an_int(v):
             kind = "NaN" if isinstance(v, float) and math.isnan(v) else type(v).__name__
-            raise TypeError(f"SlotBatch: {what} must hold integers, but {what}[{i}] is {v!r} ({kind}): "
-                            "pass whole numbers")
+            raise error("ISL-K152", what=what, index=i, value=repr(v), kind=kind)
     try:
         return torch.tensor([int(v) for v in items], dtype=torch.long)
     except (RuntimeError, ValueError, OverflowError):  # torch's words for an int past int64: "Overflow ..."
@@ -146,9 +147,7 @@ def _check_slots(ids: torch.Tensor, num_slots: int, what: str) -> None:
     bad = torch.nonzero((ids < -1) | (ids >= num_slots)).flatten()
     if bad.numel():
         i = int(bad[0])
-        raise ValueError(
-            f"SlotBatch: {what} {i} uses slot {int(ids[i])}, but the pool has slots 0..{num_slots - 1} "
-            f"(-1 means base model only); {bad.numel()} {what}(s) out of range")
+        raise error("ISL-K103", where=what, index=i, slot=int(ids[i]), last=num_slots - 1, count=bad.numel())
 
 
 def _rank_scaling(num_slots: int, lora_ranks: Sequence[int] | None, scalings: Sequence[float] | None

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from .errors import NoCatalogEntry, explain, find_entry
+from .errors import NoCatalogEntry, explain, find_entry, read_pasted
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -97,7 +97,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.message == ["-"] else " ".join(args.message)
+    text, note = read_pasted(sys.stdin) if args.message == ["-"] else (" ".join(args.message), "")
+    if note:
+        print(f"inkling-lab explain: {note}", file=sys.stderr)
     try:
         print(explain(text).explain())
     except NoCatalogEntry as exc:

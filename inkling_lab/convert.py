@@ -285,7 +285,7 @@ class DoctorReport:
     def upstream_raises(self) -> bool:
         """True when the error is one sglang itself raises (not a kit refusal)."""
         entry = find_entry(self.error) if self.error is not None else None
-        return entry is not None and entry.origin.startswith("sglang")
+        return entry is not None and entry.by_upstream
 
     def _error_line(self) -> str:
         if self.error is None:
@@ -445,7 +445,7 @@ def _error_finding(exc: BaseException, fix: str | None = None) -> Finding:
     """The error itself as the first finding; ``fix`` defaults to the message's own advice."""
     entry = find_entry(exc)
     code = entry.code if entry else "error"
-    upstream = entry is not None and entry.origin.startswith("sglang")
+    upstream = entry is not None and entry.by_upstream
     fix = fix or "follow the advice in the message"
     if entry is not None:
         fix += f" (more: inkling-lab explain {code})"

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .catalog import error
 from .geometry import Geometry
 
 
 def _outer_mismatch(which: str, k: int) -> ValueError:
-    return ValueError(
-        f"experts_shared_outer_loras is enabled but {which} has expert_dim={k} (expected 1).")
+    return error("ISL-E015", factor=which, k=k)
 
 
 def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
@@ -24,8 +24,8 @@ def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
     # of too large a rank, or of another H or F, fails here). Raised, not asserted,
     # so that ``python -O`` cannot turn it into a broadcast or a raw copy error.
     if view.shape != weight.shape:
-        raise AssertionError(
-            f"LoRA buffer shape {tuple(view.shape)} does not match weight shape {tuple(weight.shape)}.")
+        # upstream formats the shapes as torch.Size([...]), and so do we
+        raise error("ISL-E016", buffer_shape=view.shape, weight_shape=weight.shape)
     view.copy_(weight)
 
 
@@ -138,7 +138,7 @@ class LoRAPool:
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
-            raise IndexError(f"LoRAPool slot {slot} is outside the pool: use a slot in 0..{self.slots - 1}")
+            raise error("ISL-K104", slot=slot, last=self.slots - 1)
 
     def load(self, slot: int, factors: LoRAFactors, name: str | None = None) -> None:
         """Write one adapter into ``slot``: zero it, copy the gate/up halves at max-rank

@@ -21,6 +21,8 @@ from typing import Union
 
 import torch
 
+from .catalog import CATALOG
+
 Factor = Union[torch.Tensor, dict[int, torch.Tensor]]
 
 GATE_UP = "gate_up_proj_moe"
@@ -30,12 +32,10 @@ TARGET_MODULES = {"gate_up_proj": GATE_UP, GATE_UP: GATE_UP, "down_proj": DOWN, 
 plain projection names are the kit's shorthand)."""
 
 # Upstream's words (sglang 0.5.23), then the kit's own refusals.
-MSG_DOWN_A_WIDTH = "Shared-sink down LoRA-A width must be divisible by {n}, got {width}"  # ISL-E010
-MSG_GATE_UP_B_HEIGHT = "Shared-sink gate/up LoRA-B height must be divisible by {n}, got {height}"  # ISL-E011
-MSG_TP_RANK = ("tp_rank {tp_rank} is outside the tensor-parallel group of size {tp_size}: "
-               "use a rank in 0..{last}")  # ISL-K101
-MSG_TP_SPLIT = ("{what}: intermediate size {intermediate} is not divisible by tp_size={tp_size}; each rank "
-                "holds F/tp features of every expert, so use a tp in {divisors}")  # ISL-K102
+MSG_DOWN_A_WIDTH = CATALOG["ISL-E010"].message  # {n} {width}
+MSG_GATE_UP_B_HEIGHT = CATALOG["ISL-E011"].message  # {n} {height}
+MSG_TP_RANK = CATALOG["ISL-K101"].message  # {tp_rank} {tp_size} {last}
+MSG_TP_SPLIT = CATALOG["ISL-K102"].message  # {what} {intermediate} {tp_size} {divisors}
 MSG_TP_SIZE = "tp_size must be at least 1, got {tp_size}"
 MSG_TARGET = "target_module must be one of {names} for the shared sink, got {target_module}"
 

@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .catalog import error
 from .geometry import Geometry
 
 Form = Literal["linearized", "per_expert"]
@@ -68,8 +69,7 @@ def _as_tokens(x: torch.Tensor, last: int, what: str, device: torch.device) -> t
         raise ValueError(f"{what} must end in a dimension of size {last}, got shape {tuple(x.shape)}")
     # Checked here so that a mismatch names the tensor instead of surfacing as a raw torch error.
     if x.device != device:
-        raise ValueError(f"{what} is on {x.device} but the sink's weights are on {device}: "
-                         f"pass {what}.to('{device}')")
+        raise error("ISL-K151", what=what, got=x.device, want=device)
     return x.reshape(-1, last)
 
 
@@ -87,8 +87,7 @@ def check_tokens(x: torch.Tensor, gammas: torch.Tensor, *, n: int, hidden: int, 
     x2 = _as_tokens(x, hidden, "x", device)
     g2 = _as_tokens(gammas, n, "gammas", device)
     if x2.dtype != dtype:
-        raise TypeError(f"x is {x2.dtype} but the sink's weights are {dtype}: pass x.to({dtype}) "
-                        f"(or build the sink with dtype={x2.dtype})")
+        raise error("ISL-K150", got=x2.dtype, want=dtype)
     if not g2.is_floating_point():
         raise TypeError(f"gammas is {g2.dtype}: the experts' weights are real numbers, pass gammas.float()")
     if g2.shape[0] != x2.shape[0]:

@@ -19,6 +19,8 @@ ERROR_LAB_PRESETS: dict[str, tuple[int, str, str, str, str]] = {
     "down A transposed": (2, "3, 1, 8, 16", "3, 2, 12, 4", "3, 2, 6, 4", "3, 1, 16, 4"),
     "odd 2F": (2, "3, 1, 8, 16", "3, 2, 11, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
     "slot counts differ": (2, "3, 1, 8, 16", "3, 2, 12, 4", "2, 2, 4, 6", "3, 1, 16, 4"),
+    "one slot's gate-up A": (2, "1, 8, 16", "3, 2, 12, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
+    "down B transposed": (2, "3, 1, 8, 16", "3, 2, 12, 4", "3, 2, 4, 6", "3, 1, 4, 16"),
 }
 """Starting points for the error lab: a valid pool, and one classic mistake each."""
 
@@ -34,34 +36,77 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise ValueError(f"could not read {text!r} as a shape: write sizes separated by commas, e.g. 3, 1, 8, 16")
 
 
-def error_lab_report(n: int, gate_up_a: str, gate_up_b: str, down_a: str, down_b: str) -> str:
-    """What ``set_lora_info`` would say about four buffer shapes, and every finding
-    with its fix. Pure: shapes in, text out."""
+_GENERATION_LABELS = {"v1": "first generation (InklingBatchDenseMLPWithLoRA)",
+                      "v2": "second generation (InklingBatchDenseMLPWithLoRAV2, the dense engine)"}
+
+
+def error_lab_report(n: int, gate_up_a: str, gate_up_b: str, down_a: str, down_b: str,
+                     generation: str = "v1") -> str:
+    """What ``set_lora_info`` of the given wrapper generation says about four buffer
+    shapes, every finding with its fix, and whether applying the fixes gives four
+    buffers that pass. Pure: shapes in, text out."""
+    from .errors import find_entry
+    from .validate import diagnose_pool, validate_pool
+
+    try:
+        shapes = [parse_shape(s) for s in (gate_up_a, gate_up_b, down_a, down_b)]
+        diagnosis = diagnose_pool(*shapes, n_shared_experts=n)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    try:
+        validate_pool(*shapes, n_shared_experts=n, generation=generation)
+        said = "passes its checks"
+    except (ValueError, IndexError) as exc:  # V2 has Python's own errors where it has no check
+        entry = find_entry(exc)
+        said = f"raises {type(exc).__name__}: {exc}" + (f"  [{entry.code}]" if entry else "")
+    lines = [f"sglang 0.5.23 set_lora_info, {_GENERATION_LABELS[generation]}: {said}", str(diagnosis)]
+    if not diagnosis.ok and diagnosis.fixable:
+        fixed = [list(t.shape) for t in diagnosis.apply_fix(*shapes)]
+        validate_pool(*fixed, n_shared_experts=n, generation=generation)
+        lines.append("With every fix applied (the 'apply fix' button): " + ", ".join(map(str, fixed))
+                     + f" -> set_lora_info ({generation}) passes")
+    elif not diagnosis.ok:
+        stuck = [k for k, m in diagnosis.moves.items() if m is None]
+        lines.append(f"No plain fix for {', '.join(stuck) or 'these shapes'}: re-export "
+                     f"{'it' if len(stuck) == 1 else 'them'} for this pool.")
+    return "\n".join(lines)
+
+
+def error_lab_fixed(n: int, gate_up_a: str, gate_up_b: str, down_a: str, down_b: str) -> list[str] | None:
+    """The four shapes with every suggested fix applied, as the lab's text boxes hold
+    them (``"3, 1, 8, 16"``), or ``None`` when there is nothing to fix or no plain fix."""
     from .validate import diagnose_pool
 
     try:
         shapes = [parse_shape(s) for s in (gate_up_a, gate_up_b, down_a, down_b)]
-    except ValueError as exc:
-        return str(exc)
-    return str(diagnose_pool(*shapes, n_shared_experts=n))
+        diagnosis = diagnose_pool(*shapes, n_shared_experts=n)
+    except (TypeError, ValueError):
+        return None
+    if diagnosis.ok or not diagnosis.fixable:
+        return None
+    return [", ".join(str(d) for d in t.shape) for t in diagnosis.apply_fix(*shapes)]
 
 
 def error_lab():
-    """Set ``n`` and the four shapes (or pick a preset); see which check fires first,
-    the diagnosis and the fix."""
+    """Set ``n``, the wrapper generation and the four shapes (or pick a preset); see
+    which check fires first, the diagnosis and the fix; "apply fix" applies it."""
     import ipywidgets as w
 
     first = next(iter(ERROR_LAB_PRESETS.values()))
     preset = w.Dropdown(options=list(ERROR_LAB_PRESETS), description="preset")
     n = w.BoundedIntText(value=first[0], min=1, max=64, description="n experts")
+    generation = w.ToggleButtons(options=[("v1 (first)", "v1"), ("v2 (dense engine)", "v2")], value="v1",
+                                 description="generation")
     boxes = [w.Text(value=v, description=d) for v, d in
              zip(first[1:], ("gate-up A", "gate-up B", "down A", "down B"))]
+    apply = w.Button(description="apply fix", tooltip="replace the shapes by the fixed ones and re-validate")
     out = w.Output(layout=w.Layout(border="1px solid #ccc", padding="4px"))
 
     def show(*_):
         out.clear_output(wait=True)
         with out:
-            print(error_lab_report(n.value, *(b.value for b in boxes)))
+            print(error_lab_report(n.value, *(b.value for b in boxes), generation=generation.value))
+        apply.disabled = error_lab_fixed(n.value, *(b.value for b in boxes)) is None
 
     def load(change):
         values = ERROR_LAB_PRESETS[change["new"]]
@@ -69,12 +114,18 @@ def error_lab():
         for box, v in zip(boxes, values[1:]):
             box.value = v
 
+    def fix(_):
+        fixed = error_lab_fixed(n.value, *(b.value for b in boxes))
+        for box, v in zip(boxes, fixed or ()):
+            box.value = v
+
     preset.observe(load, names="value")
-    for widget in (n, *boxes):
+    apply.on_click(fix)
+    for widget in (n, generation, *boxes):
         widget.observe(show, names="value")
     show()
     return w.VBox([w.HTML("<b>Error lab</b>: shapes are [S, O, 2R, H], [S, n, 2F, R], [S, n, R, F], [S, O, H, R]"),
-                   preset, n, *boxes, out])
+                   preset, n, generation, *boxes, apply, out])
 
 
 # JupyterLab sends widget messages to a kernel *subshell*: callbacks can run in several

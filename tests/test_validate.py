@@ -160,8 +160,122 @@ def test_what_upstream_does_not_check():
 def test_fixes_name_the_target_shape():
     ga, gb, da, db = LoRAPool(n=2, hidden=8, intermediate=6, slots=1, max_rank=4).buffers()
     d = diagnose_pool(ga[0, 0], gb, da, db, n_shared_experts=2)
-    assert "reshape(1, 1, 8, 8)" in d.findings[0].fix and "[1, 1, 8, 8]" in d.findings[0].fix
+    assert ".unsqueeze(0)" in d.findings[0].fix and d.findings[0].fix.endswith("-> [1, 1, 8, 8]")
     d = diagnose_pool(ga, gb, da.transpose(2, 3), db, n_shared_experts=2)
     assert "transposed" in d.findings[0].fix and "[1, 2, 4, 6]" in d.findings[0].fix
     d = diagnose_pool(ga.expand(-1, 2, -1, -1), gb, da, db, n_shared_experts=2)
     assert d.codes == ["ISL-E003"] and "expand(-1, 2, -1, -1)" in d.findings[0].fix
+
+
+# -- fixes that compose (issue 16) -----------------------------------------------------------------
+
+def test_the_lab_cases_of_issue_16_compose():
+    good = [(3, 1, 8, 16), (3, 2, 12, 4), (3, 2, 4, 6), (3, 1, 16, 4)]
+    cases = {"one slot's gate-up A": [(1, 8, 16)] + good[1:],
+             "a bad O = 3": [(3, 3, 8, 16)] + good[1:],
+             "transposed down B": good[:3] + [(3, 1, 4, 16)]}
+    for what, shapes in cases.items():
+        d = diagnose_pool(*shapes, n_shared_experts=2)
+        assert len(d.findings) == 1, (what, d.codes)  # transposed down B: E005 only, not D101 too
+        fixed = d.apply_fix(*shapes)
+        assert validate_pool(*fixed, n_shared_experts=2).slots == 3, what
+        assert d.findings[0].fix.endswith(str(list(d.targets[d.findings[0].buffer])))
+    assert "unsqueeze(0) -> [1, 1, 8, 16]" not in diagnose_pool(*cases["one slot's gate-up A"], n_shared_experts=2) \
+        .findings[0].fix
+
+
+def test_apply_fix_keeps_values_where_the_fix_is_exact():
+    pool = _real_pool()
+    ga, gb, da, db = pool.buffers()
+    d = diagnose_pool(ga[0], gb, da.transpose(2, 3), db, n_shared_experts=2)
+    fga, fgb, fda, fdb = d.apply_fix(ga[0], gb, da.transpose(2, 3), db)
+    assert torch.equal(fga[0], ga[0]) and not fga[1:].any() and torch.equal(fda, da)
+
+
+@settings(max_examples=200, deadline=None)
+@given(S=st.integers(1, 3), O_shared=st.booleans(), R=st.integers(1, 3), H=st.integers(1, 5), F=st.integers(1, 4),
+       n=st.integers(2, 3), which=st.sampled_from(["gate_up_a", "gate_up_b", "down_a", "down_b"]),
+       damage=st.sampled_from(["drop_slot", "transpose", "flat", "fewer_slots", "stack_experts", "bad_outer",
+                               "expand_one_outer", "rank"]))
+def test_applying_the_suggested_fixes_gives_buffers_that_validate(S, O_shared, R, H, F, n, which, damage):
+    O = 1 if O_shared else n
+    shapes = {"gate_up_a": [S, O, 2 * R, H], "gate_up_b": [S, n, 2 * F, R], "down_a": [S, n, R, F],
+              "down_b": [S, O, H, R]}
+    s = shapes[which]
+    if damage == "drop_slot":
+        s.pop(0)
+    elif damage == "transpose":
+        s[2], s[3] = s[3], s[2]
+    elif damage == "flat" and which in ("gate_up_a", "down_b") and O == 1:
+        s[:] = s[2:]
+    elif damage == "fewer_slots" and S > 1:
+        s[0] -= 1
+    elif damage == "stack_experts" and which == "gate_up_b":
+        s[1:3] = [1, n * s[2]]
+    elif damage == "bad_outer" and which in ("gate_up_a", "down_b"):
+        s[1] = n + 1
+    elif damage == "expand_one_outer" and which in ("gate_up_a", "down_b") and O == 1:
+        s[1] = n
+    elif damage == "rank" and which != "gate_up_b":
+        s[2 if which in ("gate_up_a", "down_a") else 3] += 2 if which == "gate_up_a" else 1
+    shapes = [tuple(shapes[k]) for k in ("gate_up_a", "gate_up_b", "down_a", "down_b")]
+    d = diagnose_pool(*shapes, n_shared_experts=n)
+    if d.ok:
+        return
+    if d.fixable:
+        fixed = d.apply_fix(*shapes)
+        validate_pool(*fixed, n_shared_experts=n)
+        assert diagnose_pool(*fixed, n_shared_experts=n).ok
+        for f in d.findings:  # every shape fix names where it leads
+            if f.code in ("ISL-E001", "ISL-E002", "ISL-E003", "ISL-E004", "ISL-E005"):
+                assert any(str(list(t)) in f.fix for t in d.targets.values()), f
+    else:
+        with pytest.raises(ValueError, match="no shape fix for"):
+            d.apply_fix(*shapes)
+
+
+# -- diagnose_pool never raises on buffers (issue 14) -----------------------------------------------
+
+@pytest.mark.parametrize("n,error", [(0, ValueError), (None, TypeError), ("2", TypeError), (True, TypeError)])
+def test_diagnose_refuses_a_bad_n_clearly(n, error):
+    with pytest.raises(error, match="n_shared_experts"):
+        diagnose_pool(*GOOD, n_shared_experts=n)
+
+
+def test_diagnose_reads_sparse_meta_and_huge_expanded_buffers():
+    ga, gb, da, db = _real_pool().buffers()
+    d = diagnose_pool(ga.to_sparse(), gb, da, db, n_shared_experts=2)
+    assert d.codes == []
+    bad = db.clone()
+    bad[0, 0, 0, 0] = float("inf")
+    assert diagnose_pool(ga, gb, da, bad.to_sparse(), n_shared_experts=2).codes == ["ISL-D107"]
+    assert diagnose_pool(ga.to("meta"), gb.to("meta"), da.to("meta"), db.to("meta"), n_shared_experts=2).ok
+    # a 1-element tensor viewed as [2^20, 1, 2^10, 2^10]: 2^40 elements, 4 TiB as float32
+    one = torch.full((1, 1, 1, 1), float("nan"))
+    huge = one.expand(2 ** 20, 1, 2 ** 10, 2 ** 10)
+    zero = torch.zeros(1, 1, 1, 1)
+    d = diagnose_pool(huge, zero.expand(2 ** 20, 2, 2 ** 10, 512), zero.expand(2 ** 20, 2, 512, 2 ** 9),
+                      zero.expand(2 ** 20, 1, 2 ** 10, 512), n_shared_experts=2, lora_ranks=[1])
+    assert "ISL-D107" in d.codes
+
+
+def test_validate_pool_names_a_missing_buffer():
+    with pytest.raises(TypeError, match="gate-up A"):
+        validate_pool(None, *GOOD[1:], n_shared_experts=N)
+
+
+_ANYTHING = st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=8), st.binary(max_size=8),
+                      st.lists(st.one_of(st.integers(-3, 9), st.floats(), st.text(max_size=2)), max_size=6),
+                      st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+                      shape_st.map(lambda s: torch.zeros(s) if len(s) <= 4 and 0 not in s[:1] else s))
+
+
+@settings(max_examples=300, deadline=None)
+@given(buffers=st.lists(_ANYTHING, min_size=4, max_size=4), n=st.integers(1, 4))
+def test_diagnose_never_raises_on_any_buffers(buffers, n):
+    d = diagnose_pool(*buffers, n_shared_experts=n)
+    str(d)
+    try:
+        validate_pool(*buffers, n_shared_experts=n)
+    except (TypeError, ValueError):  # documented: not a tensor or shape (TypeError), upstream's checks
+        pass

@@ -1,22 +1,32 @@
 """The error catalog as data: one module of entries per place the errors come from.
 
 Every module in this package (but ``entry``) holds ``ENTRIES: list[CatalogEntry]``;
-``CATALOG`` is all of them by code, in module order. Codes are never reused.
+``CATALOG`` is all of them by code, in module order. Codes are never reused. An
+entry's ``group`` is its module's name unless the entry names another.
+
+Raisers take their words from here, so that each message is typed once:
+``raise error("ISL-E002", n=n)`` or ``ValueError(message("ISL-E002", n=n))``.
+This package imports nothing else of ``inkling_lab``: every module may use it.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
+from typing import Any
 
-from .entry import SNIPPET_PRELUDE, CatalogEntry, UpstreamDefectWarning, pattern_of
+from .entry import (BOTH, DOCTOR_COMMAND, INKLING_LORA, KIT, KIT_FINDING, KIT_NOTE, LOADER, OTHER_REVISION,
+                    SNIPPET_PRELUDE, V1, V2, CatalogEntry, UpstreamDefectWarning, find_in_line, pattern_of,
+                    template_parts)
 
 
 def _load() -> list[CatalogEntry]:
     entries: list[CatalogEntry] = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name == "entry":
+        if info.name == "entry" or info.name.startswith("_"):
             continue
-        entries += importlib.import_module(f"{__name__}.{info.name}").ENTRIES
+        for e in importlib.import_module(f"{__name__}.{info.name}").ENTRIES:
+            entries.append(e if e.group else dataclasses.replace(e, group=info.name))
     codes = [e.code for e in entries]
     dupes = sorted({c for c in codes if codes.count(c) > 1})
     if dupes:
@@ -27,4 +37,38 @@ def _load() -> list[CatalogEntry]:
 ENTRIES: list[CatalogEntry] = _load()
 CATALOG: dict[str, CatalogEntry] = {e.code: e for e in ENTRIES}
 
-__all__ = ["CATALOG", "ENTRIES", "SNIPPET_PRELUDE", "CatalogEntry", "UpstreamDefectWarning", "pattern_of"]
+_READING_ORDER = ("set_lora_info", "refresh", "eligibility", "v2", "tp", "loader", "forward", "warnings",
+                  "diagnose", "adapter_files", "normalize")
+
+
+def _groups() -> dict[str, str]:
+    names = list(dict.fromkeys(e.group for e in ENTRIES))
+    names.sort(key=lambda g: (_READING_ORDER.index(g) if g in _READING_ORDER else len(_READING_ORDER), g))
+    docs = {}
+    for g in names:
+        try:
+            doc = importlib.import_module(f"{__name__}.{g}").__doc__ or g
+        except ImportError:  # a group named by its entries, not by a module
+            doc = g
+        docs[g] = " ".join(doc.split("\n\n")[0].split())
+    return docs
+
+
+GROUPS: dict[str, str] = _groups()
+"""Every group, in reading order (where the errors come from, first to last on sglang's
+path), with its one-paragraph description: the map of notebook 03."""
+
+
+def message(code: str, **fields: Any) -> str:
+    """The message of catalog entry ``code`` with its ``{field}`` placeholders filled."""
+    return CATALOG[code].format(**fields)
+
+
+def error(code: str, **fields: Any) -> BaseException:
+    """The exception of catalog entry ``code``, its message filled: ``raise error(...)``."""
+    return CATALOG[code].error(**fields)
+
+
+__all__ = ["BOTH", "CATALOG", "DOCTOR_COMMAND", "ENTRIES", "GROUPS", "INKLING_LORA", "KIT", "KIT_FINDING", "KIT_NOTE",
+           "LOADER", "OTHER_REVISION", "SNIPPET_PRELUDE", "V1", "V2", "CatalogEntry", "UpstreamDefectWarning", "error",
+           "find_in_line", "message", "pattern_of", "template_parts"]

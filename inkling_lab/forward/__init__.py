@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from ..batch import SlotBatch
+from ..catalog import message
 from ..operands import SinkOperands
 from ..sink import check_tokens
 from .reference import reference_forward
@@ -23,7 +24,7 @@ Backend = Callable[[SinkOperands, torch.Tensor, torch.Tensor, "SlotBatch | None"
 
 BACKENDS: dict[str, Backend] = {"reference": reference_forward, "torch": torch_forward}
 
-TRITON_ON_CUDA = "Multi-slot dense LoRA requires Triton on CUDA"
+TRITON_ON_CUDA = message("ISL-E014")
 
 
 def triton_interpreting() -> bool:
