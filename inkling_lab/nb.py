@@ -97,7 +97,8 @@ def _explained(entry) -> str:
     sample = getattr(entry, "sample", "")
     if find_entry(sample) is not entry:
         raise AssertionError(f"{entry.code}: sglang's words {sample!r} are not explained as {entry.code}")
-    return f"✓ explained as expected: {entry.code}, {entry.title}; {_who(entry)} says:\n  {sample}"
+    return (f"✓ explained as expected: {entry.code}, {entry.title}; {_who(entry)} says:\n  {sample}\n"
+            f"  → what it means and what to do: il.explain({entry.code!r})")
 
 
 def _who(entry) -> str:
