@@ -6,7 +6,6 @@ cell above raised, verify a fix cell. Each prints one short verdict; none holds 
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import io
 import sys
@@ -14,7 +13,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from .errors import CATALOG, SNIPPET_PRELUDE, expect_error
+from .errors import CATALOG, SNIPPET_PRELUDE, _run_snippet, expect_error
 
 
 def requires_cuda() -> bool:
@@ -145,15 +144,6 @@ def explained(code: str) -> None:
     print(_explained(CATALOG[code]))
 
 
-def _run(source: str, name: str):
-    """Run ``source`` like a cell; the value of its last line when that is an expression."""
-    tree = ast.parse(source, name)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    scope = {"__name__": "__main__"}
-    exec(compile(tree, name, "exec"), scope)
-    return eval(compile(ast.Expression(last.value), name, "eval"), scope) if last is not None else None
-
-
 def verify(code: str) -> None:
     """Re-run the cell run just before this one (the fix) in a fresh namespace, with
     catalog entry ``code``'s warning made an error, and say whether it runs clean.
@@ -172,7 +162,7 @@ def verify(code: str) -> None:
             warnings.simplefilter("error", entry.exc_type)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                result = _run(SNIPPET_PRELUDE + source, f"<fix for {code}>")
+                result = _run_snippet(SNIPPET_PRELUDE + source, f"<fix for {code}>")
         except Exception as exc:  # noqa: BLE001 - any failure is the verdict
             raise AssertionError(f"the fix for {code} does not run clean in a fresh namespace: "
                                  f"{type(exc).__name__}: {exc}") from exc
