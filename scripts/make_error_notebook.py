@@ -87,6 +87,13 @@ _LEGACY_GROUPS = {
 }
 
 
+# group: the section of docs/reference.md that explains where its errors come from.
+_REFERENCE = {"adapter_files": "adapters-on-disk", "files": "adapters-on-disk", "loader": "peft-features",
+              "normalize": "adapters-on-disk", "tp": "tensor-parallelism", "pool": "the-pool",
+              "eligibility": "message-generations", "set_lora_info": "validation-order", "refresh": "after-the-checks",
+              "v2": "message-generations", "forward": "the-forward", "core": "the-forward", "diagnose": "validation-order",
+              "doctor": "peft-features", "warnings": "per-expert-defect"}
+
 _ORDER = ("adapter_files", "files", "loader", "normalize", "tp", "pool", "eligibility", "set_lora_info", "refresh",
           "v2", "forward", "core", "upstream", "gpu", "diagnose", "doctor", "warnings")
 
@@ -101,19 +108,19 @@ def group_of(entry: CatalogEntry, module: str) -> str:
     return group
 
 
-def grouped_entries() -> dict[str, list[CatalogEntry]]:
-    """Every catalog entry, by group, groups in GROUPS' order (unknown groups last)."""
+def grouped_entries() -> dict[str, tuple[str, list[CatalogEntry]]]:
+    """Every catalog entry by heading, as ``{heading: (its first group, entries)}``, in
+    a load's order (unknown groups last); groups that share a heading are merged."""
     by_group: dict[str, list[CatalogEntry]] = {}
     for info in sorted(pkgutil.iter_modules(catalog.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{catalog.__name__}.{info.name}")
         for entry in getattr(module, "ENTRIES", ()):  # entry.py and helpers hold none
             by_group.setdefault(group_of(entry, info.name), []).append(entry)
     order = list(_ORDER)
-    # Groups that share a heading (files / adapter_files) are shown as one.
-    merged: dict[str, list[CatalogEntry]] = {}
+    merged: dict[str, tuple[str, list[CatalogEntry]]] = {}
     for group in sorted(by_group, key=lambda g: order.index(g) if g in order else len(order)):
         heading = GROUPS.get(group, (group.replace("_", " ").capitalize(), ""))[0]
-        merged.setdefault(heading, []).extend(sorted(by_group[group], key=lambda e: e.code))
+        merged.setdefault(heading, (group, []))[1].extend(sorted(by_group[group], key=lambda e: e.code))
     return merged
 
 
@@ -214,17 +221,19 @@ def generated_cells() -> list[nbformat.NotebookNode]:
     by_heading: dict[str, str] = {}
     for heading, where in GROUPS.values():
         by_heading.setdefault(heading, where)
-    for heading, entries in groups.items():
+    for heading, (_, entries) in groups.items():
         rows.append(f"| {heading} | {by_heading.get(heading, '')} | {', '.join(e.code for e in entries)} |")
-    total = sum(len(entries) for entries in groups.values())
+    total = sum(len(entries) for _, entries in groups.values())
     cells = [_md(f"## The map\n\n{total} catalog entries, in the order a load meets them: "
                  "`ISL-E…` are sglang's own errors, `ISL-K…` the kit's refusals where sglang would fail later "
                  "or compute something else, `ISL-W…` warnings, `ISL-D…`/`ISL-N…` diagnoses.\n\n"
                  + "\n".join(rows), "map")]
-    for heading, entries in groups.items():
+    for heading, (group, entries) in groups.items():
         slug = heading.lower().replace(" ", "-").replace("_", "-")
         where = by_heading.get(heading, "")
-        cells.append(_md(f"## {heading}\n\n{where[0].upper() + where[1:] if where else ''}", f"group-{slug}"))
+        anchor = _REFERENCE.get(group)
+        link = f" ([reference](../docs/reference.md#{anchor}))" if anchor else ""
+        cells.append(_md(f"## {heading}\n\n{where[0].upper() + where[1:] if where else ''}{link}", f"group-{slug}"))
         for entry in entries:
             cells += entry_cells(entry)
     return cells
