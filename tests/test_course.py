@@ -111,3 +111,24 @@ def test_saving_a_notebook_changes_nothing(path):
     views = [i for i, c in enumerate(nb["cells"]) for o in c.get("outputs", [])
              if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert not views, f"{path.name}: widget views with model ids in cells {views} (re-run the executor)"
+
+
+def test_the_executor_keeps_no_widget_views_and_no_machine_paths():
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import execute_notebooks
+    finally:
+        sys.path.pop(0)
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [
+        nbformat.v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "1"},
+                                                     "text/plain": "VBox()"}),
+        nbformat.v4.new_output("error", ename="ValueError", evalue="bad",
+                               traceback=[f"File {ROOT}/inkling_lab/lora.py:12, in set_lora_info"]),
+        nbformat.v4.new_output("stream", name="stdout", text="kept\n"),
+    ]
+    execute_notebooks._clean_outputs(cell)
+    assert [o.output_type for o in cell.outputs] == ["error", "stream"]
+    assert cell.outputs[0].traceback == ["File inkling_lab/lora.py:12, in set_lora_info"]
