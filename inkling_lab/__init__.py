@@ -19,7 +19,8 @@ from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_po
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "parallel", "profile", "upstream_defect", "cli")
+_LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "doctor", "compare", "parallel", "profile",
+                 "upstream_defect", "cli")
 _LAZY_MODULES += ("nb", "exercises")  # the notebooks' own helpers and the exercises' checks
 
 _LAZY_NAMES = {
@@ -27,7 +28,8 @@ _LAZY_NAMES = {
     "Adapter": "adapters", "load_adapter": "adapters", "save_adapter": "adapters",
     "normalize_shared_sink": "adapters", "synthetic_adapter": "adapters",
     # the converter and the doctor
-    "ConvertedPool": "convert", "load_pool": "convert", "doctor": "convert", "DoctorReport": "convert",
+    "ConvertedPool": "convert", "load_pool": "convert",
+    "doctor": "doctor", "DoctorReport": "doctor",
     # tensor parallelism (SPEC §7)
     "shard_sink": "parallel", "RankShard": "parallel", "run_tp": "parallel", "TPCase": "parallel",
     "sum_of_shards": "parallel",

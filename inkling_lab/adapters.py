@@ -28,11 +28,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -140,13 +141,19 @@ class Adapter:
     sha256: str = field(default="", repr=False)
     repair: bool = field(default=True, repr=False)
     findings: list[Finding] = field(default_factory=list, repr=False)
+    guess: bool = field(default=False, repr=False)
+
+    @property
+    def peft(self) -> PeftConfig:
+        """The PEFT config fields that decide the adapter's math (``r`` and ``lora_alpha``
+        as this adapter holds them)."""
+        return read_peft_config({**self.config, "r": self.r, "lora_alpha": self.lora_alpha,
+                                 "target_modules": self.target_modules}, CONFIG_FILE)
 
     @property
     def scaling(self) -> float:
         """PEFT's ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
-        if self.config.get("use_rslora"):
-            return self.lora_alpha / self.r ** 0.5
-        return self.lora_alpha / self.r
+        return self.lora_alpha / (math.sqrt(self.r) if self.config.get("use_rslora") else self.r)
 
     @property
     def factor_keys(self) -> list[str]:
@@ -159,16 +166,20 @@ class Adapter:
 
     @classmethod
     def from_state(cls, config: Mapping[str, Any], weights: Mapping[str, torch.Tensor], name: str = "",
-                   source: str = "", sha256: str = "", repair: bool = True) -> "Adapter":
+                   source: str = "", sha256: str = "", repair: bool = True, guess: bool = False) -> "Adapter":
         """Check a config and its tensors (what ``load_adapter`` does after reading).
 
-        Raises ``ISL-K202`` (config), ``ISL-K205``..``K209``, ``K214`` (tensors); repairs or,
-        with ``repair=False``, refuses transposed factors (``ISL-K206``).
+        Raises ``ISL-K202``/``K301`` (config), ``K303``..``K305`` (what a pool cannot
+        hold), ``ISL-K205``..``K209``, ``K214``, ``K302``, ``K307`` (tensors); repairs or,
+        with ``repair=False``, refuses transposed factors (``ISL-K206``). Repairs that
+        guess (``K309`` a folded down A, ``K310`` a rank read from the factors) need
+        ``guess=True`` and say what they assumed.
         """
         where_cfg, where_w = _where(source, CONFIG_FILE), _where(source, WEIGHTS_FILE)
-        r, alpha, targets = _read_config(config, where_cfg)
-        adapter = cls(name or Path(source).name, r, alpha, targets, dict(weights), dict(config), source,
-                      sha256, repair)
+        peft = read_peft_config(config, where_cfg)
+        _refuse_unrepresentable(peft, where_cfg)
+        adapter = cls(name or Path(source).name, peft.r, peft.lora_alpha, peft.target_modules, dict(weights),
+                      dict(config), source, sha256, repair, guess=guess)
         others, factors = 0, {}
         for key, t in weights.items():
             fn = FactorName.parse(key)
@@ -181,8 +192,23 @@ class Adapter:
         # A factor reads as transposed only when others confirm the config's r: if none
         # has rank r, the config (or the whole export) is wrong, and nothing is repaired.
         ranks = sorted({int(t.shape[fn.rank_axis]) for fn, t in factors.values() if t.dim() == 2 and t.numel()})
+        _check_duplicates([fn for fn, _ in factors.values()], where_w)
+        adapter._infer_rank(factors, ranks, where_cfg)
+        wrong_rank = []  # every factor of the wrong rank is reported, in one error
         for key, (fn, t) in factors.items():
-            adapter.weights[key] = adapter._checked(fn, t, where_w, ranks)
+            try:
+                adapter.weights[key] = adapter._checked(fn, t, where_w, ranks, factors)
+            except ValueError as exc:
+                if "its rank axis" not in str(exc):
+                    raise
+                wrong_rank.append(str(exc))
+                continue
+            _check_finite(key, adapter.weights[key], where_w)
+        if wrong_rank:
+            exc = ValueError(wrong_rank[0])
+            for other in wrong_rank[1:]:
+                exc.add_note(f"also: {other.split(': ', 1)[-1]}")
+            raise exc
         if not adapter.factor_keys:
             raise ValueError(
                 f"{where_w}: no shared-sink LoRA factors: no tensor is named "
@@ -196,7 +222,8 @@ class Adapter:
                 "and are left out of its pool", "none needed: serve them with their own LoRA modules"))
         return adapter
 
-    def _checked(self, fn: FactorName, t: torch.Tensor, where: str, ranks: list[int]) -> torch.Tensor:
+    def _checked(self, fn: FactorName, t: torch.Tensor, where: str, ranks: list[int],
+                 factors: Mapping[str, tuple[FactorName, torch.Tensor]] = {}) -> torch.Tensor:
         if t.numel() == 0 and fn.canonical == "up_proj":
             return t  # a zero-size placeholder (SPEC §6: an absent up)
         if t.dim() != 2:
@@ -204,23 +231,87 @@ class Adapter:
                 f"{where}: tensor {fn.key!r} is {t.dim()}D {_shape(t)}; a shared-sink LoRA factor is a 2D "
                 f"matrix {fn.expected()}: export the plain PEFT factor, one per module (per expert: "
                 f"'{fn.module}.<e>.{fn.proj}...')")
-        axis = fn.rank_axis
-        if t.shape[axis] == self.r:
+        axis, r = fn.rank_axis, self.peft.rank_of(module_of(fn.key))
+        said = f"r={r}" + (" (rank_pattern)" if r != self.r else "")
+        if t.shape[axis] == r:
             return t
-        transposed = t.shape[1 - axis] == self.r and self.r in ranks
+        transposed = t.shape[1 - axis] == r and r in ranks and self._fits_transposed(fn, t, factors)
         if transposed and self.repair:
             self.findings.append(Finding(
                 "ISL-K206", fn.key, f"{fn.key} is stored transposed {_shape(t)}; read as {_shape(t.T)} "
-                f"{fn.expected()} (r={self.r})",
+                f"{fn.expected()} ({said})",
                 f"none needed: the converter transposes it; re-export it as {fn.expected()} to silence this",
-                consequence="sglang reads it as stored: a raw reshape error or a wrong delta"))
+                consequence="sglang 0.5.23 reads it as stored (the doctor's verdict says what that gives)"))
             return t.T.contiguous()
+        folded = None if transposed else self._unfold_down_a(fn, t, r, where, factors)
+        if folded is not None:
+            return folded
         raise ValueError(
             f"{where}: tensor {fn.key!r} has shape {_shape(t)}: its rank axis (dim {axis}) is {t.shape[axis]}, "
-            f"but {CONFIG_FILE} says r={self.r}; lora_{fn.ab} is {fn.expected()}"
+            f"but {CONFIG_FILE} says {said}; lora_{fn.ab} is {fn.expected()}"
             + (" (it is transposed: load with repair=True to transpose it)" if transposed
-               else f"; no factor has rank {self.r} (their rank axes are {ranks}): fix r in {CONFIG_FILE}"
-               if self.r not in ranks else ": re-export this factor with rank r"))
+               else f"; no factor has rank {r} (their rank axes are {ranks}): fix r in {CONFIG_FILE} "
+               "(--repair reads it from the factors when they all agree)" if r not in ranks
+               else f": re-export this factor with rank {r}, or give its module its own rank in rank_pattern"))
+
+    def _fits_transposed(self, fn: FactorName, t: torch.Tensor,
+                         factors: Mapping[str, tuple[FactorName, torch.Tensor]]) -> bool:
+        """Read transposed, would ``t``'s other axis agree with the factors of its role
+        that have their rank where it belongs (``H`` for the outer factors, the same
+        projection's features for the inner ones)? No such factor: no evidence against."""
+        def role(f: FactorName) -> Any:
+            return "H" if f.is_outer else (f.canonical, f.ab, f.expert is None)
+
+        def size(f: FactorName, shape: Sequence[int]) -> int:
+            return int(shape[1] if f.ab == "A" else shape[0])
+
+        seen = {size(g, u.shape) for g, u in factors.values()
+                if g is not fn and role(g) == role(fn) and u.dim() == 2 and u.numel()
+                and u.shape[g.rank_axis] == self.peft.rank_of(module_of(g.key))}
+        return not seen or size(fn, t.T.shape) in seen
+
+    def _infer_rank(self, factors: Mapping[str, tuple[FactorName, torch.Tensor]], ranks: list[int],
+                    where: str) -> None:
+        """A guess (``ISL-K310``, only with ``guess``): no factor has the config's rank and
+        they all share one other rank: read ``r`` from the factors."""
+        if not self.guess or self.peft.rank_pattern or len(ranks) != 1 or ranks[0] == self.r:
+            return
+        if any(t.dim() == 2 and t.numel() and t.shape[fn.rank_axis] != ranks[0] for fn, t in factors.values()):
+            return
+        self.findings.append(Finding(
+            "ISL-K310", where, f"{where} says r={self.r} but every factor has rank {ranks[0]}: assumed "
+            f"r={ranks[0]} and lora_alpha={self.lora_alpha:g} as written (scaling "
+            f"{self.lora_alpha:g}/{ranks[0]}{'' if not self.peft.use_rslora else ' under sqrt'})",
+            f"set \"r\": {ranks[0]} in {CONFIG_FILE} if that is what it was trained with (--repair assumed it)"))
+        self.r = ranks[0]
+
+    def _unfold_down_a(self, fn: FactorName, t: torch.Tensor, r: int, where: str,
+                       factors: Mapping[str, tuple[FactorName, torch.Tensor]]) -> torch.Tensor | None:
+        """A flat down A saved ``[n*r, F]`` (the expert axis folded into the rows) instead
+        of ``[r, n*F]``: refused (``ISL-K309``) with the reshape that fixes it, applied
+        only with ``guess`` (it assumes expert-major rows). Recognised only when the
+        module's gate/up B confirms ``n*F`` (``[n*F, r]``, fused ``[n*2F, r]``)."""
+        rows, cols = t.shape
+        if fn.canonical != "down_proj" or fn.ab != "A" or fn.expert is not None or rows % r or rows == r:
+            return None
+        n = rows // r
+        features = {int(b.shape[0]) // (2 if g.canonical == "gate_up_proj" else 1) for g, b in factors.values()
+                    if g.module == fn.module and g.expert is None and g.ab == "B" and g.canonical != "down_proj"
+                    and b.dim() == 2}
+        if features != {n * cols}:
+            return None
+        fix = f"A.reshape({n}, {r}, {cols}).permute(1, 0, 2).reshape({r}, {n * cols})"
+        if not self.guess:
+            raise ValueError(
+                f"{where}: tensor {fn.key!r} is {_shape(t)} = [n*r, F] with r={r}: the expert axis of down A is "
+                f"folded into its rows ({n} experts of {r} rows); a flat down A is [r, n*F] = [{r}, {n * cols}]: "
+                f"re-save it as {fix} (--repair does it, assuming expert-major rows)")
+        self.findings.append(Finding(
+            "ISL-K309", fn.key, f"{fn.key} is {_shape(t)} = [n*r, F]: its expert axis is folded into the rows; "
+            f"read as {fix} -> [{r}, {n * cols}] (assumed: expert e holds rows {r}e..{r}e+{r - 1})",
+            f"re-save it as {fix} to silence this (--repair assumed the row order)",
+            consequence="sglang 0.5.23 reshapes it as stored (the doctor's verdict says what that gives)"))
+        return t.reshape(n, r, cols).permute(1, 0, 2).reshape(r, n * cols).contiguous()
 
     def normalized(self, n_shared_experts: int) -> dict[str, torch.Tensor]:
         """The shared-sink factors after upstream's normalization (SPEC §6)."""
@@ -258,7 +349,7 @@ class Adapter:
         ga, gb = parts["gate_up_proj", "A"], parts["gate_up_proj", "B"]
         da, db = parts["down_proj", "A"], parts["down_proj", "B"]
         dtype = next(t.dtype for t in parts.values() if t is not None)
-        r = self.r
+        r = ga.shape[-2] // 2 if ga is not None else da.shape[-2]  # the module's own rank (rank_pattern)
         if ga is None or da is None:
             missing = "gate/up" if ga is None else "down"
             self._note(Finding(
@@ -270,8 +361,42 @@ class Adapter:
             else:
                 H, F = ga.shape[-1], gb.shape[-2] // 2
                 da, db = torch.zeros(n, r, F, dtype=dtype), torch.zeros(ga.shape[0], H, r, dtype=dtype)
+        ga, gb, da, db = _one_rank(ga, gb, da, db)
         ga, db = self._one_outer_layout(module, ga, db, where)
-        return LoRAFactors(ga, gb, da, db, lora_alpha=self.scaling * r, name=self.name)
+        gb, da = self._peft_scalings(module, n, gb, da)
+        return LoRAFactors(ga, gb, da, db, lora_alpha=self.scaling * da.shape[-2], name=self.name)
+
+    def projection_scalings(self, module: str, n: int) -> dict[str, list[float]]:
+        """PEFT's scaling of each projection (``gate``, ``up``, ``down``) of each of the
+        ``n`` experts of one sink module: ``alpha_pattern``, ``rank_pattern`` and
+        ``use_rslora`` applied to the module names the factors were saved under."""
+        peft, out = self.peft, {}
+        for part, projs in (("gate", ("gate_proj", "w1", "gate_up_proj")), ("up", ("up_proj", "w3", "gate_up_proj")),
+                            ("down", ("down_proj", "w2"))):
+            names: dict[int | None, str] = {}
+            for key in self.factor_keys:
+                fn = FactorName.parse(key)
+                if fn.module == module and fn.proj in projs:
+                    names.setdefault(fn.expert, module_of(key))
+            out[part] = [peft.scaling_of(names[e]) if e in names else
+                         peft.scaling_of(names[None]) if None in names else self.scaling for e in range(n)]
+        return out
+
+    def _peft_scalings(self, module: str, n: int, gb: torch.Tensor, da: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pool folds one scaling into B; per-module alphas and ranks give each
+        projection (and expert) its own. Their ratio to the adapter's scaling goes onto
+        the inner factors, which are per expert: gate/up B rows and down A."""
+        s = self.projection_scalings(module, n)
+        if all(v == self.scaling for vs in s.values() for v in vs):
+            return gb, da
+        F = gb.shape[-2] // 2
+        ratio = lambda part: torch.tensor([v / self.scaling for v in s[part]], dtype=torch.float64)  # noqa: E731
+        gb = gb.clone()
+        gb[:, :F] = (gb[:, :F].double() * ratio("gate")[:, None, None]).to(gb.dtype)
+        gb[:, F:] = (gb[:, F:].double() * ratio("up")[:, None, None]).to(gb.dtype)
+        da = (da.double() * ratio("down")[:, None, None]).to(da.dtype)
+        return gb, da
 
     def _stack_lone_up(self, normalized: dict[str, torch.Tensor], module: str) -> None:
         """An up without a gate: upstream leaves it unstacked, so sglang never applies
@@ -310,24 +435,151 @@ class Adapter:
         return ga.expand(n, -1, -1).contiguous(), db.expand(n, -1, -1).contiguous()
 
 
-def _read_config(config: Mapping[str, Any], where: str) -> tuple[int, float, Any]:
+BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
+"""``init_lora_weights`` values with which PEFT changes the base weights too (the saved
+adapter then means "this delta on that residual base") unless the adapter was converted
+to plain LoRA when saved."""
+
+
+def _pattern_key(patterns: Mapping[str, Any], module: str) -> str | None:
+    # PEFT's own rule (peft.utils.other.get_pattern_key): the first key that matches the
+    # module name's end, at a dot boundary.
+    for key in patterns:
+        if re.match(rf"(.*\.)?({key})$", module):
+            return key
+    return None
+
+
+@dataclass(frozen=True)
+class PeftConfig:
+    """The fields of a PEFT ``LoraConfig`` that decide what an adapter computes.
+
+    ``rank_of``/``alpha_of``/``scaling_of`` take a module name
+    (``...mlp.shared_experts.gate_proj``) and apply ``rank_pattern`` and
+    ``alpha_pattern`` by PEFT's matching rule; ``scaling_of`` is PEFT's
+    ``alpha / r`` (``alpha / sqrt(r)`` with ``use_rslora``) for that module.
+    """
+
+    r: int
+    lora_alpha: float
+    target_modules: Any = None
+    use_rslora: bool = False
+    alpha_pattern: Mapping[str, float] = field(default_factory=dict)
+    rank_pattern: Mapping[str, int] = field(default_factory=dict)
+    use_dora: bool = False
+    lora_bias: bool = False
+    init_lora_weights: Any = True
+    peft_type: str = "LORA"
+    modules_to_save: tuple[str, ...] = ()
+    fan_in_fan_out: bool = False
+
+    def rank_of(self, module: str) -> int:
+        key = _pattern_key(self.rank_pattern, module)
+        return int(self.rank_pattern[key]) if key is not None else self.r
+
+    def alpha_of(self, module: str) -> float:
+        key = _pattern_key(self.alpha_pattern, module)
+        return float(self.alpha_pattern[key]) if key is not None else self.lora_alpha
+
+    def scaling_of(self, module: str) -> float:
+        r = self.rank_of(module)
+        return self.alpha_of(module) / (math.sqrt(r) if self.use_rslora else r)
+
+    @property
+    def base_changing_init(self) -> str | None:
+        """``pissa``, ``olora``, ``corda`` or ``loftq`` (``pissa_niter_4`` reads as pissa), else None."""
+        init = self.init_lora_weights
+        if isinstance(init, str):
+            return next((k for k in BASE_CHANGING_INITS if init.lower().startswith(k)), None)
+        return None
+
+
+def module_of(key: str) -> str:
+    """The module name PEFT matches patterns against: the factor key without PEFT's
+    ``base_model.model.`` prefix and its ``.lora_A.weight`` ending."""
+    name = key.removeprefix("base_model.model.")
+    return re.sub(r"\.lora_[AB]\.weight$", "", name)
+
+
+def read_peft_config(config: Mapping[str, Any], where: str = CONFIG_FILE) -> PeftConfig:
+    """Read and check a PEFT adapter config (``adapter_config.json`` as a dict).
+
+    Raises ``ISL-K202`` for a malformed field and ``ISL-K301`` for a ``lora_alpha``
+    (or ``alpha_pattern`` value) that is not a finite number (JSON's ``NaN``,
+    ``Infinity``, or ``1e400``, which reads as infinity).
+    """
     def bad(detail: str) -> ValueError:
         return ValueError(f"{where}: malformed adapter config: {detail}")
+
+    def number(value: Any, what: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(f'{what} must be a number, got {value!r}')
+        if not math.isfinite(value):
+            raise ValueError(
+                f"{where}: {what} is {value!r}, not a finite number: every scaling would be {value!r} and every "
+                "output of the adapter NaN or infinite; set the lora_alpha the adapter was trained with")
+        return float(value)
+
+    def rank(value: Any, what: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(f'{what} must be a positive integer, got {value!r}')
+        return value
+
+    def mapping(value: Any, what: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise bad(f"{what} must be an object (module pattern -> value), got {value!r}")
+        return dict(value)
 
     if not isinstance(config, Mapping):
         raise bad(f"expected a JSON object, got {type(config).__name__}")
     peft_type = str(config.get("peft_type", "LORA")).upper()
     if peft_type != "LORA":
         raise bad(f"peft_type is {config['peft_type']!r}; only LoRA adapters have shared-sink factors")
-    r = config.get("r")
-    if r is None:
+    if config.get("r") is None:
         raise bad('no "r" (the LoRA rank), e.g. "r": 8')
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise bad(f'"r" must be a positive integer, got {r!r}')
-    alpha = config.get("lora_alpha", 8)  # PEFT's default
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise bad(f'"lora_alpha" must be a number, got {alpha!r}')
-    return r, float(alpha), config.get("target_modules")
+    r = rank(config["r"], '"r"')
+    alpha = number(config.get("lora_alpha", 8), '"lora_alpha"')  # PEFT's default
+    ranks = {k: rank(v, f'rank_pattern[{k!r}]') for k, v in mapping(config.get("rank_pattern"), "rank_pattern").items()}
+    alphas = {k: number(v, f'alpha_pattern[{k!r}]')
+              for k, v in mapping(config.get("alpha_pattern"), "alpha_pattern").items()}
+    saved = config.get("modules_to_save") or ()
+    return PeftConfig(
+        r=r, lora_alpha=alpha, target_modules=config.get("target_modules"),
+        use_rslora=bool(config.get("use_rslora")), alpha_pattern=alphas, rank_pattern=ranks,
+        use_dora=bool(config.get("use_dora")), lora_bias=bool(config.get("lora_bias")),
+        init_lora_weights=config.get("init_lora_weights", True), peft_type=peft_type,
+        modules_to_save=(saved,) if isinstance(saved, str) else tuple(saved),
+        fan_in_fan_out=bool(config.get("fan_in_fan_out")))
+
+
+def _read_config(config: Mapping[str, Any], where: str) -> tuple[int, float, Any]:
+    peft = read_peft_config(config, where)
+    return peft.r, peft.lora_alpha, peft.target_modules
+
+
+def _refuse_unrepresentable(peft: PeftConfig, where: str) -> None:
+    """What a LoRA pool cannot hold, refused with the reason and the way out."""
+    if peft.use_dora:
+        raise ValueError(
+            f"{where}: use_dora is set: a DoRA adapter rescales each output feature by a learned magnitude "
+            "(lora_magnitude_vector), which a LoRA pool cannot hold; merge it into the base weights "
+            "(PEFT merge_and_unload) or train a plain LoRA adapter")
+    if peft.lora_bias:
+        raise ValueError(
+            f"{where}: lora_bias is set: the adapter adds a trained bias to every lora_B, which a LoRA pool "
+            "cannot hold; merge it into the base weights (PEFT merge_and_unload) or train with lora_bias=False")
+    init = peft.base_changing_init
+    if init is not None:
+        raise ValueError(
+            f"{where}: init_lora_weights is {peft.init_lora_weights!r}: PEFT changed the base weights too when it "
+            f"made this adapter ({init} initialisation), so its factors mean a delta on that residual base, not on "
+            "the model's own weights; "
+            + ("serve it on the LoftQ-quantized base it was made with, or merge it"
+               if init == "loftq" else
+               "convert it to plain LoRA when saving (PEFT save_pretrained(..., "
+               "path_initial_model_for_weight_conversion=<the initial adapter>)) and use that folder"))
 
 
 def _unknown_name(where: str, key: str, fn: FactorName | None) -> str:
@@ -347,6 +599,45 @@ def _check_pairs(keys: list[str], where: str) -> None:
         other = fn.with_(ab="B" if fn.ab == "A" else "A").key
         if other not in present:
             raise ValueError(f"{where}: {key!r} has no matching {other!r}: every LoRA factor needs its A and its B")
+
+
+def _one_rank(ga: torch.Tensor, gb: torch.Tensor, da: torch.Tensor, db: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gate/up and down of one module at different ranks (``rank_pattern``): both
+    zero-padded to the larger, which is exact (zero rows of A meet zero columns of B)."""
+    r_gu, r_d = ga.shape[-2] // 2, da.shape[-2]
+    R = max(r_gu, r_d)
+    if r_gu == r_d:
+        return ga, gb, da, db
+
+    def pad(t: torch.Tensor, axis: int, to: int) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[axis] = to - t.shape[axis]
+        return torch.cat([t, t.new_zeros(shape)], dim=axis)
+
+    ga = torch.cat([pad(ga[..., :r_gu, :], -2, R), pad(ga[..., r_gu:, :], -2, R)], dim=-2)
+    return ga, pad(gb, -1, R), pad(da, -2, R), pad(db, -1, R)
+
+
+def _check_duplicates(names: list[FactorName], where: str) -> None:
+    """Two keys for one factor (``w1`` and ``gate_proj`` of one module, experts ``.0.``
+    and ``.00.``): refused, never one silently dropped (``ISL-K307``)."""
+    seen: dict[tuple[str, int | None, str, str], FactorName] = {}
+    for fn in names:
+        first = seen.setdefault((fn.module, fn.expert, fn.canonical, fn.ab), fn)
+        if first is not fn:
+            raise ValueError(
+                f"{where}: {first.key!r} and {fn.key!r} are two keys for one factor ({fn.canonical}.lora_{fn.ab}"
+                + (f" of expert {fn.expert}" if fn.expert is not None else "") + "): keep one of the two "
+                "(which one was trained is not in the file)")
+
+
+def _check_finite(key: str, t: torch.Tensor, where: str) -> None:
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(
+            f"{where}: tensor {key!r} holds {bad} NaN/Inf value(s) of {t.numel()}: every output of this adapter "
+            "would be NaN; export the factors again from a checkpoint saved before the loss diverged")
 
 
 def _check_one_shape(weights: Mapping[str, torch.Tensor], keys: list[str], where: str) -> None:
@@ -442,7 +733,7 @@ def _adapter_folder(path: str | os.PathLike[str]) -> Path:
     return p.parent if p.name in (CONFIG_FILE, WEIGHTS_FILE) else p
 
 
-def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
+def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool = False) -> Adapter:
     """Read a PEFT adapter folder (or its config or weights file) into an ``Adapter``.
 
     Safetensors only: a pickle checkpoint (``adapter_model.bin``) is refused, never
@@ -457,6 +748,11 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
     source = str(folder)
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     if not config_path.is_file():
+        named = sorted(c.parent.name for c in folder.glob(f"*/{CONFIG_FILE}")) if folder.is_dir() else []
+        if named:  # PEFT saves adapters other than "default" in subfolders named after them
+            raise _refuse(FileNotFoundError(
+                f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE} here, but this folder holds PEFT named adapters in "
+                f"subfolders: {', '.join(named)}; point at one of them, e.g. {folder.name}/{named[0]}"), folder)
         why = "" if folder.is_dir() else " (the folder does not exist)"
         raise _refuse(FileNotFoundError(
             f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE}{why}: a PEFT adapter is a folder with "
@@ -482,7 +778,7 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True) -> Adapter:
             "truncated or corrupt: export or download it again"), folder) from None
     try:
         return Adapter.from_state(config, weights, source=source, sha256=hashlib.sha256(raw).hexdigest(),
-                                  repair=repair)
+                                  repair=repair, guess=guess)
     except ValueError as exc:
         raise _refuse(exc, folder)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -68,10 +68,26 @@ class SlotBatch:
     max_len: int
     num_slots: int
     permutation: torch.Tensor | None = None
+    tokens: int | None = None
+    """Host copy of ``seg_indptr[-1]``, kept by ``to()``: a device-resident batch
+    answers ``num_tokens`` without a device sync (CUDA graph capture allows none)."""
 
     @property
     def num_tokens(self) -> int:
-        return int(self.seg_indptr[-1])
+        return self.tokens if self.tokens is not None else int(self.seg_indptr[-1])
+
+    def to(self, device: torch.device | str) -> "SlotBatch":
+        """This batch with its tensors on ``device`` (like sglang's ``LoRABatchInfo``).
+
+        Copy once, before capture; afterwards rewrite the tensors in place
+        (``seg_indptr.copy_(...)``, same ``T`` and segment count) and a captured
+        forward replays with the new segments and slots."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return replace(self, seg_indptr=move(self.seg_indptr), weight_indices=move(self.weight_indices),
+                       lora_ranks=move(self.lora_ranks), scalings=move(self.scalings),
+                       permutation=move(self.permutation), tokens=self.num_tokens)
 
     @property
     def num_segments(self) -> int:

@@ -1,9 +1,11 @@
-"""The ``inkling-lab`` command: ``doctor``, ``convert``, ``explain`` (and ``profile``
-where the profiling module is installed). A thin front over the library: every
-answer comes from ``inkling_lab.convert`` and ``inkling_lab.errors``.
+"""The ``inkling-lab`` command: ``doctor``, ``compare``, ``convert``, ``explain`` (and
+``profile`` where the profiling module is installed). A thin front over the library:
+every answer comes from ``inkling_lab.doctor``, ``inkling_lab.compare``,
+``inkling_lab.convert`` and ``inkling_lab.errors``.
 
-Exit status: 0 done; 1 the adapter would fail to load, the conversion was refused,
-or no catalog entry matched; 2 a usage error.
+Exit status: 0 done; 1 sglang 0.5.23 would fail to load the adapter or serve something
+other than its math (doctor, compare), the conversion was refused, or no catalog entry
+matched; 2 a usage error.
 """
 from __future__ import annotations
 
@@ -62,12 +64,31 @@ def _fail(command: str, exc: BaseException) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .convert import doctor
+    from .doctor import doctor
 
     report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
-                    max_rank=args.max_rank, tp=args.tp)
+                    max_rank=args.max_rank, tp=args.tp, target_modules=args.lora_target_modules, repair=args.repair)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
-    return 1 if report.fails else 0
+    return report.exit_status
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import compare
+
+    report = compare(args.adapters, args.n_shared_experts, args.hidden, args.intermediate,
+                     target_modules=args.lora_target_modules, repair=args.repair, tokens=args.tokens, seed=args.seed)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0 if report.agree else 1
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora-target-modules", nargs="+", metavar="MODULE",
+                   help="the server's --lora-target-modules (default: the adapter's own target_modules); the sink "
+                        "is wrapped only when they hold gate_up_proj and down_proj")
+    p.add_argument("--repair", action="store_true",
+                   help="let the converter make repairs that guess (a folded down A, a rank read from the factors); "
+                        "the report says what was assumed")
+    p.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -119,16 +140,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     p = sub.add_parser(
-        "doctor", help="will this adapter load? what upstream raises, every finding and its fix",
-        description="Walk a PEFT adapter down sglang's loading path for the sink you give: read it, "
-                    "normalize it, load it into a pool and run set_lora_info's checks. Prints the exact "
-                    "error sglang 0.5.23 would raise, if any, then every finding with its fix. Exit status 1 "
-                    "when the adapter would fail to load.")
+        "doctor", help="what sglang 0.5.23 does with this adapter: loads/raises/skips, what it computes, what "
+                       "the converter writes",
+        description="Walk a PEFT adapter down sglang 0.5.23's loading path for the sink you give (read, "
+                    "normalize, target modules, shard, pool, set_lora_info, forward) and give three verdicts: "
+                    "whether sglang loads it (or the exact error, or the exact warning for skipped weights), "
+                    "whether it then computes the adapter's math (or what else, and why), and what "
+                    "inkling-lab convert writes. Every finding with its fix. Exit status 1 when sglang would "
+                    "fail or serve something other than the adapter's math.")
     p.add_argument("adapter", metavar="ADAPTER", help="a PEFT adapter folder (adapter_config.json + "
                    "adapter_model.safetensors)")
     _add_sink_args(p, required=True)
-    p.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
+    _add_server_args(p)
     p.set_defaults(func=_doctor)
+
+    p = sub.add_parser(
+        "compare", help="PEFT's math, what sglang 0.5.23 serves and the kit's pool, side by side",
+        description="For a seeded random batch on a seeded random sink, each shared expert's LoRA delta three "
+                    "ways (float64): from the adapter alone with PEFT's scaling, as sglang 0.5.23 serves it, and "
+                    "from the pool inkling-lab convert writes. Reports, per module, slot and expert, the "
+                    "mismatched elements and the greatest absolute and relative difference, where, and the cause. "
+                    "Exit status 1 unless all three agree.")
+    p.add_argument("adapters", nargs="+", metavar="ADAPTER", help="PEFT adapter folders, one per slot")
+    _add_sink_args(p, required=True)
+    _add_server_args(p)
+    p.add_argument("--tokens", type=_positive, default=8, metavar="T", help="tokens in the batch (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sink and the batch (default 0)")
+    p.set_defaults(func=_compare)
 
     p = sub.add_parser(
         "convert", help="re-export adapters as the four pool buffers (one slot each), in one safetensors file",

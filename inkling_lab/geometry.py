@@ -9,10 +9,29 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, replace
 
+from .catalog import CATALOG
+
 Shape = tuple[int, ...]
+
+MSG_TP_SPLIT = CATALOG["ISL-K102"].message  # {what} {intermediate} {tp_size} {divisors}
+MSG_TP_SIZE = "tp_size must be at least 1, got {tp_size}"
 
 BUFFER_NAMES = ("gate_up_a", "gate_up_b", "down_a", "down_b")
 """The four pool buffers, in ``set_lora_info`` order."""
+
+
+def check_tp(intermediate: int, tp_size: int, what: str = "tensor parallelism") -> int:
+    """``F / tp``, the features of one expert that each rank holds; refuses a ``tp``
+    below 1 or one that does not split ``F`` (``ISL-K102``; ``what`` names the tensor or
+    geometry being cut). The kit's one divisibility check: ``Geometry.tp_shard`` and every
+    cut of ``shard`` use it."""
+    if tp_size < 1:
+        raise ValueError(MSG_TP_SIZE.format(tp_size=tp_size))
+    if intermediate % tp_size:
+        divisors = [d for d in range(1, intermediate + 1) if intermediate % d == 0][:12]
+        raise ValueError(MSG_TP_SPLIT.format(what=what, intermediate=intermediate, tp_size=tp_size,
+                                             divisors=divisors))
+    return intermediate // tp_size
 
 
 @dataclass(frozen=True, init=False)
@@ -74,10 +93,9 @@ class Geometry:
 
     def tp_shard(self, tp_size: int) -> "Geometry":
         """The geometry of one of ``tp_size`` tensor-parallel shards (SPEC §7): ``F / tp_size``
-        features per expert, everything else the same."""
-        if tp_size < 1 or self.intermediate % tp_size:
-            raise ValueError(f"intermediate size {self.intermediate} is not divisible by tp_size={tp_size}")
-        return replace(self, intermediate=self.intermediate // tp_size)
+        features per expert, everything else the same; a ``tp_size`` that does not split
+        ``F`` is refused (``ISL-K102``)."""
+        return replace(self, intermediate=check_tp(self.intermediate, tp_size, "Geometry.tp_shard"))
 
     # The four buffers (SPEC §2).
     @property

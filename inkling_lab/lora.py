@@ -226,7 +226,8 @@ class SharedSinkLoRA(SharedSink):
                 target[s].copy_(source[s])
         w1_delta = None
         # The kit's forward needs w1_delta; a pool that upstream accepts but whose gate-up
-        # B does not match down A (an odd 2F, another F or slot count) gets none.
+        # B does not match down A (an odd 2F, another F or slot count) gets none, and the
+        # forward refuses it (forward.check_pool_fits, ISL-K153).
         if (shared and two_f % 2 == 0 and gate_up_b.shape[0] == S == down_a.shape[0]
                 and down_a.shape[3] == F):
             stored = self.w1_delta if self.w1_delta is not None and self.w1_delta.shape == (S, n * two_f, 2 * R) \

@@ -32,10 +32,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .batch import SlotBatch
+from .catalog import error
 from .geometry import PRESETS, Geometry
 from .lora import SharedSinkLoRA
-from .pool import LoRAFactors, LoRAPool
 from .records import dtype_name, relative_error
+from .scenario import Scenario
 from .shard import check_tp, rank_features, shard_pool, shard_w2, shard_w13
 
 DIST_BACKENDS = ("gloo", "nccl")
@@ -222,23 +223,15 @@ class TPCase:
                tokens: int = 16, seed: int = 0, name: str | None = None) -> "TPCase":
         """A seeded sink and pool of ``geometry``: slot ``s < S-1`` holds an adapter of
         rank ``max(1, R-s)``, the last slot of a multi-slot pool stays empty, and tokens
-        pick slots (or ``-1``, base only) at random."""
+        pick slots (or ``-1``, base only) at random: ``Scenario.random`` with those ranks,
+        on the CPU."""
         g = geometry
-        sink = SharedSinkLoRA(g.n, g.hidden, g.intermediate, interleaved, dtype, seed=seed)
-        pool = LoRAPool.from_geometry(g, dtype)
-        for s in range(g.slots - 1 if g.slots > 1 else 1):
-            pool.load(s, LoRAFactors.random(g.n, g.hidden, g.intermediate, max(1, g.rank - s), g.outer,
-                                            seed=seed + 1 + s, dtype=dtype, name=f"adapter{s}"))
-        sink.set_lora_info(*pool.buffers())
-        gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(tokens, g.hidden, generator=gen).to(dtype)
-        gammas = torch.rand(tokens, g.n, generator=gen).to(dtype)
-        slots = torch.randint(-1, g.slots, (tokens,), generator=gen)
-        batch = SlotBatch.from_token_slots(slots, g.slots, lora_ranks=pool.lora_ranks)
+        ranks = [max(1, g.rank - s) for s in range(g.slots - 1)] + [0] if g.slots > 1 else [g.rank]
+        case = Scenario.random(g, tokens=tokens, seed=seed, dtype=dtype, interleaved=interleaved, ranks=ranks)
         layout = "interleaved" if interleaved else "contiguous"
         outer = "shared outer" if g.shared_outer else "per-expert outer"
         default = f"{outer}, {layout}, S={g.slots}, {dtype_name(dtype)}"
-        return cls(name or default, sink, x, gammas, batch)
+        return cls(name or default, case.sink, case.x, case.gammas, case.batch)
 
     def reference(self) -> torch.Tensor:
         """The unsharded module's output by the float64 reference backend, ``[T, H]``."""
@@ -382,9 +375,8 @@ def resolve_dist_backend(dist_backend: str, tp: int) -> str:
     if dist_backend not in DIST_BACKENDS:
         raise ValueError(f"dist_backend must be 'auto', 'gloo' (CPU) or 'nccl' (GPUs), got {dist_backend!r}")
     if dist_backend == "nccl" and (gpus < tp or not dist.is_nccl_available()):
-        raise ValueError(f"NCCL needs one GPU per rank: tp={tp}, but this machine shows {gpus} CUDA device(s)"
-                         f"{'' if dist.is_nccl_available() else ' and this torch has no NCCL'}; "
-                         f"use dist_backend='gloo' (CPU) or a smaller tp")
+        raise error("ISL-K106", tp=tp, gpus=gpus,
+                    detail="" if dist.is_nccl_available() else " and this torch has no NCCL")
     return dist_backend
 
 
@@ -476,8 +468,7 @@ def check_world_size(tp: int, world_size: int | None = None) -> None:
     """Under ``torchrun``: refuse a world size (default: ``$WORLD_SIZE``) other than ``tp``."""
     world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     if world != tp:
-        raise ValueError(f"torchrun started {world} process(es) (WORLD_SIZE={world}) but tp={tp} was asked: "
-                         f"run torchrun --nproc-per-node {tp} ..., or pass --tp {world}")
+        raise error("ISL-K105", world=world, tp=tp)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -39,15 +39,21 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, norm: str = "max") -> f
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, or ``INKLING_LAB_COMMIT`` where the tree travelled without ``.git``."""
+    """``INKLING_LAB_COMMIT`` when the caller sets it, else the checkout's commit.
+
+    The caller's word comes first: a copy of the tree run elsewhere (a remote GPU
+    machine) can sit inside another checkout whose ``git rev-parse HEAD`` names the
+    wrong commit (the side-by-side records up to v8 carry such a field, see
+    ``data/profiles/README.md``)."""
+    told = os.environ.get("INKLING_LAB_COMMIT")
+    if told:
+        return told
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    if len(commit) != 40:  # a copy of the tree without .git (a remote GPU machine): told by the caller
-        commit = os.environ.get("INKLING_LAB_COMMIT") or None
-    return commit
+    return commit if len(commit) == 40 else None
 
 
 def environment(command: str) -> dict:

@@ -17,11 +17,12 @@ build such a module).
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Callable, Union
 
 import torch
 
 from .catalog import CATALOG
+from .geometry import check_tp  # re-exported: the cuts' one divisibility check
 
 Factor = Union[torch.Tensor, dict[int, torch.Tensor]]
 
@@ -35,8 +36,6 @@ plain projection names are the kit's shorthand)."""
 MSG_DOWN_A_WIDTH = CATALOG["ISL-E010"].message  # {n} {width}
 MSG_GATE_UP_B_HEIGHT = CATALOG["ISL-E011"].message  # {n} {height}
 MSG_TP_RANK = CATALOG["ISL-K101"].message  # {tp_rank} {tp_size} {last}
-MSG_TP_SPLIT = CATALOG["ISL-K102"].message  # {what} {intermediate} {tp_size} {divisors}
-MSG_TP_SIZE = "tp_size must be at least 1, got {tp_size}"
 MSG_TARGET = "target_module must be one of {names} for the shared sink, got {target_module}"
 
 
@@ -57,19 +56,6 @@ def check_rank(tp_rank: int, tp_size: int) -> None:
     an empty or misplaced slice and serve a silently wrong delta."""
     if not 0 <= tp_rank < tp_size:
         raise ValueError(MSG_TP_RANK.format(tp_rank=tp_rank, tp_size=tp_size, last=tp_size - 1))
-
-
-def check_tp(intermediate: int, tp_size: int, what: str = "tensor parallelism") -> int:
-    """``F / tp``, the features of one expert that each rank holds; refuses a ``tp``
-    below 1 or one that does not split ``F`` (``ISL-K102``). The one divisibility check
-    of the kit's sharding (``what`` names the tensor being cut)."""
-    if tp_size < 1:
-        raise ValueError(MSG_TP_SIZE.format(tp_size=tp_size))
-    if intermediate % tp_size:
-        divisors = [d for d in range(1, intermediate + 1) if intermediate % d == 0][:12]
-        raise ValueError(MSG_TP_SPLIT.format(what=what, intermediate=intermediate, tp_size=tp_size,
-                                             divisors=divisors))
-    return intermediate // tp_size
 
 
 def rank_features(intermediate: int, tp_rank: int, tp_size: int) -> torch.Tensor:
@@ -120,6 +106,18 @@ def split_gate_up_b(weights: torch.Tensor, n_shared_experts: int) -> torch.Tenso
     return weights.view(n_shared_experts, height // n_shared_experts, rank)
 
 
+def _with_expert_axis(weights: Factor, tp_rank: int, target_module: str, tp_size: int, n_shared_experts: int,
+                      cut_module: str, split: Callable[[torch.Tensor, int], torch.Tensor]) -> tuple[Factor, bool]:
+    """Both slicers' first step: check the rank, give a 2D factor its expert axis (the
+    factor this slicer cuts is ``split`` into ``n`` experts, the other one gets a leading
+    axis of 1), and say whether this rank cuts it (``cut_module`` at ``tp_size > 1``)."""
+    check_rank(tp_rank, tp_size)
+    module = target_module_name(target_module)
+    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
+        weights = split(weights, n_shared_experts) if module == cut_module else weights.unsqueeze(0)
+    return weights, tp_size > 1 and module == cut_module
+
+
 def slice_lora_a(weights: Factor, tp_rank: int, target_module: str, tp_size: int,
                  n_shared_experts: int, intermediate_size: int | None = None) -> Factor:
     """Rank ``tp_rank``'s share of a LoRA A factor (upstream's ``slice_moe_lora_a_weights``).
@@ -131,11 +129,9 @@ def slice_lora_a(weights: Factor, tp_rank: int, target_module: str, tp_size: int
     a dict is cut expert by expert and stays a dict. ``intermediate_size``: the
     module's full per-expert ``F`` (default: the factor's).
     """
-    check_rank(tp_rank, tp_size)
-    module = target_module_name(target_module)
-    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
-        weights = weights.unsqueeze(0) if module == GATE_UP else split_down_a(weights, n_shared_experts)
-    if tp_size <= 1 or module != DOWN:
+    weights, cuts = _with_expert_axis(weights, tp_rank, target_module, tp_size, n_shared_experts,
+                                      DOWN, split_down_a)
+    if not cuts:
         return weights
     if isinstance(weights, dict):
         return {expert: cut_features(w, tp_rank, tp_size, intermediate_size=intermediate_size)
@@ -155,12 +151,11 @@ def slice_lora_b(weights: Factor, tp_rank: int, target_module: str, tp_size: int
     other tensor along its first axis, as upstream cuts it. ``intermediate_size``: the
     module's full per-expert ``F`` (default: each expert's rows // 2).
     """
-    check_rank(tp_rank, tp_size)
-    module = target_module_name(target_module)
-    if isinstance(weights, torch.Tensor) and weights.dim() == 2:
-        weights = weights.unsqueeze(0) if module == DOWN else split_gate_up_b(weights, n_shared_experts)
-    if tp_size <= 1 or module != GATE_UP:
+    weights, cuts = _with_expert_axis(weights, tp_rank, target_module, tp_size, n_shared_experts,
+                                      GATE_UP, split_gate_up_b)
+    if not cuts:
         return weights
+
     def cut(w: torch.Tensor) -> torch.Tensor:
         return cut_gate_up(w, tp_rank, tp_size, intermediate_size=intermediate_size)
 

@@ -34,7 +34,7 @@ from typing import Literal, Mapping, Sequence
 import torch
 
 from .batch import SlotBatch
-from .catalog import UpstreamDefectWarning
+from .catalog import UpstreamDefectWarning, message
 from .forward import run_forward
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
@@ -153,12 +153,6 @@ def _same_for_every_expert(t: torch.Tensor, atol: float) -> bool:
 
 # -- the report ---------------------------------------------------------------------------
 
-MESSAGE = ("{what} uses the per-expert outer LoRA layout (O = {n}): sglang 0.5.23 computes a wrong "
-           "gate/up delta for it without raising (relative error {error:.2g} of the sink output on "
-           "random inputs); what to do: inkling-lab explain ISL-W001")
-"""The warning's words (catalog ISL-W001)."""
-
-
 @dataclass
 class DefectReport:
     """How far sglang 0.5.23's output is from the intended one, for one adapter or pool.
@@ -191,7 +185,8 @@ class DefectReport:
 
     @property
     def message(self) -> str:
-        return MESSAGE.format(what=self.what, n=self.outer, error=self.relative_error)
+        """The warning's words: catalog ``ISL-W001`` filled in."""
+        return message(WARNING_CODE, subject=self.what, n=self.outer, error=f"{self.relative_error:.2g}")
 
     def warn(self, stacklevel: int = 2) -> None:
         """Emit ``UpstreamDefectWarning`` (ISL-W001) when affected; nothing otherwise."""

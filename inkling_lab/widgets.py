@@ -233,7 +233,7 @@ def adapter_explorer_figure(adapter: str, n: int, max_rank: int, tp: int, folder
     first module's journey from file to pool. Returns ``(text, Figure)``."""
     from pathlib import Path
 
-    from .convert import doctor
+    from .doctor import doctor
     from .viz import adapter_journey_figure
 
     report = doctor(Path(folder) / adapter, n, hidden, intermediate, max_rank, tp)

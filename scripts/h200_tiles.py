@@ -33,8 +33,9 @@ LARGE = [  # cuBLAS base GEMMs with the kernels as prologue/epilogues, and the a
 ]
 
 
-EPILOGUES = [(64, 128, 128, 8), (128, 64, 128, 8), (32, 128, 64, 4), (64, 64, 64, 4)]
-SHRINKS = [(64, 4, BIG), (32, 4, BIG), (128, 8, BIG), (64, 4, 512), (128, 4, BIG)]
+EPILOGUES = [(64, 128, 128, 8), (128, 64, 128, 8), (32, 128, 64, 4), (64, 64, 64, 4),
+             (32, 64, 128, 4), (64, 32, 128, 4), (16, 128, 128, 4), (32, 32, 64, 2)]
+SHRINKS = [(64, 4, BIG), (64, 4, 512)]
 
 
 def epilogue_candidates() -> list[Tiles]:

@@ -327,3 +327,30 @@ def test_sglangs_words_are_typed_once_in_the_catalog():
             continue
         copies = [str(p.relative_to(ROOT)) for p, text in sources.items() if literal in text]
         assert not copies, f"{e.code}'s words {literal!r} are typed again in {copies}"
+
+
+_RAISERS = {  # code -> a call of the kit that writes that entry's words
+    "ISL-W001": lambda: il.upstream_defect.defect_report(
+        il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=4, outer=2, seed=0)).message,
+    "ISL-K103": lambda: il.SlotBatch.from_token_slots([0, 5], num_slots=3),
+    "ISL-K105": lambda: il.parallel.check_world_size(tp=2, world_size=4),
+    "ISL-K106": lambda: il.parallel.resolve_dist_backend("nccl", tp=64),
+    "ISL-K153": lambda: _run_snippet(CATALOG["ISL-K153"].trigger_source(), "<k153>"),
+}
+
+
+@pytest.mark.parametrize("code", sorted(_RAISERS))
+def test_the_raiser_formats_the_catalogs_template_not_its_own_copy(code, monkeypatch):
+    """Change the catalog's words and the kit's message changes with them: the raiser
+    holds no copy of them."""
+    from dataclasses import replace
+
+    entry = CATALOG[code]
+    fields = template_parts(entry.message)[1]
+    monkeypatch.setitem(CATALOG, code, replace(entry, message="reworded: " + " ".join(f"{{{f}}}" for f in fields),
+                                               pattern=""))
+    try:
+        text = _RAISERS[code]()
+    except Exception as exc:  # noqa: BLE001 - the raised message is the point
+        text = str(exc)
+    assert text.startswith("reworded: "), text

@@ -22,26 +22,33 @@ def run(capsys, *argv):
 
 def test_doctor_exit_status_and_report(capsys):
     code, out, _ = run(capsys, "doctor", str(SAMPLES / "fused"), *TOY)
-    assert code == 0 and "sglang 0.5.23 loading it: passes" in out and "Verdict: loads" in out
+    assert code == 0 and "1. sglang 0.5.23 loads it" in out and "computes the adapter's math" in out
+    assert "Exit status 0" in out
     code, out, _ = run(capsys, "doctor", str(SAMPLES / "three_experts"), *TOY)
     assert code == 1
-    assert "raises:\n  RuntimeError: shape '[4, 2, 7]' is invalid for input of size 60" in out
-    assert "fix: " in out and "Verdict: FAILS" in out
+    assert "raises (in normalize; lora.py: LoRAAdapter._normalize_weights (_normalize_shared_expert_moe, normalize_gate_up_proj)):\n    RuntimeError: shape '[4, 2, 7]' is invalid for input of size 60" in out
+    assert "fix: " in out and "fails to load it" in out
     code, out, _ = run(capsys, "doctor", str(SAMPLES / "fused"), *TOY, "--max-rank", "2")
     assert code == 1 and "--max-rank 4 or larger" in out
+    code, out, _ = run(capsys, "doctor", str(SAMPLES / "rslora"), *TOY)
+    assert code == 1 and "2 times too weak" in out  # loads, but not the adapter's math
 
 
 def test_doctor_json(capsys):
     code, out, _ = run(capsys, "doctor", str(SAMPLES / "no_config"), *TOY, "--json")
     report = json.loads(out)
-    assert code == 1 and report["ok"] is False
-    assert report["error"]["code"] == "ISL-K201" and report["error"]["raised_by"] == "inkling_lab"
+    assert code == 1 and report["ok"] is False and report["exit_status"] == 1
+    assert report["kit"]["code"] == "ISL-K201" and report["sglang"]["load"]["outcome"] == "raises"
     assert report["findings"][0]["code"] == "ISL-K201"
     code, out, _ = run(capsys, "doctor", str(SAMPLES / "transposed"), *TOY, "--json")
     report = json.loads(out)
-    assert code == 0 and report["ok"] and report["error"] is None
+    assert code == 1 and report["kit"] == {"outcome": "writes", "text": "", "code": None, "repairs": [
+        report["kit"]["repairs"][0]]} and report["kit"]["repairs"][0].startswith("ISL-K206")
+    assert report["sglang"]["load"]["text"].startswith("AssertionError: LoRA buffer shape torch.Size(")
     assert [f["code"] for f in report["findings"]] == ["ISL-K206"]
     assert report["sink"] == {"n_shared_experts": 2, "hidden": 8, "intermediate": 6, "tp": 1, "max_rank": 4}
+    code, out, _ = run(capsys, "compare", str(SAMPLES / "gate_up"), *TOY, "--json")
+    assert code == 0 and json.loads(out)["agree"] is True
 
 
 def test_convert_writes_refuses_to_overwrite_and_forces(tmp_path, capsys):
@@ -115,4 +122,4 @@ def test_the_console_script(tmp_path):
     done = subprocess.run([script, "doctor", str(SAMPLES / "missing_b"), *TOY, "--json"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert json.loads(done.stdout)["error"]["code"] == "ISL-K209"
+    assert json.loads(done.stdout)["kit"]["code"] == "ISL-K209"

@@ -47,8 +47,12 @@ def test_max_rank_is_the_pools_R_and_rank_still_names_it():
 def test_a_tp_shard_holds_F_over_tp_features():
     g = PRESETS["toy"]
     assert g.tp_shard(2) == g.with_(intermediate=3) and g.tp_shard(1) == g
-    with pytest.raises(ValueError, match="intermediate size 6 is not divisible by tp_size=4"):
+    # The one divisibility check of the kit (geometry.check_tp, ISL-K102), naming the divisors.
+    with pytest.raises(ValueError, match=r"Geometry.tp_shard: intermediate size 6 is not divisible by "
+                                         r"tp_size=4; .* use a tp in \[1, 2, 3, 6\]"):
         g.tp_shard(4)
+    with pytest.raises(ValueError, match="tp_size must be at least 1, got 0"):
+        g.tp_shard(0)
 
 
 def test_inkling_presets_are_the_real_model_and_its_tp_shards():

@@ -14,6 +14,7 @@ from inkling_lab.parallel import (AllReduceCost, TPCase, check_world_size, demo_
                                   tp_forward)
 from inkling_lab.shard import rank_features
 from inkling_lab.records import relative_error
+from inkling_lab.scenario import Scenario
 from inkling_lab.sink import gate_up_rows
 
 SMALL = Geometry(n=2, hidden=8, intermediate=12, rank=3, slots=3)
@@ -21,6 +22,21 @@ SMALL = Geometry(n=2, hidden=8, intermediate=12, rank=3, slots=3)
 
 def _case(outer: int = 1, interleaved: bool = True, **kw) -> TPCase:
     return TPCase.random(SMALL.with_(outer=outer, **kw), interleaved, torch.float64, tokens=10, seed=3)
+
+
+def test_a_random_case_is_the_scenario_of_its_ranks_and_keeps_its_seeded_values():
+    """TPCase.random is Scenario.random with ranks max(1, R-s) and the last of several
+    slots empty; the seeded numbers are the ones it gave before it was built on it."""
+    for g, ranks, total in ((SMALL, [3, 2, 0], -5.030527197614611),
+                            (SMALL.with_(outer=2, slots=1), [3], 14.3825231718529)):
+        case = TPCase.random(g, True, torch.float64, tokens=10, seed=3)
+        same = Scenario.random(g, tokens=10, seed=3, dtype=torch.float64, ranks=ranks)
+        assert case.batch.lora_ranks.tolist() == ranks
+        assert torch.equal(case.x, same.x) and torch.equal(case.gammas, same.gammas)
+        assert torch.equal(case.sink.w13, same.sink.w13) and torch.equal(case.sink.w2, same.sink.w2)
+        assert all(torch.equal(a, b) for a, b in zip(case.sink.lora_buffers, same.pool.buffers()))
+        assert torch.equal(case.batch.token_slots(), same.batch.token_slots())
+        assert case.reference().sum().item() == pytest.approx(total, abs=1e-12)
 
 
 # -- the shards ----------------------------------------------------------------------------

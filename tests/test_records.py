@@ -30,3 +30,12 @@ def test_load_record_names_missing_keys(tmp_path):
     assert records.load_record(path) == {"environment": {}}
     with pytest.raises(ValueError, match=r"not a thing \(missing \['x'\]\); make one with `make x`"):
         records.load_record(path, ("x",), "thing", "`make x`")
+
+
+def test_the_callers_commit_wins_over_the_checkouts(monkeypatch):
+    from inkling_lab import records as rc
+
+    monkeypatch.setenv("INKLING_LAB_COMMIT", "f" * 40)
+    assert rc.git_commit() == "f" * 40 and rc.environment("x")["git_commit"] == "f" * 40
+    monkeypatch.delenv("INKLING_LAB_COMMIT")
+    assert rc.git_commit() is None or len(rc.git_commit()) == 40

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inkling_lab.batch import SlotBatch
-from inkling_lab.lora import SharedSinkLoRA
+from inkling_lab.lora import LoRABackend, SharedSinkLoRA
 from inkling_lab.pool import LoRAFactors, LoRAPool
 from inkling_lab.sink import SharedSink
 
@@ -203,6 +203,43 @@ def test_clear_error_every_backend_is_guarded_by_the_same_checks():
             sink(x.double(), gammas, backend=backend)
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
         sink([[0.0] * 8], gammas[:1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(generation=st.sampled_from(["v1", "v2"]), outer=st.sampled_from([1, 2]),
+       gate_up_rows=st.sampled_from([8, 12, 13]), down_features=st.sampled_from([4, 6]),
+       backend=st.sampled_from(["reference", "torch"]))
+def test_clear_error_a_pool_of_another_F_that_set_lora_info_adopts_is_refused_at_the_forward(
+        generation, outer, gate_up_rows, down_features, backend):
+    """ISL-K153: upstream's set_lora_info never compares the pool to the sink's F (the
+    second generation takes an odd 2F in the shared layout and builds no w1_delta);
+    where it adopts such a pool the forward names both factors and the fix, and no
+    backend runs."""
+    v2 = generation == "v2"
+    sink = SharedSinkLoRA(2, 8, 6, interleaved=not v2, dtype=torch.bfloat16)
+    sink.initialize_lora(LoRABackend("triton_v2" if v2 else "triton", 3), generation=generation)
+    S, R = 3, 4
+    buffers = [torch.randn(shape, dtype=torch.bfloat16) for shape in
+               ((S, outer, 2 * R, 8), (S, 2, gate_up_rows, R), (S, 2, R, down_features), (S, outer, 8, R))]
+    try:
+        sink.set_lora_info(*buffers)
+    except (RuntimeError, ValueError):
+        return  # refused upstream's way already (tests/test_upstream_model.py covers which)
+    x, gammas = torch.randn(3, 8, dtype=torch.bfloat16), torch.rand(3, 2)
+    batch = SlotBatch.from_token_slots([0, 1, 2], num_slots=S)
+    if (gate_up_rows, down_features) == (12, 6):
+        assert sink(x, gammas, batch=batch, backend=backend).shape == x.shape
+        return
+    problems = []
+    if gate_up_rows != 12:
+        problems.append(rf"gate_up_b is \[3, 2, {gate_up_rows}, 4\], whose 2F = {gate_up_rows} is not 2 \* 6")
+    if down_features != 6:
+        problems.append(rf"down_a is \[3, 2, 4, {down_features}\], whose F = {down_features} is not 6")
+    with pytest.raises(ValueError, match=rf"^the LoRA pool does not fit the sink's F = 6: {'; '.join(problems)}; "
+                                         r".*gate_up_b \[S, n, 2F, R\] = \[3, 2, 12, 4\] and down_a "
+                                         r"\[S, n, R, F\] = \[3, 2, 4, 6\]$"):
+        sink(x, gammas, batch=batch, backend=backend)
+    assert sink(x, gammas, backend=backend).shape == x.shape  # no batch: the base sink, the pool unread
 
 
 # -- clear error: sizes --------------------------------------------------------------------

@@ -52,6 +52,7 @@ def _interpreted_backend():
 
 
 tb = _interpreted_backend()
+tb.MIN_SPLIT_K = 16  # the split-K reduction runs at these tiny sizes too (on the H200 it starts at K >= 2048)
 
 
 @pytest.fixture(autouse=True)
@@ -111,6 +112,9 @@ def test_a_replayed_launch_gives_the_same_output_and_leaves_the_workspace_zero()
         tb.launch(ops, x, gammas, p, out)
         assert rel(out, ref) < 1e-5
         assert torch.count_nonzero(p.sh) == 0
+        assert p.split.up > 1 and p.split.down > 1  # split-K reductions ran, and left their workspaces zero
+        for t in (p.split.ws_up, p.split.cnt_up, p.split.ws_down, p.split.cnt_down):
+            assert torch.count_nonzero(t) == 0
 
 
 def test_no_batch_or_no_pool_is_the_base_sink():
@@ -136,6 +140,51 @@ def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert not tb.pick_tiles(128, weight_elems=2 * 768 * 1536).cublas       # shape A
     assert tb.pick_tiles(128, weight_elems=2 * 2048 * 4096).cublas          # shape B
     assert tb.pick_tiles(8192).cublas and tb.pick_tiles(8192).bm >= 64
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["cublas_shrinks", "folded_into_cublas"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, fold, monkeypatch):
+    monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if fold else 1 << 30)
+    sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 19, True, interleaved, seed=21)
+    batch = SlotBatch.from_segments([19], [2], 3, lora_ranks=[5, 5, 5], scalings=[1.0, 1.0, 0.7])
+    out, p = run(sink, x, gammas, batch, CUBLAS)
+    assert p.single_slot == 2
+    assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
+    assert torch.count_nonzero(p.sh) == 0
+
+
+@pytest.mark.parametrize("tiles", [FUSED, CUBLAS], ids=["fused", "cublas_path"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["segments", "grouped"])
+def test_a_device_resident_batch_follows_in_place_updates(tiles, grouped):
+    from dataclasses import replace
+
+    sink, x, gammas, _ = make_case(2, 40, 24, 3, 3, 23, grouped, True, seed=5)
+    g = torch.Generator().manual_seed(7)
+
+    def segs(lengths, slots, ranks):
+        b = SlotBatch.from_segments(lengths, slots, 3, lora_ranks=ranks)
+        return replace(b, permutation=torch.randperm(23, generator=g)) if grouped else b
+
+    first = segs([5, 7, 4, 7], [0, -1, 2, 1], [3, 0, 3])
+    resident = first.to("cpu")
+    assert resident.tokens == 23 and resident.num_tokens == 23
+    ops = sink.operands()
+    p = tb.plan(ops, 23, resident, x.device, tiles)
+    assert p.batch is resident and p.single_slot == -1
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    assert rel(out, reference_forward(ops, x, gammas, first)) < 1e-5
+    # new segments and slots for the same tokens, written into the same tensors
+    # (what a CUDA graph replay of this launch sees)
+    second = segs([8, 3, 6, 6], [2, 0, 1, -1], [3, 3, 3])
+    for name in ("seg_indptr", "weight_indices", "lora_ranks", "permutation"):
+        if getattr(first, name) is not None:
+            getattr(resident, name).copy_(getattr(second, name))
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    assert rel(out, reference_forward(ops, x, gammas, second)) < 1e-5
+    assert torch.count_nonzero(p.sh) == 0
 
 
 def test_gammas_of_another_floating_dtype_are_read_in_float32():

@@ -50,4 +50,35 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang builds its LoRABatchInfo from the scheduler's integer buffer ids "
                  "(sglang/srt/lora/lora_manager.py: LoRAManager.prepare_lora_batch), so it never sees a float id.",
         generation=KIT, related=("ISL-K103",)),
+    CatalogEntry(
+        code="ISL-K153", title="the pool's intermediate size is not the sink's", exc_type=ValueError,
+        message="the LoRA pool does not fit the sink's F = {F}: {problems}; sglang 0.5.23's set_lora_info "
+                "accepted it, but gate-up B's rows cannot be split into the gate and up halves of the sink's "
+                "features: build the pool for this sink, gate_up_b [S, n, 2F, R] = {want_gate_up_b} and down_a "
+                "[S, n, R, F] = {want_down_a}",
+        meaning="The LoRA delta of each expert adds to the sink's own 2F gate-up rows and reads its F "
+                "activation features, so gate-up B must hold 2F rows and down A F columns, F being the sink's. "
+                "Neither generation of upstream's set_lora_info compares the pool to the module: the second "
+                "one accepts an odd 2F in the shared outer layout (then the kit builds no w1_delta) and both "
+                "accept a pool of another F in the per-expert layout. The kit's forward refuses such a pool "
+                "before any backend reads it, instead of a shape error (or a None) inside a matmul.",
+        when="Pool buffers allocated for another model or another tensor-parallel size (the full F next to "
+             "a sharded sink, or F/tp next to the full one); a gate-up B with an extra row.",
+        setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6, "
+              "interleaved=False, dtype=torch.bfloat16)\n"
+              "sink.initialize_lora(il.LoRABackend('triton_v2', 3), generation='v2')\n"
+              "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, dtype=torch.bfloat16)\n"
+              "ga, gb, da, db = pool.buffers()\n"
+              "x, gammas = torch.randn(3, 8, dtype=torch.bfloat16), torch.rand(3, 2)\n"
+              "batch = il.SlotBatch.from_token_slots([0, 1, 2], num_slots=3)\n",
+        trigger="sink.set_lora_info(ga, torch.cat([gb, gb[:, :, :1]], dim=2), da, db)  # 2F = 13: accepted\n"
+                "sink(x, gammas, batch=batch)\n",
+        fix="sink.set_lora_info(ga, gb, da, db)\nsink(x, gammas, batch=batch)\n",
+        remedy="Allocate the pool for the sink it serves: gate-up B [S, n, 2F, R] and down A [S, n, R, F] "
+               "with the sink's (per-rank) F, e.g. il.LoRAPool(n, hidden, F, slots, max_rank).",
+        upstream="sglang/srt/models/inkling_common/lora.py: InklingBatchDenseMLPWithLoRAV2.set_lora_info "
+                 "takes 2F from gate-up B and F as 2F // 2 without comparing either to the module's "
+                 "intermediate size (nor does InklingBatchDenseMLPWithLoRA.set_lora_info); its dense engine "
+                 "then cuts gate-up B at multiples of 2F // 2.",
+        generation=KIT, related=("ISL-K102",)),
 ]

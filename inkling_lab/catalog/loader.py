@@ -2,8 +2,8 @@
 factors into the pool's buffers (``srt/lora/lora_manager.py``, ``srt/lora/mem_pool.py``)."""
 from __future__ import annotations
 
-from ._snippets import ADAPTER, FACTORS, FOLDER, POOL
-from .entry import KIT, LOADER, CatalogEntry
+from ._snippets import ADAPTER, FACTORS, FOLDER, POOL, SAVED
+from .entry import KIT, LOADER, CatalogEntry, UpstreamDefectWarning
 
 _LOAD = "sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer"
 _VALIDATE = "sglang/srt/lora/lora_manager.py: LoRAManager.validate_new_adapter"
@@ -57,16 +57,13 @@ ENTRIES: list[CatalogEntry] = [
                 "magnitude (lora_magnitude_vector), which sglang's LoRA pool cannot hold. sglang refuses it "
                 "before reading any weight.",
         when="An adapter trained with PEFT's LoraConfig(use_dora=True).",
-        setup=FOLDER + "import json\nconfig = folder / 'adapter_config.json'\n"
-                       "settings = json.loads(config.read_text())\n",
-        trigger="config.write_text(json.dumps({**settings, 'use_dora': True}))\n"
-                "load_adapter(folder)\n",
-        fix="config.write_text(json.dumps({**settings, 'use_dora': False}))  # a plain LoRA adapter\n"
-            "load_adapter(folder)\n",
+        setup=SAVED,
+        trigger="il.doctor(saved(use_dora=True), 2, 8, 6).raise_for_sglang()  # the kit's reader: ISL-K303\n",
+        fix="il.doctor(saved(use_dora=False), 2, 8, 6).raise_for_sglang()  # a plain LoRA adapter loads\n",
         remedy="Merge the DoRA adapter into the base weights (PEFT merge_and_unload) and serve the merged "
                "model, or train a plain LoRA adapter (use_dora=False).",
         upstream=_VALIDATE + " (reads use_dora from LoRAConfig, srt/lora/lora_config.py).",
-        generation=LOADER, adapter_caused=True, reproduced=False,
+        generation=LOADER, adapter_caused=True, related=("ISL-K303",),
         sample="ValueError: Failed to load my-dora-adapter because LoRA serving currently doesn't support "
                "DoRA adapters"),
     CatalogEntry(
@@ -89,7 +86,8 @@ ENTRIES: list[CatalogEntry] = [
         sample="ValueError: Failed to load my-adapter because LoRA serving currently doesn't support adapters "
                "that add tokens to the vocabulary"),
     CatalogEntry(
-        code="ISL-W002", title="weights skipped: they match no target module", exc_type=None, kind="warning",
+        code="ISL-W002", title="weights skipped: they match no target module", exc_type=UpstreamDefectWarning,
+        kind="warning",
         message=_SKIPPED,
         meaning="sglang loads only the adapter weights whose names contain one of the server's target "
                 "modules (--lora-target-modules, or the union over loaded adapters); the rest are skipped "
@@ -97,15 +95,15 @@ ENTRIES: list[CatalogEntry] = [
                 "its factors are not applied: the model serves the base sink.",
         when="PEFT target_parameters exports of Inkling's 3D expert parameters "
              "(shared_experts.base_layer...lora_A.weight), or a server started with fewer target modules "
-             "than the adapter trains.",
-        setup=ADAPTER + _ATTENTION,
-        trigger="Adapter.from_state(ad.config, extra).findings  # the kit leaves them out with a note (ISL-N202)\n",
-        fix="Adapter.from_state(ad.config, ad.weights).findings  # only the modules the server wraps\n",
+             "than the adapter trains, or an up_proj without its gate_proj (only a stacked pair is gate_up_proj).",
+        setup=SAVED + "up_only = {k: v for k, v in ad.weights.items() if '.gate_proj.' not in k}\n",
+        trigger="il.doctor(saved(up_only), 2, 8, 6).warn()  # no gate_proj: up_proj matches no target module\n",
+        fix="il.doctor(saved(), 2, 8, 6).warn()  # gate_proj and up_proj stack into gate_up_proj\n",
         remedy="Start the server with every module the adapter trains in --lora-target-modules (for the "
                "sink: gate_up_proj and down_proj), or re-export the adapter with plain module names.",
         upstream=_LOAD + " (pre-validates every weight name with srt/lora/utils.py: get_target_module_name; "
                  "logger.warning unless --lora-strict-loading).",
-        generation=LOADER, adapter_caused=True, reproduced=False, related=("ISL-E027", "ISL-N202"),
+        generation=LOADER, adapter_caused=True, related=("ISL-E027", "ISL-N202", "ISL-K211"),
         sample="[2026-11-30 09:12:44] WARNING mem_pool.py:951: LoRA adapter 'sink-v3': 96 weight(s) skipped "
                "because they did not match any target module in ['down_proj', 'gate_up_proj', 'qkv_proj']. "
                "Skipped weights: ['model.layers.0.mlp.shared_experts.base_layer.lora_A.weight']. This likely "
@@ -137,18 +135,16 @@ ENTRIES: list[CatalogEntry] = [
                 "shared outer (gate-up A with expert_dim 1) or per expert. One adapter of each kind cannot "
                 "share a pool.",
         when="Starting a server with --lora-paths that mix a shared-outer and a per-expert export.",
-        setup="shared = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=4, seed=0)\n"
-              "per_expert = il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=4, outer=2, seed=1)\n"
-              + POOL,
-        trigger="pool.load(0, shared)\npool.load(1, per_expert)  # the kit: ISL-E015 for the second\n",
-        fix="both = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, outer=2)\n"
-            "both.load(0, shared)\nboth.load(1, per_expert)  # a per-expert pool holds both exactly\n",
+        setup=SAVED + "per_expert = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True, "
+                      "layers=(1,))\n",
+        trigger="il.doctor(saved({**ad.weights, **per_expert.weights}), 2, 8, 6).raise_for_sglang()"
+                "  # layer 0 shared outer, layer 1 per expert\n",
+        fix="il.doctor(saved(per_expert.weights), 2, 8, 6).raise_for_sglang()  # one layout: it loads\n",
         remedy="Convert the per-expert adapters whose outer factors are equal to shared outer (exact: "
                "inkling-lab convert), or serve both kinds per expert (read ISL-W001 first).",
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager._detect_shared_outer_loras (at start-up, "
                  "over every adapter of --lora-paths).",
-        generation=LOADER, adapter_caused=True, reproduced=False, kit_code="ISL-E015",
-        related=("ISL-E015", "ISL-W001"),
+        generation=LOADER, adapter_caused=True, related=("ISL-E015", "ISL-W001"),
         sample="RuntimeError: Mixed shared-outer LoRA formats detected across loaded adapters (conflict in "
                "adapter 'sink-per-expert'). All MoE adapters must either all use shared outer experts "
                "(expert_dim=1) or all use per-expert weights."),
@@ -183,4 +179,94 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang picks the slot itself (LoRAMemoryPool evicts a slot to make room), so it never "
                  "gets a slot past the end; the kit's LoRAPool.load takes one from the caller and checks it.",
         generation=KIT, related=("ISL-K103",)),
+    CatalogEntry(
+        code="ISL-E031", title="the adapter folder holds no weights file", exc_type=RuntimeError,
+        message="Cannot find any model weights with `{path}`",
+        meaning="sglang reads an adapter's tensors with its model loader: every *.safetensors of the folder, "
+                "else (fall_back_to_pt) every *.bin or *.pt. A folder with none of them is refused before any "
+                "weight name is looked at; at start-up the message is wrapped as 'Failed to load LoRA adapter "
+                "<name>: ...'.",
+        when="A folder with only adapter_config.json (a download that stopped, a save_pretrained into another "
+             "folder), or weights saved under another extension.",
+        setup=SAVED + "folder = saved()\n(folder / 'adapter_model.safetensors').unlink()  # the config alone\n",
+        trigger="il.doctor(folder, 2, 8, 6).raise_for_sglang()\n",
+        fix="il.doctor(saved(), 2, 8, 6).raise_for_sglang()  # config and adapter_model.safetensors\n",
+        remedy="Put the adapter's weights file (adapter_model.safetensors, as PEFT's save_pretrained writes it) "
+               "next to its adapter_config.json; inkling-lab doctor on the folder says what else is missing.",
+        upstream="sglang/srt/model_loader/loader.py: DefaultModelLoader._prepare_weights (no weight file "
+                 "found), called from sglang/srt/lora/lora.py: LoRAAdapter.initialize_weights.",
+        generation=LOADER, adapter_caused=True, related=("ISL-K203",)),
+    CatalogEntry(
+        code="ISL-E032", title="a target_modules string that is not 'all'", exc_type=ValueError,
+        message="SGLang does not recognize target_modules='{target_modules}'. Please use a list of module name "
+                "suffixes in the adapter's PEFT config, or explicitly specify --lora-target-modules during "
+                "server startup.",
+        meaning="PEFT accepts target_modules as a regular expression string; sglang reads only a list of "
+                "module name suffixes, or the shorthands 'all' and 'all-linear'. Any other string is refused "
+                "while sglang works out which modules to wrap.",
+        when="An adapter trained with target_modules=r'.*shared_experts.*(gate|up|down)_proj' or a single "
+             "module name written as a string.",
+        setup=SAVED,
+        trigger="il.doctor(saved(target_modules='.*shared_experts.*_proj'), 2, 8, 6).raise_for_sglang()\n",
+        fix="il.doctor(saved(target_modules=['gate_proj', 'up_proj', 'down_proj']), 2, 8, 6).raise_for_sglang()\n",
+        remedy="Write the module names as a list of suffixes in adapter_config.json (for the sink: gate_proj, "
+               "up_proj, down_proj), or start the server with --lora-target-modules.",
+        upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (a str target_modules other "
+                 "than 'all' and 'all-linear').",
+        generation=LOADER, adapter_caused=True, related=("ISL-E033", "ISL-E034")),
+    CatalogEntry(
+        code="ISL-E033", title="target_modules is neither a list nor a string", exc_type=ValueError,
+        message="SGLang currently only supports inferring LoRA target modules when a list of suffixes is "
+                "provided in `target_modules` field of PEFT config. Please explicitly specify "
+                "`--lora-target-modules` during server startup. You can specify `all` to enable all support "
+                "modules types. ",
+        meaning="sglang infers the modules to wrap from each adapter's target_modules, which must be a list "
+                "(or one of the strings of ISL-E032); null, a number or a mapping is refused. Its message "
+                "ends in a space.",
+        when="A hand-written adapter_config.json with \"target_modules\": null, or a tool that writes a "
+             "mapping of module names.",
+        setup=SAVED,
+        trigger="il.doctor(saved(target_modules=None), 2, 8, 6).raise_for_sglang()\n",
+        fix="il.doctor(saved(target_modules=['gate_proj', 'up_proj', 'down_proj']), 2, 8, 6).raise_for_sglang()\n",
+        remedy="Set target_modules in adapter_config.json to the list of modules the adapter trains (for the "
+               "sink: gate_proj, up_proj, down_proj).",
+        upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (target_modules not a list).",
+        generation=LOADER, adapter_caused=True, related=("ISL-E032",)),
+    CatalogEntry(
+        code="ISL-E034", title="the adapter trains modules the server does not wrap", exc_type=ValueError,
+        message="LoRA adapter '{name}' contains target modules {unsupported} that are not included in the "
+                "specified --lora-target-modules {server}. Please update --lora-target-modules to include all "
+                "required modules: {required}, or use 'all' to enable all supported modules.",
+        meaning="With --lora-target-modules given, every module an adapter's config names (normalized: "
+                "q_proj/k_proj/v_proj -> qkv_proj, gate_proj/up_proj -> gate_up_proj) must be among them; "
+                "sglang refuses the adapter otherwise, before it reads any weight of it.",
+        when="An adapter that also trains attention (q_proj, o_proj) served with --lora-target-modules "
+             "gate_up_proj down_proj.",
+        setup=SAVED + "targets = ['gate_proj', 'up_proj', 'down_proj']\n",
+        trigger="il.doctor(saved(target_modules=targets + ['q_proj']), 2, 8, 6, "
+                "target_modules=['gate_up_proj', 'down_proj']).raise_for_sglang()\n",
+        fix="il.doctor(saved(target_modules=targets + ['q_proj']), 2, 8, 6, "
+            "target_modules=['gate_up_proj', 'down_proj', 'qkv_proj']).raise_for_sglang()\n",
+        remedy="Add the modules the message lists to --lora-target-modules (or pass 'all'), or serve an adapter "
+               "whose config names only the wrapped modules.",
+        upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (the adapter's normalized "
+                 "target modules are not a subset of --lora-target-modules).",
+        generation=LOADER, adapter_caused=True, related=("ISL-W002", "ISL-W103")),
+    CatalogEntry(
+        code="ISL-E035", title="a per-expert outer factor, as a dict, in a shared-outer pool", exc_type=ValueError,
+        message="experts_shared_outer_loras is enabled but {factor} dict has {count} entries (expected 1).",
+        meaning="ISL-E015's case when the adapter names its outer factors per expert "
+                "(shared_experts.<e>.<proj>...): sglang holds them as a dict of experts, and a shared-outer "
+                "pool takes exactly one. The factor is 'gate_up_proj_moe lora_A' or 'down_proj_moe lora_B'.",
+        when="An adapter with flat gate/up factors (which make the pool shared outer) and per-expert down "
+             "factors; a per-expert export loaded with --experts-shared-outer-loras.",
+        setup=SAVED + "per_expert = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True)\n"
+                      "flat_gate_up = {k: v for k, v in ad.weights.items() if '.down_proj.' not in k}\n"
+                      "per_expert_down = {k: v for k, v in per_expert.weights.items() if '.down_proj.' in k}\n",
+        trigger="il.doctor(saved({**flat_gate_up, **per_expert_down}), 2, 8, 6).raise_for_sglang()\n",
+        fix="il.doctor(saved(), 2, 8, 6).raise_for_sglang()  # every factor flat: one shared outer layout\n",
+        remedy="As for ISL-E015: export the adapter in one layout (inkling-lab convert collapses equal outer "
+               "factors to shared outer, exactly), or serve without --experts-shared-outer-loras.",
+        upstream=_LOAD + " (the shared-outer branch, when the factor is a dict of experts).",
+        generation=LOADER, adapter_caused=True, related=("ISL-E015", "ISL-E028")),
 ]

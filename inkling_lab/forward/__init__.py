@@ -54,12 +54,31 @@ def pick_backend(x: torch.Tensor) -> str:
     return "torch"
 
 
+def check_pool_fits(ops: SinkOperands) -> None:
+    """Refuse a pool whose gate-up B ``[S, n, 2F, R]`` or down A ``[S, n, R, F]`` is not
+    of the sink's ``F`` (``ISL-K153``). Upstream's ``set_lora_info`` never compares the
+    pool to the module, so such a pool can be adopted; every backend would then fail
+    inside its matmuls (or, for a second-generation odd 2F, find no ``w1_delta``)."""
+    _, gate_up_b, down_a, _ = ops.buffers
+    F = ops.intermediate
+    problems = []
+    if gate_up_b.shape[2] != 2 * F:
+        problems.append(f"gate_up_b is {list(gate_up_b.shape)}, whose 2F = {gate_up_b.shape[2]} is not 2 * {F}")
+    if down_a.shape[3] != F:
+        problems.append(f"down_a is {list(down_a.shape)}, whose F = {down_a.shape[3]} is not {F}")
+    if problems:
+        S, n, R = ops.slots, ops.n, ops.max_rank
+        raise ValueError(message("ISL-K153", F=F, problems="; ".join(problems),
+                                 want_gate_up_b=[S, n, 2 * F, R], want_down_a=[S, n, R, F]))
+
+
 def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
                 backend: str = "auto") -> torch.Tensor:
     """Base plus LoRA for ``x [T, H]`` (or ``[B, L, H]``) and ``gammas [T, n]``.
 
     ``x`` and ``gammas`` must have the sink's dtype and device; the batch must describe
-    ``T`` tokens over the pool's ``S`` slots. Returns ``x``'s shape; the ``reference``
+    ``T`` tokens over the pool's ``S`` slots, and the pool must be of the sink's ``F``
+(``check_pool_fits``). Returns ``x``'s shape; the ``reference``
     backend returns float64.
     """
     x2, g2 = check_tokens(x, gammas, n=ops.n, hidden=ops.hidden, dtype=ops.dtype, device=ops.device)
@@ -68,6 +87,8 @@ def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch:
             raise ValueError(f"the batch describes {batch.num_tokens} tokens but x has {x2.shape[0]}")
         if ops.has_pool and batch.num_slots != ops.slots:
             raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
+        if ops.has_pool:
+            check_pool_fits(ops)
     name = pick_backend(x2) if backend == "auto" else backend
     if name == "triton":
         if not (x2.is_cuda or triton_interpreting()):

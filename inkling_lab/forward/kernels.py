@@ -58,6 +58,22 @@ def _grouped_tile(pid, n_m, n_cols, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _split_reduce(acc, ws, ok, cnt, SPLIT: tl.constexpr):
+    """Add this program's partial ``acc`` into ``ws`` and count it in ``cnt``; returns
+    the full sum and how many programs arrived before this one (``SPLIT - 1``: this is
+    the last, the sum is whole, and it has zeroed ``ws`` and ``cnt`` for the next launch)."""
+    tl.atomic_add(ws, acc, mask=ok)
+    tl.debug_barrier()  # every thread's adds are issued before the count (acq_rel) publishes them
+    arrived = tl.atomic_add(cnt, 1)
+    # the flag as a tensor of the tile's shape (a scalar mask is not accepted everywhere)
+    last = (tl.zeros(acc.shape, dtype=tl.int32) + arrived) == SPLIT - 1
+    total = tl.load(ws, mask=ok & last, other=0.0, volatile=True)
+    tl.store(ws, tl.zeros_like(total), mask=ok & last)
+    tl.atomic_xchg(cnt, 0, mask=arrived == SPLIT - 1)
+    return total, arrived
+
+
+@triton.jit
 def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
                   T, K, LDX, X_O_OFF, R, O, A_S, A_O, K_CHUNK,
                   HALVES: tl.constexpr, ZERO_MID: tl.constexpr,
@@ -109,14 +125,25 @@ def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
 
 @triton.jit
 def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
-              slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
+              slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr, ws_ptr, cnt_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
-              BR: tl.constexpr, GROUP_M: tl.constexpr):
+              BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
-    up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F)."""
-    pid_m, pid_f = _grouped_tile(tl.program_id(0), tl.cdiv(T, BM), N_EXP * tl.cdiv(F, BF), GROUP_M)
+    up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F).
+
+    With ``Y_IN`` the tile of ``y`` is read as contiguous row spans (``INTERLEAVED``:
+    one span of ``2*BF`` gate/up pairs; else a gate span and an up span of ``BF``), so
+    the loads vectorize; an index computed per column would not.
+
+    ``SPLIT > 1`` (few tokens, weight streaming): ``SPLIT`` consecutive programs share
+    a tile, each reducing one slice of ``H``; they add their partial sums into the
+    float32 workspace ``ws [T, n*2F]`` (gate/up pair order) and count themselves in
+    ``cnt[tile]``; the last to arrive reads the whole sum, leaves the workspace and the
+    counter zero again (for the next launch or graph replay) and runs the epilogue."""
+    tile = tl.program_id(0) // SPLIT
+    pid_m, pid_f = _grouped_tile(tile, tl.cdiv(T, BM), N_EXP * tl.cdiv(F, BF), GROUP_M)
     fb_per_e = tl.cdiv(F, BF)
     e = pid_f // fb_per_e
     f0 = (pid_f % fb_per_e) * BF
@@ -127,22 +154,35 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     f_of_j = f0 + jj // 2
     w_row = e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET
     w_ok = f_of_j < F
+    fs = f0 + tl.arange(0, BF)
+    f_ok = fs < F
     if Y_IN:
-        acc = tl.load(y_ptr + rows[:, None] * (N_EXP * 2 * F) + w_row[None, :],
-                      mask=row_ok[:, None] & w_ok[None, :], other=0.0).to(tl.float32)
+        y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
+        if INTERLEAVED:
+            acc = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & w_ok[None, :],
+                          other=0.0).to(tl.float32)
+            gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
+        else:
+            y_ok = row_ok[:, None] & f_ok[None, :]
+            gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+            up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
     else:
         acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
-        for k in range(0, H, BK):
+        k_per = tl.cdiv(tl.cdiv(H, SPLIT), BK) * BK
+        k_lo = (tl.program_id(0) % SPLIT) * k_per
+        for k in range(k_lo, tl.minimum(H, k_lo + k_per), BK):
             kk = k + tl.arange(0, BK)
             k_ok = kk < H
             xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :],
                          other=0.0)
             acc = tl.dot(xt, tl.trans(wt), acc)
-    gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
+        if SPLIT > 1:
+            acc, arrived = _split_reduce(acc, ws_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F + 2 * f0 + jj[None, :],
+                                      row_ok[:, None] & w_ok[None, :], cnt_ptr + tile, SPLIT)
+            row_ok = row_ok & ((rows * 0 + arrived) == SPLIT - 1)  # only the last program writes (every store below is masked by row_ok)
+        gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
 
-    fs = f0 + tl.arange(0, BF)
-    f_ok = fs < F
     if HAS_LORA:
         slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
         o = e * O_STEP
@@ -181,15 +221,18 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
 
 @triton.jit
 def down_kernel(act_ptr, w2_ptr, out_ptr,
-                slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
+                slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, ws_ptr, cnt_ptr,
                 T, H, F, R, O, N_EXP,
                 BASE: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                BR: tl.constexpr, GROUP_M: tl.constexpr):
+                BR: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr):
     """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
     ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
     ``BASE=False``: only the LoRA term is written (cuBLAS adds ``act @ w2_lin`` to it).
-    The first column of tiles then zeroes ``sh`` for the next forward."""
-    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(T, BM), tl.cdiv(H, BN), GROUP_M)
+    The first column of tiles then zeroes ``sh`` for the next forward. ``SPLIT > 1``:
+    consecutive programs split the ``K`` steps of a tile and reduce through
+    ``ws [T, H]`` and ``cnt`` as ``up_kernel`` does; the last adds the LoRA term."""
+    tile = tl.program_id(0) // SPLIT
+    pid_m, pid_n = _grouped_tile(tile, tl.cdiv(T, BM), tl.cdiv(H, BN), GROUP_M)
 
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < T
@@ -198,7 +241,9 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if BASE:
         kb = tl.cdiv(F, BK)
-        for i in range(0, N_EXP * kb):
+        per = tl.cdiv(N_EXP * kb, SPLIT)
+        i_lo = (tl.program_id(0) % SPLIT) * per
+        for i in range(i_lo, tl.minimum(N_EXP * kb, i_lo + per)):
             e = i // kb
             fs = (i - e * kb) * BK + tl.arange(0, BK)
             f_ok = fs < F
@@ -207,6 +252,10 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
             wt = tl.load(w2_ptr + e * H * F + hs[None, :] * F + fs[:, None],
                          mask=f_ok[:, None] & h_ok[None, :], other=0.0)                 # [BK, BN]
             acc = tl.dot(at, wt, acc)
+        if SPLIT > 1:
+            acc, arrived = _split_reduce(acc, ws_ptr + rows[:, None] * H + hs[None, :], row_ok[:, None] & h_ok[None, :],
+                                      cnt_ptr + tile, SPLIT)
+            row_ok = row_ok & ((rows * 0 + arrived) == SPLIT - 1)  # only the last program writes
 
     if HAS_LORA:
         slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
@@ -228,3 +277,25 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                          tl.zeros((BM, 2 * BR), dtype=tl.float32),
                          mask=row_ok[:, None] & (j % BR < R)[None, :])
     tl.store(out_ptr + rows[:, None] * H + hs[None, :], acc, mask=row_ok[:, None] & h_ok[None, :])
+
+
+@triton.jit
+def slots_kernel(indptr_ptr, widx_ptr, rank_ptr, perm_ptr, slot_ptr,
+                 HAS_PERM: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid ``(G,)``: each token of segment ``g`` gets its effective slot
+    ``weight_indices[g]``, or ``-1`` for base only and rank-0 slots, at its original
+    position (``permutation[i]`` when the batch is grouped). Reads the segment
+    metadata on the device at every launch, so a captured forward follows in-place
+    updates of a device-resident batch."""
+    g = tl.program_id(0)
+    start = tl.load(indptr_ptr + g)
+    end = tl.load(indptr_ptr + g + 1)
+    w = tl.load(widx_ptr + g)
+    rank = tl.load(rank_ptr + tl.maximum(w, 0))
+    eff = tl.where((w >= 0) & (rank != 0), w, -1).to(tl.int32)
+    for i in range(start, end, BLOCK):
+        pos = i + tl.arange(0, BLOCK)
+        ok = pos < end
+        if HAS_PERM:
+            pos = tl.load(perm_ptr + pos, mask=ok, other=0)
+        tl.store(slot_ptr + pos, tl.zeros((BLOCK,), dtype=tl.int32) + eff, mask=ok)

@@ -1,0 +1,353 @@
+"""Three LoRA deltas side by side: PEFT's math, what sglang 0.5.23 serves, the kit's pool.
+
+For one or more adapters (slot ``i`` holds adapter ``i``) and a seeded random batch on
+a seeded random sink of ``n``, ``H``, ``F``, ``compare`` computes each shared expert's
+LoRA delta of the sink output (``[T, H]``: the expert's output with the adapter minus
+without it) three ways, in float64:
+
+* ``peft``: from the adapter's 2D factors alone, with PEFT's scaling of each
+  projection (``use_rslora``, ``alpha_pattern``, ``rank_pattern`` honoured), no pool;
+* ``sglang``: what sglang 0.5.23 serves (``inkling_lab.sglang_path.run_sglang``): one
+  ``lora_alpha / r``, weights it skips dropped, nothing when the sink is not wrapped,
+  the per-expert outer defect of SPEC §8 (``upstream_defect``) applied;
+* ``kit``: the pool ``inkling-lab convert`` writes.
+
+The report reads like ``torch.testing.assert_close``'s mismatch report, per module,
+slot and expert: mismatched elements, the greatest absolute and relative difference
+and where they are, and the cause by name.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as Fn
+
+from .adapters import Adapter, FactorName, load_adapter
+from .convert import convert
+from .sglang_path import _config_causes, _exc_text, run_sglang
+from .upstream_defect import sglang_0_5_23_equivalent_buffers
+
+RTOL, ATOL = 1.3e-6, 1e-5
+"""``torch.testing.assert_close``'s float32 tolerances: the adapters are float32."""
+
+Deltas = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""Dense weight deltas per expert: gate ``[n, F, H]``, up ``[n, F, H]``, down ``[n, H, F]``."""
+
+
+def factor_deltas(gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor, down_b: torch.Tensor,
+                  scaling: float = 1.0) -> Deltas:
+    """Dense per-expert deltas from normalized factors or one slot of the pool
+    (``[O, 2R, H]``, ``[n, 2F, R]``, ``[n, R, F]``, ``[O, H, R]``; B times ``scaling``)."""
+    ga, gb, da, db = (t.double() for t in (gate_up_a, gate_up_b, down_a, down_b))
+    n, R, F = gb.shape[0], ga.shape[-2] // 2, gb.shape[-2] // 2
+    ga, db = ga.expand(n, -1, -1), db.expand(n, -1, -1)
+    return (scaling * gb[:, :F] @ ga[:, :R], scaling * gb[:, F:] @ ga[:, R:], scaling * db @ da)
+
+
+def peft_deltas(adapter: Adapter, module: str, n: int) -> Deltas:
+    """PEFT's own math for one sink module, from the 2D factors as PEFT applies them:
+    each projection's ``scaling * B @ A`` (flat gate/up B ``[n*F, r]`` stacked by expert,
+    fused ``[n*2F, r]`` as per-expert gate/up blocks, down A ``[r, n*F]`` side by side;
+    per-expert factors expert by expert), no normalization and no pool."""
+    s = adapter.projection_scalings(module, n)
+    out: dict[str, list[torch.Tensor | None]] = {"gate": [None] * n, "up": [None] * n, "down": [None] * n}
+    for key in adapter.factor_keys:
+        fn = FactorName.parse(key)
+        if fn.module != module or fn.ab != "A":
+            continue
+        a = adapter.weights[key].double()
+        b = adapter.weights[fn.with_(ab="B").key].double()
+        if not a.numel() or not b.numel():
+            continue
+        experts = range(n) if fn.expert is None else [fn.expert]
+        for e in experts:
+            if fn.canonical == "down_proj":
+                cols = a if fn.expert is not None else a.reshape(a.shape[0], n, -1)[:, e]
+                out["down"][e] = s["down"][e] * b @ cols
+            else:
+                rows = b if fn.expert is not None else b.reshape(n, -1, b.shape[1])[e]
+                parts = (("gate", rows[: rows.shape[0] // 2]), ("up", rows[rows.shape[0] // 2:])) \
+                    if fn.canonical == "gate_up_proj" else ((fn.canonical.removesuffix("_proj"), rows),)
+                for part, block in parts:
+                    out[part][e] = s[part][e] * block @ a
+    # a projection the adapter does not train adds nothing: zeros of the trained ones' F and H
+    some = next(d if part != "down" else d.T for part, ds in out.items() for d in ds if d is not None)
+    F, H = some.shape
+    zero = {"gate": (F, H), "up": (F, H), "down": (H, F)}
+    return tuple(torch.stack([d if d is not None else torch.zeros(zero[p], dtype=torch.float64) for d in out[p]])
+                 for p in ("gate", "up", "down"))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A seeded random sink (float64 ``gate``/``up`` ``[n, F, H]``, ``down`` ``[n, H, F]``)
+    and tokens ``x [T, H]`` with sink weights ``gammas [T, n]``."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    x: torch.Tensor
+    gammas: torch.Tensor
+
+    @classmethod
+    def random(cls, n: int, hidden: int, intermediate: int, tokens: int = 8, seed: int = 0) -> "Batch":
+        gen = torch.Generator().manual_seed(seed)
+        rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64) / s[-1] ** 0.5  # noqa: E731
+        return cls(rnd(n, intermediate, hidden), rnd(n, intermediate, hidden), rnd(n, hidden, intermediate),
+                   torch.randn(tokens, hidden, generator=gen, dtype=torch.float64),
+                   torch.rand(tokens, n, generator=gen, dtype=torch.float64))
+
+    def expert_outputs(self, deltas: Deltas | None) -> torch.Tensor:
+        """``[n, T, H]``: each expert's weighted output (SwiGLU), with ``deltas`` added."""
+        dg, du, dd = deltas if deltas is not None else (0, 0, 0)
+        g = torch.einsum("th,efh->etf", self.x, self.gate + dg)
+        u = torch.einsum("th,efh->etf", self.x, self.up + du)
+        act = Fn.silu(g) * u * self.gammas.T[:, :, None]
+        return torch.einsum("etf,ehf->eth", act, self.down + dd)
+
+    def delta(self, deltas: Deltas | None) -> torch.Tensor:
+        """``[n, T, H]``: each expert's LoRA delta of the output (zero for ``None``)."""
+        return self.expert_outputs(deltas) - self.expert_outputs(None)
+
+
+@dataclass
+class Mismatch:
+    """One comparison in ``assert_close``'s terms: ``got`` against ``peft`` for one
+    module, slot and expert (``expert`` ``None``: the sink output, all experts summed)."""
+
+    module: str
+    slot: int
+    adapter: str
+    expert: int | None
+    got: str
+    mismatched: int
+    total: int
+    max_abs: float
+    max_abs_at: tuple[int, int]
+    max_rel: float
+    max_rel_at: tuple[int, int]
+    cause: str = ""
+
+    @property
+    def close(self) -> bool:
+        return self.mismatched == 0
+
+    def __str__(self) -> str:
+        where = f"{self.module} slot {self.slot} ({self.adapter}) " + (
+            f"expert {self.expert}" if self.expert is not None else "sink output (all experts)")
+        if self.close:
+            return f"{where}: {self.got} == peft (greatest absolute difference {self.max_abs:.3g})"
+        return (f"{where}: {self.got} != peft\n"
+                f"    Mismatched elements: {self.mismatched} / {self.total} ({100 * self.mismatched / self.total:.1f}%)\n"
+                f"    Greatest absolute difference: {self.max_abs:.6g} at index {self.max_abs_at} (up to {ATOL} allowed)\n"
+                f"    Greatest relative difference: {self.max_rel:.6g} at index {self.max_rel_at} (up to {RTOL} allowed)"
+                + (f"\n    Cause: {self.cause}" if self.cause else ""))
+
+
+def mismatch(out: torch.Tensor, peft: torch.Tensor, **labels: Any) -> Mismatch:
+    """``out`` against ``peft`` (both ``[T, H]``), counted as ``assert_close`` counts;
+    ``labels``: the ``Mismatch`` fields that say what was compared."""
+    diff = (out - peft).abs()
+    rel = diff / peft.abs()
+    rel = torch.where(diff == 0, torch.zeros_like(rel), rel)  # 0/0 is no difference
+    bad = ~(diff <= ATOL + RTOL * peft.abs())
+    at = lambda t: tuple(int(i) for i in divmod(int(torch.nan_to_num(t, nan=float("inf")).argmax()), t.shape[1]))  # noqa: E731
+    return Mismatch(mismatched=int(bad.sum()), total=diff.numel(), max_abs=float(diff.max()) if diff.numel() else 0.0,
+                    max_abs_at=at(diff), max_rel=float(rel.max()) if rel.numel() else 0.0, max_rel_at=at(rel),
+                    **labels)
+
+
+@dataclass
+class CompareReport:
+    """``compare``'s result: per slot the three computations' status, and every mismatch."""
+
+    adapters: list[str]
+    n: int
+    hidden: int
+    intermediate: int
+    tokens: int
+    seed: int
+    status: dict[str, list[str]] = field(default_factory=dict)
+    """Per computation (``peft``, ``sglang``, ``kit``), per slot: ``computed`` or why not."""
+    rows: list[Mismatch] = field(default_factory=list)
+    deltas: dict[tuple[str, int], dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
+    """``(module, slot)`` -> ``{"peft"|"sglang"|"kit": [n, T, H]}``, for figures."""
+
+    @property
+    def sglang_error(self) -> float | None:
+        """``‖sglang − peft‖ / ‖peft‖`` of the sink's LoRA delta over all modules and slots."""
+        pairs = [(d["sglang"].sum(0), d["peft"].sum(0)) for d in self.deltas.values() if "sglang" in d and "peft" in d]
+        if not pairs:
+            return None
+        num = sum(float((a - b).norm() ** 2) for a, b in pairs) ** 0.5
+        den = sum(float(b.norm() ** 2) for _, b in pairs) ** 0.5
+        return num / den if den else num
+
+    @property
+    def agree(self) -> bool:
+        """Every computation ran and matches PEFT's math everywhere."""
+        return all(s == "computed" for ss in self.status.values() for s in ss) and all(r.close for r in self.rows)
+
+    def __str__(self) -> str:
+        lines = [f"compare: {len(self.adapters)} adapter(s) on a random sink n={self.n}, H={self.hidden}, "
+                 f"F={self.intermediate}; {self.tokens} tokens, seed {self.seed}; each expert's LoRA delta [T, H], "
+                 f"float64, against PEFT's math (rtol {RTOL}, atol {ATOL})"]
+        for what, states in self.status.items():
+            for slot, state in enumerate(states):
+                if state != "computed":
+                    lines.append(f"  {what}, slot {slot} ({self.adapters[slot]}): {state}")
+        for got in ("sglang", "kit"):
+            rows = [r for r in self.rows if r.got == got]
+            if not rows:
+                continue
+            bad = [r for r in rows if not r.close]
+            lines.append(f"{got} 0.5.23 vs PEFT:" if got == "sglang" else "kit's pool vs PEFT:")
+            lines += [("  " + str(r).replace("\n", "\n  ")) for r in (bad or [r for r in rows if r.expert is None])]
+            if not bad:
+                lines.append("  every expert matches")
+        if self.sglang_error is not None:
+            lines.append(f"sglang 0.5.23's sink LoRA delta is off by a relative error of {self.sglang_error:.4g} "
+                         "(Frobenius, all modules and slots)")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {"adapters": self.adapters, "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
+                                                    "intermediate": self.intermediate},
+                "tokens": self.tokens, "seed": self.seed, "status": self.status, "agree": self.agree,
+                "sglang_relative_error": self.sglang_error, "rows": [asdict(r) for r in self.rows]}
+
+
+def _sglang_deltas(path: Any, module: str) -> Deltas | None:
+    """What the served sink adds for ``module``: the slot's factors as sglang loaded
+    them, through the per-expert defect's equivalent buffers when ``O = n``."""
+    if not path.wrapped:
+        return None
+    f = path.loaded.get(module)
+    if f is None:
+        return None
+    ga, gb = f.gate_up_a, f.gate_up_b
+    if f.outer > 1:
+        ga, gb = sglang_0_5_23_equivalent_buffers(ga, gb, interleaved=True)
+    return factor_deltas(ga, gb, f.down_a, f.down_b)
+
+
+def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_experts: int, hidden: int, intermediate: int, *,
+            target_modules: Sequence[str] | None = None, repair: bool = False, tokens: int = 8,
+            seed: int = 0) -> CompareReport:
+    """The three deltas of each adapter (slot ``i`` = ``adapters[i]``: a folder, or an
+    ``Adapter`` in memory) on one seeded random batch of ``tokens`` tokens; never raises
+    on a bad adapter (its column says why).
+
+    ``target_modules``: the server's ``--lora-target-modules`` (default: each adapter's
+    own). ``repair``: let the converter make the repairs that guess.
+    """
+    n = n_shared_experts
+    folders = [Path(a.source) if isinstance(a, Adapter) else Path(a) for a in adapters]
+    report = CompareReport([a.name if isinstance(a, Adapter) else f.name for a, f in zip(adapters, folders)], n,
+                           hidden, intermediate, tokens, seed, {"peft": [], "sglang": [], "kit": []})
+    batch = Batch.random(n, hidden, intermediate, tokens, seed)
+    read: list[Adapter | None] = []
+    for given, folder in zip(adapters, folders):
+        try:
+            read.append(given if isinstance(given, Adapter) else load_adapter(folder, guess=repair))
+            report.status["peft"].append("computed")
+        except (OSError, ValueError) as exc:
+            read.append(None)
+            report.status["peft"].append(f"not computed: the kit cannot read it ({_exc_text(exc)})")
+    for slot, (given, folder, adapter) in enumerate(zip(adapters, folders, read)):
+        in_memory = given if isinstance(given, Adapter) and not (folder / "adapter_config.json").is_file() else None
+        path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules,
+                          name=report.adapters[slot], state=in_memory)
+        if path.raised is not None:
+            report.status["sglang"].append(f"not served: it fails to load ({path.raised.text})")
+        elif path.unknown:
+            report.status["sglang"].append(f"not computed: {path.unknown}")
+        else:
+            report.status["sglang"].append("computed")
+        if adapter is None:
+            report.status["kit"].append("not computed: the kit refuses it")
+            continue
+        try:  # its slot of the pool, converted alone so that one bad adapter does not hide the others
+            pool = convert([adapter], n, hidden=hidden, intermediate=intermediate)
+            report.status["kit"].append("computed")
+        except (ValueError, RuntimeError, AssertionError) as exc:
+            pool = None
+            report.status["kit"].append(f"not computed: the converter refuses it ({_exc_text(exc)})")
+        add_slot(report, slot, batch, path, adapter, pool)
+    return report
+
+
+def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter: Adapter, pool: Any) -> None:
+    """Compare one slot: PEFT's math of ``adapter``, what sglang serves (``path``, a
+    finished ``run_sglang``) and ``pool`` (the kit's, the adapter in its slot 0, or
+    ``None``); fills ``report.deltas`` and ``report.rows`` (the doctor sizes a finding
+    with it, from the stages it already ran)."""
+    n = report.n
+    causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights if FactorName.parse(k)],
+                                                    report.adapters[slot])[0])
+    try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)
+        peft = {m: batch.delta(peft_deltas(adapter, m, n)) for m in adapter.modules}
+    except (RuntimeError, ValueError, IndexError) as exc:
+        report.status["peft"][slot] = f"not computed: the adapter does not fit this sink ({_exc_text(exc)})"
+        return
+    for module in adapter.modules:
+        got = {"peft": peft[module]}
+        if path.raised is None and not path.unknown:
+            got["sglang"] = batch.delta(_sglang_deltas(path, module))
+        if pool is not None:
+            got["kit"] = batch.delta(factor_deltas(*(b[0] for b in pool.buffers(module))))
+        report.deltas[module, slot] = got
+        for what in ("sglang", "kit"):
+            if what not in got:
+                continue
+            for e in [*range(n), None]:
+                a, b = (got[what].sum(0), got["peft"].sum(0)) if e is None else (got[what][e], got["peft"][e])
+                row = mismatch(a, b, module=module, slot=slot, adapter=report.adapters[slot], expert=e, got=what)
+                if not row.close:
+                    row.cause = causes if what == "sglang" else "the kit's pool differs from PEFT's math (a bug)"
+                report.rows.append(row)
+
+
+def compare_figure_data(report: CompareReport, module: str | None = None, slot: int = 0) -> dict[str, Any]:
+    """The numbers a figure of ``compare`` draws, for one module and slot: each
+    computation's per-expert delta norm ``‖delta_e‖`` and its difference to PEFT's."""
+    module = module or next(m for m, s in report.deltas if s == slot)
+    got = report.deltas[module, slot]
+    norms = {what: [float(d[e].norm()) for e in range(d.shape[0])] for what, d in got.items()}
+    off = {what: [float((d[e] - got["peft"][e]).norm()) for e in range(d.shape[0])]
+           for what, d in got.items() if what != "peft"}
+    return {"module": module, "slot": slot, "adapter": report.adapters[slot], "norms": norms, "differences": off}
+
+
+def compare_figure(report: CompareReport, module: str | None = None, slot: int = 0):
+    """Bars per expert: the size of each computation's LoRA delta (PEFT, sglang, kit)
+    and, below, how far sglang's and the kit's are from PEFT's."""
+    import matplotlib.pyplot as plt
+
+    data = compare_figure_data(report, module, slot)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 4.5), constrained_layout=True, sharex=True)
+    colors = {"peft": "#4c72b0", "sglang": "#dd8452", "kit": "#55a868"}
+    n = len(data["norms"]["peft"])
+    width = 0.8 / len(data["norms"])
+    for i, (what, values) in enumerate(data["norms"].items()):
+        top.bar([e + i * width for e in range(n)], values, width, label=what, color=colors[what])
+    for i, (what, values) in enumerate(data["differences"].items()):
+        bottom.bar([e + (i + 1) * width for e in range(n)], values, width, label=f"{what} − peft", color=colors[what])
+    top.set_ylabel("‖delta_e‖")
+    bottom.set_ylabel("‖delta_e − peft_e‖")
+    bottom.set_xticks([e + 0.4 - width / 2 for e in range(n)], [f"expert {e}" for e in range(n)])
+    top.legend(fontsize=8)
+    bottom.legend(fontsize=8)
+    layer = data["module"].split(".layers.")[-1].split(".")[0]
+    top.set_title(f"{data['adapter']}: each expert's LoRA delta, three ways (layer {layer}; kit − peft is zero)",
+                  fontsize=10)
+    return fig

@@ -1,0 +1,568 @@
+"""sglang 0.5.23's adapter path, modelled stage by stage, for one PEFT adapter.
+
+``run_sglang(folder, n, H, F)`` follows the adapter down sglang's own loading path,
+each stage once and recorded (what it produced, or sglang's exact error): ``read``
+(``LoRAConfig``, ``LoRAAdapter.__init__``, ``validate_new_adapter``'s DoRA refusal,
+the weights files as ``DefaultModelLoader`` finds them), ``normalize`` (SPEC §6),
+``targets`` (``init_lora_shapes``, ``init_lora_modules``: is the sink wrapped, which
+weights are skipped), ``shard`` (SPEC §7), ``pool`` (the buffer load with one
+``lora_alpha / r``), ``set_lora_info`` (SPEC §3) and ``forward``. ``_config_causes``
+says where sglang's reading of a config differs from PEFT's.
+
+The doctor (``doctor.py``) turns a run into its report; ``compare.py`` computes the
+served deltas from one. Both import this module, which imports neither.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from safetensors import safe_open
+
+from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_shared_sink,
+                       read_peft_config)
+from .catalog import message
+from .pool import LoRAFactors
+from .shard import slice_lora_a, slice_lora_b
+from .upstream_defect import doctor_finding
+from .validate import Finding, diagnose_pool
+
+STAGES = ("read", "normalize", "targets", "shard", "pool", "set_lora_info", "forward")
+
+SINK_TARGETS = ("gate_up_proj", "down_proj")
+"""``init_lora_modules`` (lora_manager.py) wraps the sink only when the server's target
+modules hold both."""
+
+_UPSTREAM_TARGET_NAMES = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+                          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+"""The part of ``get_normalized_target_modules``'s mapping (utils.py) that concerns
+the sink and attention: note that ``w1``/``w3``/``w2`` are *not* mapped."""
+
+
+def server_target_modules(targets: Any) -> set[str]:
+    """The target modules as sglang 0.5.23 normalizes them (``get_normalized_target_modules``,
+    utils.py): the last name part, ``gate_proj``/``up_proj`` -> ``gate_up_proj``;
+    ``"all"``/``"all-linear"`` -> ``{"all"}``."""
+    if isinstance(targets, str):
+        return {"all"} if targets in ("all", "all-linear") else {targets}
+    return {_UPSTREAM_TARGET_NAMES.get(t.split(".")[-1], t.split(".")[-1]) for t in targets or ()}
+
+
+def _exc_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _finding(code: str, where: str, message: str, fix: str, consequence: str = "", upstream: bool = False) -> Finding:
+    more = f" (more: inkling-lab explain {code})"
+    return Finding(code, where, message, fix + more, upstream, consequence)
+
+
+# -- the sglang path -------------------------------------------------------------------
+
+class _Raised(Exception):
+    """sglang raises here: ``text`` as it prints, in ``stage``, from ``upstream``."""
+
+    def __init__(self, stage: str, text: str, upstream: str, finding: Finding | None = None) -> None:
+        super().__init__(text)
+        self.stage, self.text, self.upstream, self.finding = stage, text, upstream, finding
+
+
+def _shapes_of(t: Any) -> Any:
+    """A factor's shape for the record: a tensor's, per expert for a dict, None when absent."""
+    if t is None:
+        return None
+    if isinstance(t, dict):
+        return {e: list(w.shape) for e, w in t.items()}
+    return list(t.shape)
+
+
+def _torch_size(shape: Sequence[int]) -> str:
+    return f"torch.Size([{', '.join(str(int(d)) for d in shape)}])"
+
+
+class _Sglang:
+    """One adapter folder down sglang 0.5.23's loading path. Each stage method runs once,
+    appends its record to ``stages`` and raises ``_Raised`` where sglang raises."""
+
+    def __init__(self, folder: Path, n: int, hidden: int, intermediate: int, tp: int, max_rank: int | None,
+                 cli_targets: Sequence[str] | None, name: str) -> None:
+        self.folder, self.n, self.H, self.F, self.tp = folder, n, hidden, intermediate, tp
+        self.max_rank, self.cli_targets, self.name = max_rank, cli_targets, name
+        self.stages: list[dict[str, Any]] = []
+        self.findings: list[Finding] = []
+        self.causes: list[str] = []
+        self.config: dict[str, Any] = {}
+        self.weights: dict[str, torch.Tensor] = {}
+        self.skip_warning = ""
+        self.wrapped = True
+        self.base_only = False
+        self.unknown = ""
+        self.factors: dict[str, dict[tuple[str, str], Any]] = {}
+        """Per module, (projection, A or B) -> the normalized factor: a tensor, a dict by expert, or None."""
+        self.scaling = 0.0
+        self.r = 0
+
+    def record(self, stage: str, **produced: Any) -> None:
+        self.stages.append({"stage": stage, **produced})
+
+    # 1. read -----------------------------------------------------------------------
+    def read(self) -> None:
+        config_path = self.folder / CONFIG_FILE
+        if not config_path.is_file():
+            subs = sorted(p.parent.name for p in self.folder.glob(f"*/{CONFIG_FILE}")) if self.folder.is_dir() else []
+            text = f"FileNotFoundError: [Errno 2] No such file or directory: '{os.path.join(str(self.folder), CONFIG_FILE)}'"
+            finding = None
+            if subs:
+                finding = _finding(
+                    "ISL-K311", CONFIG_FILE, f"{self.folder.name} holds no adapter of its own but PEFT named "
+                    f"adapters in subfolders: {', '.join(subs)}",
+                    "point sglang and the kit at one of them: " + "; ".join(
+                        f"inkling-lab doctor {self.folder / s}" for s in subs[:3]))
+            raise _Raised("read", text, "lora_config.py: LoRAConfig.get_lora_config (open)", finding)
+        try:
+            self.config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _Raised("read", _exc_text(exc), "lora_config.py: LoRAConfig.get_lora_config (json.load)") from None
+        self.check_config()
+        self.read_weights()
+
+    def check_config(self) -> None:
+        """``LoRAConfig.__init__``, ``validate_new_adapter`` and ``LoRAAdapter.__init__``, literally."""
+        where = "lora_config.py: LoRAConfig.__init__"
+        cfg = self.config
+        try:
+            if not isinstance(cfg, dict):
+                cfg["target_modules"]  # noqa: B018 - what sglang evaluates, for its exact error
+            for key in ("target_modules", "r", "lora_alpha"):  # LoRAConfig.__init__ reads these, in this order
+                cfg[key]  # noqa: B018
+        except (KeyError, TypeError) as exc:
+            raise _Raised("read", _exc_text(exc), where) from None
+        if cfg.get("use_dora", False):
+            raise _Raised("read", "ValueError: " + message("ISL-E025", name=self.name),
+                          "lora_manager.py: LoRAManager.validate_new_adapter")
+        try:  # LoRAAdapter.__init__, literally
+            assert cfg["peft_type"].lower() == "lora"  # noqa: S101 - the exact upstream check
+            self.scaling = cfg["lora_alpha"] / cfg["r"]
+        except (AssertionError, KeyError, AttributeError, TypeError, ZeroDivisionError) as exc:
+            raise _Raised("read", _exc_text(exc), "lora.py: LoRAAdapter.__init__") from None
+        self.r = cfg["r"]
+
+    def read_weights(self) -> None:
+        files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            pickles = sorted(self.folder.glob("*.bin")) or sorted(self.folder.glob("*.pt"))
+            if not pickles:
+                raise _Raised("read", "RuntimeError: " + message("ISL-E031", path=self.folder),
+                              "model_loader/loader.py: DefaultModelLoader._prepare_weights")
+            self.unknown = (f"sglang reads {', '.join(p.name for p in pickles)} with torch.load(weights_only=True); "
+                            "the kit never unpickles, so it cannot see what that holds")
+            self.record("read", config=CONFIG_FILE, weights=[p.name for p in pickles], read_by="torch.load")
+            return
+        for path in files:  # every *.safetensors of the folder, as safetensors_weights_iterator reads them
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for key in f.keys():
+                        self.weights[key] = f.get_tensor(key)
+            except Exception as exc:  # noqa: BLE001 - the library's own error is the verdict
+                raise _Raised("read", _exc_text(exc),
+                              "model_loader/weight_utils.py: safetensors_weights_iterator (safe_open)") from None
+        biases = [k for k in self.weights if "shared_experts." in k and k.endswith("lora_B.bias")]
+        if biases:
+            self.unknown = (f"{len(biases)} lora_B.bias tensor(s) (lora_bias): sglang 0.5.23 has no LoRA bias and "
+                            "routes them like B weights in load_lora_weight_to_buffer; the kit does not model where "
+                            "they land")
+        self.record("read", config=CONFIG_FILE, weights=[p.name for p in files], r=self.r,
+                    lora_alpha=self.config["lora_alpha"], scaling=self.scaling, tensors=len(self.weights))
+
+    # 2. normalize ------------------------------------------------------------------
+    def normalize(self) -> None:
+        sink = {k: v for k, v in self.weights.items() if (fn := FactorName.parse(k)) and fn.proj in PROJECTIONS}
+        # other keys under shared_experts (a misspelt projection, a bias) pass normalization untouched
+        others = {k: v for k, v in self.weights.items() if "shared_experts." in k and k not in sink}
+        self._duplicates(sink)
+        if any(t.dim() != 2 and FactorName.parse(k).canonical != "down_proj" for k, t in sink.items()):
+            # upstream's reshape skips it, then torch.cat stacks it with its partner along dim() - 2
+            self.unknown = "a gate/up factor that is not 2D: the kit does not model how upstream stacks it"
+            return
+        try:
+            self.normalized = {**normalize_shared_sink(sink, self.n), **others}
+        except RuntimeError as exc:
+            raise _Raised("normalize", _exc_text(exc), "lora.py: LoRAAdapter._normalize_weights (_normalize_shared_expert_moe, "
+                          "normalize_gate_up_proj)") from None
+        self.record("normalize", shapes={k: list(t.shape) for k, t in self.normalized.items()})
+
+    def _duplicates(self, sink: dict[str, torch.Tensor]) -> None:
+        groups: dict[tuple, list[FactorName]] = {}
+        for key in sink:
+            fn = FactorName.parse(key)
+            groups.setdefault((fn.module, fn.expert, fn.canonical, fn.ab), []).append(fn)
+        for names in groups.values():
+            if len(names) < 2:
+                continue
+            w_named = [fn for fn in names if fn.proj in ("w1", "w3", "w2")]
+            if w_named and len(w_named) < len(names):
+                kept, how = w_named[-1], "lora.py: LoRAAdapter._rename_expert_w_to_proj renames it over the other"
+            else:
+                kept, how = sorted(names, key=lambda f: f.key)[-1], (
+                    "mem_pool.py: load_lora_weight_to_buffer files experts by int(index), the later key replaces "
+                    "the earlier")
+            dropped = [fn.key for fn in names if fn is not kept]
+            self.causes.append(f"two keys for one factor: it serves {kept.key} and drops {', '.join(dropped)}")
+            self.findings.append(_finding(
+                "ISL-W106", kept.key, f"{' and '.join(fn.key for fn in names)} are one factor: sglang 0.5.23 serves "
+                f"{kept.key} and silently drops the other ({how})", "keep one key per factor",
+                consequence="which factor was trained is not in the file"))
+
+    # 3. targets --------------------------------------------------------------------
+    def targets(self) -> set[str]:
+        adapter_targets = self.config["target_modules"]
+        where = "lora_manager.py: LoRAManager.init_lora_shapes"
+        if isinstance(adapter_targets, str) and adapter_targets not in ("all", "all-linear"):
+            raise _Raised("targets", "ValueError: " + message("ISL-E032", target_modules=adapter_targets), where)
+        if not isinstance(adapter_targets, (str, list)):
+            raise _Raised("targets", "ValueError: " + message("ISL-E033"), where)
+        if self.cli_targets is not None:
+            server = server_target_modules(self.cli_targets)
+            if "all" not in server and not isinstance(adapter_targets, str):
+                own = server_target_modules(adapter_targets)
+                if not own <= server:
+                    raise _Raised("targets", "ValueError: " + message(
+                        "ISL-E034", name=self.name, unsupported=sorted(own - server), server=sorted(server),
+                        required=sorted(server | own)), where)
+        else:
+            server = server_target_modules(adapter_targets)
+        self.server = server
+        self.wrapped = "all" in server or all(t in server for t in SINK_TARGETS)
+        if not self.wrapped:
+            self.base_only = True
+            missing = [t for t in SINK_TARGETS if t not in server]
+            self.causes.append(f"the server's target modules {sorted(server)} lack {' and '.join(missing)}, so "
+                               "init_lora_modules never wraps the shared sink: its factors load and are never applied")
+            self.findings.append(_finding(
+                "ISL-W103", "target_modules", f"the server's target modules {sorted(server)} do not hold both "
+                f"gate_up_proj and down_proj (missing: {', '.join(missing)}): sglang 0.5.23 does not wrap the shared "
+                "sink, so the adapter's sink factors are loaded and never applied: the sink serves the base model",
+                "serve with --lora-target-modules gate_up_proj down_proj (or list gate_proj, up_proj and down_proj "
+                "in target_modules; w1/w3/w2 are not renamed there)",
+                consequence="requests with this adapter get the base model's sink output"))
+        names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
+        label = lambda k: (fn.proj if (fn := FactorName.parse(k)) else k.rsplit(".", 2)[0].rsplit(".", 1)[-1])  # noqa: E731
+        skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
+        if skipped:
+            self.skip_warning = message("ISL-W002", uid="<lora id>", count=len(skipped), targets=sorted(server),
+                                        names=skipped)
+            for key in skipped:
+                self.normalized.pop(key)
+            self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
+                               f"{', '.join(sorted({label(k) for k in skipped}))} is not applied")
+            self.findings.append(_finding(
+                "ISL-W002", "target_modules", self.skip_warning,
+                "an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate), or add the "
+                "module to the targets; inkling-lab convert stacks a lone up with a zero gate",
+                consequence="sglang logs this warning and serves the adapter without these weights "
+                            "(with --lora-strict-loading the same text is a ValueError)"))
+        self.record("targets", server=sorted(server), wraps_sink=self.wrapped, skipped=skipped)
+        return server
+
+    # 4. shard and 5. pool ----------------------------------------------------------
+    def assemble(self) -> None:
+        """The factors as sglang's buffers receive them, per module: nothing repaired."""
+        for module in dict.fromkeys(fn.module for k in self.normalized
+                                    if (fn := FactorName.parse(k)) and fn.proj in PROJECTIONS):
+            parts = {}
+            for proj in ("gate_up_proj", "down_proj"):
+                for ab in "AB":
+                    parts[proj, ab] = self._gather(module, proj, ab)
+            self.factors[module] = parts  # type: ignore[assignment]
+            self._unpaired(module)
+
+    def _unpaired(self, module: str) -> None:
+        parts = self.factors[module]
+        for proj in ("gate_up_proj", "down_proj"):
+            have = [ab for ab in "AB" if parts[proj, ab] is not None]
+            if len(have) == 1:
+                lacks = "B" if have == ["A"] else "A"
+                self.causes.append(f"{module}: {proj}.lora_{have[0]} has no lora_{lacks}: sglang zero-fills the "
+                                   f"missing buffer, so that projection adds nothing")
+
+    def _gather(self, module: str, proj: str, ab: str) -> Any:
+        shared = self.normalized.get(FactorName(module, None, proj, ab).key)
+        per = {fn.expert: t for k, t in self.normalized.items()
+               if (fn := FactorName.parse(k)) and fn.expert is not None and fn.with_(expert=None).key ==
+               FactorName(module, None, proj, ab).key}
+        return shared if not per else per
+
+    def shard(self) -> None:
+        """Tensor-parallel rank 0's share (``slice_moe_lora_{a,b}_weights``, SPEC §7), on
+        the dicts and 3D tensors as they stand."""
+        for module, parts in self.factors.items():
+            if self.tp > 1:
+                try:
+                    for (proj, ab), cut in ((("gate_up_proj", "A"), slice_lora_a), (("gate_up_proj", "B"), slice_lora_b),
+                                            (("down_proj", "A"), slice_lora_a), (("down_proj", "B"), slice_lora_b)):
+                        if parts[proj, ab] is not None:
+                            parts[proj, ab] = cut(parts[proj, ab], 0, proj, self.tp, self.n, intermediate_size=self.F)
+                except (ValueError, RuntimeError) as exc:  # the kit refuses what upstream cuts unchecked
+                    self.unknown = f"tensor-parallel slicing of factors that do not split over tp={self.tp} ({exc})"
+                    return
+        self.record("shard", tp=self.tp, rank=0, shapes={
+            m: {f"{proj}.lora_{ab}": _shapes_of(t) for (proj, ab), t in parts.items()} for m, parts in self.factors.items()})
+
+    def load_pool(self) -> None:
+        """``load_lora_weight_to_buffer``'s shape asserts, on buffers of sglang's shapes,
+        and the factors as they land (B times ``lora_alpha / r`` in the stored dtype)."""
+        H, F, r = self.H, self.F // self.tp, self.r
+        R = self.max_rank if self.max_rank is not None else r
+        loaded: dict[str, LoRAFactors] = {}
+        shared_outer = self._shared_outer()
+        for module, parts in self.factors.items():
+            ga, gb, da, db = (parts[p] for p in (("gate_up_proj", "A"), ("gate_up_proj", "B"),
+                                                ("down_proj", "A"), ("down_proj", "B")))
+            if any(isinstance(t, torch.Tensor) and t.dim() != 3 for t in (ga, gb, da, db)):
+                # which buffer such a weight is routed to depends on the wrapped module (is_shared_fused_moe)
+                self.unknown = f"{module}: a factor that is neither 2D nor 3D reaches the buffer load; not modelled"
+                return
+            if shared_outer and db is not None and len(db) != 1:  # a dict of experts, or a 3D tensor's rows
+                text = (message("ISL-E035", factor="down_proj_moe lora_B", count=len(db)) if isinstance(db, dict)
+                        else message("ISL-E015", factor="down_proj_moe lora_B", k=len(db)))
+                raise _Raised("pool", f"ValueError: {text}", "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
+            ga, gb, da, db = (self._per_expert(t) for t in (ga, gb, da, db))
+            for name, t in (("gate_up_a", ga), ("down_a", da), ("gate_up_b", gb), ("down_b", db)):
+                for view, w in self._views(name, t, shared_outer, r, R, H, F):
+                    if tuple(view) != tuple(w):
+                        raise _Raised("pool", "AssertionError: " + message(
+                            "ISL-E016", buffer_shape=_torch_size(view), weight_shape=_torch_size(w)),
+                            "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
+            loaded[module] = self._landed(module, ga, gb, da, db, shared_outer)
+        self.loaded = loaded
+        self.record("pool", max_rank=R, lora_rank=r, scaling=self.scaling,
+                    modules={m: {k: list(t.shape) for k, t in f.tensors().items()} for m, f in loaded.items()})
+
+    @staticmethod
+    def _views(name: str, t: torch.Tensor | None, shared_outer: bool, r: int, R: int, H: int, F: int
+               ) -> list[tuple[torch.Size, torch.Size]]:
+        """``(buffer view shape, weight shape)`` pairs that ``load_lora_weight_to_buffer``
+        asserts equal, in its order: the slot's views are cut at the config's ``r``
+        (``lora_rank``) inside buffers of max rank ``R``; gate-up A's halves at ``R``
+        offsets, each weight half cut at ``r`` rows."""
+        if t is None:
+            return []
+        buf = {"gate_up_a": (2 * R, H), "down_a": (R, F), "gate_up_b": (2 * F, R), "down_b": (H, R)}[name]
+        view = torch.empty(buf, device="meta")
+        if name == "gate_up_a" and shared_outer:  # one representative weight, checked whole
+            return [(view[: 2 * r].shape, t[0].shape)]
+        if name == "gate_up_a":
+            return [(view[c * R: c * R + r].shape, w[c * r:(c + 1) * r].shape) for w in t for c in range(2)]
+        if name == "down_a":
+            return [(view[:r].shape, w[:r].shape) for w in t]
+        return [(view[:, :r].shape, w.shape) for w in t]
+
+    def _per_expert(self, t: Any) -> torch.Tensor | list[torch.Tensor] | None:
+        """One weight per expert: a 3D tensor as is, a per-expert dict as the list over
+        experts ``0..n-1`` (absent experts zero, as the zeroed buffer leaves them; each
+        is checked against its own buffer view, so their shapes may differ here)."""
+        if t is None or isinstance(t, torch.Tensor):
+            return t
+        if any(e >= self.n for e in t):
+            self.unknown = f"per-expert factors for experts {sorted(t)} of a sink of n={self.n}"
+        first = next(iter(t.values()))
+        return [t.get(e, torch.zeros_like(first)) for e in range(self.n)]
+
+    def _shared_outer(self) -> bool:
+        """``LoRAManager._detect_shared_outer_loras`` (lora_manager.py): the pool is shared
+        outer when the gate-up A factors are 3D with one expert; per expert when they are
+        named per expert, or when there is no gate-up A at all; mixed ones raise."""
+        kinds = set()
+        for parts in self.factors.values():
+            ga = parts["gate_up_proj", "A"]
+            if isinstance(ga, torch.Tensor) and ga.dim() == 3:
+                kinds.add(ga.shape[0] == 1)
+            elif isinstance(ga, dict):
+                kinds.add(False)
+        if len(kinds) > 1:
+            raise _Raised("pool", "RuntimeError: " + message("ISL-E028", adapter="<lora id>"),
+                          "lora_manager.py: LoRAManager._detect_shared_outer_loras")
+        return kinds == {True}
+
+    def _landed(self, module: str, ga: Any, gb: Any, da: Any, db: Any, shared_outer: bool) -> LoRAFactors:
+        """What the slot holds, as kit factors ``[O, 2r, H]``...: missing factors zero; in
+        a per-expert pool a 3D down B of one expert fills expert 0 only
+        (``_iter_local_expert_weights`` yields one expert per row)."""
+        r, n, H, F = self.r, self.n, self.H, self.F // self.tp
+        # what the buffer views took: gate-up A's rows 0..2r-1 (a per-expert one is cut, not checked, at r
+        # rows per half) and down A's rows 0..r-1 (cut, not checked); the B factors were checked whole
+        stack = lambda ws, cut: torch.stack([w[:cut] for w in ws]) if ws is not None else None  # noqa: E731
+        ga, gb, da, db = stack(ga, 2 * r), stack(gb, None), stack(da, r), stack(db, None)
+        like = next(t for t in (ga, gb, da, db) if t is not None)
+        zeros = lambda *s: torch.zeros(*s, dtype=like.dtype)  # noqa: E731
+        O = 1 if shared_outer else n
+        ga = ga if ga is not None else zeros(O, 2 * r, H)
+        gb = gb if gb is not None else zeros(n, 2 * F, r)
+        da = da if da is not None else zeros(n, r, F)
+        db = db if db is not None else zeros(O, H, r)
+        if db.shape[0] < O:
+            self.causes.append(f"{module}: down B is shared but the pool is per expert (its gate-up A "
+                               + ("is named per expert" if ga.any() else "is absent") +
+                               "): sglang fills down B into expert 0 only, the other experts' down deltas are zero")
+            db = torch.cat([db, zeros(O - db.shape[0], *db.shape[1:])])
+        # B times the scaling in the adapter's stored dtype, then cast (mem_pool.py): so a bf16 adapter
+        # carries bf16 rounding of scaling * B, as sglang serves it.
+        scale = lambda b: (b * self.scaling).double()  # noqa: E731
+        return LoRAFactors(ga.double(), scale(gb), da.double(), scale(db), lora_alpha=float(da.shape[-2]), name=module)
+
+    # 6. set_lora_info, 7. forward ---------------------------------------------------
+    def check_and_forward(self) -> None:
+        codes: list[str] = []
+        for module, f in self.loaded.items():
+            g = LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(), f.down_b.float(),
+                            lora_alpha=f.lora_alpha)
+            from .pool import LoRAPool
+
+            pool = LoRAPool(self.n, self.H, self.F // self.tp, 1, max(self.r, 1), outer=f.outer)
+            if all(torch.isfinite(t).all() for t in f.tensors().values()):
+                pool.load(0, g)  # sglang's buffers hold exactly these (they were checked against its views)
+            codes += diagnose_pool(*pool.buffers(), n_shared_experts=self.n).codes
+        self.record("set_lora_info", passes=not [c for c in codes if c.startswith("ISL-E")], codes=codes)
+        nan = [m for m, f in self.loaded.items() if not all(torch.isfinite(t).all() for t in f.tensors().values())]
+        if not math.isfinite(self.scaling) or nan:
+            what = (f"the scaling lora_alpha / r = {self.config['lora_alpha']} / {self.r} is {self.scaling}"
+                    if not math.isfinite(self.scaling) else f"{', '.join(nan)} holds NaN/Inf factors")
+            self.causes.append(what + ": every output of the slot is NaN")
+            self.findings.append(_finding(
+                "ISL-W105", "adapter", f"{what}: sglang 0.5.23 loads it without a word and every output of a request "
+                "that uses it is NaN (or infinite)", "re-export the adapter from a finite checkpoint; inkling-lab "
+                "convert refuses it (ISL-K301/K302)"))
+        per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1 and f.gate_up_a.any()}
+        if per_expert and self.wrapped:
+            defect = doctor_finding({m: LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(),
+                                                    f.down_b.float(), f.lora_alpha, f.name)
+                                     for m, f in per_expert.items()}, what=f"adapter {self.name!r}")
+            if defect is not None:
+                self.findings.append(defect)
+                self.causes.append("the per-expert outer layout: sglang 0.5.23's gate/up delta is wrong (ISL-W001)")
+        self.record("forward", wrapped=self.wrapped, per_expert_modules=sorted(per_expert), nan_modules=nan)
+
+
+def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1, max_rank: int | None = None,
+               target_modules: Sequence[str] | None = None, name: str | None = None,
+               state: Adapter | None = None) -> _Sglang:
+    """Every stage of sglang's path, each once; ``.raised`` holds where it stopped, if it did.
+    ``state``: an adapter held in memory, read from its config and tensors instead of files."""
+    path = _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name)
+    path.raised = None
+    try:
+        if state is None:
+            path.read()
+        else:
+            path.config, path.weights = dict(state.config), dict(state.weights)
+            path.check_config()
+            path.record("read", config="in memory", tensors=len(path.weights), r=path.r, scaling=path.scaling)
+        if path.unknown:
+            path.server = server_target_modules(target_modules if target_modules is not None
+                                                else path.config.get("target_modules"))
+            return path
+        path.normalize()
+        if path.unknown:
+            path.server = server_target_modules(target_modules if target_modules is not None
+                                                else path.config.get("target_modules"))
+            return path
+        path.targets()
+        path.assemble()
+        path.shard()
+        if path.unknown:
+            return path
+        path.load_pool()
+        if path.unknown:
+            return path
+        path.check_and_forward()
+    except _Raised as raised:
+        path.raised = raised
+        path.record(raised.stage, error=raised.text, upstream=raised.upstream)
+    return path
+
+
+def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str) -> tuple[list[str], list[Finding]]:
+    """Where sglang's one ``lora_alpha / r`` is not PEFT's scaling (rsLoRA, alpha and rank
+    patterns), and the fields sglang does not read (fan_in_fan_out, modules_to_save, init)."""
+    try:
+        peft = read_peft_config(adapter_config, CONFIG_FILE)
+    except ValueError:
+        return [], []  # the kit refuses the config: its verdict says why; sglang's is read from the raw values
+    causes, findings = [], []
+    sglang = peft.lora_alpha / peft.r
+    modules = sorted({module_of(k) for k in keys})
+    if peft.use_rslora and peft.r > 1:
+        factor = math.sqrt(peft.r)
+        causes.append(f"use_rslora: PEFT scales by lora_alpha/sqrt(r), sglang by lora_alpha/r: served sqrt(r) = "
+                      f"{factor:.4g} times too weak")
+        findings.append(_finding(
+            "ISL-W101", CONFIG_FILE, f"use_rslora is set: PEFT scales this adapter by lora_alpha/sqrt(r) = "
+            f"{peft.lora_alpha:g}/sqrt({peft.r}) = {peft.lora_alpha / factor:.6g}; sglang 0.5.23 ignores use_rslora "
+            f"and scales by lora_alpha/r = {sglang:.6g}: the adapter is served sqrt(r) = {factor:.4g} times too weak",
+            f'for sglang, save it with "lora_alpha": {peft.lora_alpha * factor:.8g} and "use_rslora": false (the '
+            f"same math: {peft.lora_alpha * factor:.8g}/{peft.r} = {peft.lora_alpha / factor:.6g})"))
+    # each module's PEFT scaling over sglang's one: for the modules an alpha_pattern key gives their own alpha
+    off = {m: peft.scaling_of(m) / sglang for m in modules if peft.alpha_of(m) != peft.lora_alpha}
+    rank_off = {m: peft.rank_of(m) for m in modules if peft.rank_of(m) != peft.r}
+    if off:
+        detail = "; ".join(f"{m}: alpha {peft.alpha_of(m):g}, served " +
+                           (f"{v:.4g} times too weak" if v > 1 else f"{1 / v:.4g} times too strong")
+                           for m, v in off.items() if m not in rank_off) or "its modules also have their own rank"
+        causes.append("alpha_pattern is ignored by sglang (one lora_alpha for every module): " + detail)
+        findings.append(_finding(
+            "ISL-W102", CONFIG_FILE, f"alpha_pattern gives modules their own lora_alpha; sglang 0.5.23 reads one "
+            f"lora_alpha ({peft.lora_alpha:g}) for every module and ignores alpha_pattern: {detail}",
+            "for sglang, fold each module's alpha/lora_alpha ratio into its lora_B and drop alpha_pattern "
+            "(inkling-lab convert writes exactly that math into its pool), or split the adapter by alpha"))
+    if rank_off:
+        detail = "; ".join(f"{m}: rank {k}" for m, k in rank_off.items())
+        causes.append(f"rank_pattern is ignored by sglang (one r={peft.r} for every module): {detail}")
+        findings.append(_finding(
+            "ISL-W112", CONFIG_FILE, f"rank_pattern gives modules their own rank ({detail}); sglang 0.5.23 reads one "
+            f"r={peft.r} for every module and ignores rank_pattern",
+            "for sglang, zero-pad every module's factors to one rank R (exact: zero rows of A meet zero columns of "
+            "B), fold each module's own scaling over lora_alpha/R into its lora_B, and save r=R without "
+            "rank_pattern; inkling-lab convert writes that math into its pool"))
+    if peft.fan_in_fan_out:
+        findings.append(_finding(
+            "ISL-W111", CONFIG_FILE, "fan_in_fan_out is set: PEFT uses it only to merge deltas into Conv1D-style "
+            "[in, out] weights (for torch.nn.Linear it turns it off with a warning); the factors keep their "
+            "[r, in] / [out, r] shapes and read as usual, and sglang 0.5.23 does not read the field",
+            "none needed for the sink (the field changes nothing here)"))
+    if peft.modules_to_save:
+        causes.append(f"modules_to_save {list(peft.modules_to_save)}: sglang has no saved-module replacement")
+        findings.append(_finding(
+            "ISL-W109", CONFIG_FILE, f"modules_to_save {list(peft.modules_to_save)}: PEFT saved full trained copies of "
+            "these modules; sglang 0.5.23's LoRAConfig does not read modules_to_save, so they are not served as "
+            "replacements (the base modules are)", "merge the adapter into the base model to serve the saved "
+            "modules, or train without modules_to_save"))
+    init = peft.base_changing_init
+    if init is not None:
+        causes.append(f"init_lora_weights={peft.init_lora_weights!r}: the factors are a delta on PEFT's residual base, "
+                      "and sglang applies them to the model's own weights")
+        findings.append(_finding(
+            "ISL-W107", CONFIG_FILE, f"init_lora_weights is {peft.init_lora_weights!r}: PEFT changed the base weights "
+            f"when it made this adapter ({init}), so the factors mean a delta on that residual base; sglang 0.5.23 "
+            "loads them as plain LoRA on the model's own weights, which is right only for an adapter converted to "
+            "plain LoRA when it was saved", "re-save it with PEFT's path_initial_model_for_weight_conversion "
+            "(PiSSA, OLoRA, CorDA), or serve it on the LoftQ base it was made with"))
+    if peft.lora_bias:
+        causes.append("lora_bias: sglang has no LoRA bias, the trained biases are not served")
+        findings.append(_finding(
+            "ISL-W108", CONFIG_FILE, "lora_bias is set: PEFT adds a trained bias to each lora_B; sglang 0.5.23 has no "
+            "LoRA bias (LoRAConfig does not read lora_bias and no buffer holds one), so the adapter's biases are "
+            "not served", "merge the adapter into the base weights (PEFT merge_and_unload), or train with "
+            "lora_bias=False"))
+    return causes, findings
+
+
+def config_findings(adapter: Adapter) -> list[Finding]:
+    """The config's findings about sglang 0.5.23 (``ISL-W101`` rsLoRA, ``W102``
+    alpha_pattern, ``W112`` rank_pattern, ``W109``, ``W111``...), for the converter to
+    print next to its own."""
+    return _config_causes(adapter.config, adapter.factor_keys, adapter.name)[1]

@@ -1,0 +1,109 @@
+"""The side-by-side harness without a GPU: the wheel check, the float64 reference it
+times against, upstream's one-slot path through the stand-in layer, and the rows."""
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from inkling_lab import profile as pr
+from inkling_lab import records
+from inkling_lab import upstream_wheel as uw
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward.reference import reference_forward
+
+REAL_WHEEL = Path("/work/upstream") / uw.WHEEL_NAME
+SIDE_RECORD = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_side_by_side.json"
+
+
+def _fake_wheel(path: Path, tamper: str | None = None) -> Path:
+    lines = []
+    with zipfile.ZipFile(path, "w") as z:
+        for name in uw.FILES:
+            data = f"# {name}\n".encode()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            z.writestr(name, data + (b"# changed\n" if name == tamper else b""))
+            lines.append(f"{name},sha256={digest},{len(data)}")
+        z.writestr(uw.RECORD_PATH, "\n".join(lines) + "\n")
+    return path
+
+
+def test_unpack_checks_every_file_against_record(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    prov = uw.unpack(_fake_wheel(tmp_path / "ok.whl"), tmp_path / "cache")
+    assert sorted(prov["files_sha256_record"]) == sorted(uw.FILES)
+    assert (tmp_path / "cache" / "sglang/srt/lora/utils.py").read_text().startswith("from dataclasses")
+    bad = _fake_wheel(tmp_path / "bad.whl", tamper=uw.FILES[3])
+    with pytest.raises(RuntimeError, match="does not match the wheel's RECORD"):
+        uw.unpack(bad, tmp_path / "cache2")
+
+
+def _case(S, T, outer=1, R=3):
+    return pr.Case(shape="toy", n=2, H=24, F=10, R=R, S=S, T=T, dtype="float32", outer=outer)
+
+
+@pytest.mark.parametrize("outer", [1, 2])
+def test_reference_f64_is_the_per_token_reference(outer):
+    sink, x, g, _ = pr.build_case(_case(3, 29, outer), "cpu", seed=4)
+    ids = torch.randint(-1, 3, (29,), generator=torch.Generator().manual_seed(outer))
+    batch = SlotBatch.from_token_slots(ids, 3, lora_ranks=[3, 0, 3], scalings=[1.0, 2.0, 0.5])
+    ops = sink.operands()
+    assert records.relative_error(pr.reference_f64(ops, x, g, batch), reference_forward(ops, x, g, batch),
+                                  "fro") < 1e-12
+    assert records.relative_error(pr.reference_f64(ops, x, g, None), reference_forward(ops, x, g, None),
+                                  "fro") < 1e-12
+
+
+@pytest.mark.skipif(not REAL_WHEEL.exists(), reason="needs the sglang 0.5.23 wheel (pip download --no-deps)")
+def test_upstream_one_slot_path_matches_the_reference(tmp_path):
+    from inkling_lab.sink import swiglu_sink
+
+    uw.unpack(REAL_WHEEL, tmp_path)
+    sink, x, g, batch = pr.build_case(_case(1, 40), "cpu")
+    up = uw.UpstreamSink(sink, batch)
+    up.layer._swiglu = lambda y, gam: swiglu_sink(y, gam, True)  # upstream's activation needs CUDA
+    ops = sink.operands()
+    assert records.relative_error(up.forward(x, g), pr.reference_f64(ops, x, g, batch), "fro") < 1e-5
+    assert records.relative_error(up.forward(x, g, lora=False), pr.reference_f64(ops, x, g, None), "fro") < 1e-5
+
+
+def _point(T, kit, multi, base, one=None):
+    c = pr.Case.of("A", 64, 1 if one else 4, T)
+    roof = pr.roofline(c, 4.2, 780)
+    times = {"kit_triton": kit, "sglang_multi": multi, "sglang_base": base}
+    if one:
+        times["sglang_one_slot"] = one
+    return {"case": vars(c) | {}, "roofline_us": roof.us, "bound": roof.bound, "rel_err": {},
+            "times": {"read": {k: {"median_us": v} for k, v in times.items()}}}
+
+
+def test_side_by_side_rows_apply_issue_15_targets():
+    rec = {"points": [_point(1, 10.0, 40.0, 12.0), _point(8192, 200.0, 500.0, 185.0, one=190.0)]}
+    small, large = pr.side_by_side_rows(rec)
+    assert small["best_upstream_us"] == 40.0 and small["targets"]["beats_base"]
+    assert small["targets"]["roofline"] == (10.0 / small["roofline_us"] <= 3.0)
+    assert large["best_upstream_us"] == 190.0 and not large["targets"]["beats_upstream"]
+    assert large["targets"]["beats_base"]  # 200 <= 1.1 * 185
+    table = pr.side_by_side_table(rec)
+    assert "| A | 64 | 1 | 8192 | 200.0 | 500.0 | 190.0 | 185.0 |" in table and "beats_upstream" in table
+
+
+@pytest.mark.skipif(not SIDE_RECORD.exists(), reason="no side-by-side record yet")
+def test_the_recorded_side_by_side_is_complete():
+    rec = pr.load_side_by_side(SIDE_RECORD)
+    assert rec["environment"]["device"] == "NVIDIA H200" and len(rec["environment"]["git_commit"]) == 40
+    assert set(rec["upstream"]["files_sha256_record"]) == set(uw.FILES)
+    assert len(rec["points"]) == len(pr.side_by_side_cases())
+    rows = pr.side_by_side_rows(rec)
+    assert all(r["kit_us"] and r["sglang_multi_us"] and r["sglang_base_us"] for r in rows)
+    assert all(max(p["rel_err"].values()) < 1e-2 for p in rec["points"])
+
+
+@pytest.mark.skipif(not SIDE_RECORD.exists(), reason="no side-by-side record yet")
+def test_kernel_notes_carry_the_generated_table():
+    notes = (Path(__file__).resolve().parents[1] / "KERNEL_NOTES.md").read_text()
+    rec = pr.load_side_by_side(SIDE_RECORD)
+    assert pr.side_by_side_table(rec, "read") in notes
+    assert pr.side_by_side_summary(rec, "read") in notes
