@@ -49,10 +49,18 @@ _KERNEL_IDLE = f"""path => {{ {_PANEL}
     const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
     return Boolean(kernel) && kernel.status === 'idle'; }}"""
 
+# Done: the kernel idle, no cell running, and either every code cell ran or one showed an
+# error it is not tagged to raise (Run All stops there). The kernel is idle for a moment
+# between two cells of a long run: idle alone does not mean done.
 _RUN_DONE = f"""path => {{ {_PANEL}
     const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-    return Boolean(kernel) && kernel.status === 'idle'
-        && panel.content.widgets.every(cell => cell.model.executionState !== 'running'); }}"""
+    if (!kernel || kernel.status !== 'idle') return false;
+    const cells = panel.content.widgets.map(cell => cell.model);
+    if (cells.some(model => model.executionState === 'running')) return false;
+    const code = cells.filter(model => model.type === 'code' && model.sharedModel.getSource().trim());
+    const stopped = code.some(model => !(model.getMetadata('tags') || []).includes('raises-exception')
+        && Array.from({{length: model.outputs.length}}, (_, i) => model.outputs.get(i).type).includes('error'));
+    return stopped || code.every(model => model.executionCount !== null); }}"""
 
 _CELLS = f"""path => {{ {_PANEL} {_IS_BLANK}
     return panel.content.widgets.map((cell, index) => {{
