@@ -209,6 +209,7 @@ class NotebookPage:
         Raises AssertionError when the notebook has no slider or dropdown, or when
         nothing beside the control changes within WIDGET_TIMEOUT_MS.
         """
+        self._show_first_widget()
         controls = self.page.locator(_CONTROLS)
         if controls.count() == 0:
             raise AssertionError(f"{self.path}: no slider or dropdown drawn to play with")
@@ -219,6 +220,16 @@ class NotebookPage:
             else self._choose_other_option(control)
         self._until_changed(control, before, kind)
         return kind
+
+    def _show_first_widget(self) -> None:
+        """Scroll to the first cell that shows a widget: JupyterLab attaches only the
+        cells near the view of a long notebook, so a widget far down is not in the page yet."""
+        self.page.evaluate(f"""async path => {{ {_PANEL}
+            const index = panel.content.widgets.findIndex(cell => cell.model.type === 'code'
+                && Array.from({{length: cell.model.outputs.length}}, (_, i) => cell.model.outputs.get(i))
+                       .some(output => {WIDGET_MIME!r} in (output.data || {{}})));
+            if (index >= 0) await panel.content.scrollToItem(index, 'start'); }}""", self.path)
+        self.page.wait_for_timeout(500)
 
     def toggle_checkboxes(self) -> int:
         """Tick (or untick) every checkbox of the notebook's widgets, one after the other,
@@ -296,10 +307,12 @@ class NotebookPage:
         """Save what the window shows: the notebook's top, its first widget's cell, or
         the first cell whose id ends with ``at_cell``."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        if at_first_widget:
+            self._show_first_widget()
         if at_cell:
-            self.page.evaluate(f"""path => {{ {_PANEL}
-                const cell = panel.content.widgets.find(c => c.model.id.endsWith({at_cell!r}));
-                if (cell) cell.node.scrollIntoView({{block: 'start'}}); }}""", self.path)
+            self.page.evaluate(f"""async path => {{ {_PANEL}
+                const index = panel.content.widgets.findIndex(c => c.model.id.endsWith({at_cell!r}));
+                if (index >= 0) await panel.content.scrollToItem(index, 'start'); }}""", self.path)
         elif at_first_widget:
             self.page.locator(_CONTROLS).first.evaluate(
                 "n => n.closest('.jp-Cell').scrollIntoView({block: 'start'})")
