@@ -20,16 +20,21 @@ from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_po
 __version__ = "0.1.0"
 
 _LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "doctor", "compare", "parallel", "profile",
-                 "upstream_defect", "cli")
+                 "upstream_defect", "cli", "transformers_interop")
 _LAZY_MODULES += ("nb", "exercises")  # the notebooks' own helpers and the exercises' checks
 
 _LAZY_NAMES = {
     # adapters on disk (SPEC §6)
     "Adapter": "adapters", "load_adapter": "adapters", "save_adapter": "adapters",
     "normalize_shared_sink": "adapters", "synthetic_adapter": "adapters",
+    "is_target_parameters_export": "adapters",
     # the converter and the doctor
-    "ConvertedPool": "convert", "load_pool": "convert",
+    "ConvertedPool": "convert", "load_pool": "convert", "convert_to_file": "convert",
     "doctor": "doctor", "DoctorReport": "doctor",
+    # transformers' Inkling (InklingSharedExperts) and PEFT target_parameters exports of it
+    "sink_from_transformers": "transformers_interop", "sink_from_checkpoint": "transformers_interop",
+    "to_transformers": "transformers_interop", "make_peft_sink_adapter": "transformers_interop",
+    "peft_agreement": "transformers_interop",
     # tensor parallelism (SPEC §7)
     "shard_sink": "parallel", "RankShard": "parallel", "run_tp": "parallel", "TPCase": "parallel",
     "sum_of_shards": "parallel",

@@ -11,8 +11,16 @@ are plain 2D LoRA matrices named ``<module>.<proj>.lora_A.weight`` /
 * gate B, up B ``[n*F, r]``, fused B ``[n*2F, r]`` (experts stacked); down A
   ``[r, n*F]`` (experts side by side). Per-expert exports: ``[F, r]``, ``[r, F]``...
 
-``load_adapter`` reads and checks a folder (safetensors only, never pickle); every
-bad input is refused with the file, the tensor and what was expected (``ISL-K2xx``).
+PEFT ``target_parameters`` exports of transformers' ``InklingSharedExperts`` (its 3D
+``gate_proj``/``up_proj``/``down_proj``) name their factors
+``<module>.shared_experts[.base_layer...].lora_A.weight``; they are read as the
+per-expert factors they are (``ISL-N204``; ``is_target_parameters_export`` tells them
+apart: sglang 0.5.23 skips such keys and serves the base sink, SPEC §10).
+
+``load_adapter`` reads and checks a folder (safetensors only, never pickle): the
+header first, then only the shared-sink tensors, one at a time (other modules'
+tensors are named, never read); every bad input is refused with the file, the
+tensor and what was expected (``ISL-K2xx``, ``ISL-K401``/``K402``).
 Where the intent is unambiguous it repairs instead (a transposed factor, an up
 without a gate, an outer factor missing its expert axis), and every repair is
 reported in ``Adapter.findings``; ``repair=False`` refuses those too. Findings that
@@ -31,16 +39,17 @@ import json
 import math
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors_bytes
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors_bytes
 
 from .atomic import atomic_write
+from .catalog import CATALOG, message
 from .pool import LoRAFactors
 from .validate import Finding
 
@@ -53,6 +62,12 @@ PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", *RENAMES)
 
 _FACTOR_KEY = re.compile(
     r"^(?P<module>.*shared_experts)\.(?:(?P<expert>\d+)\.)?(?P<proj>[^.]+)\.lora_(?P<ab>[AB])\.weight$")
+
+TRANSFORMERS_PARAMETERS = ("gate_proj", "up_proj", "down_proj")
+"""transformers' ``InklingSharedExperts`` parameters, in the order its ``__init__``
+registers them: ``gate_proj [n, F, H]``, ``up_proj [n, F, H]``, ``down_proj [n, H, F]``."""
+
+_NESTED_KEY = re.compile(r"^(?P<module>.*shared_experts)(?P<nest>(?:\.base_layer)*)\.lora_(?P<ab>[AB])\.weight$")
 
 
 @dataclass(frozen=True)
@@ -126,8 +141,9 @@ def _shape(t: torch.Tensor) -> list[int]:
 class Adapter:
     """One PEFT LoRA adapter: its config and its tensors, checked.
 
-    ``weights`` holds every tensor of the file by key; the shared-sink factors among
-    them are 2D ``[r, in]`` (A) or ``[out, r]`` (B), already repaired. ``findings``
+    ``weights`` holds the shared-sink factors by key, 2D ``[r, in]`` (A) or ``[out, r]``
+    (B), already repaired (a ``target_parameters`` export re-named per expert); the
+    tensors of other modules are only named (``other_keys``). ``findings``
     lists every repair and note, each with its code and fix.
     """
 
@@ -141,6 +157,12 @@ class Adapter:
     sha256: str = field(default="", repr=False)
     repair: bool = field(default=True, repr=False)
     findings: list[Finding] = field(default_factory=list, repr=False)
+    target_parameter_keys: list[str] = field(default_factory=list, repr=False)
+    """The file's keys of a PEFT ``target_parameters`` export (sglang skips them), read
+    into ``weights`` as per-expert factors; empty for ``target_modules`` exports."""
+    other_keys: list[str] = field(default_factory=list, repr=False)
+    """The file's tensors for other modules (attention, routed experts...): named, never
+    loaded, left out of the pool (``ISL-N202``)."""
     guess: bool = field(default=False, repr=False)
 
     @property
@@ -178,17 +200,20 @@ class Adapter:
         where_cfg, where_w = _where(source, CONFIG_FILE), _where(source, WEIGHTS_FILE)
         peft = read_peft_config(config, where_cfg)
         _refuse_unrepresentable(peft, where_cfg)
-        adapter = cls(name or Path(source).name, peft.r, peft.lora_alpha, peft.target_modules, dict(weights),
-                      dict(config), source, sha256, repair, guess=guess)
-        others, factors = 0, {}
+        weights, exported, notes = _split_target_parameters(peft.r, config.get("target_parameters"), weights,
+                                                             where_w)
+        others, factors = [], {}
         for key, t in weights.items():
             fn = FactorName.parse(key)
             if fn is None or fn.proj not in PROJECTIONS:
                 if "shared_experts" in key:
                     raise ValueError(_unknown_name(where_w, key, fn))
-                others += 1
+                others.append(key)
             else:
                 factors[key] = (fn, t)
+        adapter = cls(name or Path(source).name, peft.r, peft.lora_alpha, peft.target_modules,
+                      {k: t for k, (_, t) in factors.items()}, dict(config), source, sha256, repair, notes,
+                      target_parameter_keys=exported, other_keys=others, guess=guess)
         # A factor reads as transposed only when others confirm the config's r: if none
         # has rank r, the config (or the whole export) is wrong, and nothing is repaired.
         ranks = sorted({int(t.shape[fn.rank_axis]) for fn, t in factors.values() if t.dim() == 2 and t.numel()})
@@ -213,12 +238,12 @@ class Adapter:
             raise ValueError(
                 f"{where_w}: no shared-sink LoRA factors: no tensor is named "
                 f"'<module>.mlp.shared_experts.<proj>.lora_A.weight' (or lora_B), <proj> one of "
-                f"{', '.join(PROJECTIONS)}; the file holds {len(weights)} tensor(s) for other modules")
+                f"{', '.join(PROJECTIONS)}; the file holds {len(others)} tensor(s) for other modules")
         _check_pairs(adapter.factor_keys, where_w)
         _check_one_shape(adapter.weights, adapter.factor_keys, where_w)
         if others:
             adapter.findings.append(Finding(
-                "ISL-N202", where_w, f"{others} tensor(s) for other modules are not part of the shared sink "
+                "ISL-N202", where_w, f"{len(others)} tensor(s) for other modules are not part of the shared sink "
                 "and are left out of its pool", "none needed: serve them with their own LoRA modules"))
         return adapter
 
@@ -313,9 +338,11 @@ class Adapter:
             consequence="sglang 0.5.23 reshapes it as stored (the doctor's verdict says what that gives)"))
         return t.reshape(n, r, cols).permute(1, 0, 2).reshape(r, n * cols).contiguous()
 
-    def normalized(self, n_shared_experts: int) -> dict[str, torch.Tensor]:
-        """The shared-sink factors after upstream's normalization (SPEC §6)."""
-        return normalize_shared_sink({k: self.weights[k] for k in self.factor_keys}, n_shared_experts)
+    def normalized(self, n_shared_experts: int, module: str | None = None) -> dict[str, torch.Tensor]:
+        """The shared-sink factors (of one ``module``, default all) after upstream's
+        normalization (SPEC §6)."""
+        keys = [k for k in self.factor_keys if module is None or FactorName.parse(k).module == module]
+        return normalize_shared_sink({k: self.weights[k] for k in keys}, n_shared_experts)
 
     def factors(self, n_shared_experts: int) -> dict[str, LoRAFactors]:
         """One ``LoRAFactors`` per module: ``gate_up_a [O, 2r, H]``, ``gate_up_b [n, 2F, r]``,
@@ -326,15 +353,20 @@ class Adapter:
         cover the experts; repairs (or refuses, ``ISL-K211``/``K212``) an up without
         a gate and mixed outer layouts.
         """
-        normalized = self.normalized(n_shared_experts)
+        return {m: self.module_factors(m, n_shared_experts) for m in self.modules}
+
+    def module_factors(self, module: str, n_shared_experts: int) -> LoRAFactors:
+        """``factors(n)[module]``, computing only that module (the converter goes module
+        by module, so that it holds one module's normalized factors at a time)."""
+        normalized = self.normalized(n_shared_experts, module)
         for key in self.factor_keys:
             fn = FactorName.parse(key)
-            if fn.canonical == "gate_proj" and fn.ab == "A":
+            if fn.module == module and fn.canonical == "gate_proj" and fn.ab == "A":
                 up = self.weights.get(fn.with_(proj={"gate_proj": "up_proj", "w1": "w3"}[fn.proj]).key)
                 if up is None or not up.numel():
                     self._note(Finding("ISL-N203", key, f"{key} has no up_proj: its up half is zero",
                                        "none needed: upstream does the same"))
-        return {m: self._assemble(normalized, m, n_shared_experts) for m in self.modules}
+        return self._assemble(normalized, module, n_shared_experts)
 
     def _note(self, finding: Finding) -> None:
         # factors() may run more than once (one pool per geometry): report each thing once.
@@ -433,6 +465,99 @@ class Adapter:
             f"serves each of the {n} experts (exact)", f"none needed: the converter expands {shared}; "
             f"name it per expert to silence this"))
         return ga.expand(n, -1, -1).contiguous(), db.expand(n, -1, -1).contiguous()
+
+
+def _targeted(module: str, targets: Any) -> list[str]:
+    """The parameters of ``module`` that a ``target_parameters`` list names, in
+    ``TRANSFORMERS_PARAMETERS`` order. PEFT matches a parameter whose full name equals
+    an entry or ends in ``.`` + the entry (``tuners_utils.py``, ``_inject_parameters``)."""
+    if not isinstance(targets, (list, tuple)):
+        return []
+    names = [t for t in targets if isinstance(t, str)]
+    return [p for p in TRANSFORMERS_PARAMETERS
+            if any(f"{module}.{p}" == t or f"{module}.{p}".endswith(f".{t}") for t in names)]
+
+
+def peft_target_parameter_keys(keys: Iterable[str]) -> list[str]:
+    """The keys of a PEFT ``target_parameters`` export of the shared sink, among ``keys``.
+
+    Such an export wraps transformers' 3D expert parameters (``InklingSharedExperts``
+    ``gate_proj``/``up_proj``/``down_proj``) in nested ``ParamWrapper``s, so its factors
+    are named ``<module>.shared_experts[.base_layer...].lora_A.weight``: no projection in
+    the name. sglang 0.5.23 matches none of them to a target module and skips them
+    (SPEC §10). Works on names only: pass ``safe_open(...).keys()`` or ``adapter.weights``.
+    """
+    return [k for k in keys if _NESTED_KEY.match(k)]
+
+
+def is_target_parameters_export(adapter: "Adapter | Iterable[str]") -> bool:
+    """True when ``adapter`` (an ``Adapter``, or the key names of a weights file) holds
+    its shared-sink factors as a PEFT ``target_parameters`` export (sglang skips them)."""
+    if isinstance(adapter, Adapter):
+        return bool(adapter.target_parameter_keys)
+    return bool(peft_target_parameter_keys(adapter))
+
+
+def _split_target_parameters(r: int, targets: Any, weights: Mapping[str, torch.Tensor], where: str
+                             ) -> tuple[dict[str, torch.Tensor], list[str], list[Finding]]:
+    """A PEFT ``target_parameters`` export, re-named as per-expert factors.
+
+    PEFT wraps one ``ParamWrapper`` per targeted parameter around the module, in the
+    order the module registers its parameters (gate, up, down: the first is innermost),
+    whatever the order of the config's list (``peft/tuners/tuners_utils.py``,
+    ``_inject_parameters``: it walks ``module.named_parameters()``; only a module that
+    already carries torch parametrizations is nested in sorted name order, which no
+    plain transformers model does); the outermost wrapper's factors carry no
+    ``base_layer``, each wrapper inside adds one. A wrapper of a 3D parameter ``[n, out,
+    in]`` (``peft/tuners/lora/layer.py``, ``ParamWrapper.update_layer`` and
+    ``get_delta_weight``) stores ``lora_A [n*r, in]`` grouped by expert (expert ``e`` is
+    rows ``e*r .. e*r+r-1``) and ``lora_B [out, n*r]`` strided by expert (expert ``e``
+    is columns ``e, e+n, e+2n, ...``). Each expert's pair becomes
+    ``<module>.<e>.<proj>.lora_A.weight [r, in]`` / ``lora_B.weight [out, r]``: the
+    per-expert outer layout. Returns the new weights, the file keys read this way,
+    and one ``ISL-N204`` note per module.
+    """
+    groups: dict[str, dict[int, dict[str, str]]] = {}
+    for key in peft_target_parameter_keys(weights):
+        m = _NESTED_KEY.match(key)
+        groups.setdefault(m["module"], {}).setdefault(m["nest"].count(".base_layer"), {})[m["ab"]] = key
+    if not groups:
+        return dict(weights), [], []
+    out = {k: t for k, t in weights.items() if not _NESTED_KEY.match(k)}
+    notes = []
+    for module, by_depth in groups.items():
+        params = _targeted(module, targets)
+        per_expert: dict[FactorName, torch.Tensor] = {}
+        if len(params) != len(by_depth) or sorted(by_depth) != list(range(len(params))):
+            raise ValueError(message(
+                "ISL-K401", file=where, module=module, pairs=len(by_depth),
+                depths=", ".join(f"{d} x base_layer" for d in sorted(by_depth)), targets=repr(targets),
+                named=len(params), parameters=list(TRANSFORMERS_PARAMETERS)))
+        for proj, depth in zip(params, range(len(params) - 1, -1, -1)):  # gate, up, down; innermost first
+            pair = by_depth[depth]
+            if set(pair) != {"A", "B"}:
+                have = next(iter(pair.values()))
+                other = have.replace(".lora_A.", ".lora_B.") if "A" in pair else have.replace(".lora_B.", ".lora_A.")
+                raise ValueError(f"{where}: {have!r} has no matching {other!r}: every LoRA factor needs its A "
+                                 "and its B")
+            a, b = weights[pair["A"]], weights[pair["B"]]
+            rows = int(a.shape[0]) if a.dim() == 2 else -1
+            if (a.dim() != 2 or b.dim() != 2 or not isinstance(r, int) or isinstance(r, bool) or r < 1
+                    or rows % r or not rows or b.shape[1] != rows):
+                raise ValueError(message("ISL-K402", file=where, module=module, proj=proj, shape_a=_shape(a),
+                                         shape_b=_shape(b), r=repr(r)))
+            n = rows // r
+            for e in range(n):
+                per_expert[FactorName(module, e, proj, "A")] = a[e * r:(e + 1) * r]
+                per_expert[FactorName(module, e, proj, "B")] = b[:, e::n]
+        # expert by expert, gate before up before down
+        order = {p: i for i, p in enumerate(TRANSFORMERS_PARAMETERS)}
+        out.update((fn.key, t) for fn, t in sorted(per_expert.items(), key=lambda i: (i[0].expert, order[i[0].proj],
+                                                                                      i[0].ab)))
+        note = CATALOG["ISL-N204"]
+        notes.append(Finding("ISL-N204", module, note.format(module=module, parameters=", ".join(params), n=n, r=r),
+                             note.remedy, consequence=note.upstream))
+    return out, [k for k in weights if _NESTED_KEY.match(k)], notes
 
 
 BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
@@ -762,37 +887,120 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _refuse(ValueError(
             f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON ({exc})"), folder) from None
+    except RecursionError:
+        raise _refuse(ValueError(
+            f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON (nested too deeply "
+            "to read: a PEFT config is a flat object)"), folder) from None
     if not weights_path.is_file():
         pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
         hint = (f" (found {', '.join(sorted(pickled))}: pickle checkpoints are never loaded, because "
                 "unpickling runs code; re-save it with safetensors.torch.save_file)") if pickled else ""
         raise _refuse(FileNotFoundError(f"{_where(source, WEIGHTS_FILE)}: no {WEIGHTS_FILE}{hint}"), folder)
-    raw = weights_path.read_bytes()
+    size = weights_path.stat().st_size
     try:
-        # Sorted, as safe_open lists them: the parsed dict's order varies from run to run,
-        # and normalization reports the first factor that does not split.
-        weights = dict(sorted(load_safetensors_bytes(raw).items()))
+        # The header is parsed and checked against the file's size before any tensor
+        # is read; then only the shared-sink factors are read, one tensor at a time.
+        # Sorted, as safe_open lists them: normalization reports the first factor that
+        # does not split.
+        with open_safetensors(weights_path) as f:
+            keys = sorted(f.keys())
+            weights = {k: f.get_tensor(k) for k in keys if _is_sink_key(k)}
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
         raise _refuse(ValueError(
-            f"{_where(source, WEIGHTS_FILE)}: not a readable safetensors file ({len(raw)} bytes: {exc}); it is "
+            f"{_where(source, WEIGHTS_FILE)}: not a readable safetensors file ({size} bytes: {exc}); it is "
             "truncated or corrupt: export or download it again"), folder) from None
+    others = {k: _NOT_LOADED for k in keys if k not in weights}
     try:
-        return Adapter.from_state(config, weights, source=source, sha256=hashlib.sha256(raw).hexdigest(),
+        return Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),
                                   repair=repair, guess=guess)
     except ValueError as exc:
         raise _refuse(exc, folder)
 
 
-def save_adapter(adapter: Adapter, folder: str | os.PathLike[str]) -> Path:
-    """Write ``adapter`` as a PEFT folder (config and safetensors, each atomically)."""
+_NOT_LOADED = torch.empty(0, device="meta")
+"""Stands for a tensor of another module: ``from_state`` only names those."""
+
+
+@contextmanager
+def open_safetensors(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """``safe_open(path)`` (lazy, per tensor), also for a path that is not UTF-8 (a
+    Linux file name may be any bytes; safetensors takes only UTF-8 paths): such a file
+    is opened by Python and handed over as ``/proc/self/fd/N``."""
+    name = os.fspath(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
+                yield f
+        finally:
+            os.close(fd)
+        return
+    with safe_open(name, framework="pt") as f:
+        yield f
+
+
+def _is_sink_key(key: str) -> bool:
+    return "shared_experts" in key
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 2 ** 24) -> str:
+    """The sha256 of a file, read in 16 MiB chunks (bounded memory for any size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_adapter(adapter: Adapter, folder: str | os.PathLike[str], *, target_parameters: bool = False) -> Path:
+    """Write ``adapter`` as a PEFT folder (config and safetensors, each atomically): its
+    shared-sink factors under the kit's names (a ``target_parameters`` export is
+    written per expert); other modules' tensors are not part of an ``Adapter``.
+
+    ``target_parameters=True``: as PEFT's ``target_parameters`` export of transformers'
+    ``InklingSharedExperts`` instead, for an adapter whose factors are named per expert
+    as ``gate_proj``/``up_proj``/``down_proj`` (what PEFT itself writes for such a model,
+    without needing PEFT: ``load_adapter`` reads it back to the same factors).
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"peft_type": "LORA", **adapter.config, "r": adapter.r, "lora_alpha": adapter.lora_alpha,
               "target_modules": adapter.target_modules}
     tensors = {k: v.contiguous() for k, v in adapter.weights.items()}
+    if target_parameters:
+        tensors, targets = _as_target_parameters(adapter)
+        config.update(target_modules=[], target_parameters=targets)
     atomic_write(folder / WEIGHTS_FILE, save_safetensors_bytes(tensors))
     atomic_write(folder / CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     return folder
+
+
+def _as_target_parameters(adapter: Adapter) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Per-expert factors in ``ParamWrapper``'s layout (the inverse of reading one):
+    ``lora_A [n*r, in]`` expert blocks stacked, ``lora_B [out, n*r]`` expert columns
+    interleaved, one ``base_layer`` more per wrapper inside (gate innermost)."""
+    by_module: dict[str, dict[str, dict[str, dict[int, torch.Tensor]]]] = {}
+    for key in adapter.factor_keys:
+        fn = FactorName.parse(key)
+        if fn.expert is None or fn.proj not in TRANSFORMERS_PARAMETERS:
+            raise ValueError(f"{key!r}: a target_parameters export holds per-expert gate_proj, up_proj and "
+                             "down_proj factors; this adapter's are named otherwise (synthetic_adapter(..., "
+                             "per_expert=True) makes such an adapter)")
+        by_module.setdefault(fn.module, {}).setdefault(fn.proj, {}).setdefault(fn.ab, {})[fn.expert] = \
+            adapter.weights[key]
+    tensors, targets = {}, []
+    for module, projs in by_module.items():
+        present = [p for p in TRANSFORMERS_PARAMETERS if p in projs]
+        for depth, proj in enumerate(reversed(present)):  # the last parameter is the outermost wrapper
+            a, b = projs[proj]["A"], projs[proj]["B"]
+            experts = sorted(a)
+            name = module + ".base_layer" * depth
+            tensors[f"{name}.lora_A.weight"] = torch.cat([a[e] for e in experts]).contiguous()
+            tensors[f"{name}.lora_B.weight"] = torch.stack([b[e] for e in experts], dim=-1).flatten(1).contiguous()
+        targets += [f"mlp.shared_experts.{p}" for p in present if f"mlp.shared_experts.{p}" not in targets]
+    return tensors, targets
 
 
 NAMINGS = {

@@ -1,26 +1,158 @@
 """Atomic file writes: every file the kit writes (pool exports, sample adapters,
-profile records, executed notebooks) goes through here, so that a reader never sees
-half a file and a crash leaves the old one in place."""
+profile records, executed notebooks) goes through here.
+
+What a writer may rely on:
+
+* a reader never sees half a file: the data goes to a hidden temporary file
+  ``.NAME.<pid>-<random>.tmp`` in the same folder, is flushed and fsynced, then takes
+  the final name in one step; the folder is fsynced after that, so the new name
+  survives a power loss;
+* ``exclusive=True`` never replaces a file: the final name is taken with a hard link,
+  which fails when the name exists, so of two writers racing for one new name exactly
+  one wins and the other gets ``FileExistsError`` naming the file;
+* the new file's mode is the umask's (``0o666 & ~umask``, as ``open()`` gives), and a
+  replaced file keeps its mode;
+* a failed write (full disk, read-only folder, an exception in the caller) leaves the
+  old file, no temporary one, and raises an ``OSError`` that names the file;
+* a writer killed mid-write leaves its temporary file behind (nothing can remove it at
+  that moment); the next write of the same name removes such files whose process is
+  gone and that are older than the current process.
+"""
 from __future__ import annotations
 
+import errno
 import os
-import tempfile
+import re
+import secrets
+import stat
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Iterator
+
+_STARTED = time.time()
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]+\.tmp$")
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder (created
-    if missing), flushed to disk, then ``os.replace``d over ``path``."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's process, or unknowable: keep its file
+    return True
+
+
+def remove_stale_temporaries(folder: Path, name: str) -> list[Path]:
+    """Remove the temporary files of earlier, killed writes of ``folder/name``: those whose
+    writing process no longer runs and that are older than this process. Returns them."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if m is None or m["name"] != name or int(m["pid"]) == os.getpid() or _alive(int(m["pid"])):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime < _STARTED:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            pass  # gone already, or not ours to remove
+    return removed
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """The same error, naming the file it was about (a full disk's ENOSPC names none)."""
+    out = type(exc)(exc.errno, f"{exc.strerror or exc}: could not write {path.name}", str(path))
+    out.add_note(f"output path: {path}")
+    return out
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # a platform without directory fds
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_writer(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through, atomically (see the module's promises).
+
+    ``exclusive``: refuse (``FileExistsError``) when ``path`` exists, also when another
+    writer creates it meanwhile. The folder is created if missing.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _named(exc, path) from None
+    remove_stale_temporaries(folder, path.name)
+    tmp = folder / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        raise _named(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
+            if not exclusive:
+                try:
+                    os.fchmod(f.fileno(), stat.S_IMODE(path.stat().st_mode))  # a replaced file keeps its mode
+                except FileNotFoundError:
+                    pass
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            _link_new(tmp, path)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(folder)
+    except FileExistsError:
+        tmp.unlink(missing_ok=True)
+        exc = FileExistsError(f"refusing to write {path.name}: it already exists (it appeared while this write "
+                              "ran, or was there before); pass --force (force=True) to replace it")
+        exc.add_note(f"output path: {path}")
+        raise exc from None
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _named(exc, path) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return path
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    """Give ``tmp`` the name ``path`` only if no file has it (``FileExistsError`` else)."""
+    try:
+        os.link(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        # A filesystem without hard links (FAT, some FUSE mounts): check, then rename.
+        # Not atomic against a racing writer, which these filesystems give no way to be.
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, exclusive: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically (see ``atomic_writer``)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"atomic_write writes bytes, got {type(data).__name__}")
+    with atomic_writer(path, exclusive=exclusive) as f:
+        f.write(data)
+    return Path(path)

@@ -12,10 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import io
 import json
+import os
+import re
+import signal
 import sys
 from dataclasses import asdict
-from typing import Sequence
+from typing import Sequence, TextIO
 
 import torch
 
@@ -93,15 +97,17 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
 def _convert(args: argparse.Namespace) -> int:
     from .adapters import load_adapter
-    from .convert import convert
+    from .convert import convert_to_file
 
     outer = {"auto": None, "shared": 1, "per-expert": args.n_shared_experts}[args.outer]
     try:
         adapters = [load_adapter(path) for path in args.adapters]
-        pool = convert(adapters, args.n_shared_experts, hidden=args.hidden, intermediate=args.intermediate,
-                       max_rank=args.max_rank, outer=outer, tp_rank=args.tp_rank, tp_size=args.tp,
-                       dtype=DTYPES[args.dtype], progress=False if args.quiet else None)
-        written = pool.save(args.output, force=args.force)
+        pool = convert_to_file(adapters, args.output, args.n_shared_experts, force=args.force, hidden=args.hidden,
+                               intermediate=args.intermediate, max_rank=args.max_rank, outer=outer,
+                               tp_rank=args.tp_rank, tp_size=args.tp,
+                               dtype=DTYPES[args.dtype] if args.dtype else None,
+                               progress=False if args.quiet else None)
+        written = args.output
     except (OSError, ValueError, RuntimeError, AssertionError) as exc:
         return _fail("convert", exc)
     if args.json:
@@ -182,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write tensor-parallel rank K's shard, 0..T-1 (default 0)")
     p.add_argument("--outer", choices=("auto", "shared", "per-expert"), default="auto",
                    help="outer layout: shared (O=1) or per expert (O=n); auto: shared when every adapter's is")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="buffer dtype (default float32)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="buffer dtype (default: the adapters' own, lossless); B is scaled in the adapters' dtype, "
+                        "then cast, as sglang does")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
@@ -202,13 +210,87 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\udc80-\udcff]")
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group()
+    if c == "\r" and m.start() == 0:
+        return c
+    if "\udc80" <= c <= "\udcff":  # a byte of a file name that is not UTF-8 (surrogateescape)
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return c.encode("unicode_escape").decode("ascii")
+
+
+def printable(text: str, encoding: str | None = "utf-8") -> str:
+    """``text`` safe for a terminal: control characters (terminal escape sequences such as
+    ``\\x1b]0;title\\x07``), bidirectional overrides and the undecodable bytes of file
+    names as backslash escapes; newlines and tabs kept; anything ``encoding`` cannot
+    encode as a backslash escape. A ``\\r`` is kept only at the start (a progress bar
+    redrawing its line)."""
+    text = _UNSAFE.sub(_escape, text)
+    if encoding:
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    return text
+
+
+class _SafeStream(io.TextIOBase):
+    """Everything the command prints goes through ``printable``: one place, every printer
+    (names read from files included), whatever the stream's encoding."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text, self._encoding))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return self._encoding
+
+
+def _quiet_after_broken_pipe() -> int:
+    """The reader went away (``inkling-lab ... | head``): point stdout at /dev/null so that
+    the interpreter's final flush does not fail too, and exit as a tool killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # stdout is no file descriptor (a notebook, a test's capture): nothing to flush there
+    return 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help()
-        return 2
-    return args.func(args)
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _SafeStream(out), _SafeStream(err)
+    try:  # pasted logs may hold bytes that are not UTF-8: read them, print them escaped
+        sys.stdin.reconfigure(errors="surrogateescape")
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        pass  # no stdin, or not a text file: nothing to read from it anyway
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not hasattr(args, "func"):
+            parser.print_help()
+            return 2
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _quiet_after_broken_pipe()
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

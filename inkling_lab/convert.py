@@ -5,31 +5,37 @@ shared-sink module the four 4D buffers out (``gate_up_a [S, O, 2R, H]``,
 ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``, ``down_b [S, O, H, R]``), ready
 for ``set_lora_info``. Ranks are padded to the largest (or ``max_rank``), B factors
 carry the scaling, the outer layout is shared only when every adapter's is, and
-tensor-parallel rank ``k`` of ``tp`` gets its slice of ``F``. ``ConvertedPool.save``
-writes one safetensors file with the geometry, the slots and the source adapters'
-sha256 in its metadata, atomically, never over an input.
+tensor-parallel rank ``k`` of ``tp`` gets its slice of ``F``. The buffers keep the
+adapters' dtype unless told otherwise; B is scaled in that dtype and then cast, as
+sglang's loader does, so that the pool equals sglang's bit for bit.
+``ConvertedPool.save`` writes one safetensors file with the geometry, the slots and
+the source adapters' sha256 in its metadata, atomically, never over an input;
+``convert_to_file`` does the same module by module without holding the pool (the
+command line's path: memory about the adapters' shared-sink factors plus one module).
 
 The doctor, which says what sglang would do with an adapter, is ``inkling_lab.doctor``.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save as save_safetensors_bytes
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter
-from .atomic import atomic_write
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, open_safetensors
+from .atomic import atomic_writer
+from .catalog import message
 from .geometry import BUFFER_NAMES, Geometry
-from .lora import SharedSinkLoRA
-from .parallel import check_tp
+from .shard import check_rank, check_tp, slice_lora_a, slice_lora_b
 from .pool import LoRAFactors, LoRAPool
+from .records import dtype_name
 from .upstream_defect import collapse_pool_outer
 from .validate import Finding
 
@@ -88,8 +94,13 @@ class ConvertedPool:
             "tensor_parallel": {"rank": self.tp_rank, "size": self.tp_size},
             "slots": [{k: v for k, v in asdict(s).items() if k != "source"} for s in self.slots],
             "modules": list(self.layers),
-            "dtype": str(next(iter(self.layers.values()))[0].dtype).replace("torch.", ""),
+            "dtype": dtype_name(self.dtype),
         }
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The buffers' dtype."""
+        return next(iter(self.layers.values()))[0].dtype
 
     def metadata(self) -> dict[str, str]:
         """``summary`` as safetensors metadata (strings; JSON where structured)."""
@@ -102,26 +113,15 @@ class ConvertedPool:
                 for name, t in zip(BUFFER_NAMES, bufs)}
 
     def save(self, path: str | os.PathLike[str], force: bool = False) -> Path:
-        """Write the pool as one safetensors file with metadata, atomically.
+        """Write the pool as one safetensors file with metadata, atomically, one buffer at
+        a time (no second copy of the pool in memory).
 
-        Refuses (``ISL-K213``) to write over an existing file unless ``force``, and
-        always refuses to write over one of the source adapters' files.
+        Refuses (``ISL-K213``) to write over an existing file unless ``force`` (also when
+        another writer creates it meanwhile), and always refuses to write over one of
+        the source adapters' files.
         """
-        path = Path(path)
-        inputs = {(Path(s.source) / f).resolve() for s in self.slots if s.source for f in (CONFIG_FILE, WEIGHTS_FILE)}
-        refusal = None
-        if path.resolve() in inputs:
-            refusal = ("it is one of the input adapters' files (inkling-lab never writes over its inputs); "
-                       "choose another output path")
-        elif path.exists() and not force:
-            refusal = "it already exists; pass --force (force=True) to replace it"
-        if refusal:
-            exc = FileExistsError(f"refusing to write {path.name}: {refusal}")
-            exc.add_note(f"output path: {path}")
-            raise exc
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, save_safetensors_bytes(self.tensors(), metadata=self.metadata()))
-        return path
+        path = _check_output(path, [s.source for s in self.slots], force)
+        return _write_pool(path, self, iter(self.layers.values()), force)
 
     def __repr__(self) -> str:
         g = self.geometry
@@ -131,35 +131,204 @@ class ConvertedPool:
                 f"slots={[s.adapter for s in self.slots]})")
 
 
+def _check_output(path: str | os.PathLike[str], sources: Sequence[str], force: bool) -> Path:
+    """Refuse an output over an input adapter's file, or (without ``force``) over any file."""
+    path = Path(path)
+    inputs = {(Path(s) / f).resolve() for s in sources if s for f in (CONFIG_FILE, WEIGHTS_FILE)}
+    refusal = None
+    if path.resolve() in inputs:
+        refusal = ("it is one of the input adapters' files (inkling-lab never writes over its inputs); "
+                   "choose another output path")
+    elif path.exists() and not force:  # early, before any work; the write itself is the atomic guard
+        refusal = "it already exists; pass --force (force=True) to replace it"
+    if refusal:
+        exc = FileExistsError(f"refusing to write {path.name}: {refusal}")
+        exc.add_note(f"output path: {path}")
+        raise exc
+    return path
+
+
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def _write_pool(path: Path, pool: ConvertedPool, buffers: Iterator[Buffers], force: bool) -> Path:
+    """Stream a safetensors file: the header (every tensor's dtype, shape and offsets,
+    known from the geometry), then each module's four buffers as ``buffers`` yields
+    them. Holds one module's buffers at a time."""
+    g = pool.geometry
+    dtype = pool.dtype
+    if dtype not in _ST_DTYPES:
+        raise ValueError(f"a pool file holds {', '.join(dtype_name(d) for d in _ST_DTYPES)} buffers, not "
+                         f"{dtype_name(dtype)}: convert with one of those dtypes")
+    header: dict[str, Any] = {"__metadata__": pool.metadata()}
+    offset = 0
+    for m in pool.layers:
+        for name, shape in g.buffer_shapes().items():
+            size = math.prod(shape) * dtype.itemsize
+            header[f"{m}.{name}"] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
+                                     "data_offsets": [offset, offset + size]}
+            offset += size
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # safetensors pads its header to 8 bytes
+    with atomic_writer(path, exclusive=not force) as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for bufs in buffers:
+            for t in bufs:
+                f.write(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    return path
+
+
 def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
-    """Read a file written by ``ConvertedPool.save``."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != POOL_FORMAT:
-            raise ValueError(f"{Path(path).name}: not an inkling-lab pool file (its metadata has no "
-                             f"format {POOL_FORMAT!r}); make one with `inkling-lab convert`")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    geometry = Geometry(**json.loads(meta["geometry"]))
-    tp = json.loads(meta["tensor_parallel"])
-    layers = {m: tuple(tensors[f"{m}.{name}"] for name in BUFFER_NAMES) for m in json.loads(meta["modules"])}
-    slots = [SlotInfo(**s) for s in json.loads(meta["slots"])]
-    return ConvertedPool(geometry, layers, slots, tp["rank"], tp["size"])
+    """Read a file written by ``ConvertedPool.save`` (or ``convert_to_file``).
+
+    Raises ``ValueError`` naming the file for anything else: no safetensors file, or
+    one without the pool's metadata (``ISL-K403``).
+    """
+    path = Path(path)
+
+    def refuse(why: str) -> ValueError:
+        exc = ValueError(message("ISL-K403", file=path.name, why=why))
+        exc.add_note(f"file: {path}")
+        return exc
+
+    try:
+        with open_safetensors(path) as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != POOL_FORMAT:
+                raise refuse(f"its metadata has no format {POOL_FORMAT!r}")
+            keys = set(f.keys())
+            modules = json.loads(meta["modules"])
+            names = [f"{m}.{name}" for m in modules for name in BUFFER_NAMES]
+            missing = [k for k in names if k not in keys]
+            if missing:
+                raise refuse(f"its metadata lists tensor {missing[0]!r}, which it does not hold")
+            tensors = {k: f.get_tensor(k) for k in names}
+            geometry = Geometry(**json.loads(meta["geometry"]))
+            tp = json.loads(meta["tensor_parallel"])
+            slots = [SlotInfo(**s) for s in json.loads(meta["slots"])]
+            tp_rank, tp_size = int(tp["rank"]), int(tp["size"])
+    except FileNotFoundError:
+        raise
+    except (SafetensorError, OSError) as exc:
+        raise refuse(f"not a readable safetensors file: {exc}") from None
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ValueError) and str(exc).startswith(path.name):
+            raise
+        raise refuse(f"its metadata is damaged: {type(exc).__name__}: {exc}") from None
+    layers = {m: tuple(tensors[f"{m}.{name}"] for name in BUFFER_NAMES) for m in modules}
+    return ConvertedPool(geometry, layers, slots, tp_rank, tp_size)
 
 
-def _shard(sink: SharedSinkLoRA, f: LoRAFactors, tp_rank: int, tp_size: int) -> LoRAFactors:
-    """Tensor-parallel rank ``tp_rank``'s share (SPEC §7), by the sink's own slicing:
-    down A cut along F, gate/up B to this rank's slice of each half, outer replicated."""
+def _shard(f: LoRAFactors, tp_rank: int, tp_size: int, n: int) -> LoRAFactors:
+    """Tensor-parallel rank ``tp_rank``'s share (SPEC §7), upstream's slicing: down A
+    cut along F, gate/up B to this rank's slice of each half, outer replicated."""
     return LoRAFactors(
-        sink.slice_lora_a(f.gate_up_a, tp_rank, "gate_up_proj", tp_size),
-        sink.slice_lora_b(f.gate_up_b, tp_rank, "gate_up_proj", tp_size),
-        sink.slice_lora_a(f.down_a, tp_rank, "down_proj", tp_size),
-        sink.slice_lora_b(f.down_b, tp_rank, "down_proj", tp_size),
+        slice_lora_a(f.gate_up_a, tp_rank, "gate_up_proj", tp_size, n),
+        slice_lora_b(f.gate_up_b, tp_rank, "gate_up_proj", tp_size, n),
+        slice_lora_a(f.down_a, tp_rank, "down_proj", tp_size, n),
+        slice_lora_b(f.down_b, tp_rank, "down_proj", tp_size, n),
         lora_alpha=f.lora_alpha, name=f.name)
+
+
+def _scaled(f: LoRAFactors, dtype: torch.dtype) -> LoRAFactors:
+    """``f`` as sglang's loader writes it (``mem_pool.py``): B multiplied by the scaling
+    in the adapter's stored dtype, then every factor cast to the pool's ``dtype``. The
+    result carries scaling 1, so that the pool's own load multiplies by exactly 1."""
+    s = f.scaling
+    return LoRAFactors(f.gate_up_a.to(dtype), (f.gate_up_b * s).to(dtype), f.down_a.to(dtype),
+                       (f.down_b * s).to(dtype), lora_alpha=float(f.rank), name=f.name)
+
+
+def adapters_dtype(adapters: Sequence[Adapter]) -> torch.dtype:
+    """The dtype that holds every adapter's shared-sink factors exactly (the widest)."""
+    dtype = None
+    for a in adapters:
+        for k in a.factor_keys:
+            t = a.weights[k].dtype
+            dtype = t if dtype is None else torch.promote_types(dtype, t)
+    return dtype or torch.float32
+
+
+class _Conversion:
+    """The plan of one conversion (geometry, modules, slots, outer layout), made in a
+    first pass over the modules that keeps no factors; ``buffers(module)`` then builds
+    one module's four buffers at a time."""
+
+    def __init__(self, adapters: Sequence[Adapter], n: int, hidden: int | None, intermediate: int | None,
+                 max_rank: int | None, outer: int | None, tp_rank: int, tp_size: int,
+                 dtype: torch.dtype | None) -> None:
+        if not adapters:
+            raise ValueError("convert needs at least one adapter")
+        self.adapters, self.n, self.tp_rank, self.tp_size = list(adapters), n, tp_rank, tp_size
+        self.names = [a.name for a in adapters]
+        self.dtype = dtype or adapters_dtype(adapters)
+        self.modules = list(dict.fromkeys(m for a in adapters for m in a.modules))
+        first = adapters[0].module_factors(adapters[0].modules[0], n)
+        H = hidden if hidden is not None else int(first.gate_up_a.shape[-1])
+        F_full = intermediate if intermediate is not None else int(first.down_a.shape[-1])
+        check_tp(F_full, tp_size)
+        check_rank(tp_rank, tp_size)
+        ranks, shared, self.first_ranks = [], True, {}
+        for m in self.modules:
+            fs = self._factors(m, collapse_to=None)
+            for i, f in enumerate(fs):
+                if f is not None:
+                    ranks.append(f.rank)
+                    self.first_ranks.setdefault(i, f.rank)
+                    shared &= f.outer == 1
+        self.outer = outer if outer is not None else (1 if shared else n)
+        R = max_rank if max_rank is not None else max(ranks)
+        self.geometry = Geometry(n=n, hidden=H, intermediate=F_full // tp_size, max_rank=R, slots=len(adapters),
+                                 outer=self.outer)
+        self.findings: list[Finding] = []
+
+    def _factors(self, module: str, collapse_to: int | None) -> list[LoRAFactors | None]:
+        """Each adapter's sharded factors of ``module`` (``None`` where it has none), with
+        identical per-expert outer factors collapsed as ``collapse_pool_outer`` decides."""
+        fs = [_shard(a.module_factors(module, self.n), self.tp_rank, self.tp_size, self.n)
+              if module in a.modules else None for a in self.adapters]
+        present = [i for i, f in enumerate(fs) if f is not None]
+        collapsed, notes = collapse_pool_outer([{module: fs[i]} for i in present], [self.names[i] for i in present],
+                                               collapse_to)  # ISL-W001
+        for i, c in zip(present, collapsed):
+            fs[i] = c[module]
+        if collapse_to is not None:
+            self.findings += notes
+        return fs
+
+    def buffers(self, module: str) -> Buffers:
+        factors = [f if f is None else _scaled(f, self.dtype) for f in self._factors(module, collapse_to=self.outer)]
+        # First into a pool on the meta device: upstream's shape errors (an H or F that is
+        # not the adapter's, ISL-E016) come out before a byte is allocated, so a mistyped
+        # --hidden 1000000000000 is refused at once instead of asking for terabytes.
+        for device in ("meta", None):
+            pool = LoRAPool.from_geometry(self.geometry, dtype=self.dtype, device=device)
+            for s, f in enumerate(factors):
+                if f is None:
+                    continue
+                try:
+                    pool.load(s, f, name=self.names[s])
+                except (AssertionError, ValueError) as exc:
+                    exc.add_note(f"while loading adapter {self.names[s]!r} into slot {s}, module {module}")
+                    raise
+        return pool.buffers()
+
+    def pool(self, layers: dict[str, Buffers]) -> ConvertedPool:
+        slots = [SlotInfo(s, a.name, self.first_ranks.get(s, 0), a.lora_alpha, a.scaling, a.sha256, a.source)
+                 for s, a in enumerate(self.adapters)]
+        findings = [f for a in self.adapters for f in a.findings] + self.findings
+        return ConvertedPool(self.geometry, layers, slots, self.tp_rank, self.tp_size, findings)
+
+    def progress(self, progress: bool | None, total: int) -> tqdm:
+        size = sum(t.numel() * t.element_size() for a in self.adapters for t in a.weights.values())
+        show = progress if progress is not None else size >= PROGRESS_BYTES
+        return tqdm(total=total, disable=not show, desc="converting", unit="module")
 
 
 def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int | None = None,
             intermediate: int | None = None, max_rank: int | None = None, outer: int | None = None,
-            tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype = torch.float32,
+            tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype | None = None,
             progress: bool | None = None) -> ConvertedPool:
     """Adapters in (slot ``i`` holds ``adapters[i]``), the pool buffers out.
 
@@ -167,46 +336,46 @@ def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int |
     the first adapter's); each rank of ``tp_size`` holds ``F / tp_size``. ``max_rank``:
     the pool's ``R`` (default: the largest adapter rank). ``outer``: ``1`` or ``n``
     (default: ``1`` when every adapter's outer factors are shared, or the same for every
-    expert: those collapse to shared outer, exactly, with a note). ``progress``:
-    a bar on stderr (default: for inputs over 64 MiB).
+    expert: those collapse to shared outer, exactly, with a note). ``dtype``: the
+    buffers' dtype, default the adapters' own (lossless); B is scaled in the adapters'
+    dtype and then cast, as sglang does, so that the pool holds what sglang's would, bit
+    for bit. ``progress``: a bar on stderr (default: for inputs over 64 MiB).
 
     Raises what upstream raises on the way: torch's reshape error for flat factors
     that do not split into ``n`` (``ISL-E012``), ``ISL-E015`` for a per-expert adapter
     in a shared-outer pool, ``ISL-E016`` for an adapter of larger rank or of another
     ``H`` or ``F``; and the kit's ``ISL-K101``/``K102`` for a bad tensor-parallel split.
     """
-    if not adapters:
-        raise ValueError("convert needs at least one adapter")
-    n = n_shared_experts
-    per_adapter = [a.factors(n) for a in adapters]
-    first = next(iter(per_adapter[0].values()))
-    H = hidden if hidden is not None else int(first.gate_up_a.shape[-1])
-    F_full = intermediate if intermediate is not None else int(first.down_a.shape[-1])
-    check_tp(F_full, tp_size)
-    sink = SharedSinkLoRA(n, H, F_full, device="meta")  # its slicing only: no weights are allocated
-    per_adapter = [{m: _shard(sink, f, tp_rank, tp_size) for m, f in fs.items()} for fs in per_adapter]
-    per_adapter, collapse_notes = collapse_pool_outer(per_adapter, [a.name for a in adapters], outer)  # ISL-W001
-    if outer is None:
-        outer = 1 if all(f.outer == 1 for fs in per_adapter for f in fs.values()) else n
-    R = max_rank if max_rank is not None else max(f.rank for fs in per_adapter for f in fs.values())
-    geometry = Geometry(n=n, hidden=H, intermediate=F_full // tp_size, rank=R, slots=len(adapters), outer=outer)
-    modules = list(dict.fromkeys(m for fs in per_adapter for m in fs))
-    size = sum(t.numel() * t.element_size() for a in adapters for t in a.weights.values())
-    show = progress if progress is not None else size >= PROGRESS_BYTES
+    plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype)
     layers: dict[str, Buffers] = {}
-    with tqdm(total=len(modules) * len(adapters), disable=not show, desc="converting", unit="factor set") as bar:
-        for m in modules:
-            pool = LoRAPool.from_geometry(geometry, dtype=dtype)
-            for s, (adapter, fs) in enumerate(zip(adapters, per_adapter)):
-                if m in fs:
-                    try:
-                        pool.load(s, fs[m], name=adapter.name)
-                    except (AssertionError, ValueError) as exc:
-                        exc.add_note(f"while loading adapter {adapter.name!r} into slot {s}, module {m}")
-                        raise
+    with plan.progress(progress, len(plan.modules)) as bar:
+        for m in plan.modules:
+            layers[m] = plan.buffers(m)
+            bar.update()
+    return plan.pool(layers)
+
+
+def convert_to_file(adapters: Sequence[Adapter], path: str | os.PathLike[str], n_shared_experts: int, *,
+                    force: bool = False, hidden: int | None = None, intermediate: int | None = None,
+                    max_rank: int | None = None, outer: int | None = None, tp_rank: int = 0, tp_size: int = 1,
+                    dtype: torch.dtype | None = None, progress: bool | None = None) -> ConvertedPool:
+    """``convert(...).save(path, force)`` without holding the pool: each module's buffers
+    are built, written and dropped in turn, so that peak memory is the adapters'
+    shared-sink factors plus one module's buffers. Returns the pool's description, its
+    ``layers`` as meta tensors (shapes and dtype; the data is in the file: ``load_pool``).
+    """
+    target = _check_output(path, [a.source for a in adapters], force)  # before any work
+    plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype)
+    meta = {m: tuple(torch.empty(shape, dtype=plan.dtype, device="meta") for shape in
+                     plan.geometry.buffer_shapes().values()) for m in plan.modules}
+    described = plan.pool(meta)
+
+    def built() -> Iterator[Buffers]:
+        with plan.progress(progress, len(plan.modules)) as bar:
+            for m in plan.modules:
+                yield plan.buffers(m)
                 bar.update()
-            layers[m] = pool.buffers()
-    slots = [SlotInfo(s, a.name, next(iter(fs.values())).rank, a.lora_alpha, a.scaling, a.sha256, a.source)
-             for s, (a, fs) in enumerate(zip(adapters, per_adapter))]
-    findings = [f for a in adapters for f in a.findings] + collapse_notes
-    return ConvertedPool(geometry, layers, slots, tp_rank, tp_size, findings)
+
+    _write_pool(target, described, built(), force)
+    described.findings += plan.findings  # the collapses, noted while the buffers were built
+    return described

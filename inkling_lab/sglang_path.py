@@ -126,7 +126,7 @@ class _Sglang:
             raise _Raised("read", text, "lora_config.py: LoRAConfig.get_lora_config (open)", finding)
         try:
             self.config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # sglang's json.load raises these
             raise _Raised("read", _exc_text(exc), "lora_config.py: LoRAConfig.get_lora_config (json.load)") from None
         self.check_config()
         self.read_weights()

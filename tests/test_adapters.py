@@ -211,3 +211,19 @@ def test_the_samples_are_what_the_script_makes(tmp_path, monkeypatch):
     for rel in made:
         assert (tmp_path / "adapters" / rel).read_bytes() == (SAMPLES / rel).read_bytes(), f"{rel} differs: re-run the script"
     assert script.readme_table(manifest) in (ROOT / "data" / "README.md").read_text()
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(1, 6), F=st.integers(1, 5), r=st.integers(1, 3),
+       keep=st.sets(st.sampled_from(["gate_proj", "up_proj", "down_proj"]), min_size=1), seed=st.integers(0, 99))
+def test_a_target_parameters_export_reads_back_to_the_same_per_expert_factors(tmp_path_factory, n, H, F, r, keep,
+                                                                               seed):
+    from inkling_lab.adapters import Adapter, is_target_parameters_export, save_adapter
+
+    ad = synthetic_adapter(n, H, F, r, per_expert=True, seed=seed, layers=(0, 3))
+    kept = Adapter.from_state(ad.config, {k: v for k, v in ad.weights.items() if k.split(".")[-3] in keep})
+    folder = save_adapter(kept, tmp_path_factory.mktemp("tp"), target_parameters=True)
+    back = load_adapter(folder)
+    assert is_target_parameters_export(back) and not is_target_parameters_export(kept)
+    assert back.weights.keys() == kept.weights.keys()
+    assert all(torch.equal(back.weights[k], kept.weights[k]) for k in kept.weights)

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from inkling_lab.cli import main
 from inkling_lab.convert import load_pool
@@ -123,3 +124,13 @@ def test_the_console_script(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["kit"]["code"] == "ISL-K209"
+
+
+def test_convert_keeps_the_adapters_dtype_unless_given_one(tmp_path, capsys):
+    from inkling_lab.adapters import save_adapter, synthetic_adapter
+
+    folder = save_adapter(synthetic_adapter(2, 8, 6, 2, dtype=torch.float64), tmp_path / "f64")
+    for extra, dtype in (([], torch.float64), (["--dtype", "bfloat16"], torch.bfloat16)):
+        out = tmp_path / f"pool{len(extra)}.safetensors"
+        code, _, _ = run(capsys, "convert", str(folder), "-o", str(out), "-n", "2", "-q", *extra)
+        assert code == 0 and load_pool(out).buffers()[0].dtype == dtype

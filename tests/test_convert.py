@@ -184,3 +184,26 @@ def test_progress_bar_when_asked(capsys):
     assert "converting" in capsys.readouterr().err
     convert([load_adapter(SAMPLES / "gate_up")], 2)  # small input: no bar
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("stored", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_pool_keeps_the_adapters_dtype_unless_told(stored):
+    ad = synthetic_adapter(2, 8, 6, 4, lora_alpha=7, dtype=stored)
+    assert convert([ad], 2).buffers()[0].dtype == stored  # lossless by default
+    mixed = convert([ad, synthetic_adapter(2, 8, 6, 4, dtype=torch.float64)], 2)
+    assert mixed.buffers()[0].dtype == torch.float64  # the dtype that holds both exactly
+
+
+@settings(max_examples=20, deadline=None)
+@given(stored=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       pool=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]), alpha=st.floats(0.5, 50), seed=st.integers(0, 99))
+def test_with_a_dtype_b_is_scaled_in_the_stored_dtype_then_cast_as_sglang_does(stored, pool, alpha, seed):
+    """sglang's mem_pool.py: ``w = w * lora_adapter.scaling`` on the stored tensor, then
+    ``copy_weight_into_buffer`` casts it to the pool's dtype: the pool equals that, bit for bit."""
+    ad = synthetic_adapter(2, 8, 6, 3, lora_alpha=alpha, dtype=stored, seed=seed)
+    got = convert([ad], 2, dtype=pool)
+    f = ad.factors(2)[ad.modules[0]]
+    s = ad.scaling
+    ga, gb, da, db = got.buffers()
+    assert torch.equal(gb[0], (f.gate_up_b * s).to(pool)) and torch.equal(db[0], (f.down_b * s).to(pool))
+    assert torch.equal(ga[0, :, :3], f.gate_up_a[:, :3].to(pool)) and torch.equal(da[0], f.down_a.to(pool))

@@ -1,0 +1,102 @@
+"""Exports of transformers' Inkling and pool files: PEFT target_parameters exports of the
+3D expert parameters, read per expert, and the converter's pool files read back."""
+from __future__ import annotations
+
+from ._snippets import FOLDER
+from .entry import KIT, KIT_NOTE, CatalogEntry
+
+_PEFT = ("import json, tempfile\nfrom pathlib import Path\n"
+         "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+         "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=2, per_expert=True)\n"
+         "folder = save_adapter(ad, Path(tempfile.mkdtemp()) / 'peft', target_parameters=True)  # as PEFT saves it\n"
+         "config_file = folder / 'adapter_config.json'\n"
+         "config = json.loads(config_file.read_text())\n")
+_INJECT = "peft/tuners/tuners_utils.py: BaseTuner._inject_parameters"
+_WRAPPER = "peft/tuners/lora/layer.py: ParamWrapper.update_layer and get_delta_weight"
+
+ENTRIES: list[CatalogEntry] = [
+    CatalogEntry(
+        code="ISL-K401", title="a PEFT target_parameters export whose nesting the config does not explain",
+        exc_type=ValueError,
+        message="{file}: {module}: the file holds a PEFT target_parameters export ({pairs} nested factor pair(s): "
+                "{depths}) but adapter_config.json's target_parameters {targets} name {named} of {module}'s "
+                "parameters {parameters}: the nesting cannot be read without them; restore target_parameters "
+                "as saved by PEFT",
+        meaning="PEFT's target_parameters route wraps each targeted 3D parameter of transformers' "
+                "InklingSharedExperts in its own ParamWrapper, nested in the order the module registers them "
+                "(gate_proj innermost, then up_proj, then down_proj, whatever the order of the list), so the "
+                "file names its factors only 'shared_experts[.base_layer...].lora_A.weight': which projection a "
+                "pair belongs to follows from how many of the three the config's target_parameters name. When "
+                "the list and the nesting disagree, the pairs cannot be assigned.",
+        when="A config edited by hand or copied from another adapter, or a weights file filtered after PEFT "
+             "saved it.",
+        setup=_PEFT,
+        trigger="config_file.write_text(json.dumps({**config, 'target_parameters': ['mlp.shared_experts.up_proj']}))\n"
+                "load_adapter(folder)\n",
+        fix="config_file.write_text(json.dumps(config))  # target_parameters as PEFT saved them\n"
+            "load_adapter(folder)\n",
+        remedy="Restore adapter_config.json's target_parameters as PEFT wrote them (the list of the sink's "
+               "parameters the adapter trains), or re-export the adapter with save_pretrained.",
+        upstream=f"PEFT nests the wrappers in {_INJECT} (it walks module.named_parameters()); sglang 0.5.23 "
+                 "reads none of these keys (ISL-W002: skipped, the base sink is served).",
+        generation=KIT, adapter_caused=True, related=("ISL-K402", "ISL-N204", "ISL-W002")),
+    CatalogEntry(
+        code="ISL-K402", title="a PEFT target_parameters factor that does not split into experts of rank r",
+        exc_type=ValueError,
+        message="{file}: {module} {proj} (PEFT target_parameters): lora_A is {shape_a} and lora_B {shape_b}; a "
+                "ParamWrapper over n experts of rank r={r} stores lora_A [n*r, in] and lora_B [out, n*r]: "
+                "re-export the adapter, or fix r in adapter_config.json",
+        meaning="A ParamWrapper over a 3D parameter of n experts keeps one rank-r pair per expert inside two 2D "
+                "matrices: lora_A [n*r, in] (expert e is rows e*r .. e*r+r-1) and lora_B [out, n*r] (expert e "
+                "is columns e, e+n, e+2n, ...). Rows that do not split into whole experts of the config's r, or "
+                "an A and a B that disagree, mean the config's r is not the adapter's.",
+        when="An r edited in the config, or a damaged file.",
+        setup=_PEFT,
+        trigger="config_file.write_text(json.dumps({**config, 'r': 5}))  # the adapter has r=2\n"
+                "load_adapter(folder)\n",
+        fix="config_file.write_text(json.dumps(config))\nload_adapter(folder)\n",
+        remedy="Put the adapter's real r in adapter_config.json (lora_A's rows are n_shared_experts * r), or "
+               "re-export it with save_pretrained.",
+        upstream=f"The layout is PEFT's ({_WRAPPER}); sglang 0.5.23 reads none of these keys (ISL-W002).",
+        generation=KIT, adapter_caused=True, related=("ISL-K401", "ISL-K206")),
+    CatalogEntry(
+        code="ISL-N204", title="a PEFT target_parameters export, read as per-expert factors", exc_type=None,
+        kind="note",
+        message="{module}: a PEFT target_parameters export ({parameters}, {n} experts of rank {r}); read as "
+                "per-expert factors (expert e: lora_A rows e*r.., lora_B columns e, e+n, ...)",
+        meaning="PEFT's natural route for transformers' Inkling (its shared experts are 3D parameters) is "
+                "target_parameters: one ParamWrapper per parameter, each expert its own rank-r A and B inside "
+                "one lora_A [n*r, in] and one lora_B [out, n*r]. The kit reads them as the per-expert factors "
+                "they are (the per-expert outer layout) and converts them exactly: the pool computes PEFT's "
+                "merged weights. sglang 0.5.23 does not: it skips these keys with a warning (ISL-W002) and "
+                "serves the base sink.",
+        when="Any PEFT LoRA trained on transformers' InklingSharedExperts with target_parameters.",
+        setup=_PEFT,
+        trigger="load_adapter(folder)\n",
+        fix="load_adapter(save_adapter(load_adapter(folder), folder.parent / 'per_expert'))  # the kit's names\n",
+        remedy="Nothing to do for the kit (inkling-lab convert converts it exactly). sglang 0.5.23 cannot serve "
+               "it as trained: merge it into the base weights (PEFT merge_and_unload); re-saved under "
+               "per-expert names it would load in the per-expert outer layout, which sglang 0.5.23 computes "
+               "wrongly (ISL-W001).",
+        upstream="sglang 0.5.23 matches none of these keys to a target module (sglang/srt/lora/mem_pool.py: "
+                 "LoRAMemoryPool.load_lora_weight_to_buffer, via srt/lora/utils.py: get_target_module_name): it "
+                 "skips them with a warning and serves the base sink.",
+        generation=KIT_NOTE, adapter_caused=True, related=("ISL-W002", "ISL-W001", "ISL-K401")),
+    CatalogEntry(
+        code="ISL-K403", title="not an inkling-lab pool file", exc_type=ValueError,
+        message="{file}: not an inkling-lab pool file ({why}); make one with `inkling-lab convert`",
+        meaning="load_pool reads only files that inkling-lab convert (or ConvertedPool.save) wrote: a "
+                "safetensors file whose metadata holds the pool's format, geometry, slots and modules, and "
+                "the four buffers of every module it lists. Anything else (an adapter's weights, another "
+                "safetensors file, a damaged or truncated pool) is refused with the file named.",
+        when="Passing an adapter's adapter_model.safetensors, or a pool file that was cut short or edited.",
+        setup=FOLDER + "from inkling_lab.convert import convert, load_pool\n",
+        trigger="load_pool(folder / 'adapter_model.safetensors')  # an adapter, not a pool\n",
+        fix="pool_file = convert([load_adapter(folder)], 2).save(folder.parent / 'pool.safetensors')\n"
+            "load_pool(pool_file)\n",
+        remedy="Give load_pool a file that inkling-lab convert wrote; convert the adapter first "
+               "(inkling-lab convert ADAPTER -n N -o POOL).",
+        upstream="Nothing upstream: sglang writes no pool file; this is the kit's converter "
+                 "(inkling-lab convert).",
+        generation=KIT, related=("ISL-K213", "ISL-K204")),
+]

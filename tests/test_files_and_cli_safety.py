@@ -1,0 +1,323 @@
+"""What the kit promises about files and its command line (issue 14), by promise:
+state kept, clear errors, bounded time and memory, safe output."""
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import save as save_bytes
+from safetensors.torch import save_file
+
+from inkling_lab.adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, load_adapter, save_adapter,
+                                  synthetic_adapter)
+from inkling_lab.atomic import atomic_write, atomic_writer
+from inkling_lab.cli import main, printable
+from inkling_lab.convert import convert, convert_to_file, load_pool
+from inkling_lab.errors import expect_error
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = "\x1b]0;owned\x07\x1b[2J"
+
+
+def _adapter_folder(tmp_path, name="ad", **kw):
+    return save_adapter(synthetic_adapter(2, 8, 6, 2, **kw), tmp_path / name)
+
+
+def _cli(*args, env=None, cwd=ROOT, **kw):
+    return subprocess.run([sys.executable, "-m", "inkling_lab.cli", *args], cwd=cwd, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=120, **kw)
+
+
+# -- state kept ------------------------------------------------------------------------
+
+def test_of_two_writers_racing_for_one_new_name_one_wins_and_the_other_is_told(tmp_path):
+    out = tmp_path / "pool.safetensors"
+    with pytest.raises(FileExistsError, match="refusing to write pool.safetensors: it already exists") as caught:
+        with atomic_writer(out, exclusive=True) as f:
+            f.write(b"loser")
+            out.write_bytes(b"winner")  # the other writer takes the name while this one writes
+    assert out.read_bytes() == b"winner" and f"output path: {out}" in caught.value.__notes__
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pool.safetensors"]  # no temporary left
+
+
+def test_convert_without_force_never_replaces_what_appeared_meanwhile(tmp_path, monkeypatch):
+    folder = _adapter_folder(tmp_path)
+    out = tmp_path / "pool.safetensors"
+    import inkling_lab.convert as conv
+
+    real = conv._write_pool
+
+    def racing(path, *a):
+        path.write_bytes(b"the other run's pool")  # after the early check, before the write
+        return real(path, *a)
+
+    monkeypatch.setattr(conv, "_write_pool", racing)
+    with expect_error("ISL-K213", show=False):
+        convert_to_file([load_adapter(folder)], out, 2)
+    assert out.read_bytes() == b"the other run's pool"
+
+
+def test_two_convert_runs_to_one_new_output_one_wins(tmp_path):
+    """The issue's reproduction: both used to exit 0, the second replacing the first."""
+    folder = _adapter_folder(tmp_path)
+    out = tmp_path / "pool.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = [subprocess.Popen([sys.executable, "-m", "inkling_lab.cli", "convert", str(folder), "-n", "2", "-o",
+                              str(out), "-q"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(2)]
+    results = [(run.wait(timeout=120), run.stderr.read()) for run in runs]
+    assert sorted(code for code, _ in results) == [0, 1]
+    assert b"refusing to write pool.safetensors: it already exists" in next(err for code, err in results if code)
+    assert load_pool(out).lora_ranks == [2] and sorted(p.name for p in tmp_path.iterdir()) == ["ad", "pool.safetensors"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_new_files_honour_the_umask_and_replaced_ones_keep_their_mode(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        path = atomic_write(tmp_path / "new.bin", b"x")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+        kept = tmp_path / "kept.bin"
+        kept.write_bytes(b"old")
+        kept.chmod(0o640)
+        atomic_write(kept, b"new")
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o640 and kept.read_bytes() == b"new"
+    finally:
+        os.umask(old)
+
+
+def test_the_folder_is_fsynced_after_the_rename(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), os.path.exists(tmp_path / "f.bin")))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    atomic_write(tmp_path / "f.bin", b"data")
+    assert synced == [(False, False), (True, True)]  # the file's data, then the folder, once renamed
+
+
+def test_a_killed_write_leaves_a_temporary_that_the_next_write_removes(tmp_path):
+    out = tmp_path / "pool.safetensors"
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from inkling_lab.atomic import atomic_writer\n"
+        f"with atomic_writer({str(out)!r}) as f:\n"
+        "    f.write(b'half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n")],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert killed.returncode == -9
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".pool.safetensors.") and not out.exists()
+    busy = tmp_path / f".pool.safetensors.{os.getpid()}-00.tmp"  # a live writer's: never touched
+    busy.write_bytes(b"")
+    # the next write, a new process as the next `inkling-lab convert` is, cleans up
+    done = subprocess.run([sys.executable, "-c", f"from inkling_lab.atomic import atomic_write\n"
+                           f"atomic_write({str(out)!r}, b'whole')"],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert done.returncode == 0 and out.read_bytes() == b"whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([busy.name, "pool.safetensors"])
+
+
+# -- clear errors ------------------------------------------------------------------------
+
+def test_a_deeply_nested_config_is_a_clear_error(tmp_path):
+    folder = _adapter_folder(tmp_path)
+    (folder / CONFIG_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with expect_error("ISL-K202", show=False) as caught:
+        load_adapter(folder)
+    assert "nested too deeply" in str(caught.exception)
+    result = _cli("doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6")
+    assert result.returncode == 1 and b"Traceback" not in result.stderr  # a report (sglang's json.load does recurse)
+    assert b"nested too deeply" in result.stdout
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_a_full_disk_or_read_only_folder_names_the_file_and_keeps_the_old_one(tmp_path, error):
+    out = atomic_write(tmp_path / "pool.safetensors", b"old")
+    with pytest.raises(OSError, match="could not write pool.safetensors") as caught:
+        with atomic_writer(out) as f:
+            f.write(b"new")
+            raise OSError(error, os.strerror(error))  # what write() or fsync() raise there
+    assert caught.value.errno == error and caught.value.filename == str(out)
+    assert out.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["pool.safetensors"]
+
+
+def test_an_unwritable_output_folder_is_refused_by_the_cli_with_the_name(tmp_path, monkeypatch, capsys):
+    folder = _adapter_folder(tmp_path)
+    real = os.open
+
+    def refuse(path, flags, *a, **kw):
+        if str(path).endswith(".tmp"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", refuse)
+    assert main(["convert", str(folder), "-n", "2", "-o", str(tmp_path / "out.safetensors"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "could not write out.safetensors" in err and "Traceback" not in err
+
+
+def test_load_pool_of_anything_but_a_pool_names_the_file(tmp_path):
+    folder = _adapter_folder(tmp_path)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 100)
+    pool_file = convert([load_adapter(folder)], 2).save(tmp_path / "pool.safetensors")
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(pool_file.read_bytes()[:-8])
+    for path in (folder / WEIGHTS_FILE, junk, cut):
+        with expect_error("ISL-K403", show=False) as caught:
+            load_pool(path)
+        assert str(caught.exception).startswith(path.name)
+
+
+# -- bounded time and memory --------------------------------------------------------------
+
+def test_a_huge_sparse_weights_file_is_refused_before_it_is_read(tmp_path):
+    folder = _adapter_folder(tmp_path)
+    with open(folder / WEIGHTS_FILE, "r+b") as f:
+        f.truncate(64 * 2 ** 30)  # 64 GiB, sparse: the header no longer matches the size
+    start = time.perf_counter()
+    with expect_error("ISL-K204", show=False):
+        load_adapter(folder)
+    assert time.perf_counter() - start < 5
+
+
+def test_only_the_shared_sink_tensors_are_read(tmp_path):
+    ad = synthetic_adapter(2, 8, 6, 2)
+    other = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(2, 8)}
+    folder = save_adapter(ad, tmp_path / "ad")
+    save_file({**ad.weights, **other}, folder / WEIGHTS_FILE)
+    loaded = load_adapter(folder)
+    assert loaded.other_keys == list(other) and not set(other) & set(loaded.weights)
+    assert any(f.code == "ISL-N202" for f in loaded.findings)
+
+
+def test_a_mistyped_hidden_size_allocates_nothing(tmp_path):
+    folder = _adapter_folder(tmp_path)
+    start = time.perf_counter()
+    with expect_error("ISL-E016", show=False):  # upstream's shape assertion, not "can't allocate 96 TB"
+        convert([load_adapter(folder)], 2, hidden=10 ** 12)
+    assert time.perf_counter() - start < 5
+
+
+def test_doctor_with_a_mistyped_hidden_size_answers_at_once(tmp_path, capsys):
+    folder = _adapter_folder(tmp_path)
+    start = time.perf_counter()
+    assert main(["doctor", str(folder), "-n", "2", "--hidden", "1000000000000", "--intermediate", "6"]) == 1
+    out = capsys.readouterr().out
+    assert "ISL-E016" in out and "allocate" not in out and time.perf_counter() - start < 10
+
+
+# -- safe output ------------------------------------------------------------------------------
+
+def test_names_from_files_never_reach_the_terminal_raw(tmp_path, capsys):
+    ad = synthetic_adapter(2, 8, 6, 2)
+    weights = {k.replace("layers.0", f"layers.0{HOSTILE}"): v for k, v in ad.weights.items()}
+    folder = save_adapter(Adapter.from_state(ad.config, weights), tmp_path / f"ad{HOSTILE}")
+    assert main(["convert", str(folder), "-n", "2", "-o", str(tmp_path / "p.safetensors"), "-q"]) == 0
+    main(["doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6"])
+    main(["convert", str(folder), "-n", "2", "-o", str(tmp_path / "p.safetensors")])  # refused: exists
+    captured = capsys.readouterr()
+    for text in (captured.out, captured.err):
+        assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;owned\\x07" in captured.out
+
+
+def test_printable_escapes_controls_and_undecodable_bytes_and_keeps_the_rest():
+    assert printable(f"a{HOSTILE}\tb\nc") == "a\\x1b]0;owned\\x07\\x1b[2J\tb\nc"
+    assert printable("name\udcff") == "name\\xff"  # a non-UTF-8 byte of a file name
+    assert printable("\u202egnp.exe") == "\\u202egnp.exe"  # a bidirectional override
+    assert printable("é…", "ascii") == "\\xe9\\u2026" and printable("é…") == "é…"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="non-UTF-8 file names: a Linux filesystem")
+def test_a_non_utf8_folder_and_output_name_with_a_strict_ascii_stdout(tmp_path):
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/ad\xff\xfe"))
+    _adapter_folder(tmp_path, name=folder.name)
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/pool\xff.safetensors"))
+    result = _cli("convert", str(folder), "-n", "2", "-o", str(out), "-q", env={"PYTHONIOENCODING": "ascii:strict"})
+    assert result.returncode == 0, result.stderr
+    assert out.exists() and b"\\xff" in result.stdout and b"Traceback" not in result.stderr
+
+
+def test_output_piped_to_head_ends_quietly():
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import sys\nfrom inkling_lab.cli import main\n"
+        "sys.exit(main(['explain', 'ISL-E001']) or main(['explain', 'ISL-E001']))")],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err
+
+
+# -- only documented exceptions --------------------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 70) | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+CONFIG = st.fixed_dictionaries({}, optional={"r": JSON | st.integers(1, 4), "lora_alpha": JSON, "peft_type": JSON,
+                                             "target_parameters": JSON, "target_modules": JSON}) | JSON
+KEYS = st.sampled_from([
+    "base_model.model.model.layers.0.mlp.shared_experts.gate_proj.lora_A.weight",
+    "base_model.model.model.layers.0.mlp.shared_experts.gate_proj.lora_B.weight",
+    "base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight",
+    "base_model.model.model.layers.0.mlp.shared_experts.0.up_proj.lora_B.weight",
+    "base_model.model.model.layers.0.mlp.shared_experts.lora_A.weight",
+    "base_model.model.model.layers.0.mlp.shared_experts.base_layer.lora_B.weight",
+    "base_model.model.model.layers.0.mlp.shared_experts.router.weight",
+    "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"])
+TENSORS = st.dictionaries(KEYS, st.tuples(st.lists(st.integers(0, 5), max_size=3),
+                                          st.sampled_from([torch.float32, torch.bfloat16, torch.int8])), max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=CONFIG, raw=st.binary(max_size=64) | st.none(), tensors=TENSORS, text_config=st.booleans())
+def test_load_adapter_raises_only_documented_errors(tmp_path, config, raw, tensors, text_config):
+    folder = tmp_path / "fuzz"
+    folder.mkdir(exist_ok=True)
+    (folder / CONFIG_FILE).write_text(json.dumps(config) if text_config or raw is None else "{\"r\": ")
+    if raw is not None:
+        data = raw
+    else:
+        data = save_bytes({k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in tensors.items()})
+    (folder / WEIGHTS_FILE).write_bytes(data)
+    start = time.perf_counter()
+    try:
+        adapter = load_adapter(folder)
+    except (ValueError, FileNotFoundError) as exc:  # load_adapter's documented refusals
+        assert str(exc).startswith("fuzz/"), exc  # each names the file
+    else:
+        assert adapter.factor_keys
+    assert time.perf_counter() - start < 5
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=64) | st.none(), meta=st.dictionaries(
+    st.sampled_from(["format", "geometry", "tensor_parallel", "slots", "modules"]), JSON.map(json.dumps), max_size=5))
+def test_load_pool_raises_only_its_documented_error(tmp_path, raw, meta):
+    path = tmp_path / "fuzz.safetensors"
+    if raw is None:
+        meta = {**meta, "format": "inkling-lab shared-sink pool v1"} if len(meta) % 2 else meta
+        raw = save_bytes({"m.gate_up_a": torch.zeros(1, 1, 2, 2)}, metadata=meta)
+    path.write_bytes(raw)
+    try:
+        load_pool(path)
+    except ValueError as exc:
+        assert str(exc).startswith("fuzz.safetensors: not an inkling-lab pool file"), exc
+
+
+def test_a_pasted_log_that_is_not_utf8_is_read_and_its_bytes_printed_escaped():
+    result = _cli("explain", "-", input=b"ValueError: Inkling shared-sink LoRA requires four 4D MoE buffers \xff\x1b[2J\n")
+    assert result.returncode == 0 and b"ISL-E001" in result.stdout
+    assert b"Traceback" not in result.stderr and b"\x1b" not in result.stdout + result.stderr
