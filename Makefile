@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (inkling_lab)" >/dev/null
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null
 	touch $(STAMP)
 
 # The same launch script the end-to-end browser test drives (tests/e2e/lab.py).

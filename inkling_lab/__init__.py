@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 
 _LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "doctor", "compare", "parallel", "profile",
                  "upstream_defect", "cli", "transformers_interop")
+_LAZY_MODULES += ("nb", "exercises")  # the notebooks' own helpers and the exercises' checks
 
 _LAZY_NAMES = {
     # adapters on disk (SPEC §6)

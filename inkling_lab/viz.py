@@ -7,7 +7,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-# -- core (issue 2): layouts, buffers, derived operands --------------------------------
+# -- core: layouts, buffers, derived operands --------------------------------
 
 _GATE, _UP, _EMPTY = "#3b7dd8", "#e8893a", "#f2f2f2"
 
@@ -42,47 +42,59 @@ def gate_up_layout_figure(intermediate: int = 4, n: int = 2) -> Figure:
     return fig
 
 
-def _zeros_grey_image(ax, t) -> None:
-    """A 2D tensor on a symmetric blue-red scale, exact zeros in grey (padding, empty slots)."""
+def _zeros_grey_image(ax, t, vmax: float | None = None):
+    """A 2D tensor on a symmetric blue-red scale (``vmax``: its end, else the tensor's
+    largest magnitude), exact zeros in grey (padding, empty slots). Returns the image."""
     import numpy as np
 
     img = t.detach().float().cpu().numpy()
-    vmax = float(np.abs(img).max()) or 1.0
-    cmap = matplotlib.colormaps["coolwarm"].copy()
-    cmap.set_bad(_EMPTY)
-    ax.imshow(np.ma.masked_where(img == 0, img), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto",
-              interpolation="nearest")
+    vmax = vmax or float(np.abs(img).max()) or 1.0
+    cmap = matplotlib.colormaps["coolwarm"].with_extremes(bad=_EMPTY)
+    return ax.imshow(np.ma.masked_where(img == 0, img), cmap=cmap, vmin=-vmax, vmax=vmax, aspect="auto",
+                     interpolation="nearest")
 
 
-def _buffer_image(ax, t, title: str, inner: str, outer_name: str, half: int | None = None) -> None:
+def _buffer_image(ax, t, title: str, inner: str, outer_name: str, half: int | None = None,
+                  vmax: float | None = None):
     S, X, A, B = t.shape
-    _zeros_grey_image(ax, t.reshape(S * X * A, B))
+    image = _zeros_grey_image(ax, t.reshape(S * X * A, B), vmax)
     for k in range(1, S * X):
-        ax.axhline(k * A - 0.5, color="black", lw=2 if k % X == 0 else 0.6)
-    if half is not None:
+        ax.axhline(k * A - 0.5, color="black", lw=2.2 if k % X == 0 else 0.8)
+    if half is not None:  # the gate rows above, the up rows below
         for k in range(S * X):
-            ax.axhline(k * A + half - 0.5, color="grey", lw=0.5, ls=":")
+            ax.axhline(k * A + half - 0.5, color="#2ca02c", lw=1.4, ls="--")
     ax.set_yticks([(k + 0.5) * A - 0.5 for k in range(S * X)])
-    ax.set_yticklabels([f"slot {k // X}, {outer_name} {k % X}" for k in range(S * X)], fontsize=7)
-    ax.set_xlabel(inner, fontsize=8)
+    ax.set_yticklabels([f"slot {k // X}, {outer_name} {k % X}" for k in range(S * X)], fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlabel(inner, fontsize=9)
     ax.set_title(title, fontsize=9)
+    return image
 
 
-def pool_figure(pool) -> Figure:
-    """The four buffers of a ``LoRAPool`` as images: thick lines between slots, thin
-    between experts; grey cells are zeros (empty slots and rank padding)."""
+def pool_figure(pool, note: str = "") -> Figure:
+    """The four buffers of a ``LoRAPool`` as images on **one** colour scale (the colour
+    bar): thick lines between slots, thin between experts, green dashes between the
+    gate rows and the up rows; grey cells are zeros (empty slots and rank padding).
+    ``note``: a line printed on the figure (e.g. that a rank was clipped)."""
     g = pool.geometry
     O = "expert" if not g.shared_outer else "shared"
-    fig, axes = plt.subplots(1, 4, figsize=(13, 4.2), constrained_layout=True)
-    _buffer_image(axes[0], pool.gate_up_a, f"gate-up A {list(g.gate_up_a)}\n[S, O, 2R, H]",
-                  "H (hidden)", O, half=g.rank)
-    _buffer_image(axes[1], pool.gate_up_b, f"gate-up B {list(g.gate_up_b)}\n[S, n, 2F, R]", "R (rank)",
-                  "expert", half=g.intermediate)
-    _buffer_image(axes[2], pool.down_a, f"down A {list(g.down_a)}\n[S, n, R, F]", "F (intermediate)", "expert")
-    _buffer_image(axes[3], pool.down_b, f"down B {list(g.down_b)}\n[S, O, H, R]", "R (rank)", O)
+    buffers = pool.buffers()
+    vmax = max(float(b.detach().abs().max()) for b in buffers) or 1.0
+    fig, axes = plt.subplots(1, 4, figsize=(13.5, 4.6), constrained_layout=True)
+    _buffer_image(axes[0], buffers[0], f"gate-up A {list(g.gate_up_a)}\n[S, O, 2R, H]",
+                  "H (hidden)", O, half=g.rank, vmax=vmax)
+    _buffer_image(axes[1], buffers[1], f"gate-up B {list(g.gate_up_b)}\n[S, n, 2F, R]", "R (rank)",
+                  "expert", half=g.intermediate, vmax=vmax)
+    _buffer_image(axes[2], buffers[2], f"down A {list(g.down_a)}\n[S, n, R, F]", "F (intermediate)", "expert",
+                  vmax=vmax)
+    image = _buffer_image(axes[3], buffers[3], f"down B {list(g.down_b)}\n[S, O, H, R]", "R (rank)", O, vmax=vmax)
+    axes[0].set_ylabel("rows of each slot and expert, top to bottom", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="value (one scale for all four buffers)")
     layout = "shared outer (O = 1)" if g.shared_outer else f"per-expert outer (O = n = {g.n})"
     fig.suptitle(f"LoRA pool, {layout}, max rank R={g.rank}, slot ranks {pool.lora_ranks}; "
-                 "dotted: gate/up halves; grey: zero", fontsize=10)
+                 "green dashes: gate rows above, up rows below; grey: zero", fontsize=10)
+    if note:
+        fig.supxlabel(note, color="#b00020", fontsize=10)
     return fig
 
 
@@ -94,11 +106,14 @@ def derived_operands_figure(sink, slot: int = 0) -> Figure:
     R = sink.a_cat.shape[1]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 2.2]},
                              constrained_layout=True)
+    vmax = max(float(sink.w1_delta[slot].abs().max()), float(sink.a_cat[slot].abs().max())) or 1.0
     for ax, t, title in ((axes[0], sink.w1_delta[slot], f"w1_delta[{slot}]  [n*2F, 2R]"),
                          (axes[1], sink.a_cat[slot], f"a_cat[{slot}]  [R, n*F]")):
-        _zeros_grey_image(ax, t)
+        image = _zeros_grey_image(ax, t, vmax)
         ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=axes, shrink=0.85, label="value (one scale; grey: zero)")
     axes[0].axvline(R - 0.5, color="black")
+    axes[0].set_xlabel("column: the 2R shrink outputs")
     axes[0].set_xticks([R / 2 - 0.5, R + R / 2 - 0.5], ["gate shrink", "up shrink"])
     axes[0].set_ylabel("row of y (sink layout)")
     for e in range(1, n):
@@ -112,7 +127,7 @@ def derived_operands_figure(sink, slot: int = 0) -> Figure:
                  "from the up shrink", fontsize=10)
     return fig
 
-# -- adapters (issue 3) -------------------------------------------------------------------
+# -- adapters -------------------------------------------------------------------
 
 _STAGE_COLORS = {"file": "#8c8c8c", "normalized": "#3b7dd8", "pool": "#2a9d8f"}
 
@@ -133,15 +148,30 @@ def _blocks(ax, x0: float, shape: list[int], color: str, gap: float, halves: boo
     return x0 + grid[1] * (cols + gap), grid[0] * (rows + gap)
 
 
+# (rows, columns) of each buffer's matrices, per stage: what the axes of the journey figure are.
+_JOURNEY_AXES = {
+    "file": {"gate_up_a": ("r", "H"), "gate_up_b": ("n·F (experts stacked)", "r"),
+             "down_a": ("r", "n·F (experts side by side)"), "down_b": ("H", "r")},
+    "normalized": {"gate_up_a": ("2r: gate, up", "H"), "gate_up_b": ("2F: gate, up", "r"),
+                   "down_a": ("r", "F"), "down_b": ("H", "r")},
+    "pool": {"gate_up_a": ("2R: gate, up", "H"), "gate_up_b": ("2F: gate, up", "R"),
+             "down_a": ("R", "F"), "down_b": ("H", "R")},
+}
+_JOURNEY_BLOCKS = {"file": "one matrix per PEFT factor", "normalized": "one block per expert (O or n)",
+                   "pool": "slot 0: one block per expert"}
+
+
 def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
     """Each pool buffer's way from the PEFT file (grey: its 2D factors), through
     upstream's normalization (blue: ``[O or n, ...]``) to the pool (green:
-    ``[S, O or n, ...]``), all drawn to one scale. ``journey``:
-    ``DoctorReport.journey[module]``."""
+    ``[S, O or n, ...]``), all drawn to one scale, with arrows from stage to stage and
+    each panel's axes named. ``journey``: ``DoctorReport.journey[module]``."""
+    from matplotlib.patches import ConnectionPatch
+
     from .validate import PRETTY
 
     stages = ("file", "normalized", "pool")
-    fig, axes = plt.subplots(len(journey), 3, figsize=(11, 2.1 * len(journey)), constrained_layout=True,
+    fig, axes = plt.subplots(len(journey), 3, figsize=(12, 2.4 * len(journey)), constrained_layout=True,
                              squeeze=False)
     extent = [1.0, 1.0]
     for r, row in enumerate(journey):
@@ -161,19 +191,31 @@ def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
             extent = [max(extent[0], x), max(extent[1], bottom)]
             failed = any(shape is None for _, shape in cells[stage])
             ax.set_title("\n".join(labels) or ("" if failed else "(none: zeros)"), fontsize=8)
-            ax.axis("off")
-        axes[r, 0].text(-0.02, 0.5, PRETTY[row["buffer"]], transform=axes[r, 0].transAxes, ha="right",
+            rows_name, cols_name = _JOURNEY_AXES[stage].get(row["buffer"], ("rows", "columns"))
+            ax.set_xlabel(f"columns: {cols_name}   ({_JOURNEY_BLOCKS[stage]})", fontsize=8)
+            ax.set_ylabel(f"rows: {rows_name}", fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+        axes[r, 0].text(-0.12, 0.5, PRETTY[row["buffer"]], transform=axes[r, 0].transAxes, ha="right",
                         va="center", fontsize=10, fontweight="bold")
+        for c in range(2):  # file -> normalized -> pool
+            fig.add_artist(ConnectionPatch((0.92, 0.85), (0.0, 0.85), "axes fraction", "axes fraction",
+                                           axesA=axes[r, c], axesB=axes[r, c + 1], arrowstyle="-|>",
+                                           mutation_scale=16, lw=1.6, color="#444444"))
     for ax in axes.flat:
         ax.set_xlim(-0.5, extent[0])
         ax.set_ylim(extent[1], -0.5)  # rows grow downwards, as in a printed matrix
         ax.set_aspect("equal")
-    fig.suptitle((title + "\n" if title else "") + "grey: in the PEFT file (2D)  →  blue: after upstream's "
-                 "normalization  →  green: in the pool, slot 0 (all to one scale; dashed: gate rows above, "
-                 "up rows below)", fontsize=10)
+    for c, name in enumerate(("in the PEFT file (2D)", "after upstream's normalization", "in the pool, slot 0")):
+        axes[0, c].annotate(name, (0.5, 1.0), xytext=(0, 28), xycoords="axes fraction", textcoords="offset points",
+                            ha="center", fontsize=10, color=_STAGE_COLORS[stages[c]], fontweight="bold")
+    fig.suptitle((title + "\n" if title else "") + "grey → blue → green: the same factors at each stage, all "
+                 "to one scale; dashed: gate rows above, up rows below", fontsize=10)
     return fig
 
-# -- forward and profiling (issue 4) ----------------------------------------------------
+# -- forward and profiling ----------------------------------------------------
 
 _SLOT_COLORS = ("#3b7dd8", "#e8893a", "#4caf50", "#9c27b0", "#e53935", "#00897b", "#8d6e63", "#fdd835")
 _BACKEND_STYLE = {"triton": ("#d62728", "o", "triton (ours)"), "torch": ("#1f77b4", "s", "torch backend"),
@@ -248,7 +290,7 @@ def roofline_figure(copy_TBps: float, matmul_TFLOPs: float, points: list[tuple[s
 
 def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4) -> Figure:
     """A recorded grid: median µs against tokens per backend, the roofline, the
-    issue's targets and upstream's numbers (left); each backend over the roofline (right)."""
+    targets and upstream's recorded numbers (left); each backend over the roofline (right)."""
     from .profile import TARGET_LARGE_T, TARGET_SMALL_T, UPSTREAM, UPSTREAM_SINGLE_SLOT
 
     rows = [r for r in record["records"] if (r["case"]["shape"], r["case"]["R"], r["case"]["S"]) == (shape, R, S)]
@@ -270,7 +312,7 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
     ax.plot([], [], "_", color="green", ms=10, label=f"target ({TARGET_SMALL_T:g}x / {TARGET_LARGE_T:g}x roofline)")
     up = [(row[1], row[4]) for row in UPSTREAM if (row[0], row[2], row[3]) == (shape, S, R)]
     if up:
-        ax.plot(*zip(*up), "*", color="purple", ms=12, label="upstream sglang 0.5.23 (issue)")
+        ax.plot(*zip(*up), "*", color="purple", ms=12, label="upstream sglang 0.5.23, multi-slot")
     single = [(T, us) for (sh, T), us in UPSTREAM_SINGLE_SLOT.items() if sh == shape]
     if single:
         ax.plot(*zip(*single), "P", color="purple", ms=9, mfc="none", label="upstream single-slot cuBLAS")
@@ -285,7 +327,7 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
     ax2.set_yscale("log")
     ax2.set_xlabel("tokens T")
     ax2.set_ylabel("measured / roofline (1 = the hardware limit)")
-    ax2.set_title("distance from the roofline (green: the issue's target)", fontsize=10)
+    ax2.set_title("distance from the roofline (green: the target)", fontsize=10)
     env = record["environment"]
     fig.suptitle(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=9)
     return fig
@@ -315,7 +357,7 @@ def _short_kernel(name: str) -> str:
         return "cuBLAS GEMM" + (" (+C)" if "badd" in name else "")
     return name.replace("void ", "").split("<")[0][:28]
 
-# -- tensor parallelism (issue 5) -------------------------------------------------------
+# -- tensor parallelism -------------------------------------------------------
 
 def tp_shards_figure(owners: dict, interleaved: bool = True) -> Figure:
     """Which rank holds what, from ``parallel.shard_owners(n, F, tp, interleaved)``:
@@ -388,7 +430,7 @@ def allreduce_cost_figure(costs: list) -> Figure:
     return fig
 
 
-# -- the per-expert outer defect (issue 7) ----------------------------------------------
+# -- the per-expert outer defect ----------------------------------------------
 
 def _feature_labels(intermediate: int, interleaved: bool) -> list[str]:
     """Names of one expert's ``y`` columns in the sink's layout: ``g0, u0, ...`` or ``g0.., u0..``."""
@@ -416,8 +458,8 @@ def gate_up_routing_figure(intermediate: int = 4, interleaved: bool = True) -> F
     y_labels = _feature_labels(F, interleaved)
     b_labels = [f"gate B {f}" for f in range(F)] + [f"up B {f}" for f in range(F)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 5.2), constrained_layout=True)
-    panels = ((axes[0], intended, "intended (SPEC §4)"),
-              (axes[1], upstream, "sglang 0.5.23, per-expert outer (SPEC §8)"))
+    panels = ((axes[0], intended, "intended (the adapter's math)"),
+              (axes[1], upstream, "sglang 0.5.23, per-expert outer"))
     for ax, routing, title in panels:
         ax.imshow(routing.numpy(), cmap=cmap, vmin=0, vmax=2, interpolation="nearest")
         ax.set_xticks(range(2 * F), b_labels, rotation=60, ha="right", fontsize=8)
@@ -457,4 +499,105 @@ def defect_outputs_figure(report) -> Figure:
     fig.colorbar(im, ax=axes, shrink=0.85, label="value (one scale for all three)")
     fig.suptitle(f"{report.what}, per-expert outer (O = {report.outer}): the sink output for "
                  f"{report.tokens} random tokens", fontsize=10)
+    return fig
+
+
+def kernel_reads_figure(intermediate: int = 4, rank: int = 2, interleaved: bool = True) -> Figure:
+    """Which rows of one expert's gate-up A ``[2R, H]`` and gate-up B ``[2F, R]`` the
+    program writing each ``y`` column reads (blue: through the gate shrink, orange:
+    the up shrink), intended next to sglang 0.5.23's per-expert path; ✗: a read the
+    intended math does not make."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    from .upstream_defect import GATE_SHRINK, UP_SHRINK, gate_up_routing
+
+    F, R = intermediate, rank
+
+    def reads(computed_by: str) -> np.ndarray:
+        routing = gate_up_routing(F, interleaved, computed_by).numpy()  # [y column, B row]
+        grid = np.zeros((2 * R + 2 * F, 2 * F), dtype=int)  # [pool row (A rows, then B rows), program]
+        for column, b_row in zip(*routing.nonzero()):
+            shrink = routing[column, b_row]
+            a_rows = slice(0, R) if shrink == GATE_SHRINK else slice(R, 2 * R)
+            grid[a_rows, column] = shrink
+            grid[2 * R + b_row, column] = shrink
+        return grid
+
+    intended, upstream = reads("intended"), reads("sglang_0_5_23")
+    cmap = ListedColormap([_EMPTY, _GATE, _UP])
+    programs = _feature_labels(F, interleaved)
+    rows = ([f"A gate {r}" for r in range(R)] + [f"A up {r}" for r in range(R)]
+            + [f"B gate {f}" for f in range(F)] + [f"B up {f}" for f in range(F)])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.32 * len(rows) + 2.4), sharey=True, constrained_layout=True)
+    for ax, grid, title in ((axes[0], intended, "intended: what each program should read"),
+                            (axes[1], upstream, "sglang 0.5.23, per-expert outer: what it reads")):
+        ax.imshow(grid, cmap=cmap, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+        ax.axhline(2 * R - 0.5, color="black", lw=1.6)
+        ax.axhline(R - 0.5, color="black", lw=0.6, ls=":")
+        ax.axhline(2 * R + F - 0.5, color="black", lw=0.6, ls=":")
+        ax.set_xticks(range(2 * F), [f"y {c}\n{name}" for c, name in enumerate(programs)], fontsize=8)
+        ax.set_xlabel("program: the y column it writes (one expert, sink layout)")
+        ax.set_title(title, fontsize=10)
+    axes[0].set_yticks(range(len(rows)), rows, fontsize=8)
+    axes[0].set_ylabel("pool row read: gate-up A [2R, H] above, gate-up B [2F, R] below")
+    for row, column in zip(*((upstream != 0) & (upstream != intended)).nonzero()):
+        axes[1].text(column, row, "✗", ha="center", va="center", color="#c0392b", fontsize=11, weight="bold")
+    fig.legend(handles=[Patch(color=_GATE, label="read for the gate shrink"),
+                        Patch(color=_UP, label="read for the up shrink"),
+                        Patch(color=_EMPTY, label="not read")],
+               loc="outside lower center", ncols=3, fontsize=9)
+    layout = "interleaved" if interleaved else "contiguous"
+    fig.suptitle(f"Which pool rows each program reads (F={F}, R={R}, {layout} base): upstream never reads "
+                 "up A, and reads B row k for y column k", fontsize=10)
+    return fig
+
+
+def lora_forward_path_figure(n: int = 2, hidden: int = 16, intermediate: int = 12, rank: int = 4,
+                             tokens: int = 1) -> Figure:
+    """One token's path through the shared-outer LoRA forward of one slot ``s``: the
+    tensors (boxes, with their shapes) and the operand of each step (arrows, with its
+    shape). The base path runs along the middle, the LoRA path above it."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    T, H, F, R = tokens, hidden, intermediate, rank
+    nodes = {  # name: (x, y, label)
+        "x": (0.0, 1.0, f"x\n[T, H] = [{T}, {H}]"),
+        "shrink": (2.4, 2.2, f"shrink\n[T, 2R] = [{T}, {2 * R}]"),
+        "y": (4.8, 1.0, f"y (interleaved)\n[T, n·2F] = [{T}, {n * 2 * F}]"),
+        "act": (7.2, 1.0, f"act\n[T, n·F] = [{T}, {n * F}]"),
+        "mid": (9.6, 2.2, f"mid\n[T, R] = [{T}, {R}]"),
+        "out": (12.0, 1.0, f"out\n[T, H] = [{T}, {H}]"),
+    }
+    edges = [  # (from, to, operand label, LoRA?)
+        ("x", "shrink", f"× gate-up A[s, 0]ᵀ\n[H, 2R] = [{H}, {2 * R}]", True),
+        ("shrink", "y", f"× w1_delta[s]ᵀ (expand)\n[2R, n·2F] = [{2 * R}, {n * 2 * F}]", True),
+        ("x", "y", f"× w13_linᵀ (base)\n[H, n·2F] = [{H}, {n * 2 * F}]", False),
+        ("y", "act", "SwiGLU × γ\n(float32)", False),
+        ("act", "mid", f"× a_cat[s]ᵀ (down shrink)\n[n·F, R] = [{n * F}, {R}]", True),
+        ("act", "out", f"× w2_lin (base)\n[n·F, H] = [{n * F}, {H}]", False),
+        ("mid", "out", f"× down B[s, 0]ᵀ (expand)\n[R, H] = [{R}, {H}]", True),
+    ]
+    fig, ax = plt.subplots(figsize=(14, 4.8), constrained_layout=True)
+    for x, y, label in nodes.values():
+        ax.add_patch(FancyBboxPatch((x - 0.75, y - 0.32), 1.5, 0.64, boxstyle="round,pad=0.05",
+                                    facecolor="white", edgecolor="black", lw=1.2))
+        ax.text(x, y, label, ha="center", va="center", fontsize=9)
+    for a, b, label, lora in edges:
+        (x0, y0, _), (x1, y1, _) = nodes[a], nodes[b]
+        color = _UP if lora else "#444444"
+        ax.add_patch(FancyArrowPatch((x0 + 0.8, y0), (x1 - 0.8, y1), arrowstyle="-|>", mutation_scale=16,
+                                     color=color, lw=1.8))
+        # LoRA labels beside their slanted arrow, outwards; base labels under theirs.
+        dx = (-0.75 if y1 > y0 else 0.75) if lora else 0.0
+        ax.text((x0 + x1) / 2 + dx, (y0 + y1) / 2 + (0.1 if lora else -0.42), label, ha="center", va="center",
+                fontsize=8.5, color=color, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9})
+    for x in (4.8, 12.0):  # where the LoRA expand is added to the base
+        ax.text(x - 0.55, 1.48, "+", fontsize=16, ha="center", color=_UP, weight="bold")
+    ax.set_xlim(-1, 13)
+    ax.set_ylim(0.2, 2.8)
+    ax.set_axis_off()
+    ax.set_title(f"One token's path through the LoRA forward, shared outer, slot s (n={n}, H={H}, F={F}, R={R}): "
+                 "orange the LoRA path, grey the base", fontsize=10)
     return fig

@@ -1,8 +1,11 @@
-"""ipywidgets explorers: thin ``interact``-style fronts over pure, seeded functions of
-the library. Each returns the widget; the function it drives is tested on its own."""
+"""ipywidgets explorers: thin fronts over pure, seeded functions of the library. Each
+returns the widget; the drawing function it drives (``*_figure``, returning the text
+and the figure) is tested on its own."""
 from __future__ import annotations
 
-# -- core (issue 2): the error lab -----------------------------------------------------
+import threading
+
+# -- core: the error lab -----------------------------------------------------
 
 ERROR_LAB_PRESETS: dict[str, tuple[int, str, str, str, str]] = {
     # name: (n, gate-up A, gate-up B, down A, down B)
@@ -125,83 +128,143 @@ def error_lab():
                    preset, n, generation, *boxes, apply, out])
 
 
-def pool_explorer(n: int = 2, hidden: int = 8, intermediate: int = 6):
-    """Slots, max rank, an adapter's rank and alpha, the outer layout: watch the four
-    buffers fill, pad and scale."""
-    import ipywidgets as w
+# JupyterLab sends widget messages to a kernel *subshell*: callbacks can run in several
+# threads at once, and matplotlib is not thread-safe (two figures drawn at the same time
+# come out blank). Every explorer draws under this one lock.
+_DRAW_LOCK = threading.Lock()
+
+
+def _png(fig) -> bytes:
+    """``fig`` rendered to PNG bytes, then closed (nothing is left for pyplot to show)."""
+    import io
+
     import matplotlib.pyplot as plt
 
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buffer.getvalue()
+
+
+def _figure_explorer(draw, controls: dict, title: str = ""):
+    """A thin front: ``controls`` ({argument: widget}) above an ``Output`` that
+    ``draw(**values)`` (a pure function returning ``(text, Figure)``) redraws on every
+    change. Drawing is serialized (``_DRAW_LOCK``), a request overtaken by a newer one
+    is dropped, and the picture is rendered to PNG before it is shown, so the Output
+    always ends on the figure of the controls' last values."""
+    import ipywidgets as w
+    from IPython.display import Image, display
+
+    out = w.Output()
+    requests = [0]
+
+    def show(*_):
+        requests[0] += 1
+        mine = requests[0]
+        with _DRAW_LOCK:
+            if mine != requests[0]:
+                return  # a newer change is waiting: it draws the newer values
+            text, fig = draw(**{name: widget.value for name, widget in controls.items()})
+            picture = _png(fig)
+            with out:
+                out.clear_output(wait=True)
+                if text:
+                    print(text)
+                display(Image(data=picture, format="png"))
+
+    for widget in controls.values():
+        widget.observe(show, names="value")
+    show()
+    header = [w.HTML(title)] if title else []
+    return w.VBox([*header, w.HBox(list(controls.values())[:3]), w.HBox(list(controls.values())[3:]), out])
+
+
+def pool_explorer_figure(slots: int, max_rank: int, rank: int, lora_alpha: float, per_expert_outer: bool,
+                         n: int = 2, hidden: int = 8, intermediate: int = 6):
+    """``pool_explorer``'s drawing: one adapter of ``rank`` (clipped to ``max_rank``,
+    and said so on the figure) in slot 0 of a fresh pool. Returns ``(text, Figure)``."""
     from .pool import LoRAFactors, LoRAPool
     from .viz import pool_figure
 
-    def draw(slots: int, max_rank: int, rank: int, lora_alpha: float, per_expert_outer: bool):
-        pool = LoRAPool(n, hidden, intermediate, slots, max_rank, outer=n if per_expert_outer else 1)
-        pool.load(0, LoRAFactors.random(n, hidden, intermediate, min(rank, max_rank), lora_alpha=lora_alpha,
-                                        outer=pool.geometry.outer, seed=0))
-        pool_figure(pool)
-        plt.show()
+    pool = LoRAPool(n, hidden, intermediate, slots, max_rank, outer=n if per_expert_outer else 1)
+    loaded = min(rank, max_rank)
+    pool.load(0, LoRAFactors.random(n, hidden, intermediate, loaded, lora_alpha=lora_alpha,
+                                    outer=pool.geometry.outer, seed=0))
+    note = (f"rank {rank} > max rank {max_rank}: drawn clipped to rank {max_rank}; loading it for real "
+            "fails with ISL-E016" if rank > max_rank else "")
+    scaling = f"scaling lora_alpha / r = {lora_alpha:g} / {loaded} = {lora_alpha / loaded:.3g}" if loaded else \
+        "rank 0: nothing loaded"
+    return f"slot 0 holds a rank-{loaded} adapter; B carries its {scaling}", pool_figure(pool, note)
 
-    return w.interactive(draw, slots=w.IntSlider(value=2, min=1, max=4), max_rank=w.IntSlider(value=4, min=1, max=8),
-                         rank=w.IntSlider(value=2, min=0, max=8), lora_alpha=w.FloatSlider(value=4.0, min=0.5, max=16),
-                         per_expert_outer=w.Checkbox(value=False))
+
+def pool_explorer(n: int = 2, hidden: int = 8, intermediate: int = 6):
+    """Slots, max rank, an adapter's rank and alpha, the outer layout: watch the four
+    buffers fill, pad and scale (one colour scale, its bar shows the range)."""
+    import functools
+
+    import ipywidgets as w
+
+    controls = {"slots": w.IntSlider(value=2, min=1, max=4, description="slots"),
+                "max_rank": w.IntSlider(value=4, min=1, max=8, description="max rank"),
+                "rank": w.IntSlider(value=2, min=0, max=8, description="rank"),
+                "lora_alpha": w.FloatSlider(value=4.0, min=0.5, max=16, description="lora_alpha"),
+                "per_expert_outer": w.Checkbox(value=False, description="per-expert outer")}
+    draw = functools.partial(pool_explorer_figure, n=n, hidden=hidden, intermediate=intermediate)
+    return _figure_explorer(draw, controls)
 
 
 def layout_explorer():
     """The interleaved and contiguous gate/up rows of w13 for a chosen F and n."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
 
     from .viz import gate_up_layout_figure
 
-    def draw(intermediate: int, n: int):
-        gate_up_layout_figure(intermediate, n)
-        plt.show()
+    controls = {"intermediate": w.IntSlider(value=4, min=1, max=8, description="F"),
+                "n": w.IntSlider(value=2, min=1, max=3, description="n")}
+    return _figure_explorer(lambda intermediate, n: ("", gate_up_layout_figure(intermediate, n)), controls)
 
-    return w.interactive(draw, intermediate=w.IntSlider(value=4, min=1, max=8, description="F"),
-                         n=w.IntSlider(value=2, min=1, max=3, description="n"))
+# -- adapters -------------------------------------------------------------------
 
-# -- adapters (issue 3) -------------------------------------------------------------------
-
-def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermediate: int = 6,
-                     start: str = "gate_up"):
-    """Pick a sample adapter, ``n``, the pool's max rank and ``tp``: the doctor's report
-    and each factor's shapes from file to pool, redrawn. Drives ``inkling_lab.doctor``."""
+def adapter_explorer_figure(adapter: str, n: int, max_rank: int, tp: int, folder: str = "../data/adapters",
+                            hidden: int = 8, intermediate: int = 6):
+    """``adapter_explorer``'s drawing: the doctor's report on one sample adapter and its
+    first module's journey from file to pool. Returns ``(text, Figure)``."""
     from pathlib import Path
-
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
 
     from .doctor import doctor
     from .viz import adapter_journey_figure
 
+    report = doctor(Path(folder) / adapter, n, hidden, intermediate, max_rank, tp)
+    module, rows = next(iter(report.journey.items()))
+    return str(report), adapter_journey_figure(rows, f"{adapter}: {module}")
+
+
+def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermediate: int = 6,
+                     start: str = "gate_up"):
+    """Pick a sample adapter, ``n``, the pool's max rank and ``tp``: the doctor's report
+    and each factor's shapes from file to pool, redrawn."""
+    import functools
+    from pathlib import Path
+
+    import ipywidgets as w
+
     names = sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
-    adapter = w.Dropdown(options=names, value=start if start in names else names[0], description="adapter")
-    n = w.IntSlider(value=2, min=1, max=4, description="n experts")
-    max_rank = w.IntSlider(value=4, min=1, max=16, description="max rank R")
-    tp = w.Dropdown(options=[1, 2, 3, 6], value=1, description="tp")
-    out = w.Output()
-
-    def show(*_):
-        out.clear_output(wait=True)
-        with out:
-            report = doctor(Path(folder) / adapter.value, n.value, hidden, intermediate, max_rank.value, tp.value)
-            print(report)
-            for module, rows in list(report.journey.items())[:1]:
-                adapter_journey_figure(rows, f"{adapter.value}: {module}")
-                plt.show()
-
-    for widget in (adapter, n, max_rank, tp):
-        widget.observe(show, names="value")
-    show()
-    return w.VBox([w.HTML(f"<b>Adapter doctor</b>: a sink of H={hidden}, F={intermediate}"),
-                   w.HBox([adapter, tp]), w.HBox([n, max_rank]), out])
+    controls = {"adapter": w.Dropdown(options=names, value=start if start in names else names[0],
+                                      description="adapter"),
+                "tp": w.Dropdown(options=[1, 2, 3, 6], value=1, description="tp"),
+                "n": w.IntSlider(value=2, min=1, max=4, description="n experts"),
+                "max_rank": w.IntSlider(value=4, min=1, max=16, description="max rank R")}
+    draw = functools.partial(adapter_explorer_figure, folder=folder, hidden=hidden, intermediate=intermediate)
+    return _figure_explorer(draw, controls, f"<b>Adapter doctor</b>: a sink of H={hidden}, F={intermediate}")
 
 
-# -- forward and profiling (issue 4) ----------------------------------------------------
+# -- forward and profiling ----------------------------------------------------
 
 def roofline_explorer(record: dict | None = None):
     """Pick a shape, rank, slots and tokens: the case's bytes, FLOPs and roofline time
-    by ``profile.roofline`` (ceilings from ``record``, else the issue's), and, when the
+    by ``profile.roofline`` (ceilings from ``record``, else profile's recorded ones), and, when the
     record holds that point, each backend's measured time against it."""
     import ipywidgets as w
 
@@ -235,78 +298,80 @@ def roofline_explorer(record: dict | None = None):
     return w.VBox([w.HTML("<b>Roofline explorer</b>: minimal bytes and useful FLOPs of one forward"),
                    w.HBox([shape, rank, slots]), tokens, out])
 
-# -- tensor parallelism (issue 5) -------------------------------------------------------
+# -- tensor parallelism -------------------------------------------------------
 
-def tp_shard_explorer(n: int = 2, intermediate: int = 6):
-    """Pick n, F, tp and the gate/up layout: see which rank holds which rows and
-    columns, each rank's shapes, and the all-reduce bytes per token."""
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
+def tp_shard_explorer_figure(n: int, intermediate: int, tp: int, layout: str):
+    """``tp_shard_explorer``'s drawing: who holds what for ``tp`` ranks, each rank's
+    shapes and the all-reduce bytes per token. Returns ``(text, Figure)``."""
     import torch
 
     from .geometry import Geometry
     from .parallel import AllReduceCost, describe_shards, shard_owners
     from .viz import tp_shards_figure
 
+    interleaved = layout == "interleaved"
+    geometry = Geometry(n=n, hidden=8, intermediate=intermediate, rank=2, slots=2)
+    cost = AllReduceCost(hidden=4096, dtype=torch.bfloat16, tp=tp)
+    text = (f"{describe_shards(geometry, tp, interleaved)}\n"
+            f"all-reduce at H=4096 in bf16: {cost.payload} B per token per rank in, "
+            f"{cost.sent_per_rank:.0f} B sent per rank (ring); LoRA extra: {cost.lora_extra} B")
+    return text, tp_shards_figure(shard_owners(n, intermediate, tp, interleaved), interleaved)
+
+
+def tp_shard_explorer(n: int = 2, intermediate: int = 6):
+    """Pick n, F, tp and the gate/up layout: see which rank holds which rows and
+    columns, each rank's shapes, and the all-reduce bytes per token."""
+    import ipywidgets as w
+
     def divisors(F: int) -> list[int]:
         return [d for d in range(1, F + 1) if F % d == 0]
 
-    n_box = w.IntSlider(value=n, min=1, max=4, description="n experts")
-    f_box = w.IntSlider(value=intermediate, min=1, max=16, description="F")
-    tp_box = w.Dropdown(options=divisors(intermediate), value=2 if intermediate % 2 == 0 else 1, description="tp")
-    layout = w.ToggleButtons(options=["interleaved", "contiguous"], description="w13 layout")
-    out = w.Output()
-
-    def show(*_):
-        out.clear_output(wait=True)
-        with out:
-            interleaved = layout.value == "interleaved"
-            geometry = Geometry(n=n_box.value, hidden=8, intermediate=f_box.value, rank=2, slots=2)
-            print(describe_shards(geometry, tp_box.value, interleaved))
-            cost = AllReduceCost(hidden=4096, dtype=torch.bfloat16, tp=tp_box.value)
-            print(f"all-reduce at H=4096 in bf16: {cost.payload} B per token per rank in, "
-                  f"{cost.sent_per_rank:.0f} B sent per rank (ring); LoRA extra: {cost.lora_extra} B")
-            tp_shards_figure(shard_owners(n_box.value, f_box.value, tp_box.value, interleaved), interleaved)
-            plt.show()
+    controls = {"n": w.IntSlider(value=n, min=1, max=4, description="n experts"),
+                "intermediate": w.IntSlider(value=intermediate, min=1, max=16, description="F"),
+                "tp": w.Dropdown(options=divisors(intermediate), value=2 if intermediate % 2 == 0 else 1,
+                                 description="tp"),
+                "layout": w.ToggleButtons(options=["interleaved", "contiguous"], description="w13 layout")}
 
     def new_f(change):
-        tp_box.options = divisors(change["new"])  # only a tp that divides F is offered
+        controls["tp"].options = divisors(change["new"])  # only a tp that divides F is offered
 
-    f_box.observe(new_f, names="value")
-    for widget in (n_box, f_box, tp_box, layout):
-        widget.observe(show, names="value")
-    show()
-    return w.VBox([w.HTML("<b>Tensor-parallel shards</b>: one colour per rank"),
-                   w.HBox([n_box, f_box]), w.HBox([tp_box, layout]), out])
+    controls["intermediate"].observe(new_f, names="value")
+    return _figure_explorer(tp_shard_explorer_figure, controls, "<b>Tensor-parallel shards</b>: one colour per rank")
 
 
-# -- the per-expert outer defect (issue 7) ----------------------------------------------
+# -- the per-expert outer defect ----------------------------------------------
+
+def defect_explorer_figure(rank: int, intermediate: int, seed: int, interleaved: bool,
+                           same_outer_for_every_expert: bool, n: int = 2, hidden: int = 16):
+    """``defect_explorer``'s drawing: one per-expert outer adapter, sglang 0.5.23's
+    sink output next to the intended one. Returns ``(text, Figure)``."""
+    from .pool import LoRAFactors
+    from .upstream_defect import collapse_identical_outer, defect_report
+    from .viz import defect_outputs_figure
+
+    factors = LoRAFactors.random(n, hidden, intermediate, rank, outer=n, seed=seed)
+    if same_outer_for_every_expert:  # expert 0's outer factors, exported once per expert
+        factors = LoRAFactors(factors.gate_up_a[:1].expand(n, -1, -1), factors.gate_up_b, factors.down_a,
+                              factors.down_b[:1].expand(n, -1, -1), factors.lora_alpha)
+    report = defect_report(factors, interleaved=interleaved, seed=seed)
+    collapsed = collapse_identical_outer(factors.gate_up_a, factors.down_b)[2]
+    text = (f"relative error of sglang 0.5.23's sink output: {report.relative_error:.2f}\n"
+            "collapse to shared outer: " + ("applies (exact; then computed right upstream)" if collapsed
+                                            else "does not apply (the experts' outer factors differ)"))
+    return text, defect_outputs_figure(report)
+
 
 def defect_explorer(n: int = 2, hidden: int = 16):
     """One per-expert outer adapter: change its rank, F, seed, the base layout, and
     whether its outer factors are the same for every expert; see how far sglang
     0.5.23's output is from the intended one, and whether the collapse applies."""
+    import functools
+
     import ipywidgets as w
-    import matplotlib.pyplot as plt
 
-    from .pool import LoRAFactors
-    from .upstream_defect import collapse_identical_outer, defect_report
-    from .viz import defect_outputs_figure
-
-    def draw(rank: int, intermediate: int, seed: int, interleaved: bool, same_outer_for_every_expert: bool):
-        factors = LoRAFactors.random(n, hidden, intermediate, rank, outer=n, seed=seed)
-        if same_outer_for_every_expert:  # expert 0's outer factors, exported once per expert
-            factors = LoRAFactors(factors.gate_up_a[:1].expand(n, -1, -1), factors.gate_up_b, factors.down_a,
-                                  factors.down_b[:1].expand(n, -1, -1), factors.lora_alpha)
-        report = defect_report(factors, interleaved=interleaved, seed=seed)
-        collapsed = collapse_identical_outer(factors.gate_up_a, factors.down_b)[2]
-        print(f"relative error of sglang 0.5.23's sink output: {report.relative_error:.2f}")
-        print("collapse to shared outer: " + ("applies (exact; then computed right upstream)" if collapsed
-                                              else "does not apply (the experts' outer factors differ)"))
-        defect_outputs_figure(report)
-        plt.show()
-
-    return w.interactive(draw, rank=w.IntSlider(value=4, min=1, max=8),
-                         intermediate=w.IntSlider(value=6, min=2, max=12, description="F"),
-                         seed=w.IntSlider(value=0, min=0, max=20), interleaved=w.Checkbox(value=True),
-                         same_outer_for_every_expert=w.Checkbox(value=False))
+    controls = {"rank": w.IntSlider(value=4, min=1, max=8, description="rank"),
+                "intermediate": w.IntSlider(value=6, min=2, max=12, description="F"),
+                "seed": w.IntSlider(value=0, min=0, max=20, description="seed"),
+                "interleaved": w.Checkbox(value=True, description="interleaved"),
+                "same_outer_for_every_expert": w.Checkbox(value=False, description="same outer for every expert")}
+    return _figure_explorer(functools.partial(defect_explorer_figure, n=n, hidden=hidden), controls)

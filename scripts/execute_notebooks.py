@@ -1,13 +1,20 @@
 """Execute notebooks in place, so that their committed outputs are what the code gives today.
 
-Like ``jupyter nbconvert --execute --inplace``, except that without CUDA the cells
-tagged ``gpu`` are left unrun (no outputs, no execution count: nbval then compares
-nothing for them and the test run skips them), and the file is replaced atomically.
+Like ``jupyter nbconvert --execute --inplace``, except that
+
+* without CUDA the cells tagged ``gpu`` are left unrun (no outputs, no execution count:
+  nbval then compares nothing for them and the test run skips them);
+* no widget state is stored (no ``widgets`` metadata, no widget views with fresh model
+  ids): a re-run, or a save in JupyterLab, changes no byte that the code did not change;
+* tracebacks of cells tagged ``raises-exception`` show paths relative to the repository
+  (no machine paths in committed files);
+* the file is replaced atomically.
 
     .venv/bin/python scripts/execute_notebooks.py notebooks/*.ipynb      (= make notebooks)
 """
 from __future__ import annotations
 
+import site
 import sys
 from pathlib import Path
 
@@ -16,6 +23,30 @@ import torch
 from nbclient import NotebookClient
 
 from inkling_lab.atomic import atomic_write
+
+REPO = Path(__file__).resolve().parents[1]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# Longest first, so that a venv inside the repository reads as <site-packages>, not .venv/...
+_MACHINE_PATHS = sorted({*site.getsitepackages(), str(REPO)}, key=len, reverse=True)
+
+
+def _without_machine_paths(text: str) -> str:
+    for path in _MACHINE_PATHS:
+        text = text.replace(path + "/", "" if path == str(REPO) else "<site-packages>/")
+    return text
+
+
+def _clean_outputs(cell) -> None:
+    """Drop widget views (their model ids are new on every run and their state is not
+    kept) and machine paths in tracebacks."""
+    kept = []
+    for output in cell.outputs:
+        if WIDGET_VIEW in output.get("data", {}):
+            continue
+        if output.output_type == "error":
+            output.traceback = [_without_machine_paths(line) for line in output.traceback]
+        kept.append(output)
+    cell.outputs = kept
 
 
 def execute(path: Path) -> None:
@@ -35,6 +66,8 @@ def execute(path: Path) -> None:
                 skipped += 1
                 continue
             client.execute_cell(cell, index)
+            _clean_outputs(cell)
+    nb.metadata.pop("widgets", None)
     atomic_write(path, (nbformat.writes(nb) + "\n").encode())
     print(f"{path}: executed" + (f", {skipped} gpu cell(s) left unrun (no CUDA)" if skipped else ""))
 

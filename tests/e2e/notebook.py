@@ -1,6 +1,6 @@
 """A person's steps in one JupyterLab notebook, through Playwright: open it, wait for its
-kernel, Run All from the Run menu, read what every cell shows, and play with the first
-slider or dropdown.
+kernel, save it, Run All from the Run menu, read what every cell shows (blank figures
+included), play with the first slider or dropdown, and tick every checkbox.
 
 Actions go through the page as a person makes them (menu clicks, mouse drags, choosing
 an option); the checks read JupyterLab's own notebook model (``window.jupyterapp``,
@@ -26,6 +26,21 @@ TRACEBACK = "Traceback (most recent call last)"
 # What a notebook shows instead of a widget when the widget manager is not working.
 WIDGET_FALLBACKS = ("Loading widgets...", "Error displaying widget")
 
+# An <img> that shows nothing: not loaded, no size, or every pixel the same colour
+# (matplotlib's figures are data: URLs, so the canvas may read them back).
+_IS_BLANK = """const isBlank = img => {
+    if (!img.complete || img.naturalWidth === 0 || img.naturalHeight === 0) return true;
+    const canvas = document.createElement('canvas');
+    canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+    const context = canvas.getContext('2d');
+    context.drawImage(img, 0, 0);
+    const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
+    for (let i = 4; i < data.length; i += 4) {
+        if (data[i] !== data[0] || data[i + 1] !== data[1] || data[i + 2] !== data[2]) return false;
+    }
+    return true;
+};"""
+
 # The notebook panel of `path` among JupyterLab's main-area widgets.
 _PANEL = """const panel = window.jupyterapp && Array.from(window.jupyterapp.shell.widgets('main'))
     .find(w => w.context && w.context.path === path);"""
@@ -34,12 +49,20 @@ _KERNEL_IDLE = f"""path => {{ {_PANEL}
     const kernel = panel && panel.sessionContext.session && panel.sessionContext.session.kernel;
     return Boolean(kernel) && kernel.status === 'idle'; }}"""
 
+# Done: the kernel idle, no cell running, and either every code cell ran or one showed an
+# error it is not tagged to raise (Run All stops there). The kernel is idle for a moment
+# between two cells of a long run: idle alone does not mean done.
 _RUN_DONE = f"""path => {{ {_PANEL}
     const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-    return Boolean(kernel) && kernel.status === 'idle'
-        && panel.content.widgets.every(cell => cell.model.executionState !== 'running'); }}"""
+    if (!kernel || kernel.status !== 'idle') return false;
+    const cells = panel.content.widgets.map(cell => cell.model);
+    if (cells.some(model => model.executionState === 'running')) return false;
+    const code = cells.filter(model => model.type === 'code' && model.sharedModel.getSource().trim());
+    const stopped = code.some(model => !(model.getMetadata('tags') || []).includes('raises-exception')
+        && Array.from({{length: model.outputs.length}}, (_, i) => model.outputs.get(i).type).includes('error'));
+    return stopped || code.every(model => model.executionCount !== null); }}"""
 
-_CELLS = f"""path => {{ {_PANEL}
+_CELLS = f"""path => {{ {_PANEL} {_IS_BLANK}
     return panel.content.widgets.map((cell, index) => {{
         const model = cell.model;
         const report = {{index, type: model.type, source: model.sharedModel.getSource(),
@@ -60,6 +83,8 @@ _CELLS = f"""path => {{ {_PANEL}
             '.widget-output [data-mime-type="application/vnd.jupyter.stderr"]'))
             .map(node => node.innerText).filter(text => text.includes({TRACEBACK!r}));
         report.text = area.innerText;
+        report.blankImages = Array.from(area.querySelectorAll('img')).filter(isBlank).length;
+        report.images = area.querySelectorAll('img').length;
         return report;
     }}); }}"""
 
@@ -80,6 +105,7 @@ _SHOWN_BESIDE = """control => {
 }"""
 
 _CONTROLS = ".jp-Notebook .widget-slider .noUi-handle, .jp-Notebook .widget-dropdown select"
+_CHECKBOXES = ".jp-Notebook .widget-checkbox input[type=checkbox]"
 
 
 class KernelUnavailable(RuntimeError):
@@ -92,7 +118,9 @@ class Cell:
 
     ``errors`` holds "Name: value" for each error output; ``widget_tracebacks`` the
     tracebacks drawn inside widgets; ``widget_outputs`` counts the outputs that are
-    widget views in the model and ``drawn_widgets`` those drawn as live widgets.
+    widget views in the model and ``drawn_widgets`` those drawn as live widgets;
+    ``images`` counts the pictures the cell shows and ``blank_images`` those that
+    show nothing.
     """
 
     index: int
@@ -105,6 +133,8 @@ class Cell:
     drawn_widgets: int
     widget_tracebacks: tuple[str, ...]
     text: str
+    images: int = 0
+    blank_images: int = 0
 
     @property
     def where(self) -> str:
@@ -153,14 +183,21 @@ class NotebookPage:
         self._until(_RUN_DONE, RUN_TIMEOUT_MS, "Run All finished")
 
     def cells(self) -> list[Cell]:
-        """What every cell shows now."""
+        """What every cell shows now (once every picture has loaded)."""
+        try:
+            self.page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.jp-Notebook img')).every(img => img.complete)",
+                timeout=WIDGET_TIMEOUT_MS, polling=250)
+        except PlaywrightError:
+            pass  # the blank-picture check names those that never loaded
         return [
             Cell(index=raw["index"], kind=raw["type"], source=raw["source"], tags=tuple(raw["tags"]),
                  count=raw["count"],
                  errors=tuple(f"{o['ename']}: {o['evalue']}" for o in raw["outputs"] if o["type"] == "error"),
                  widget_outputs=sum(WIDGET_MIME in o["mimes"] for o in raw["outputs"]),
                  drawn_widgets=raw.get("drawnWidgets", 0),
-                 widget_tracebacks=tuple(raw.get("widgetTracebacks", ())), text=raw.get("text", ""))
+                 widget_tracebacks=tuple(raw.get("widgetTracebacks", ())), text=raw.get("text", ""),
+                 images=raw.get("images", 0), blank_images=raw.get("blankImages", 0))
             for raw in self.page.evaluate(_CELLS, self.path)
         ]
 
@@ -172,6 +209,7 @@ class NotebookPage:
         Raises AssertionError when the notebook has no slider or dropdown, or when
         nothing beside the control changes within WIDGET_TIMEOUT_MS.
         """
+        self._show_first_widget()
         controls = self.page.locator(_CONTROLS)
         if controls.count() == 0:
             raise AssertionError(f"{self.path}: no slider or dropdown drawn to play with")
@@ -180,6 +218,35 @@ class NotebookPage:
         before = control.evaluate(_SHOWN_BESIDE)
         kind = self._drag_slider(control) if control.evaluate("n => n.tagName") != "SELECT" \
             else self._choose_other_option(control)
+        self._until_changed(control, before, kind)
+        return kind
+
+    def _show_first_widget(self) -> None:
+        """Scroll to the first cell that shows a widget: JupyterLab attaches only the
+        cells near the view of a long notebook, so a widget far down is not in the page yet."""
+        self.page.evaluate(f"""async path => {{ {_PANEL}
+            const index = panel.content.widgets.findIndex(cell => cell.model.type === 'code'
+                && Array.from({{length: cell.model.outputs.length}}, (_, i) => cell.model.outputs.get(i))
+                       .some(output => {WIDGET_MIME!r} in (output.data || {{}})));
+            if (index >= 0) await panel.content.scrollToItem(index, 'start'); }}""", self.path)
+        self.page.wait_for_timeout(500)
+
+    def toggle_checkboxes(self) -> int:
+        """Tick (or untick) every checkbox of the notebook's widgets, one after the other,
+        each time waiting until the rest of its cell's output changes. Returns how many.
+
+        Raises AssertionError when an output does not change within WIDGET_TIMEOUT_MS.
+        """
+        boxes = self.page.locator(_CHECKBOXES)
+        for i in range(boxes.count()):
+            box = boxes.nth(i)
+            self._in_view(box)
+            before = box.evaluate(_SHOWN_BESIDE)
+            box.click()
+            self._until_changed(box, before, f"checkbox {i}")
+        return boxes.count()
+
+    def _until_changed(self, control: Locator, before: str, kind: str) -> None:
         try:
             self.page.wait_for_function(
                 f"([control, before]) => ({_SHOWN_BESIDE})(control) !== before",
@@ -190,9 +257,29 @@ class NotebookPage:
                 f"{self.path}: moved the first {kind}, but its cell's output did not change within "
                 f"{WIDGET_TIMEOUT_MS / 1000:.0f} s; it shows:\n{shown[:2000]}") from None
         self._until(_RUN_DONE, WIDGET_TIMEOUT_MS, "the widget's callback finished")
-        return kind
+        self.page.wait_for_timeout(500)  # the new figure's <img> decodes after the text arrives
+
+    def save(self) -> None:
+        """File > Save, as a person presses Ctrl+S: JupyterLab writes the notebook as it
+        holds it (with the kernel's metadata), waits for the write to finish."""
+        self.page.evaluate(f"async path => {{ {_PANEL} await panel.context.save(); }}", self.path)
+
+    def _in_view(self, control: Locator) -> None:
+        """Scroll ``control`` to the middle of the window and wait until it stays put:
+        JupyterLab renders a long notebook lazily, and pictures above it still load."""
+        viewport = self.page.viewport_size or {"height": 900}
+        last = None
+        for _ in range(20):
+            control.evaluate("n => n.scrollIntoView({block: 'center'})")
+            self.page.wait_for_timeout(250)
+            box = control.bounding_box()
+            if box and box == last and 0 <= box["y"] <= viewport["height"] - box["height"]:
+                return
+            last = box
+        raise AssertionError(f"{self.path}: could not bring the control into view (it sits at {last})")
 
     def _drag_slider(self, handle: Locator) -> str:
+        self._in_view(handle)
         track = handle.locator("xpath=ancestor::*[contains(@class, 'noUi-target')]").bounding_box()
         grip = handle.bounding_box()
         if track is None or grip is None:
@@ -216,10 +303,17 @@ class NotebookPage:
         select.select_option(index=(current + 1) % options.count())
         return "dropdown"
 
-    def screenshot(self, path: Path, *, at_first_widget: bool = False) -> None:
-        """Save what the window shows: the notebook's top, or its first widget's cell."""
+    def screenshot(self, path: Path, *, at_first_widget: bool = False, at_cell: str = "") -> None:
+        """Save what the window shows: the notebook's top, its first widget's cell, or
+        the first cell whose id ends with ``at_cell``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         if at_first_widget:
+            self._show_first_widget()
+        if at_cell:
+            self.page.evaluate(f"""async path => {{ {_PANEL}
+                const index = panel.content.widgets.findIndex(c => c.model.id.endsWith({at_cell!r}));
+                if (index >= 0) await panel.content.scrollToItem(index, 'start'); }}""", self.path)
+        elif at_first_widget:
             self.page.locator(_CONTROLS).first.evaluate(
                 "n => n.closest('.jp-Cell').scrollIntoView({block: 'start'})")
         else:
