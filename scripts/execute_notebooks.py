@@ -6,14 +6,16 @@ Like ``jupyter nbconvert --execute --inplace``, except that
   nbval then compares nothing for them and the test run skips them);
 * no widget state is stored (no ``widgets`` metadata, no widget views with fresh model
   ids): a re-run, or a save in JupyterLab, changes no byte that the code did not change;
-* tracebacks of cells tagged ``raises-exception`` show paths relative to the repository
-  (no machine paths in committed files);
+* tracebacks show paths relative to the repository, and a temporary folder a cell made
+  reads ``<tmp>`` in every output (no machine paths in committed files; the test run's
+  sanitizer, ``tests/nbval_sanitize.cfg``, writes a fresh run's temporary folders the same way);
 * the file is replaced atomically.
 
     .venv/bin/python scripts/execute_notebooks.py notebooks/*.ipynb      (= make notebooks)
 """
 from __future__ import annotations
 
+import re
 import site
 import sys
 from pathlib import Path
@@ -28,23 +30,31 @@ REPO = Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # Longest first, so that a venv inside the repository reads as <site-packages>, not .venv/...
 _MACHINE_PATHS = sorted({*site.getsitepackages(), str(REPO)}, key=len, reverse=True)
+# tempfile's folders (tmpXXXXXXXX) wherever the temporary directory lives; the same pattern as the sanitizer's.
+_TEMP_FOLDER = re.compile(r"(?:(?:/[\w.-]+)*/)?\btmp[a-z0-9_]{8}\b")
 
 
 def _without_machine_paths(text: str) -> str:
     for path in _MACHINE_PATHS:
         text = text.replace(path + "/", "" if path == str(REPO) else "<site-packages>/")
-    return text
+    return _TEMP_FOLDER.sub("<tmp>", text)
 
 
 def _clean_outputs(cell) -> None:
     """Drop widget views (their model ids are new on every run and their state is not
-    kept) and machine paths in tracebacks."""
+    kept) and machine paths in text."""
     kept = []
     for output in cell.outputs:
-        if WIDGET_VIEW in output.get("data", {}):
+        data = output.get("data", {})
+        if WIDGET_VIEW in data:
             continue
         if output.output_type == "error":
             output.traceback = [_without_machine_paths(line) for line in output.traceback]
+            output.evalue = _without_machine_paths(output.evalue)
+        elif output.output_type == "stream":
+            output.text = _without_machine_paths(output.text)
+        elif "text/plain" in data:
+            data["text/plain"] = _without_machine_paths(data["text/plain"])
         kept.append(output)
     cell.outputs = kept
 

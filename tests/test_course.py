@@ -127,8 +127,12 @@ def test_the_executor_keeps_no_widget_views_and_no_machine_paths():
                                                      "text/plain": "VBox()"}),
         nbformat.v4.new_output("error", ename="ValueError", evalue="bad",
                                traceback=[f"File {ROOT}/inkling_lab/lora.py:12, in set_lora_info"]),
-        nbformat.v4.new_output("stream", name="stdout", text="kept\n"),
+        nbformat.v4.new_output("stream", name="stdout", text="kept /tmp/tmpab12cd_9/my_adapter\n"),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "Adapter(source='/var/x/tmp0a1b2c3d/a')"}),
     ]
     execute_notebooks._clean_outputs(cell)
-    assert [o.output_type for o in cell.outputs] == ["error", "stream"]
+    assert [o.output_type for o in cell.outputs] == ["error", "stream", "execute_result"]
     assert cell.outputs[0].traceback == ["File inkling_lab/lora.py:12, in set_lora_info"]
+    assert cell.outputs[1].text == "kept <tmp>/my_adapter\n"       # temporary folders, as the sanitizer writes them
+    assert cell.outputs[2].data["text/plain"] == "Adapter(source='<tmp>/a')"
+    assert execute_notebooks._without_machine_paths("tmpw3i035lp/adapter_config.json") == "<tmp>/adapter_config.json"
