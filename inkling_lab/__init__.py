@@ -24,7 +24,7 @@ _LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "doctor", "
 _LAZY_MODULES += ("nb", "exercises")  # the notebooks' own helpers and the exercises' checks
 
 _LAZY_NAMES = {
-    # adapters on disk (SPEC §6)
+    # adapters on disk (docs/reference.md#adapters-on-disk)
     "Adapter": "adapters", "load_adapter": "adapters", "save_adapter": "adapters",
     "normalize_shared_sink": "adapters", "synthetic_adapter": "adapters",
     "is_target_parameters_export": "adapters",
@@ -35,10 +35,10 @@ _LAZY_NAMES = {
     "sink_from_transformers": "transformers_interop", "sink_from_checkpoint": "transformers_interop",
     "to_transformers": "transformers_interop", "make_peft_sink_adapter": "transformers_interop",
     "peft_agreement": "transformers_interop",
-    # tensor parallelism (SPEC §7)
+    # tensor parallelism (docs/reference.md#tensor-parallelism)
     "shard_sink": "parallel", "RankShard": "parallel", "run_tp": "parallel", "TPCase": "parallel",
     "sum_of_shards": "parallel",
-    # the per-expert outer defect of sglang 0.5.23 (SPEC §8)
+    # the per-expert outer defect of sglang 0.5.23 (docs/reference.md#per-expert-defect)
     "sglang_0_5_23_per_expert_forward": "upstream_defect", "defect_report": "upstream_defect",
     "DefectReport": "upstream_defect", "collapse_identical_outer": "upstream_defect",
 }

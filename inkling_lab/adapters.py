@@ -1,4 +1,4 @@
-"""PEFT adapters on disk, read for the shared sink (SPEC §6).
+"""PEFT adapters on disk, read for the shared sink (docs/reference.md#adapters-on-disk).
 
 A PEFT adapter is a folder with ``adapter_config.json`` (``r``, ``lora_alpha``,
 ``target_modules``, ...) and ``adapter_model.safetensors``. Its shared-sink factors
@@ -15,7 +15,7 @@ PEFT ``target_parameters`` exports of transformers' ``InklingSharedExperts`` (it
 ``gate_proj``/``up_proj``/``down_proj``) name their factors
 ``<module>.shared_experts[.base_layer...].lora_A.weight``; they are read as the
 per-expert factors they are (``ISL-N204``; ``is_target_parameters_export`` tells them
-apart: sglang 0.5.23 skips such keys and serves the base sink, SPEC §10).
+apart: sglang 0.5.23 skips such keys and serves the base sink, docs/reference.md#peft-features).
 
 ``load_adapter`` reads and checks a folder (safetensors only, never pickle): the
 header first, then only the shared-sink tensors, one at a time (other modules'
@@ -57,7 +57,7 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 
 RENAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-"""SPEC §6 step 2: the ``w``-names of the same three projections."""
+"""docs/reference.md#adapters-on-disk step 2: the ``w``-names of the same three projections."""
 PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", *RENAMES)
 
 _FACTOR_KEY = re.compile(
@@ -111,7 +111,7 @@ class FactorName:
         return (self.ab == "A") != (self.canonical == "down_proj")
 
     def expected(self) -> str:
-        """The 2D shape this factor should have, in SPEC symbols."""
+        """The 2D shape this factor should have, in the reference's symbols (n, H, F, r)."""
         flat = self.expert is None
         if self.canonical == "down_proj":
             return ("[r, n*F]" if flat else "[r, F]") if self.ab == "A" else "[H, r]"
@@ -250,7 +250,7 @@ class Adapter:
     def _checked(self, fn: FactorName, t: torch.Tensor, where: str, ranks: list[int],
                  factors: Mapping[str, tuple[FactorName, torch.Tensor]] = {}) -> torch.Tensor:
         if t.numel() == 0 and fn.canonical == "up_proj":
-            return t  # a zero-size placeholder (SPEC §6: an absent up)
+            return t  # a zero-size placeholder (docs/reference.md#adapters-on-disk: an absent up)
         if t.dim() != 2:
             raise ValueError(
                 f"{where}: tensor {fn.key!r} is {t.dim()}D {_shape(t)}; a shared-sink LoRA factor is a 2D "
@@ -340,7 +340,7 @@ class Adapter:
 
     def normalized(self, n_shared_experts: int, module: str | None = None) -> dict[str, torch.Tensor]:
         """The shared-sink factors (of one ``module``, default all) after upstream's
-        normalization (SPEC §6)."""
+        normalization (docs/reference.md#adapters-on-disk)."""
         keys = [k for k in self.factor_keys if module is None or FactorName.parse(k).module == module]
         return normalize_shared_sink({k: self.weights[k] for k in keys}, n_shared_experts)
 
@@ -485,7 +485,7 @@ def peft_target_parameter_keys(keys: Iterable[str]) -> list[str]:
     ``gate_proj``/``up_proj``/``down_proj``) in nested ``ParamWrapper``s, so its factors
     are named ``<module>.shared_experts[.base_layer...].lora_A.weight``: no projection in
     the name. sglang 0.5.23 matches none of them to a target module and skips them
-    (SPEC §10). Works on names only: pass ``safe_open(...).keys()`` or ``adapter.weights``.
+    (docs/reference.md#peft-features). Works on names only: pass ``safe_open(...).keys()`` or ``adapter.weights``.
     """
     return [k for k in keys if _NESTED_KEY.match(k)]
 
@@ -806,7 +806,7 @@ def _gather(normalized: dict[str, torch.Tensor], module: str, proj: str, ab: str
 
 
 def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts: int) -> dict[str, torch.Tensor]:
-    """Upstream's normalization of shared-sink factors (SPEC §6), in its three steps.
+    """Upstream's normalization of shared-sink factors (docs/reference.md#adapters-on-disk), in its three steps.
 
     1. Reshape: flat down A ``[r, n*F] -> [n, r, F]``; flat gate, up or fused B
        ``[n*X, r] -> [n, X, r]``; gate, up or fused A ``[r, H] -> [1, r, H]`` and down B
@@ -1008,7 +1008,7 @@ NAMINGS = {
     "fused": ("gate_up_proj", None, "down_proj"),
     "w": ("w1", "w3", "w2"),
 }
-"""The three ways to name the sink's projections (SPEC §6): gate and up apart,
+"""The three ways to name the sink's projections (docs/reference.md#adapters-on-disk): gate and up apart,
 fused, or ``w1``/``w3``/``w2``."""
 
 

@@ -1,4 +1,4 @@
-"""A batch of tokens in contiguous segments, each naming one slot or none (SPEC §5)."""
+"""A batch of tokens in contiguous segments, each naming one slot or none (docs/reference.md#batches)."""
 from __future__ import annotations
 
 import math

@@ -9,7 +9,7 @@ without it) three ways, in float64:
   projection (``use_rslora``, ``alpha_pattern``, ``rank_pattern`` honoured), no pool;
 * ``sglang``: what sglang 0.5.23 serves (``inkling_lab.sglang_path.run_sglang``): one
   ``lora_alpha / r``, weights it skips dropped, nothing when the sink is not wrapped,
-  the per-expert outer defect of SPEC §8 (``upstream_defect``) applied;
+  the per-expert outer defect of docs/reference.md#per-expert-defect (``upstream_defect``) applied;
 * ``kit``: the pool ``inkling-lab convert`` writes.
 
 The report reads like ``torch.testing.assert_close``'s mismatch report, per module,

@@ -221,7 +221,7 @@ def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
 
 
 def _shard(f: LoRAFactors, tp_rank: int, tp_size: int, n: int) -> LoRAFactors:
-    """Tensor-parallel rank ``tp_rank``'s share (SPEC §7), upstream's slicing: down A
+    """Tensor-parallel rank ``tp_rank``'s share (docs/reference.md#tensor-parallelism), upstream's slicing: down A
     cut along F, gate/up B to this rank's slice of each half, outer replicated."""
     return LoRAFactors(
         slice_lora_a(f.gate_up_a, tp_rank, "gate_up_proj", tp_size, n),

@@ -7,12 +7,12 @@ the path itself is ``sglang_path.run_sglang``):
 1. ``read``: the config as ``LoRAConfig`` and ``LoRAAdapter.__init__`` read it, the
    DoRA refusal of ``LoRAManager.validate_new_adapter``, the weights files as
    ``DefaultModelLoader`` finds them (every ``*.safetensors``, else ``*.bin``);
-2. ``normalize``: upstream's three steps (SPEC §6), with its raw errors;
+2. ``normalize``: upstream's three steps (docs/reference.md#adapters-on-disk), with its raw errors;
 3. ``targets``: the server's target modules decide whether the sink is wrapped at
    all and which weights are skipped (``init_lora_modules``, ``load_lora_weight_to_buffer``);
-4. ``shard``: tensor-parallel rank 0's slice (SPEC §7);
+4. ``shard``: tensor-parallel rank 0's slice (docs/reference.md#tensor-parallelism);
 5. ``pool``: the buffer load with sglang's one ``lora_alpha / r`` and its shape asserts;
-6. ``set_lora_info``: the five checks (SPEC §3) on the pool sglang built;
+6. ``set_lora_info``: the five checks (docs/reference.md#validation-order) on the pool sglang built;
 7. ``forward``: what the served sink then computes (the per-expert defect, NaN).
 
 The report carries three verdicts that are never mixed: what sglang does when it

@@ -1,4 +1,4 @@
-"""The symbols of the shared sink and its LoRA pool, in one small record (SPEC §1-2).
+"""The symbols of the shared sink and its LoRA pool, in one small record (docs/reference.md#the-base-module, #the-pool).
 
 ``n`` shared experts, ``H`` hidden size, ``F`` per-rank intermediate size of one
 expert, ``R`` the pool's max LoRA rank, ``S`` adapter slots and ``O`` the outer
@@ -92,12 +92,12 @@ class Geometry:
         return replace(self, **changes)
 
     def tp_shard(self, tp_size: int) -> "Geometry":
-        """The geometry of one of ``tp_size`` tensor-parallel shards (SPEC §7): ``F / tp_size``
+        """The geometry of one of ``tp_size`` tensor-parallel shards (docs/reference.md#tensor-parallelism): ``F / tp_size``
         features per expert, everything else the same; a ``tp_size`` that does not split
         ``F`` is refused (``ISL-K102``)."""
         return replace(self, intermediate=check_tp(self.intermediate, tp_size, "Geometry.tp_shard"))
 
-    # The four buffers (SPEC §2).
+    # The four buffers (docs/reference.md#the-pool).
     @property
     def gate_up_a(self) -> Shape:
         """``[S, O, 2R, H]``: rows ``0..R-1`` gate A, ``R..2R-1`` up A."""
@@ -122,7 +122,7 @@ class Geometry:
         """The four pool buffer shapes by name, in ``set_lora_info`` order."""
         return {name: getattr(self, name) for name in BUFFER_NAMES}
 
-    # The base weights (SPEC §1).
+    # The base weights (docs/reference.md#the-base-module).
     @property
     def w13(self) -> Shape:
         """``[n, 2F, H]``."""
@@ -133,7 +133,7 @@ class Geometry:
         """``[n, H, F]``."""
         return (self.n, self.hidden, self.intermediate)
 
-    # The derived operands of the shared-outer layout (SPEC §4).
+    # The derived operands of the shared-outer layout (docs/reference.md#the-forward).
     @property
     def w1_delta(self) -> Shape:
         """``[S, n*2F, 2R]``."""

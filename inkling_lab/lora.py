@@ -1,5 +1,5 @@
 """The shared sink with LoRA: ``initialize_lora``, ``set_lora_info``, derived operands and
-slot refresh, as either upstream wrapper generation does them (SPEC §3, §4); its
+slot refresh, as either upstream wrapper generation does them (docs/reference.md#validation-order, #the-forward); its
 tensor-parallel slicing is ``shard.py``'s (§7)."""
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def _write_slots(w1_delta: torch.Tensor, a_cat: torch.Tensor, gate_up_b: torch.T
 
 def derive_operands(gate_up_b: torch.Tensor, down_a: torch.Tensor, interleaved: bool
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared-outer operands (SPEC §4), built from the pool's inner factors.
+    """The shared-outer operands (docs/reference.md#the-forward), built from the pool's inner factors.
 
     ``gate_up_b [S, n, 2F, R]`` -> ``w1_delta [S, n*2F, 2R]``: maps the ``2R`` shrink
     output onto the base ``y`` layout (gate B in the gate rows' first ``R`` columns,
@@ -163,7 +163,7 @@ class SharedSinkLoRA(SharedSink):
 
         ``gate_up_a [S, O, 2R, H]``, ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``,
         ``down_b [S, O, H, R]``. Raises what this module's generation raises upstream,
-        in upstream's order (SPEC §3): its checks' ``ValueError``s, its pool-shape
+        in upstream's order (docs/reference.md#validation-order): its checks' ``ValueError``s, its pool-shape
         ``RuntimeError`` on a later call, and the raw torch errors of its operand step
         (same exception types). Unlike upstream's first generation, a failed call leaves
         the module exactly as it was: everything is built aside and adopted at the end.
@@ -200,7 +200,7 @@ class SharedSinkLoRA(SharedSink):
         return layout
 
     def _set_lora_info_v2(self, buffers: tuple[torch.Tensor, ...], layout: PoolLayout) -> None:
-        """The dense engine's ``set_lora_info`` after its checks (SPEC §3, second generation)."""
+        """The dense engine's ``set_lora_info`` after its checks (docs/reference.md#validation-order, second generation)."""
         gate_up_a, gate_up_b, down_a, down_b = buffers
         n, S, R, shared = self.n_shared_experts, layout.slots, layout.rank, layout.shared_outer
         two_f, hidden = gate_up_b.shape[2], down_b.shape[2]
@@ -275,7 +275,7 @@ class SharedSinkLoRA(SharedSink):
             if self.w1_delta is not None:
                 _write_slots(self.w1_delta, self.a_cat, gate_up_b, down_a, (s,), self.interleaved)
 
-    # -- tensor parallelism (SPEC §7) --------------------------------------------------
+    # -- tensor parallelism (docs/reference.md#tensor-parallelism) --------------------------------------------------
     def slice_lora_a(self, weights: Factor, tp_rank: int, target_module: str, tp_size: int) -> Factor:
         """This rank's share of a LoRA A factor: ``shard.slice_lora_a`` with this sink's n
         and (full, unsharded) F."""

@@ -12,10 +12,10 @@ import torch
 
 @dataclass(frozen=True, eq=False)  # tensors have no single truth value: compare fields yourself
 class SinkOperands:
-    """What one forward reads, in the SPEC's symbols.
+    """What one forward reads, in the reference's symbols (docs/reference.md).
 
     * ``w13 [n, 2F, H]``, ``w2 [n, H, F]``: the base weights (``w13_lin``/``w2_lin``
-      are their linearized views ``[n*2F, H]`` and ``[n*F, H]``, SPEC §1);
+      are their linearized views ``[n*2F, H]`` and ``[n*F, H]``, docs/reference.md#the-base-module);
     * ``interleaved``: the gate/up row layout of ``w13``;
     * ``buffers``: the four pool buffers ``gate_up_a [S, O, 2R, H]``,
       ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``, ``down_b [S, O, H, R]``,

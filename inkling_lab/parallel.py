@@ -1,4 +1,4 @@
-"""Tensor parallelism on ``torch.distributed``: the sharded sink and its LoRA (SPEC §7).
+"""Tensor parallelism on ``torch.distributed``: the sharded sink and its LoRA (docs/reference.md#tensor-parallelism).
 
 With ``tp`` ranks each rank holds ``F/tp`` of every expert's intermediate features:
 the base ``w13`` keeps the gate and up rows of those features (in the sink's layout),

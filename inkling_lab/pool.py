@@ -1,4 +1,4 @@
-"""The LoRA pool: four 4D buffers with one slot per adapter in a batch (SPEC §2).
+"""The LoRA pool: four 4D buffers with one slot per adapter in a batch (docs/reference.md#the-pool).
 
 ``gate_up_a [S, O, 2R, H]``, ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``,
 ``down_b [S, O, H, R]``. Loading an adapter of rank ``r <= R`` zeroes its slot,
@@ -31,7 +31,7 @@ def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
 
 @dataclass
 class LoRAFactors:
-    """One adapter's shared-sink factors, normalized for the pool (SPEC §6, step 3).
+    """One adapter's shared-sink factors, normalized for the pool (docs/reference.md#adapters-on-disk, step 3).
 
     ``gate_up_a [O, 2r, H]`` (gate rows, then up rows), ``gate_up_b [n, 2F, r]``
     (per expert: gate rows, then up rows), ``down_a [n, r, F]``, ``down_b [O, H, r]``;

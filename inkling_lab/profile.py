@@ -460,7 +460,7 @@ def summary_table(records: Sequence[dict], backend: str = "triton") -> str:
 # -- side by side with upstream (issue 15) ------------------------------------------------
 
 def reference_f64(ops, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None) -> torch.Tensor:
-    """SPEC §4 in float64 on ``x``'s device, from the pool buffers (not the derived
+    """docs/reference.md#the-forward in float64 on ``x``'s device, from the pool buffers (not the derived
     operands): ``out [T, H]`` float64. The same sums as ``forward.reference`` (which
     loops per token on the CPU, too slow for the side-by-side grid), vectorized per slot."""
     from .sink import gate_up_rows

@@ -3,10 +3,10 @@
 ``run_sglang(folder, n, H, F)`` follows the adapter down sglang's own loading path,
 each stage once and recorded (what it produced, or sglang's exact error): ``read``
 (``LoRAConfig``, ``LoRAAdapter.__init__``, ``validate_new_adapter``'s DoRA refusal,
-the weights files as ``DefaultModelLoader`` finds them), ``normalize`` (SPEC §6),
+the weights files as ``DefaultModelLoader`` finds them), ``normalize`` (docs/reference.md#adapters-on-disk),
 ``targets`` (``init_lora_shapes``, ``init_lora_modules``: is the sink wrapped, which
-weights are skipped), ``shard`` (SPEC §7), ``pool`` (the buffer load with one
-``lora_alpha / r``), ``set_lora_info`` (SPEC §3) and ``forward``. ``_config_causes``
+weights are skipped), ``shard`` (docs/reference.md#tensor-parallelism), ``pool`` (the buffer load with one
+``lora_alpha / r``), ``set_lora_info`` (docs/reference.md#validation-order) and ``forward``. ``_config_causes``
 says where sglang's reading of a config differs from PEFT's.
 
 The doctor (``doctor.py``) turns a run into its report; ``compare.py`` computes the
@@ -310,7 +310,7 @@ class _Sglang:
         return shared if not per else per
 
     def shard(self) -> None:
-        """Tensor-parallel rank 0's share (``slice_moe_lora_{a,b}_weights``, SPEC §7), on
+        """Tensor-parallel rank 0's share (``slice_moe_lora_{a,b}_weights``, docs/reference.md#tensor-parallelism), on
         the dicts and 3D tensors as they stand."""
         for module, parts in self.factors.items():
             if self.tp > 1:

@@ -1,4 +1,4 @@
-"""Tensor-parallel slicing of the shared sink (SPEC §7): pure functions on tensors.
+"""Tensor-parallel slicing of the shared sink (docs/reference.md#tensor-parallelism): pure functions on tensors.
 
 With ``tp`` ranks each rank holds ``F/tp`` of every expert's intermediate features.
 ``slice_lora_a``/``slice_lora_b`` are upstream's ``slice_moe_lora_a_weights`` and

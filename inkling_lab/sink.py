@@ -1,4 +1,4 @@
-"""The base module: Inkling's dense shared-expert sink (SPEC §1).
+"""The base module: Inkling's dense shared-expert sink (docs/reference.md#the-base-module).
 
 Every token goes through every shared expert; the gate's per-token, per-expert
 weights ``gammas [T, n]`` scale each expert's SwiGLU activation. Two forms compute
@@ -34,7 +34,7 @@ def gate_up_rows(intermediate: int, interleaved: bool, device: torch.device | st
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for working dtypes up to float32 (SPEC §1); float64 stays float64."""
+    """float32 for working dtypes up to float32 (docs/reference.md#the-base-module); float64 stays float64."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 

@@ -1,4 +1,4 @@
-"""transformers' Inkling and the kit's sink: one set of weights, two layouts (SPEC §1).
+"""transformers' Inkling and the kit's sink: one set of weights, two layouts (docs/reference.md#the-base-module).
 
 transformers (>= 5.24, ``transformers.models.inkling``) holds the shared sink as
 ``InklingSharedExperts`` with three 3D parameters: ``gate_proj [n, F, H]``,

@@ -1,4 +1,4 @@
-"""What sglang 0.5.23 computes for a per-expert outer pool, next to what it should (SPEC §8).
+"""What sglang 0.5.23 computes for a per-expert outer pool, next to what it should (docs/reference.md#per-expert-defect).
 
 In the per-expert outer layout (``O = n``) upstream's gate/up delta is wrong, and
 nothing raises. For each expert ``e`` of slot ``s`` it computes, in the raw column
@@ -18,7 +18,7 @@ so contiguous order *is* the right place and only fault (1) remains; that case i
 formula read literally, not a measurement (0.5.23 refuses a contiguous sink, ISL-E009).
 The down delta and the whole shared outer layout are right.
 
-The kit's own forward keeps computing the intended math (SPEC §4). This module shows
+The kit's own forward keeps computing the intended math (docs/reference.md#the-forward). This module shows
 the difference: ``sglang_0_5_23_per_expert_forward`` computes what upstream computes,
 ``defect_report`` measures it for an adapter or pool, and ``collapse_identical_outer``
 turns per-expert outer factors that are the same for every expert into the shared
@@ -102,7 +102,7 @@ def sglang_0_5_23_equivalent_buffers(gate_up_a: torch.Tensor, gate_up_b: torch.T
 def sglang_0_5_23_per_expert_forward(sink: SharedSinkLoRA, x: torch.Tensor, gammas: torch.Tensor,
                                      batch: SlotBatch | None, backend: str = "reference") -> torch.Tensor:
     """What sglang 0.5.23 returns for this sink, whose pool is in the per-expert outer
-    layout (SPEC §8), instead of the intended ``sink(x, gammas, batch)``.
+    layout (docs/reference.md#per-expert-defect), instead of the intended ``sink(x, gammas, batch)``.
 
     ``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]`` -> ``out`` like ``x`` (float64
     with the default ``reference`` backend). Computed as the kit's forward over

@@ -1,4 +1,4 @@
-"""Checking the four pool buffers (SPEC §3).
+"""Checking the four pool buffers (docs/reference.md#validation-order).
 
 ``validate_pool`` is upstream-exact: the same exception type and message, in the
 same order, first failure wins. ``diagnose_pool`` never raises: it reports every
@@ -23,7 +23,7 @@ PRETTY = {"gate_up_a": "gate-up A", "gate_up_b": "gate-up B", "down_a": "down A"
 SYMBOLS = {"gate_up_a": "[S, O, 2R, H]", "gate_up_b": "[S, n, 2F, R]",
            "down_a": "[S, n, R, F]", "down_b": "[S, O, H, R]"}
 
-# Upstream's words, from the catalog (their one source; SPEC §3). Templates: format them.
+# Upstream's words, from the catalog (their one source; docs/reference.md#validation-order). Templates: format them.
 MSG_NOT_4D = CATALOG["ISL-E001"].message
 MSG_OUTER_DIM = CATALOG["ISL-E002"].message  # {n}
 MSG_OUTER_LAYOUT = CATALOG["ISL-E003"].message
@@ -85,7 +85,7 @@ def check_generation(generation: str) -> None:
 def upstream_check(shapes: dict[str, tuple[int, ...]], n: int, generation: str = "v1") -> tuple[str, str] | None:
     """The first of upstream's checks that fails, as ``(code, message)``, else ``None``.
 
-    ``v1``: the five checks of SPEC §3 in order. ``v2`` has no 4D check: it unpacks
+    ``v1``: the five checks of docs/reference.md#validation-order in order. ``v2`` has no 4D check: it unpacks
     ``S, O, 2R, _ = gate-up A`` and ``_, _, 2F, R = gate-up B``, reads down B's axis 2,
     then tests checks 2-5 in one condition, left to right, with one message. So on
     ``v2`` a gate-up A or B with another number of axes raises Python's own unpacking
@@ -118,7 +118,7 @@ def upstream_check(shapes: dict[str, tuple[int, ...]], n: int, generation: str =
 
 def validate_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *,
                   n_shared_experts: int, generation: str = "v1") -> PoolLayout:
-    """Upstream's ``set_lora_info`` checks (SPEC §3), in order, first failure wins.
+    """Upstream's ``set_lora_info`` checks (docs/reference.md#validation-order), in order, first failure wins.
 
     Buffers ``[S, O, 2R, H]``, ``[S, n, 2F, R]``, ``[S, n, R, F]``, ``[S, O, H, R]``.
     Raises ``ValueError`` with upstream's exact message, else returns the layout.

@@ -79,9 +79,13 @@ def test_gpu_cells_skip_with_a_note_off_cuda(path):
                 f"{path.name}: a gpu cell must start with `if il.nb.requires_cuda():`, so Run All goes on off CUDA"
 
 
-def test_no_notebook_or_readme_points_to_a_spec_the_kit_does_not_ship():
+LIBRARY = sorted((ROOT / "inkling_lab").rglob("*.py"))
+
+
+def test_no_notebook_readme_or_library_text_points_to_a_spec_the_kit_does_not_ship():
     texts = {p.name: "".join(_source(c) for c in _cells(p)) for p in NOTEBOOKS}
     texts["README.md"] = (ROOT / "README.md").read_text()
+    texts.update({str(p.relative_to(ROOT)): p.read_text() for p in LIBRARY})  # docstrings and messages
     offenders = {name: re.findall(r".{0,30}\bSPEC\b.{0,30}|.{0,30}steering docs.{0,10}", text)
                  for name, text in texts.items()}
     offenders = {k: v for k, v in offenders.items() if v}
@@ -94,6 +98,7 @@ def test_links_into_the_reference_name_sections_that_exist():
             "per-expert-defect"} <= anchors
     texts = [(p.name, "".join(_source(c) for c in _cells(p))) for p in NOTEBOOKS]
     texts.append(("README.md", (ROOT / "README.md").read_text()))
+    texts += [(str(p.relative_to(ROOT)), p.read_text()) for p in LIBRARY]
     for name, text in texts:
         for anchor in re.findall(r"reference\.md#([\w-]+)", text):
             assert anchor in anchors, f"{name} links to docs/reference.md#{anchor}, which does not exist"

@@ -31,3 +31,13 @@ def test_the_cli_commands_shown_exist():
         done = subprocess.run([sys.executable, "-m", "inkling_lab.cli", command, "--help"],
                               capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 0, done.stderr
+
+
+def test_the_module_map_names_every_module_of_the_library():
+    section = README.split("### The library, module by module", 1)[1].split("## Notes for contributors", 1)[0]
+    named = set(re.findall(r"`([\w/]+(?:\.py|/))`", section))
+    package = ROOT / "inkling_lab"
+    modules = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    modules |= {p.name + "/" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert modules <= named, f"the README's module map misses {sorted(modules - named)}"
+    assert named <= modules, f"the README's module map names modules that do not exist: {sorted(named - modules)}"

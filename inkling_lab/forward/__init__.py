@@ -1,4 +1,4 @@
-"""Forward backends for the shared sink with LoRA, and the dispatcher (SPEC §4).
+"""Forward backends for the shared sink with LoRA, and the dispatcher (docs/reference.md#the-forward).
 
 ``reference`` (float64 loops, the ground truth), ``torch`` (vectorized, any device)
 and ``triton`` (GPU kernels; CPU only under ``TRITON_INTERPRET=1``). ``auto`` picks

@@ -1,4 +1,4 @@
-"""The three Triton kernels of the batched shared-sink forward (SPEC §1, §4).
+"""The three Triton kernels of the batched shared-sink forward (docs/reference.md#the-base-module, #the-forward).
 
 One forward is three launches, each reading its weights once:
 
@@ -28,7 +28,7 @@ Slot ``-1`` (base only, or a rank-0 slot) skips the LoRA terms. The per-expert o
 layout (``O = n``) runs through the same code: expert ``e`` uses outer index
 ``o = e * O_STEP`` with ``O_STEP = 1``, the shared outer ``O_STEP = 0``.
 
-Shapes in SPEC symbols. Weights: ``w13 [n, 2F, H]``, ``w2 [n, H, F]``; pool:
+Shapes in the reference's symbols (docs/reference.md). Weights: ``w13 [n, 2F, H]``, ``w2 [n, H, F]``; pool:
 ``gate_up_a [S, O, 2R, H]``, ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``,
 ``down_b [S, O, H, R]``; all contiguous.
 """

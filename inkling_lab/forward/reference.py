@@ -1,6 +1,6 @@
-"""The ground truth: SPEC §4 in float64, one token and one expert at a time.
+"""The ground truth: the forward of docs/reference.md#the-forward in float64, one token and one expert at a time.
 
-Written to be read next to the SPEC, not to be fast. It uses the pool buffers
+Written to be read next to docs/reference.md#the-forward, not to be fast. It uses the pool buffers
 directly (not the derived operands), so it also checks that those are right.
 """
 from __future__ import annotations

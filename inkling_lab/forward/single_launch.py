@@ -1,5 +1,5 @@
 """One launch for few tokens (``T <= 64``, tuned for ``T <= 32``): the whole shared-sink
-forward with LoRA (SPEC §1, §4) in a single Triton grid.
+forward with LoRA (docs/reference.md#the-base-module, #the-forward) in a single Triton grid.
 
 Why one launch: at a few tokens the forward streams the weights once (``w13``
 ``n*2F*H`` and ``w2`` ``n*H*F`` elements, plus the used pool slots) and does almost
@@ -33,7 +33,7 @@ Graph replays: the last program to leave zeroes ``sh``, ``mid`` and the counters
 of each feature block zeroes that block's counter; the next launch finds the workspace
 as ``make_workspace`` made it, with no memset launch.
 
-Shapes in SPEC symbols. Weights ``w13 [n, 2F, H]``, ``w2 [n, H, F]``; pool
+Shapes in the reference's symbols (docs/reference.md). Weights ``w13 [n, 2F, H]``, ``w2 [n, H, F]``; pool
 ``gate_up_a [S, O, 2R, H]``, ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``,
 ``down_b [S, O, H, R]`` (read directly: the same numbers as ``w1_delta``/``a_cat``, and
 one code path for both outer layouts: expert ``e`` uses outer index ``e * O_STEP``).
@@ -175,7 +175,7 @@ def _up_task(j, x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, g
                         gate += scale * tl.dot(sg.to(bg.dtype), bg)
                         up += scale * tl.dot(su.to(bu.dtype), bu)
         gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
-        act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]     # SwiGLU x gamma in float32 (SPEC §1)
+        act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]     # SwiGLU x gamma in float32 (docs/reference.md#the-base-module)
         act_lp = act.to(act_ptr.dtype.element_ty)                  # the one cast to the working dtype
         tl.store(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :], act_lp,
                  mask=row_ok[:, None] & f_ok[None, :])
@@ -428,7 +428,7 @@ def make_workspace(ops: SinkOperands, max_tokens: int, config: SingleConfig | No
 def device_slots(batch: SlotBatch | None, num_tokens: int, device: torch.device | str
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(slots [T] int32, scalings [S] float32)`` on ``device`` for ``launch_single``: each
-    token's slot, ``-1`` for base-only tokens and for slots of rank 0 (SPEC §5: a no-op).
+    token's slot, ``-1`` for base-only tokens and for slots of rank 0 (docs/reference.md#batches: a no-op).
     Host work: do it before capturing, then update the two tensors in place."""
     if batch is None:
         return (torch.full((num_tokens,), -1, dtype=torch.int32, device=device),
