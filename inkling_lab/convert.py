@@ -33,6 +33,7 @@ from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, open_safetensors
 from .atomic import atomic_writer
 from .catalog import message
 from .geometry import BUFFER_NAMES, Geometry
+from .sglang_path import config_findings
 from .shard import check_rank, check_tp, slice_lora_a, slice_lora_b
 from .pool import LoRAFactors, LoRAPool
 from .records import dtype_name
@@ -317,7 +318,9 @@ class _Conversion:
     def pool(self, layers: dict[str, Buffers]) -> ConvertedPool:
         slots = [SlotInfo(s, a.name, self.first_ranks.get(s, 0), a.lora_alpha, a.scaling, a.sha256, a.source)
                  for s, a in enumerate(self.adapters)]
-        findings = [f for a in self.adapters for f in a.findings] + self.findings
+        # What sglang 0.5.23 would do otherwise with each adapter's config (rsLoRA, per-module
+        # alpha and rank, ...): the converter writes the adapter's math and says where they differ.
+        findings = [f for a in self.adapters for f in (*a.findings, *config_findings(a))] + self.findings
         return ConvertedPool(self.geometry, layers, slots, self.tp_rank, self.tp_size, findings)
 
     def progress(self, progress: bool | None, total: int) -> tqdm:

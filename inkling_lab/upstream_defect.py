@@ -347,7 +347,9 @@ def collapse_pool_outer(adapters: Sequence[Mapping[str, LoRAFactors]], names: Se
 
     Collapses only toward a shared outer pool: when ``outer`` is 1, or ``None`` (auto)
     and every per-expert factor collapses. Otherwise (``outer`` = n, or some experts'
-    outer factors differ, so the pool stays per expert) returns the factors unchanged.
+    outer factors differ, so the pool stays per expert) returns the factors unchanged,
+    with the doctor's ``ISL-W001`` finding for each adapter served per expert: the
+    converter writes the adapter's math, sglang 0.5.23 would not.
     """
     collapsed, notes = [], []
     for factors, name in zip(adapters, names):
@@ -365,4 +367,5 @@ def collapse_pool_outer(adapters: Sequence[Mapping[str, LoRAFactors]], names: Se
     shared = all(f.outer == 1 for fs in collapsed for f in fs.values())
     if outer == 1 or (outer is None and shared):
         return collapsed, notes
-    return [dict(fs) for fs in adapters], []
+    warned = [doctor_finding(dict(fs), what=f"adapter {name!r}") for fs, name in zip(adapters, names)]
+    return [dict(fs) for fs in adapters], [f for f in warned if f is not None]

@@ -134,3 +134,14 @@ def test_convert_keeps_the_adapters_dtype_unless_given_one(tmp_path, capsys):
         out = tmp_path / f"pool{len(extra)}.safetensors"
         code, _, _ = run(capsys, "convert", str(folder), "-o", str(out), "-n", "2", "-q", *extra)
         assert code == 0 and load_pool(out).buffers()[0].dtype == dtype
+
+
+@pytest.mark.parametrize("sample, code", [("rslora", "ISL-W101"), ("alpha_pattern", "ISL-W102"),
+                                          ("per_expert", "ISL-W001")])
+def test_convert_says_where_sglang_would_differ_as_the_doctor_does(tmp_path, capsys, sample, code):
+    folder = ROOT / "data" / "adapters" / sample
+    assert main(["convert", str(folder), "-n", "2", "-o", str(tmp_path / "p.safetensors"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(f"[{code}]") == 1                       # once, as the doctor words it
+    assert main(["convert", str(folder), "-n", "2", "-o", str(tmp_path / "q.safetensors"), "--json"]) == 0
+    assert code in [f["code"] for f in json.loads(capsys.readouterr().out)["findings"]]

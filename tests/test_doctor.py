@@ -323,12 +323,13 @@ def test_the_journey_figure_and_the_explorer_follow_the_doctor():
     assert len(fig.axes) == 12 and "[1, 2, 12, 4]" in titles and "0.gate_proj.lora_A [4, 8]" in titles[0]
     plt.close(fig)
     failed = adapter_journey_figure(next(iter(doctor(SAMPLES / "three_experts", 2, 8, 6).journey.values())))
-    assert [t.get_text() for t in failed.axes[1].texts] == ["fails before here"]
+    assert "fails before here" in [t.get_text() for t in failed.axes[1].texts]
     plt.close(failed)
 
     box = adapter_explorer(str(SAMPLES))
-    adapter, tp = box.children[1].children
-    n, max_rank = box.children[2].children
+    controls = {c.description: c for row in box.children for c in getattr(row, "children", ())
+                if getattr(c, "description", "")}
+    adapter, tp, n, max_rank = (controls[k] for k in ("adapter", "tp", "n experts", "max rank R"))
     adapter.value, n.value = "rank8", 3  # each change redraws through the doctor without raising
     max_rank.value, tp.value = 2, 2
     plt.close("all")

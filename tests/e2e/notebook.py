@@ -211,8 +211,10 @@ class NotebookPage:
         """
         self._show_first_widget()
         controls = self.page.locator(_CONTROLS)
-        if controls.count() == 0:
-            raise AssertionError(f"{self.path}: no slider or dropdown drawn to play with")
+        try:  # a long notebook attaches the scrolled-to cells, and the widget renders, in their own time
+            controls.first.wait_for(state="attached", timeout=WIDGET_TIMEOUT_MS)
+        except PlaywrightError:
+            raise AssertionError(f"{self.path}: no slider or dropdown drawn to play with") from None
         control = controls.first
         control.scroll_into_view_if_needed()
         before = control.evaluate(_SHOWN_BESIDE)
