@@ -159,6 +159,7 @@ def _figure_explorer(draw, controls: dict, title: str = ""):
 
     out = w.Output()
     requests = [0]
+    drawn: list[dict] = []
 
     def show(*_):
         requests[0] += 1
@@ -166,7 +167,11 @@ def _figure_explorer(draw, controls: dict, title: str = ""):
         with _DRAW_LOCK:
             if mine != requests[0]:
                 return  # a newer change is waiting: it draws the newer values
-            text, fig = draw(**{name: widget.value for name, widget in controls.items()})
+            values = {name: widget.value for name, widget in controls.items()}
+            if drawn and drawn[-1] == values:
+                return  # the front end echoing a value back: the picture shown is already this one
+            drawn[:] = [values]
+            text, fig = draw(**values)
             picture = _png(fig)
             with out:
                 out.clear_output(wait=True)

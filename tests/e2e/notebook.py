@@ -9,6 +9,7 @@ the DOM for what is drawn.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ APP_TIMEOUT_MS = 90_000
 KERNEL_TIMEOUT_MS = 120_000
 RUN_TIMEOUT_MS = 240_000
 WIDGET_TIMEOUT_MS = 60_000
+BLANK_SETTLE_S = 10
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 TRACEBACK = "Traceback (most recent call last)"
@@ -28,12 +30,17 @@ WIDGET_FALLBACKS = ("Loading widgets...", "Error displaying widget")
 
 # An <img> that shows nothing: not loaded, no size, or every pixel the same colour
 # (matplotlib's figures are data: URLs, so the canvas may read them back).
-_IS_BLANK = """const isBlank = img => {
-    if (!img.complete || img.naturalWidth === 0 || img.naturalHeight === 0) return true;
+_IS_BLANK = """const isBlank = async img => {
+    // Read the picture's own bytes (matplotlib's figures are data: URLs), not the element:
+    // Chromium decodes an <img> lazily, and one not decoded yet reads back as transparent.
+    let bitmap;
+    try { bitmap = await createImageBitmap(await (await fetch(img.src)).blob()); }
+    catch (error) { return true; }  // no picture at all
+    if (bitmap.width === 0 || bitmap.height === 0) return true;
     const canvas = document.createElement('canvas');
-    canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+    canvas.width = bitmap.width; canvas.height = bitmap.height;
     const context = canvas.getContext('2d');
-    context.drawImage(img, 0, 0);
+    context.drawImage(bitmap, 0, 0);
     const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
     for (let i = 4; i < data.length; i += 4) {
         if (data[i] !== data[0] || data[i + 1] !== data[1] || data[i + 2] !== data[2]) return false;
@@ -62,8 +69,8 @@ _RUN_DONE = f"""path => {{ {_PANEL}
         && Array.from({{length: model.outputs.length}}, (_, i) => model.outputs.get(i).type).includes('error'));
     return stopped || code.every(model => model.executionCount !== null); }}"""
 
-_CELLS = f"""path => {{ {_PANEL} {_IS_BLANK}
-    return panel.content.widgets.map((cell, index) => {{
+_CELLS = f"""async path => {{ {_PANEL} {_IS_BLANK}
+    return Promise.all(panel.content.widgets.map(async (cell, index) => {{
         const model = cell.model;
         const report = {{index, type: model.type, source: model.sharedModel.getSource(),
                         tags: model.getMetadata('tags') || [], count: null, outputs: []}};
@@ -83,10 +90,11 @@ _CELLS = f"""path => {{ {_PANEL} {_IS_BLANK}
             '.widget-output [data-mime-type="application/vnd.jupyter.stderr"]'))
             .map(node => node.innerText).filter(text => text.includes({TRACEBACK!r}));
         report.text = area.innerText;
-        report.blankImages = Array.from(area.querySelectorAll('img')).filter(isBlank).length;
+        const pictures = Array.from(area.querySelectorAll('img'));
+        report.blankImages = (await Promise.all(pictures.map(isBlank))).filter(Boolean).length;
         report.images = area.querySelectorAll('img').length;
         return report;
-    }}); }}"""
+    }})); }}"""
 
 # Everything a widget's cell shows except the control itself (whose own readout changes
 # with it): text, plus images by their data, so a redrawn plot counts as a change.
@@ -190,6 +198,13 @@ class NotebookPage:
                 timeout=WIDGET_TIMEOUT_MS, polling=250)
         except PlaywrightError:
             pass  # the blank-picture check names those that never loaded
+        # A picture still being swapped in (an explorer's redraw, a cell attached late) reads
+        # as blank for an instant: look again for a few seconds; a blank figure stays blank.
+        deadline = time.monotonic() + BLANK_SETTLE_S
+        raws = self.page.evaluate(_CELLS, self.path)
+        while any(raw.get("blankImages") for raw in raws) and time.monotonic() < deadline:
+            self.page.wait_for_timeout(500)
+            raws = self.page.evaluate(_CELLS, self.path)
         return [
             Cell(index=raw["index"], kind=raw["type"], source=raw["source"], tags=tuple(raw["tags"]),
                  count=raw["count"],
@@ -198,7 +213,7 @@ class NotebookPage:
                  drawn_widgets=raw.get("drawnWidgets", 0),
                  widget_tracebacks=tuple(raw.get("widgetTracebacks", ())), text=raw.get("text", ""),
                  images=raw.get("images", 0), blank_images=raw.get("blankImages", 0))
-            for raw in self.page.evaluate(_CELLS, self.path)
+            for raw in raws
         ]
 
     def change_first_widget(self) -> str:
