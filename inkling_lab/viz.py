@@ -2,10 +2,41 @@
 plain values, returns a ``Figure`` and holds no domain logic of its own."""
 from __future__ import annotations
 
-import matplotlib
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
+import matplotlib
 import matplotlib.pyplot as plt
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+_DETACHED = threading.local()
+
+
+@contextmanager
+def detached() -> Iterator[None]:
+    """Figures made inside (in this thread) are plain ``Figure`` objects on their own Agg
+    canvas, unknown to pyplot: nothing else (the notebook's inline backend flushing and
+    closing pyplot's figures after a cell) can draw, show or close them while their
+    owner renders them. Outside, figures come from ``plt.subplots`` so that a notebook
+    cell shows them inline."""
+    before = getattr(_DETACHED, "on", False)
+    _DETACHED.on = True
+    try:
+        yield
+    finally:
+        _DETACHED.on = before
+
+
+def _subplots(*args, figsize: tuple[float, float] | None = None, constrained_layout: bool = False, **kwargs):
+    """``plt.subplots``, or inside ``detached()`` the same grid on a figure pyplot never sees."""
+    if not getattr(_DETACHED, "on", False):
+        return plt.subplots(*args, figsize=figsize, constrained_layout=constrained_layout, **kwargs)
+    fig = Figure(figsize=figsize, layout="constrained" if constrained_layout else None)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(*args, **kwargs)
 
 # -- core: layouts, buffers, derived operands --------------------------------
 
@@ -16,7 +47,7 @@ def gate_up_layout_figure(intermediate: int = 4, n: int = 2) -> Figure:
     """The rows of ``w13 [n, 2F, H]`` in both layouts: which row is gate, which is up."""
     from .sink import gate_up_rows
 
-    fig, axes = plt.subplots(2, 1, figsize=(9, 2.8), constrained_layout=True)
+    fig, axes = _subplots(2, 1, figsize=(9, 2.8), constrained_layout=True)
     for ax, interleaved in zip(axes, (True, False)):
         gate, _ = gate_up_rows(intermediate, interleaved)
         gate = set(gate.tolist())
@@ -25,7 +56,7 @@ def gate_up_layout_figure(intermediate: int = 4, n: int = 2) -> Figure:
                 is_gate = row in gate
                 f = row // 2 if interleaved else row % intermediate
                 x = e * 2 * intermediate + row
-                ax.add_patch(plt.Rectangle((x, 0), 0.92, 1, color=_GATE if is_gate else _UP))
+                ax.add_patch(Rectangle((x, 0), 0.92, 1, color=_GATE if is_gate else _UP))
                 ax.text(x + 0.46, 0.5, f"{'g' if is_gate else 'u'}{f}", ha="center", va="center",
                         color="white", fontsize=8)
             ax.text(e * 2 * intermediate + intermediate, 1.25, f"expert {e}", ha="center", fontsize=9)
@@ -80,7 +111,7 @@ def pool_figure(pool, note: str = "") -> Figure:
     O = "expert" if not g.shared_outer else "shared"
     buffers = pool.buffers()
     vmax = max(float(b.detach().abs().max()) for b in buffers) or 1.0
-    fig, axes = plt.subplots(1, 4, figsize=(13.5, 4.6), constrained_layout=True)
+    fig, axes = _subplots(1, 4, figsize=(13.5, 4.6), constrained_layout=True)
     _buffer_image(axes[0], buffers[0], f"gate-up A {list(g.gate_up_a)}\n[S, O, 2R, H]",
                   "H (hidden)", O, half=g.rank, vmax=vmax)
     _buffer_image(axes[1], buffers[1], f"gate-up B {list(g.gate_up_b)}\n[S, n, 2F, R]", "R (rank)",
@@ -104,7 +135,7 @@ def derived_operands_figure(sink, slot: int = 0) -> Figure:
         raise ValueError("derived operands exist only after set_lora_info with a shared-outer pool")
     n, F = sink.n_shared_experts, sink.intermediate_size
     R = sink.a_cat.shape[1]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 2.2]},
+    fig, axes = _subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 2.2]},
                              constrained_layout=True)
     vmax = max(float(sink.w1_delta[slot].abs().max()), float(sink.a_cat[slot].abs().max())) or 1.0
     for ax, t, title in ((axes[0], sink.w1_delta[slot], f"w1_delta[{slot}]  [n*2F, 2R]"),
@@ -142,7 +173,7 @@ def _blocks(ax, x0: float, shape: list[int], color: str, gap: float, halves: boo
     for i in range(grid[0]):
         for j in range(grid[1]):
             x, y = x0 + j * (cols + gap), i * (rows + gap)
-            ax.add_patch(plt.Rectangle((x, y), cols, rows, facecolor=color, edgecolor="black", lw=0.6, alpha=0.85))
+            ax.add_patch(Rectangle((x, y), cols, rows, facecolor=color, edgecolor="black", lw=0.6, alpha=0.85))
             if halves:
                 ax.plot([x, x + cols], [y + rows / 2] * 2, color="white", lw=1.2, ls="--")
     return x0 + grid[1] * (cols + gap), grid[0] * (rows + gap)
@@ -171,7 +202,7 @@ def adapter_journey_figure(journey: list[dict], title: str = "") -> Figure:
     from .validate import PRETTY
 
     stages = ("file", "normalized", "pool")
-    fig, axes = plt.subplots(len(journey), 3, figsize=(12, 2.4 * len(journey)), constrained_layout=True,
+    fig, axes = _subplots(len(journey), 3, figsize=(12, 2.4 * len(journey)), constrained_layout=True,
                              squeeze=False)
     extent = [1.0, 1.0]
     for r, row in enumerate(journey):
@@ -232,9 +263,9 @@ def batch_figure(batch) -> Figure:
     slots = batch.token_slots().tolist()
     T = len(slots)
     lengths = _segment_lengths(batch.seg_indptr)
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * T + 2), 2.9), constrained_layout=True)
+    fig, axes = _subplots(2, 1, figsize=(max(6.0, 0.45 * T + 2), 2.9), constrained_layout=True)
     for t, s in enumerate(slots):
-        axes[0].add_patch(plt.Rectangle((t, 0), 0.92, 1, color=_slot_color(s)))
+        axes[0].add_patch(Rectangle((t, 0), 0.92, 1, color=_slot_color(s)))
         axes[0].text(t + 0.46, 0.5, "-" if s < 0 else str(s), ha="center", va="center", fontsize=8)
     axes[0].set_title("tokens in arrival order (number: slot; grey '-': base model only)", loc="left", fontsize=9)
     order = batch.permutation.tolist() if batch.permutation is not None else list(range(T))
@@ -243,9 +274,9 @@ def batch_figure(batch) -> Figure:
         s = int(batch.weight_indices[g])
         rank = int(batch.lora_ranks[s]) if s >= 0 else 0
         for i in range(length):
-            axes[1].add_patch(plt.Rectangle((x + i, 0), 0.92, 1, color=_slot_color(s), alpha=0.35 if rank == 0 else 1))
+            axes[1].add_patch(Rectangle((x + i, 0), 0.92, 1, color=_slot_color(s), alpha=0.35 if rank == 0 else 1))
             axes[1].text(x + i + 0.46, 0.5, f"t{order[x + i]}", ha="center", va="center", fontsize=7)
-        axes[1].add_patch(plt.Rectangle((x - 0.05, -0.08), length, 1.16, fill=False, lw=1.6))
+        axes[1].add_patch(Rectangle((x - 0.05, -0.08), length, 1.16, fill=False, lw=1.6))
         label = "base" if s < 0 else f"slot {s}" + (" (rank 0: skipped)" if rank == 0 else "")
         axes[1].text(x + length / 2, 1.3, label, ha="center", fontsize=8)
         x += length
@@ -272,7 +303,7 @@ def roofline_figure(copy_TBps: float, matmul_TFLOPs: float, points: list[tuple[s
 
     ridge = matmul_TFLOPs / copy_TBps
     ai = np.logspace(-1, 4, 200)
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), constrained_layout=True)
+    fig, ax = _subplots(figsize=(7.5, 4.2), constrained_layout=True)
     ax.loglog(ai, np.minimum(ai * copy_TBps, matmul_TFLOPs), color="black", lw=2)
     ax.axvline(ridge, color="grey", ls=":", lw=1)
     ax.text(ridge * 1.1, matmul_TFLOPs * 0.08, f"ridge: {ridge:.0f} FLOP/B", fontsize=8, color="grey")
@@ -296,7 +327,7 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
     rows = [r for r in record["records"] if (r["case"]["shape"], r["case"]["R"], r["case"]["S"]) == (shape, R, S)]
     if not rows:
         raise ValueError(f"the record has no points for shape {shape}, R={R}, S={S}")
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.4), constrained_layout=True)
+    fig, (ax, ax2) = _subplots(1, 2, figsize=(12, 4.4), constrained_layout=True)
     backends = sorted({r["backend"] for r in rows}, key=list(_BACKEND_STYLE).index)
     for b in backends:
         pts = sorted((r["case"]["T"], r["median_us"], r["ratio"]) for r in rows if r["backend"] == b)
@@ -338,7 +369,7 @@ def kernel_breakdown_figure(record: dict, backend: str = "triton") -> Figure:
     tables = [t for t in record["kernel_tables"] if t["backend"] == backend]
     if not tables:
         raise ValueError(f"the record has no kernel table for backend {backend!r}")
-    fig, axes = plt.subplots(1, len(tables), figsize=(3.2 * len(tables), 3.6), constrained_layout=True)
+    fig, axes = _subplots(1, len(tables), figsize=(3.2 * len(tables), 3.6), constrained_layout=True)
     for ax, t in zip(list(axes) if len(tables) > 1 else [axes], tables):
         rows = t["kernels"][:6]
         names = [_short_kernel(r["kernel"]) for r in rows]
@@ -376,14 +407,14 @@ def tp_shards_figure(owners: dict, interleaved: bool = True) -> Figure:
             ("gate-up B [S, n, 2F, R] rows (always [gate ‖ up]): cut in two places", owners["gate_up_b"], lambda i: ("g" if i < F else "u") + str(i % F)),
             ("w2 [n, H, F] feature columns: cut along F", owners["w2"], str),
             ("down A [S, n, R, F] feature columns: cut along F", owners["down_a"], str)]
-    fig, axes = plt.subplots(len(rows) + 1, 1, figsize=(10, 5.6), constrained_layout=True,
+    fig, axes = _subplots(len(rows) + 1, 1, figsize=(10, 5.6), constrained_layout=True,
                              gridspec_kw={"height_ratios": [1] * len(rows) + [0.45]})
     for ax, (title, own, label) in zip(axes, rows):
         width = own.shape[1]
         for e in range(n):
             for i in range(width):
                 x = e * (width + 1) + i
-                ax.add_patch(plt.Rectangle((x, 0), 0.92, 1, color=colors(int(own[e, i]) % 10)))
+                ax.add_patch(Rectangle((x, 0), 0.92, 1, color=colors(int(own[e, i]) % 10)))
                 if n * width <= 64:
                     ax.text(x + 0.46, 0.5, label(i), ha="center", va="center", color="white", fontsize=7)
             ax.text(e * (width + 1) + width / 2, 1.15, f"expert {e}", ha="center", fontsize=8)
@@ -392,11 +423,11 @@ def tp_shards_figure(owners: dict, interleaved: bool = True) -> Figure:
         ax.set_axis_off()
         ax.set_title(title, loc="left", fontsize=9)
     last = axes[-1]
-    last.add_patch(plt.Rectangle((0, 0), 1, 1, color="#bbbbbb", transform=last.transAxes))
+    last.add_patch(Rectangle((0, 0), 1, 1, color="#bbbbbb", transform=last.transAxes))
     last.text(0.5, 0.5, "gate-up A [S, O, 2R, H] and down B [S, O, H, R]: replicated, every rank holds all",
               ha="center", va="center", fontsize=9, transform=last.transAxes)
     last.set_axis_off()
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colors(r % 10)) for r in range(tp)]
+    handles = [Rectangle((0, 0), 1, 1, color=colors(r % 10)) for r in range(tp)]
     fig.legend(handles, [f"rank {r}" for r in range(tp)], loc="outside lower center", ncols=tp, fontsize=8)
     layout = "interleaved" if interleaved else "contiguous"
     fig.suptitle(f"Tensor parallelism, tp={tp}: each rank holds F/tp = {F // tp} of every expert's F={F} "
@@ -413,7 +444,7 @@ def allreduce_cost_figure(costs: list) -> Figure:
 
     hiddens = sorted({c.hidden for c in costs})
     tps = sorted({c.tp for c in costs})
-    fig, ax = plt.subplots(figsize=(8, 3.6), constrained_layout=True)
+    fig, ax = _subplots(figsize=(8, 3.6), constrained_layout=True)
     width = 0.8 / len(hiddens)
     for k, hidden in enumerate(hiddens):
         by_tp = {c.tp: c for c in costs if c.hidden == hidden}
@@ -457,7 +488,7 @@ def gate_up_routing_figure(intermediate: int = 4, interleaved: bool = True) -> F
     cmap = ListedColormap([_EMPTY, _GATE, _UP])
     y_labels = _feature_labels(F, interleaved)
     b_labels = [f"gate B {f}" for f in range(F)] + [f"up B {f}" for f in range(F)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5.2), constrained_layout=True)
+    fig, axes = _subplots(1, 2, figsize=(11, 5.2), constrained_layout=True)
     panels = ((axes[0], intended, "intended (the adapter's math)"),
               (axes[1], upstream, "sglang 0.5.23, per-expert outer"))
     for ax, routing, title in panels:
@@ -488,7 +519,7 @@ def defect_outputs_figure(report) -> Figure:
     intended, upstream = report.intended.float().numpy(), report.upstream.float().numpy()
     diff = upstream - intended
     vmax = float(max(abs(intended).max(), abs(upstream).max(), abs(diff).max())) or 1.0
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4), sharey=True, constrained_layout=True)
+    fig, axes = _subplots(1, 3, figsize=(13, 4), sharey=True, constrained_layout=True)
     panels = ((intended, "intended output (the kit's forward)"), (upstream, "sglang 0.5.23's output"),
               (diff, f"difference: relative error {report.relative_error:.2f}"))
     for ax, (img, title) in zip(axes, panels):
@@ -530,7 +561,7 @@ def kernel_reads_figure(intermediate: int = 4, rank: int = 2, interleaved: bool 
     programs = _feature_labels(F, interleaved)
     rows = ([f"A gate {r}" for r in range(R)] + [f"A up {r}" for r in range(R)]
             + [f"B gate {f}" for f in range(F)] + [f"B up {f}" for f in range(F)])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.32 * len(rows) + 2.4), sharey=True, constrained_layout=True)
+    fig, axes = _subplots(1, 2, figsize=(11, 0.32 * len(rows) + 2.4), sharey=True, constrained_layout=True)
     for ax, grid, title in ((axes[0], intended, "intended: what each program should read"),
                             (axes[1], upstream, "sglang 0.5.23, per-expert outer: what it reads")):
         ax.imshow(grid, cmap=cmap, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
@@ -579,7 +610,7 @@ def lora_forward_path_figure(n: int = 2, hidden: int = 16, intermediate: int = 1
         ("act", "out", f"× w2_lin (base)\n[n·F, H] = [{n * F}, {H}]", False),
         ("mid", "out", f"× down B[s, 0]ᵀ (expand)\n[R, H] = [{R}, {H}]", True),
     ]
-    fig, ax = plt.subplots(figsize=(14, 4.8), constrained_layout=True)
+    fig, ax = _subplots(figsize=(14, 4.8), constrained_layout=True)
     for x, y, label in nodes.values():
         ax.add_patch(FancyBboxPatch((x - 0.75, y - 0.32), 1.5, 0.64, boxstyle="round,pad=0.05",
                                     facecolor="white", edgecolor="black", lw=1.2))

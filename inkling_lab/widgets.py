@@ -3,6 +3,7 @@ returns the widget; the drawing function it drives (``*_figure``, returning the 
 and the figure) is tested on its own."""
 from __future__ import annotations
 
+import math
 import threading
 
 # -- core: the error lab -----------------------------------------------------
@@ -128,34 +129,47 @@ def error_lab():
                    preset, n, generation, *boxes, apply, out])
 
 
-# JupyterLab sends widget messages to a kernel *subshell*: callbacks can run in several
-# threads at once, and matplotlib is not thread-safe (two figures drawn at the same time
-# come out blank). Every explorer draws under this one lock.
+# ipykernel 7 can hand widget messages to a kernel *subshell*, whose callbacks run in
+# another thread, and matplotlib is not thread-safe: every explorer draws under one lock.
 _DRAW_LOCK = threading.Lock()
 
 
 def _png(fig) -> bytes:
-    """``fig`` rendered to PNG bytes, then closed (nothing is left for pyplot to show)."""
+    """``fig`` rendered to PNG bytes (closed afterwards if pyplot knows it)."""
     import io
-
-    import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
     try:
         fig.savefig(buffer, format="png", bbox_inches="tight")
     finally:
-        plt.close(fig)
+        if fig.canvas.manager is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
     return buffer.getvalue()
+
+
+def _same_values(a: dict, b: dict) -> bool:
+    """Whether two sets of control values draw the same picture: the front end echoes a
+    float slider's value back rounded to its step grid (4.0 -> 3.9999999999999996)."""
+    return a.keys() == b.keys() and all(
+        math.isclose(a[k], b[k], rel_tol=1e-9) if isinstance(a[k], float) and isinstance(b[k], float)
+        else a[k] == b[k] for k in a)
 
 
 def _figure_explorer(draw, controls: dict, title: str = ""):
     """A thin front: ``controls`` ({argument: widget}) above an ``Output`` that
     ``draw(**values)`` (a pure function returning ``(text, Figure)``) redraws on every
-    change. Drawing is serialized (``_DRAW_LOCK``), a request overtaken by a newer one
-    is dropped, and the picture is rendered to PNG before it is shown, so the Output
-    always ends on the figure of the controls' last values."""
+    change. The figure is made ``viz.detached()`` (pyplot never sees it, so the inline
+    backend's flush after a running cell cannot show, close or draw it while it renders:
+    that is what made the pool explorer come up blank after Run All), rendered to PNG,
+    then shown; drawing is serialized (``_DRAW_LOCK``), a request overtaken by a newer
+    one is dropped, and an echo of the values already drawn draws nothing, so the
+    Output always ends on the figure of the controls' last values."""
     import ipywidgets as w
     from IPython.display import Image, display
+
+    from .viz import detached
 
     out = w.Output()
     requests = [0]
@@ -168,10 +182,11 @@ def _figure_explorer(draw, controls: dict, title: str = ""):
             if mine != requests[0]:
                 return  # a newer change is waiting: it draws the newer values
             values = {name: widget.value for name, widget in controls.items()}
-            if drawn and drawn[-1] == values:
+            if drawn and _same_values(drawn[-1], values):
                 return  # the front end echoing a value back: the picture shown is already this one
             drawn[:] = [values]
-            text, fig = draw(**values)
+            with detached():
+                text, fig = draw(**values)
             picture = _png(fig)
             with out:
                 out.clear_output(wait=True)

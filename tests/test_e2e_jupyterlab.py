@@ -122,17 +122,7 @@ def _assert_no_widget_tracebacks(path: str, cells: list[Cell], moved: str) -> No
     assert not broken, f"{path}: widgets show tracebacks after the {moved} moved:\n" + "\n".join(broken)
 
 
-# A known open bug, measured on 2026-12-01 (about 1 run in 4 on 2 busy cores): after Run All
-# of 02, the pool explorer sometimes shows a uniform picture (its own PNG bytes decode
-# blank), so matplotlib drew it while another thread was drawing. The explorers serialize
-# their own drawing and skip values already drawn; what else draws at that moment is not
-# found yet. Not strict: when it passes, it passes; when it fails, the report says so.
-KNOWN_FLAKY = {"notebooks/02_pool_layout.ipynb": "the pool explorer is sometimes drawn blank after Run All "
-                                                 "(matplotlib drawn from two threads; open bug, see the comment)"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_FLAKY[str(p)], strict=False))
-                                  if str(p) in KNOWN_FLAKY else p for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS)
 def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
         path: str, lab: LabServer, browser: BrowserContext) -> None:
     assert (REPO / path).exists(), f"{path} is missing; the end-to-end test opens it"

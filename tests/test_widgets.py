@@ -68,13 +68,72 @@ def test_tp_shard_explorer_draws_both_layouts():
         assert "all-reduce" in text and _not_blank(fig, images=False)
 
 
-def test_explorers_draw_one_after_another_under_one_lock():
-    # JupyterLab's subshells run callbacks in threads: drawing is serialized.
+def test_explorers_draw_under_one_lock_on_figures_pyplot_never_sees():
+    # After Run All in JupyterLab the pool explorer's redraw came up as an empty PNG when its
+    # figure lived in pyplot's registry, which the inline backend flushes (shows, closes)
+    # after every cell; drawn detached, the same redraw gave the first draw's bytes.
     import threading
 
     import inkling_lab.widgets as module
 
     assert isinstance(module._DRAW_LOCK, type(threading.Lock()))
-    text, fig = widgets.pool_explorer_figure(2, 4, 2, 4.0, False)
-    png = module._png(fig)
-    assert png.startswith(b"\x89PNG") and not plt.get_fignums()  # rendered, then closed
+    module.pool_explorer()
+    module.layout_explorer()
+    module.defect_explorer()
+    module.tp_shard_explorer()
+    assert not plt.get_fignums()  # four explorers drawn, nothing left for pyplot to flush
+
+
+@pytest.mark.parametrize("draw", [
+    lambda: widgets.pool_explorer_figure(2, 4, 2, 4.0, False)[1],
+    lambda: widgets.defect_explorer_figure(rank=4, intermediate=6, seed=0, interleaved=True,
+                                           same_outer_for_every_expert=True)[1],
+    lambda: widgets.tp_shard_explorer_figure(n=2, intermediate=6, tp=3, layout="interleaved")[1],
+])
+def test_detached_figures_render_the_same_picture_as_pyplot_ones(draw):
+    from inkling_lab import viz
+
+    with_pyplot = widgets._png(draw())
+    assert not plt.get_fignums()  # _png closed the pyplot figure
+    with viz.detached():
+        fig = draw()
+        assert fig.canvas.manager is None and not plt.get_fignums()
+        plt.close("all")  # what the inline backend does after a cell: no effect on it
+    assert widgets._png(fig) == with_pyplot
+
+
+def test_detached_is_per_thread_and_nests():
+    import threading
+
+    from inkling_lab import viz
+
+    seen = {}
+    with viz.detached():
+        with viz.detached():
+            pass
+        assert viz._subplots()[0].canvas.manager is None  # still detached after the inner block
+        worker = threading.Thread(target=lambda: seen.update(other=viz._subplots()[0].canvas.manager))
+        worker.start()
+        worker.join()
+    assert seen["other"] is not None  # another thread's figures still go through pyplot
+    assert viz._subplots()[0].canvas.manager is not None
+
+
+def test_an_echoed_float_draws_nothing_new():
+    import ipywidgets as w
+
+    calls = []
+    alpha, rank = w.FloatSlider(value=4.0, min=0.5, max=16), w.IntSlider(value=2, min=0, max=8)
+
+    def draw(lora_alpha, rank):
+        calls.append((lora_alpha, rank))
+        return "", widgets.pool_explorer_figure(2, 4, rank, lora_alpha, False)[1]
+
+    widgets._figure_explorer(draw, {"lora_alpha": alpha, "rank": rank})
+    alpha.value = 3.9999999999999996   # the front end's echo of 4.0 on a 0.1 step grid
+    assert calls == [(4.0, 2)]
+    alpha.value = 4.5
+    rank.value = 3
+    assert calls == [(4.0, 2), (4.5, 2), (4.5, 3)]
+    assert widgets._same_values({"a": 1.0, "b": 2}, {"a": 1.0 + 1e-15, "b": 2})
+    assert not widgets._same_values({"a": 1.0, "b": 2}, {"a": 1.0, "b": 3})
