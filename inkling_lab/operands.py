@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -21,6 +22,9 @@ class SinkOperands:
       ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``, ``down_b [S, O, H, R]``,
       or ``None`` (no pool: the base sink);
     * ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]`` (shared outer only, else ``None``).
+
+    The sizes, dtype and device of the weights are read once (every forward asks for
+    them, and the record's weight views are its own); the pool's are read each time.
     """
 
     w13: torch.Tensor
@@ -32,23 +36,23 @@ class SinkOperands:
     w1_delta: torch.Tensor | None = None
     a_cat: torch.Tensor | None = None
 
-    @property
+    @cached_property
     def n(self) -> int:
         return self.w13.shape[0]
 
-    @property
+    @cached_property
     def hidden(self) -> int:
         return self.w13.shape[2]
 
-    @property
+    @cached_property
     def intermediate(self) -> int:
         return self.w2.shape[2]
 
-    @property
+    @cached_property
     def dtype(self) -> torch.dtype:
         return self.w13.dtype
 
-    @property
+    @cached_property
     def device(self) -> torch.device:
         return self.w13.device
 

@@ -771,23 +771,33 @@ def graph_check(shape: str = "A", R: int = 16, S: int = 4, tokens: Sequence[int]
 
 def _host_breakdown(sink, x, gammas, batch, calls: int) -> dict[str, float]:
     """Median host µs of each step of one user-level call: the operands record, the
-    input checks, the plan lookup, the launches (and each kernel's own launch)."""
+    input checks, the plan lookup, the replay of its graph (the whole of it, then its
+    key, the input copies, the replay alone and the output's copy), the launches
+    without a graph (and each kernel's own launch). Run after the calls that captured
+    the graph."""
     import time
 
     from .forward import kernels
-    from .forward.triton_backend import cached_plan, launch
+    from .forward.triton_backend import _replay, cached_plan, graph_key, launch
     from .sink import check_tokens
 
     ops = sink.operands()
     p = cached_plan(ops, x.shape[0], batch, x.device)
+    graph, xs, gs, outs = p.fast[graph_key(ops, x)]
     steps = {"operands": lambda: sink.operands(),
              "check_tokens": lambda: check_tokens(x, gammas, n=ops.n, hidden=ops.hidden, dtype=ops.dtype,
                                                   device=ops.device),
              "cached_plan": lambda: cached_plan(ops, x.shape[0], batch, x.device),
+             "replay": lambda: _replay(ops, x, gammas, p),
+             "replay_graph_key": lambda: graph_key(ops, x),
+             "replay_input_copies": lambda: torch._foreach_copy_([xs, gs], [x, gammas]),
+             "replay_graph": graph.replay,
+             "replay_clone_out": outs.clone,
              "launch": lambda: launch(ops, x, gammas, p),
              "empty_act": lambda: torch.empty(x.shape[0], ops.n * ops.intermediate, dtype=x.dtype, device=x.device)}
     out = {}
     for name, fn in steps.items():
+        torch.cuda.synchronize()  # each step starts on an idle queue
         per = []
         for _ in range(calls):
             t0 = time.perf_counter()

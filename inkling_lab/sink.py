@@ -65,12 +65,14 @@ def linearize(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.
 def _as_tokens(x: torch.Tensor, last: int, what: str, device: torch.device) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() < 1 or x.shape[-1] != last:
-        raise ValueError(f"{what} must end in a dimension of size {last}, got shape {tuple(x.shape)}")
+    shape = x.shape
+    if not shape or shape[-1] != last:
+        raise ValueError(f"{what} must end in a dimension of size {last}, got shape {tuple(shape)}")
     # Checked here so that a mismatch names the tensor instead of surfacing as a raw torch error.
     if x.device != device:
         raise error("ISL-K151", what=what, got=x.device, want=device)
-    return x.reshape(-1, last)
+    # Rows already: the tensor itself (a reshape is a torch op, microseconds of a decode step's host time).
+    return x if len(shape) == 2 else x.reshape(-1, last)
 
 
 def check_tokens(x: torch.Tensor, gammas: torch.Tensor, *, n: int, hidden: int, dtype: torch.dtype,
@@ -148,10 +150,16 @@ class SharedSink(nn.Module):
         return self.w13.device
 
     def linearized(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(w13_lin [n*2F, H], w2_lin [n*F, H])``, cached until the weights change."""
-        key = (self.w13.data_ptr(), self.w13._version, self.w2.data_ptr(), self.w2._version)
+        """``(w13_lin [n*2F, H], w2_lin [n*F, H])``, cached until the weights change
+        (new storage, or an in-place write: ``w2_lin`` is a copy)."""
+        try:
+            # nn.Module's __getattr__ costs ~0.7 µs a parameter; every forward asks for these.
+            w13, w2 = self._parameters["w13"], self._parameters["w2"]
+        except KeyError:  # a parametrized weight (torch.nn.utils.parametrize) is a property instead
+            w13, w2 = self.w13, self.w2
+        key = (w13.data_ptr(), w13._version, w2.data_ptr(), w2._version)
         if self._lin_cache is None or self._lin_cache[0] != key:
-            self._lin_cache = (key, linearize(self.w13.detach(), self.w2.detach()))
+            self._lin_cache = (key, linearize(w13.detach(), w2.detach()))
         return self._lin_cache[1]
 
     def base_forward(self, x: torch.Tensor, gammas: torch.Tensor, form: Form = "linearized") -> torch.Tensor:

@@ -170,3 +170,52 @@ def test_operands_are_handed_out_again_until_something_is_replaced(scenario):
         sc.sink.w13.mul_(2)                                               # new weights: a new record
     assert sc.sink.operands() is not ops
     torch.testing.assert_close(sc.sink.operands().w13_lin, sc.sink.linearized()[0])
+
+
+def _new_parameter(t):
+    return torch.nn.Parameter(t, requires_grad=False)
+
+
+def _unload_pool(sink, scenario):
+    from inkling_lab.lora import LoRABackend
+    sink.initialize_lora(LoRABackend("triton", 3))
+
+
+# (mutation(sink, scenario), a new record?): every way the module's weights, layout or pool change.
+MUTATIONS = {
+    "slot refresh": (lambda s, sc: s.on_lora_slots_updated(None), False),
+    "pool written in place": (lambda s, sc: s.lora_buffers[3].mul_(2), False),
+    "pool storage swapped": (lambda s, sc: setattr(s.lora_buffers[0], "data", s.lora_buffers[0] * 2), False),
+    "set_lora_info, new buffers": (lambda s, sc: s.set_lora_info(*(b.clone() for b in s.lora_buffers)), True),
+    "set_lora_info, per-expert pool": (
+        lambda s, sc: s.set_lora_info(*sc(SMALL.with_(outer=SMALL.n), seed=43).pool.buffers()), True),
+    "initialize_lora drops the pool": (_unload_pool, True),
+    "w2 written in place": (lambda s, sc: s.w2.detach().mul_(2), True),  # w2_lin is a copy
+    "w2 storage swapped": (lambda s, sc: setattr(s.w2, "data", s.w2.detach() * 2), True),
+    "w13 reassigned": (lambda s, sc: setattr(s, "w13", _new_parameter(s.w13.detach() + 1)), True),
+    "load_state_dict": (lambda s, sc: s.load_state_dict({"w13": s.w13 * 3, "w2": s.w2 * 3}), True),
+    "moved to another dtype": (lambda s, sc: s.to(torch.float32), True),
+    "layout flag changed": (lambda s, sc: setattr(s, "interleaved", not s.interleaved), True),
+}
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_every_change_of_the_module_shows_in_its_operands(scenario, name):
+    mutate, fresh = MUTATIONS[name]
+    sc = scenario(SMALL, seed=41, dtype=torch.bfloat16 if name == "initialize_lora drops the pool" else F64)
+    sink = sc.sink
+    ops = sink.operands()
+    mutate(sink, scenario)
+    now = sink.operands()
+    assert (now is not ops) == fresh
+    assert sink.operands() is now                                          # and reused from then on
+    # what a record made now holds, the linearized weights computed apart from any cache
+    for mine, theirs in ((now.w13, sink.w13), (now.w2, sink.w2)):
+        assert (mine.data_ptr(), mine.shape, mine.dtype) == (theirs.data_ptr(), theirs.shape, theirs.dtype)
+    H = SMALL.hidden
+    assert torch.equal(now.w13_lin, sink.w13.detach().reshape(-1, H))
+    assert torch.equal(now.w2_lin, sink.w2.detach().transpose(1, 2).reshape(-1, H))
+    assert (now.n, now.hidden, now.intermediate, now.dtype, now.device) == (
+        SMALL.n, H, SMALL.intermediate, sink.dtype, sink.device)
+    assert now.interleaved == sink.interleaved
+    assert now.buffers is sink.lora_buffers and now.w1_delta is sink.w1_delta and now.a_cat is sink.a_cat

@@ -86,6 +86,23 @@ def test_linearized_weights_are_expert_major():
     assert torch.equal(w2_lin[1 * 2 + 1], w2[1, :, 1])
 
 
+def test_linearized_follows_a_parametrized_weight():
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    sink = SharedSink(2, 6, 4)
+    w13 = sink.w13.detach().clone()
+    sink.linearized()
+    parametrize.register_parametrization(sink, "w13", Doubled())  # w13 is a property from now on
+    assert torch.equal(sink.linearized()[0], 2 * w13.reshape(16, 6))
+    with torch.no_grad():
+        sink.parametrizations.w13.original.mul_(3)
+    assert torch.equal(sink.linearized()[0], 6 * w13.reshape(16, 6))
+
+
 def test_bad_inputs_name_the_tensor():
     sink = SharedSink(2, 6, 4)
     with pytest.raises(ValueError, match="x must end in a dimension of size 6"):

@@ -117,6 +117,37 @@ def test_a_replayed_launch_gives_the_same_output_and_leaves_the_workspace_zero()
             assert torch.count_nonzero(t) == 0
 
 
+def test_a_graph_replay_reads_each_calls_inputs_and_hands_out_its_own_output():
+    """``_replay`` once its graph is captured, on the host: the graph stands in for the
+    captured launches, which read the static inputs and write the static output."""
+    sink, x, gammas, batch = make_case(2, 20, 10, 3, 3, 6, True, True, seed=13)
+    ops = sink.operands()
+    p = tb.cached_plan(ops, x.shape[0], batch, x.device)
+    xs, gs, outs = torch.zeros_like(x), torch.zeros_like(gammas), torch.zeros_like(x)
+
+    class Graph:
+        def replay(self):
+            tb.launch(ops, xs, gs, p, outs)
+
+    p.fast[tb.graph_key(ops, x)] = (Graph(), xs, gs, outs)
+    first = tb._replay(ops, x, gammas, p)
+    x2 = torch.randn_like(x)
+    second = tb._replay(ops, x2, gammas.double(), p)  # gammas of another dtype: copied in as the graph's
+    assert rel(first, reference_forward(ops, x, gammas, batch)) < 1e-5  # not overwritten by the next replay
+    assert rel(second, reference_forward(ops, x2, gammas, batch)) < 1e-5
+    assert len({first.data_ptr(), second.data_ptr(), outs.data_ptr()}) == 3
+
+
+def test_a_graph_is_keyed_on_the_storage_it_reads():
+    sink, x, _, _ = make_case(2, 20, 10, 3, 3, 6, True, True, seed=15)
+    ops = sink.operands()
+    key = tb.graph_key(ops, x)
+    assert tb.graph_key(ops, x.clone()) == key              # inputs are copied in: any x of its dtype
+    assert tb.graph_key(ops, x.double()) != key
+    ops.buffers[0].data = ops.buffers[0] * 2                # the same record, a pool buffer's storage swapped
+    assert tb.graph_key(ops, x) != key
+
+
 def test_no_batch_or_no_pool_is_the_base_sink():
     sink, x, gammas, batch = make_case(2, 20, 10, 2, 2, 5, True, True, seed=3)
     base = sink.base_forward(x, gammas)

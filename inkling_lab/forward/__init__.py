@@ -8,6 +8,7 @@ the fastest correct one for the device. Every backend is
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable
 
@@ -31,6 +32,7 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.cache  # an import statement costs ~1 µs a call even when the module is loaded
 def _triton_backend() -> Backend:
     from .triton_backend import triton_forward
 
@@ -85,9 +87,9 @@ def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch:
     if batch is not None:
         if batch.num_tokens != x2.shape[0]:
             raise ValueError(f"the batch describes {batch.num_tokens} tokens but x has {x2.shape[0]}")
-        if ops.has_pool and batch.num_slots != ops.slots:
-            raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
-        if ops.has_pool:
+        if ops.buffers is not None:
+            if batch.num_slots != ops.slots:
+                raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
             check_pool_fits(ops)
     name = pick_backend(x2) if backend == "auto" else backend
     if name == "triton":
@@ -98,4 +100,5 @@ def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch:
         fn = BACKENDS[name]
     else:
         raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['triton', 'auto']}")
-    return fn(ops, x2, g2, batch).reshape(x.shape)
+    out = fn(ops, x2, g2, batch)
+    return out if x2 is x else out.reshape(x.shape)  # x2 is x: x was [T, H] already

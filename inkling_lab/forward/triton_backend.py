@@ -171,8 +171,8 @@ def cached_plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, dev
     a decode loop that passes the same batch pays no host work for it again."""
     if batch is None:
         return plan(ops, num_tokens, None, device)
-    shape = None if ops.buffers is None else tuple(ops.buffers[0].shape)
-    key = (id(batch), num_tokens, shape, str(device), ops.n, ops.intermediate, ops.hidden, ops.dtype)
+    shape = None if ops.buffers is None else ops.buffers[0].shape
+    key = (id(batch), num_tokens, shape, device, ops.n, ops.intermediate, ops.hidden, ops.dtype)
     hit = _PLANS.get(key)
     if hit is not None and hit[0]() is batch:
         return hit[1]
@@ -383,10 +383,21 @@ def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
     return _replay(ops, x, gammas, p)
 
 
+def graph_key(ops: SinkOperands, x: torch.Tensor) -> tuple:
+    """The key of a plan's graph for ``x [T, H]``: ``x``'s dtype and the address of
+    every storage the graph reads, read at each call (the pool's buffers are the
+    caller's tensors, whose storage may be swapped under one record). The device is
+    the plan's own: ``cached_plan`` keys on it."""
+    b, a_cat = ops.buffers, ops.a_cat
+    return ("graph", x.dtype, ops.w13.data_ptr(), ops.w2.data_ptr(),
+            None if b is None else (b[0].data_ptr(), b[1].data_ptr(), b[2].data_ptr(), b[3].data_ptr()),
+            None if a_cat is None else a_cat.data_ptr())
+
+
 def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan) -> torch.Tensor:
-    key = ("graph", x.dtype, x.device, ops.w13.data_ptr(), ops.w2.data_ptr(),
-           tuple(b.data_ptr() for b in ops.buffers) if ops.buffers is not None else None,
-           ops.a_cat.data_ptr() if ops.a_cat is not None else None)
+    """The graph of ``launch`` on plan ``p`` for ``x [T, H]``, ``gammas [T, n]`` (see
+    ``triton_forward``) -> a new ``out [T, H]``."""
+    key = graph_key(ops, x)
     entry = p.fast.get(key)
     if entry is None:  # first call: launch (compiles, fills the launch cache)
         p.fast[key] = "launched"
@@ -403,7 +414,7 @@ def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan) -
             launch(ops, xs, gs, p, outs)
         entry = p.fast[key] = (graph, xs, gs, outs)
     graph, xs, gs, outs = entry
-    xs.copy_(x)
-    gs.copy_(gammas)
+    # One dispatcher call, and on CUDA one kernel where x and gammas share a dtype.
+    torch._foreach_copy_([xs, gs], [x, gammas])
     graph.replay()
-    return outs.clone()
+    return outs.clone()  # outs is the graph's: the next replay overwrites it
