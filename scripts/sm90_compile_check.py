@@ -35,7 +35,8 @@ from inkling_lab.scenario import Scenario
 SHAPES = {"A": (2, 1536, 768), "tp8": (2, 6144, 384), "small": (2, 256, 128)}
 CONFIGS = {
     "default": sl.SingleConfig(),
-    "big": sl.SingleConfig(kc=512, bn=64),
+    "big": sl.SingleConfig(kc=512),
+    "big64": sl.SingleConfig(kc=512, bn=64),
     "w8": sl.SingleConfig(warps=8),
     "bf32": sl.SingleConfig(bf=32),
     "sleep": sl.SingleConfig(sleep_ns=200),

@@ -564,7 +564,7 @@ def pick_config(ops: SinkOperands, num_tokens: int) -> SingleConfig:
     costs, and ``kc`` 512 halves the float32 atomics into ``out_acc``)."""
     big = ops.n * ops.intermediate * ops.hidden > 8 * 1024 * 1024
     if big:
-        return SingleConfig(kc=512, bn=64)
+        return SingleConfig(kc=512)
     return SingleConfig()
 
 
@@ -618,19 +618,15 @@ def schedule(ops: SinkOperands, workspace: Workspace, num_tokens: int, has_lora:
     downs = triton.cdiv(H, c.bn)
     n1 = O * slots * triton.cdiv(H, c.sk_chunk) if has_lora else 0
     tasks = n1 + chunks * (ups + downs)
-    if not c.persistent:
-        programs = tasks
-    elif c.programs:
-        programs = c.programs
-    else:
-        device = workspace.counters.device
-        known = _COMPILED.get(_variant_key(c, device, num_tokens, R, has_lora, ops.dtype))
-        per_sm = c.per_sm or (known["per_sm"] if known else _GUESS_PER_SM)
-        programs = per_sm * _num_sms(device)
+    device = workspace.counters.device
+    known = _COMPILED.get(_variant_key(c, device, num_tokens, R, has_lora, ops.dtype))
+    resident = (c.per_sm or (known["per_sm"] if known else _GUESS_PER_SM)) * _num_sms(device)
+    programs = tasks if not c.persistent else (c.programs or resident)
     programs = max(1, min(programs, tasks))
-    # About one grid of tickets between a chunk's up tasks and its down tasks: by the time
-    # a down task gets its ticket the chunk's blocks have mostly finished.
-    lag = c.lag if c.lag >= 0 else max(1, programs // (ups + downs))
+    # About one grid of resident programs' worth of tickets between a chunk's up tasks and
+    # its down tasks: by the time a down task gets its ticket the chunk's blocks have
+    # mostly finished.
+    lag = c.lag if c.lag >= 0 else max(1, min(programs, resident) // (ups + downs))
     return dict(tasks=tasks, programs=programs, lag=min(lag, chunks), chunks=chunks, ups=ups, downs=downs)
 
 
