@@ -3,9 +3,10 @@ ptxas made of it: registers, spills, shared memory, programs per multiprocessor,
 whether each K loop streams through shared memory (software-pipelined, 16-byte copies).
 
 The launch arguments are the ones ``launch_single`` passes for a real case (shape A's
-or TP8's divisibility: the values matter only through ``% 16`` and ``== 1``), captured
-instead of launched, and specialized by Triton's own binder for a CUDA sm_90 target,
-so the alignment facts the compiler sees are those of a launch on the H200. (v10 lost
+or TP8's divisibility: the values matter only through ``% 16`` and ``== 1``), planned
+for the H200's 132 multiprocessors, captured instead of launched, and specialized by
+Triton's own binder for a CUDA sm_90 target, so the alignment facts the compiler sees
+are those of a launch on the H200. (v10 lost
 its up-loop pipelining to a slice start the compiler could not prove aligned; this is
 how that was found.) Triton here is the local one (3.9 at the time of v11); the H200
 runs its own (3.6): counts can differ a little.
@@ -140,7 +141,9 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--sms", type=int, default=132, help="multiprocessors the host side plans for (the H200's)")
     args = ap.parse_args()
+    sl._num_sms = lambda device: args.sms   # plan the split and the grid as on the GPU
     n, H, F = SHAPES[args.shape]
     tmp = Path("/tmp/sm90_compile_check")
     tmp.mkdir(exist_ok=True)
