@@ -107,47 +107,55 @@ def config_for(ops, T: int, change: dict | None) -> sl.SingleConfig:
     return replace(base, **change)
 
 
+def check_case(shape: str, dtype: torch.dtype, interleaved: bool, outer: int, schedule: str) -> dict:
+    """One correctness case at 13 tokens (mixed slots, base-only tokens, a rank-0 slot whose
+    buffers are not zero), R 16, S 3: an eager launch, then two graph replays."""
+    n, H, F = SHAPES[shape]
+    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=16, slots=3, outer=outer)
+    slots_t = [0, 0, 0, -1, -1, 2, 2, 2, 2, 1, 1, 0, -1]
+    sc = Scenario.random(g, tokens=len(slots_t), seed=7, dtype=dtype, device=DEVICE,
+                         interleaved=interleaved, ranks=[16, 0, 9], token_slots=slots_t)
+    # The rank-0 slot keeps non-zero buffers: the kernel must skip it.
+    ops = sc.operands()
+    ops.buffers[0][1].normal_()
+    ref = reference_forward(ops, sc.x, sc.gammas, sc.batch)
+    base = reference_forward(ops, sc.x, sc.gammas, None)
+    T = sc.x.shape[0]
+    config = config_for(ops, T, CHECK_SCHEDULES.get(schedule, {}))
+    ws = sl.make_workspace(ops, T, config)
+    slots, scalings = sl.device_slots(sc.batch, T, DEVICE)
+    out = torch.full_like(sc.x, float("nan"))
+    sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws)  # compile, run once eagerly
+    finish_or_exit(f"the first launch ({shape}, {dtype}, interleaved={interleaved}, O={outer}, {schedule})", 120)
+    graph = graph_of(lambda: sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws))
+    errs = []
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        finish_or_exit("a graph replay")
+        errs.append(records.relative_error(out, ref))
+    clean = ws.clean()
+    err = max(errs)
+    return dict(rel_error=err, lora_effect=records.relative_error(base, ref), workspace_clean=clean,
+                plan=sl.schedule(ops, ws, T, True, 3), ok=bool(err < TOLERANCE[dtype] and clean))
+
+
 def check_correctness() -> list[dict]:
-    """Shape A and Inkling-TP8 at 13 tokens (mixed slots, base-only tokens, a rank-0 slot
-    whose buffers are not zero), R 16, S 3, every dtype/layout/outer combination; then
-    shape A (bf16, interleaved, shared outer) under each of ``CHECK_SCHEDULES``."""
+    """Shape A and Inkling-TP8, every dtype/layout/outer combination (``check_case``); then
+    shape A (bf16, interleaved, shared outer) under each of ``CHECK_SCHEDULES``. A case that
+    raises (a compile error, say) is recorded as failed and the run goes on."""
     rows = []
     cases = [(shape, dtype, interleaved, outer, "default") for shape in ("A", "inkling-tp8")
              for dtype in (torch.bfloat16, torch.float16) for interleaved in (True, False)
              for outer in (1, SHAPES[shape][0])]
     cases += [("A", torch.bfloat16, True, 1, name) for name in CHECK_SCHEDULES]
     for shape, dtype, interleaved, outer, schedule in cases:
-        n, H, F = SHAPES[shape]
-        g = Geometry(n=n, hidden=H, intermediate=F, max_rank=16, slots=3, outer=outer)
-        slots_t = [0, 0, 0, -1, -1, 2, 2, 2, 2, 1, 1, 0, -1]
-        sc = Scenario.random(g, tokens=len(slots_t), seed=7, dtype=dtype, device=DEVICE,
-                             interleaved=interleaved, ranks=[16, 0, 9], token_slots=slots_t)
-        # The rank-0 slot keeps non-zero buffers: the kernel must skip it.
-        ops = sc.operands()
-        ops.buffers[0][1].normal_()
-        ref = reference_forward(ops, sc.x, sc.gammas, sc.batch)
-        base = reference_forward(ops, sc.x, sc.gammas, None)
-        T = sc.x.shape[0]
-        config = config_for(ops, T, CHECK_SCHEDULES.get(schedule, {}))
-        ws = sl.make_workspace(ops, T, config)
-        slots, scalings = sl.device_slots(sc.batch, T, DEVICE)
-        out = torch.full_like(sc.x, float("nan"))
-        sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws)  # compile, run once eagerly
-        finish_or_exit(f"the first launch ({shape}, {dtype}, interleaved={interleaved}, O={outer}, "
-                       f"{schedule})", 120)
-        graph = graph_of(lambda: sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws))
-        errs = []
-        for _ in range(2):
-            out.fill_(float("nan"))
-            graph.replay()
-            finish_or_exit("a graph replay")
-            errs.append(records.relative_error(out, ref))
-        clean = ws.clean()
-        err = max(errs)
-        row = dict(shape=shape, dtype=records.dtype_name(dtype), interleaved=interleaved, outer=outer,
-                   T=T, schedule=schedule, plan=sl.schedule(ops, ws, T, True, 3),
-                   rel_error=err, lora_effect=records.relative_error(base, ref),
-                   workspace_clean=clean, ok=bool(err < TOLERANCE[dtype] and clean))
+        row = dict(shape=shape, dtype=records.dtype_name(dtype), interleaved=interleaved, outer=outer, T=13,
+                   schedule=schedule)
+        try:
+            row.update(check_case(shape, dtype, interleaved, outer, schedule))
+        except Exception as exc:
+            row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
         print("check", row, flush=True)
         rows.append(row)
     return rows
@@ -163,6 +171,33 @@ def single_runner(ops, x, g, batch, config):
     slots, scalings = sl.device_slots(batch, T, x.device)
     out = torch.empty_like(x)
     return (lambda: sl.launch_single(ops, x, g, slots, scalings, out, ws)), out, ws
+
+
+def grid_point(c, sink, x, g, batch, name: str, ceilings: dict, flush, reps: int) -> dict:
+    """One grid point: ``single`` (candidate ``name``), ``triton`` and ``cublas_base``, each a CUDA
+    graph timed after an L2 flush; ``single``'s output checked against ``triton``'s."""
+    ops = sink.operands()
+    T = c.T
+    fn, out, ws = single_runner(ops, x, g, batch, config_for(ops, T, CANDIDATES[name]))
+    fn()
+    finish_or_exit(f"{c.shape} R={c.R} S={c.S} T={T}", 120)
+    tri, _ = pr.backend_runner("triton", sink, x, g, batch)
+    cub, _ = pr.backend_runner("cublas_base", sink, x, g, batch)
+    us = {"single": median(pr.time_graph(fn, flush, reps)),
+          "triton": median(pr.time_graph(tri, flush, reps)),
+          "cublas_base": median(pr.time_graph(cub, flush, reps))}
+    torch.cuda.synchronize()
+    expect = tri()
+    agree = records.relative_error(out, expect)  # the graph's last replay vs the backend
+    roof = pr.roofline(c, **ceilings)
+    return dict(shape=c.shape, n=c.n, H=c.H, F=c.F, R=c.R, S=c.S, T=T, config=name, us=us,
+                plan=sl.schedule(ops, ws, T, True, c.S),
+                roofline_us=roof.us, roofline_bytes=roof.bytes,
+                predicted_us=PREDICTED_US.get((c.shape, T)) if (c.R, c.S) == (64, 4) else None,
+                model_us=roof.bytes / (ceilings["copy_TBps"] * 1e12) * 1e6 + FIXED_US,
+                ratio_single=us["single"] / roof.us, speedup_vs_triton=us["triton"] / us["single"],
+                vs_cublas_base=us["cublas_base"] / us["single"], rel_vs_triton=agree,
+                out_absmax=float(expect.abs().max()), workspace_clean=ws.clean())
 
 
 def main() -> int:
@@ -190,7 +225,7 @@ def main() -> int:
             ops = sink.operands()
             tri, _ = pr.backend_runner("triton", sink, x, g, batch)
             expect = tri()
-            timed, agree, plans = {}, {}, {}
+            timed, agree, plans, errors = {}, {}, {}, {}
             for name, change in CANDIDATES.items():
                 if timed and time.time() - t0 > BUDGET_S:
                     break
@@ -203,15 +238,16 @@ def main() -> int:
                     torch.cuda.synchronize()
                     agree[name] = records.relative_error(out, expect)   # the last replay vs the triton backend
                     plans[name] = dict(sl.schedule(ops, ws, T, True, 4), clean=ws.clean(), config=asdict(config))
-                except Exception as exc:  # a tile that does not fit, say: record it, keep going
+                except Exception as exc:  # a variant that does not compile here, say: record it, keep going
                     print(shape, T, name, "FAILED", type(exc).__name__, str(exc)[:200], flush=True)
                     timed[name] = None
+                    errors[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
             ok = {k: v for k, v in timed.items()
                   if v is not None and agree.get(k, 1.0) <= 2e-2 and plans.get(k, {}).get("clean")}
             winners[T] = min(ok, key=ok.get) if ok else "v11"
             sweep.append(dict(shape=shape, T=T, R=64, S=4, us=timed, rel_vs_triton=agree, plans=plans,
-                              winner=winners[T], wrong=sorted(set(k for k, v in timed.items() if v is not None)
-                                                              - set(ok))))
+                              errors=errors, winner=winners[T],
+                              wrong=sorted(set(k for k, v in timed.items() if v is not None) - set(ok))))
             print("sweep", {k: v for k, v in sweep[-1].items() if k != "plans"}, flush=True)
         # 2. the grid
         for R in RANKS:
@@ -223,37 +259,23 @@ def main() -> int:
                     c = pr.Case(shape, n, H, F, R=R, S=S, T=T)
                     sink, x, g, batch = pr.build_case(c, DEVICE, base=base)
                     base = sink
-                    ops = sink.operands()
-                    name = winners[1 if T <= 16 else 32]
-                    fn, out, ws = single_runner(ops, x, g, batch, config_for(ops, T, CANDIDATES[name]))
-                    tri, _ = pr.backend_runner("triton", sink, x, g, batch)
-                    cub, _ = pr.backend_runner("cublas_base", sink, x, g, batch)
-                    us = {"single": median(pr.time_graph(fn, flush, args.reps)),
-                          "triton": median(pr.time_graph(tri, flush, args.reps)),
-                          "cublas_base": median(pr.time_graph(cub, flush, args.reps))}
-                    torch.cuda.synchronize()
-                    expect = tri()
-                    agree = records.relative_error(out, expect)  # the graph's last replay vs the backend
-                    roof = pr.roofline(c, **ceilings)
-                    row = dict(shape=shape, n=n, H=H, F=F, R=R, S=S, T=T, config=name, us=us,
-                               plan=sl.schedule(ops, ws, T, True, S),
-                               roofline_us=roof.us, roofline_bytes=roof.bytes,
-                               predicted_us=PREDICTED_US.get((shape, T)) if (R, S) == (64, 4) else None,
-                               model_us=roof.bytes / (ceilings["copy_TBps"] * 1e12) * 1e6 + FIXED_US,
-                               ratio_single=us["single"] / roof.us, speedup_vs_triton=us["triton"] / us["single"],
-                               vs_cublas_base=us["cublas_base"] / us["single"], rel_vs_triton=agree,
-                               out_absmax=float(expect.abs().max()), workspace_clean=ws.clean())
-                    print("point", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                    try:
+                        points.append(grid_point(c, sink, x, g, batch, winners[1 if T <= 16 else 32], ceilings,
+                                                 flush, args.reps))
+                    except Exception as exc:  # recorded as a failed point; the grid goes on
+                        points.append(dict(shape=shape, R=R, S=S, T=T,
+                                           error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+                    print("point", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in points[-1].items()
                                     if k != "plan"}, flush=True)
-                    points.append(row)
         del base
         torch.cuda.empty_cache()
-    failed = ([c for c in checks if not c["ok"]] + [p for p in points if not p["rel_vs_triton"] <= 2e-2
-                                                    or not p["workspace_clean"] or not p["out_absmax"] > 0]
-              + [(w["shape"], w["T"], k) for w in sweep for k in w["wrong"]])
+    failed = ([c for c in checks if not c["ok"]]
+              + [p for p in points if "error" in p or not p["rel_vs_triton"] <= 2e-2 or not p["workspace_clean"]
+                 or not p["out_absmax"] > 0]
+              + [(w["shape"], w["T"], k) for w in sweep for k in w["wrong"] + sorted(w["errors"])])
     records.write_json(args.out, {"version": sl.VERSION, "environment": env, "ceilings": ceilings, "checks": checks,
                                   "sweep": sweep, "points": points,
-                                  "candidates": {k: ("the other kc" if v is None else v) for k, v in CANDIDATES.items()},
+                                  "candidates": {k: "the other kc" if v is None else v for k, v in CANDIDATES.items()},
                                   "compiled": sl.compiled_variants(), "failed": len(failed), "truncated": truncated,
                                   "seconds": time.time() - t0})
     print(f"wrote {args.out}: {len(points)} points{' (truncated by the time budget)' if truncated else ''}, "

@@ -6,7 +6,8 @@ Why one launch: at a few tokens the forward streams the weights once (``w13``
 no arithmetic, so its cost is bytes / bandwidth plus fixed costs; three dependent
 launches pay the fill and drain of the grid three times (KERNEL_NOTES.md). Here one
 persistent grid does it all (v11): about as many programs as fit on the GPU at once,
-each taking numbered *tasks* from one atomic ticket counter until none is left.
+each taking numbered *tasks* from one atomic ticket counter until none is left
+(``SingleConfig(persistent=False)``: one program per task, v10's grid).
 
 The down GEMM's reduction axis ``n*F`` is cut into *chunks* of ``KC`` features of one
 expert, so the ``w2`` stream need not wait for the whole up phase: the tickets are
@@ -273,8 +274,7 @@ def _down_task(g, hb, act_ptr, w2_ptr, out_ptr, oacc_ptr, slot_ptr, scale_ptr, m
     w_cols = w2_ptr + e * H * F + hs[None, :] * F
     fs = f_lo + tl.arange(0, BKD)
     f_ok = fs < F
-    # The first w2 tile (and the finalizer's slots) come from memory while this task
-    # waits for the chunk's act.
+    # The first w2 tile comes from memory while this task waits for the chunk's act.
     wt = tl.load(w_cols + fs[:, None], mask=f_ok[:, None] & h_ok[None, :], other=0.0)             # [BKD, BN]
     _wait_at_least(cnt_ptr + 3 + g, n_blocks, SLEEP_NS)
     a_rows = act_ptr + rows[:, None] * (N_EXP * F) + e * F
@@ -340,7 +340,7 @@ def _run_ticket(t, N1, NG, NB, NH, U, KS1, LAG, x_ptr, w13_ptr, w2_ptr, gam_ptr,
 # Inside the persistent loop the task is a real call: inlined, its index and mask
 # tensors (functions of the thread index and the arguments only) would be hoisted out
 # of the loop by LLVM, all three kinds at once, and live across every task (255
-# registers on sm_90 against 144 for the call; 112 without a loop).
+# registers on sm_90 against 148 for the call; 114 for one task per program, no loop).
 _run_ticket_apart = triton.jit(noinline=True)(_run_ticket.fn)
 
 
@@ -360,10 +360,10 @@ def single_launch_kernel(x_ptr, w13_ptr, w2_ptr, gam_ptr, slot_ptr, scale_ptr,
     """``PERSISTENT``: any grid size, each program taking tickets until all ``N1 + NG * (U + NH)``
     tasks are taken (module docstring; ``NG = n * cdiv(F, KC)`` chunks, ``U = KC/BF * KSPLIT`` up
     and ``NH = cdiv(H, BN)`` down tasks per chunk); else one ticket per program, the grid at
-    least the task count (v10's grid, with fewer registers: no loop). ``x [T, H]``, ``gammas [T, n]``, ``slots [T]``
-    int32 (``-1``: base only), ``scalings [S]`` float32 -> ``out [T, H]``; workspace
-    ``sh [T, O*2R]``, ``mid [T, O*R]``, ``out_acc [T, H]`` float32 (zero on entry and on exit),
-    ``act [T, n*F]`` working dtype, ``part [NB, KSPLIT, BT, 2BF]`` float32, ``counters
+    least the task count (v10's grid, with fewer registers: no loop). ``x [T, H]``, ``gammas
+    [T, n]``, ``slots [T]`` int32 (``-1``: base only), ``scalings [S]`` float32 -> ``out [T, H]``;
+    workspace ``sh [T, O*2R]``, ``mid [T, O*R]``, ``y_acc [T, n*2F]`` (gate/up pairs), ``out_acc
+    [T, H]`` float32 (zero on entry and on exit), ``act [T, n*F]`` working dtype, ``counters
     [3 + NG + NB + NH]`` int32 (zero on entry and exit; ``NB = n * cdiv(F, BF)``)."""
     NG = N_EXP * tl.cdiv(F, KC)
     NB = N_EXP * tl.cdiv(F, BF)
@@ -416,8 +416,8 @@ class SingleConfig:
     """Tiles and schedule of the one-launch kernel (tiles powers of two, ``>= 16``).
 
     ``bf`` features per up task (its dot is ``2*bf`` wide, gate and up); ``ksplit`` slices
-    of ``H`` per feature block (``0``: auto, about two thirds of the programs on ``w13``
-    and slices of at most 1024); ``bk`` the up reduction step; ``sk_chunk`` the shrink's
+    of ``H`` per feature block (``0``: auto, about two up tasks per multiprocessor and
+    slices of at most 1024); ``bk`` the up reduction step; ``sk_chunk`` the shrink's
     slice of ``H`` (a multiple of ``bk``); ``kc`` features per down chunk (a multiple of
     ``bf`` and ``bkd``); ``bn`` hidden columns per down task, ``bkd`` its reduction step
     (its first ``[bkd, bn]`` tile is loaded before it waits); ``rc`` the rank chunk of the
