@@ -278,6 +278,16 @@ def main() -> int:
                                   "candidates": {k: "the other kc" if v is None else v for k, v in CANDIDATES.items()},
                                   "compiled": sl.compiled_variants(), "failed": len(failed), "truncated": truncated,
                                   "seconds": time.time() - t0})
+    print("\nsweep (us, R64 S4):", flush=True)
+    for w in sweep:
+        print(f"  {w['shape']:12s} T={w['T']:2d} winner {w['winner']:9s} "
+              + " ".join(f"{k}={v:.1f}" if v is not None else f"{k}=FAILED" for k, v in w["us"].items()), flush=True)
+    print("R64 S4 points (us): single / triton / cublas_base / predicted / roofline", flush=True)
+    for p in points:
+        if (p.get("R"), p.get("S")) == (64, 4) and "us" in p:
+            print(f"  {p['shape']:12s} T={p['T']:2d} {p['us']['single']:6.1f} / {p['us']['triton']:6.1f} / "
+                  f"{p['us']['cublas_base']:6.1f} / {p['predicted_us'] or float('nan'):5.1f} / {p['roofline_us']:5.1f}",
+                  flush=True)
     print(f"wrote {args.out}: {len(points)} points{' (truncated by the time budget)' if truncated else ''}, "
           f"{len(failed)} failures, {time.time() - t0:.0f} s", flush=True)
     return 1 if failed else 0
