@@ -1,21 +1,30 @@
-"""The one-launch kernel (``inkling_lab/forward/single_launch.py``) on a CUDA GPU: correctness,
-a small tile sweep, then the few-token grid against the three-launch triton backend.
+"""The one-launch kernel (``inkling_lab/forward/single_launch.py``, v11) on a CUDA GPU:
+correctness, a small sweep of v11's candidates, then the few-token grid against the
+three-launch triton backend and the cuBLAS base.
 
 1. Correctness against the float64 reference, bf16 and fp16, both gate/up layouts,
    both outer layouts, mixed / base-only / rank-0 tokens, output poisoned with NaN, the
    launch captured in a CUDA graph and replayed twice (the workspace must come back
-   zero); any failure is recorded and makes the exit status 1.
-2. Sweep: each candidate ``SingleConfig`` at R 64, S 4, T 1 and 32 per shape; the
-   fastest per (shape, token tile) runs the grid (``sweep`` in the record says which won).
+   zero); then the same case under each candidate schedule the interpreter cannot test
+   concurrently (7 programs for hundreds of tasks, one program per task, lag 0, the
+   register cap, the back-off); any failure is recorded and makes the exit status 1.
+2. Sweep: each candidate (``CANDIDATES``: changes to ``pick_config``'s choice for the
+   shape) at R 64, S 4, T 1 and 32 per shape, its output checked against the triton
+   backend's; the fastest correct one per (shape, token tile) runs the grid (``sweep``
+   in the record says which won, with each candidate's grid size and lag).
 3. Grid: shapes A, B, Inkling and Inkling-TP8 x R 16, 64 x S 1, 4, 8 x T 1, 8, 32:
    ``single`` (this kernel), ``triton`` (the three-launch backend) and ``cublas_base``
    (the base sink alone through cuBLAS, no LoRA work), each a CUDA graph replayed with
    the L2 flushed before every replay (``profile.time_graph``), the three timed one after
    another at each point; ``single``'s output checked against ``triton``'s at every
    point. Each point carries its roofline (``profile.roofline``, the run's own ceilings)
-   and the prediction made before the run, ``model_us`` = bytes / copy bandwidth + ``FIXED_US``.
+   and v11's prediction made before the run (``predicted_us``, KERNEL_NOTES.md, where one
+   was written), besides v10's ``model_us`` = bytes / copy bandwidth + ``FIXED_US``.
 
-    cd .gpu_stage && PYTHONPATH=. python3 scripts/h200_single_launch.py --out $OUT/h200_single_launch.json
+The record has ``version`` (the kernel's design version) and ``compiled`` (registers,
+spills, shared memory and programs per multiprocessor of every variant launched).
+
+    cd .gpu_stage && PYTHONPATH=. timeout 400 python3 scripts/h200_single_launch.py --out $OUT/h200_single_launch.json
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -36,12 +45,22 @@ from inkling_lab.scenario import Scenario
 
 SHAPES = {"A": (2, 1536, 768), "B": (2, 4096, 2048), "inkling": (2, 6144, 3072), "inkling-tp8": (2, 6144, 384)}
 RANKS, SLOTS, TOKENS = (16, 64), (1, 4, 8), (1, 8, 32)
-CANDIDATES = {  # 4 per shape: warps, reduction step, feature block, the down tasks' w2 prefetch
-    "default": sl.SingleConfig(),
-    "w8": sl.SingleConfig(warps=8),
-    "bk64_prefetch": sl.SingleConfig(bk=64, bkd=64, stages=4, prefetch=True),
-    "prefetch": sl.SingleConfig(prefetch=True),
+CANDIDATES = {  # changes to pick_config's choice for the shape (at most 6: the run must stay under 5 minutes)
+    "v11": {},
+    "r128": dict(maxnreg=128),                # 4 programs per SM (148 registers otherwise: 3), a few spilled bytes
+    "per_task": dict(persistent=False),       # one program per task (114 registers: 4 per SM), no loop
+    "phased": dict(lag=1 << 20),              # v10's ticket order (every up task first), v11's loops
+    "kc_other": None,                         # the other chunk size (256 <-> 512): atomics vs dependency grain
+    "sleep": dict(sleep_ns=100),              # back-off between polls
 }
+PREDICTED_US = {  # v11's prediction before any run (KERNEL_NOTES.md), R 64, S 4
+    ("A", 1): 13.0, ("A", 32): 17.0, ("B", 1): 37.0, ("B", 32): 42.0,
+    ("inkling", 1): 68.0, ("inkling", 32): 76.0, ("inkling-tp8", 1): 17.0, ("inkling-tp8", 32): 22.0,
+}
+CHECK_SCHEDULES = {"programs7": dict(programs=7), "per_task": dict(persistent=False), "lag0": dict(lag=0),
+                   "r128": dict(maxnreg=128), "sleep": dict(sleep_ns=100)}
+"""Schedules checked on the GPU beyond the default (shape A, bf16, interleaved, shared outer):
+real concurrency, which Triton's interpreter (one program after another) never shows."""
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
 """Max-norm relative error allowed against float64 (the triton backend reaches ~4e-3 bf16, ~4e-4 fp16)."""
 FIXED_US = 3.0
@@ -80,45 +99,65 @@ def graph_of(fn):
     return graph
 
 
+def config_for(ops, T: int, change: dict | None) -> sl.SingleConfig:
+    """``pick_config``'s choice with ``change`` applied (``None``: the other chunk size)."""
+    base = sl.pick_config(ops, T)
+    if change is None:
+        return replace(base, kc=512 if base.kc == 256 else 256)
+    return replace(base, **change)
+
+
+def check_case(shape: str, dtype: torch.dtype, interleaved: bool, outer: int, schedule: str) -> dict:
+    """One correctness case at 13 tokens (mixed slots, base-only tokens, a rank-0 slot whose
+    buffers are not zero), R 16, S 3: an eager launch, then two graph replays."""
+    n, H, F = SHAPES[shape]
+    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=16, slots=3, outer=outer)
+    slots_t = [0, 0, 0, -1, -1, 2, 2, 2, 2, 1, 1, 0, -1]
+    sc = Scenario.random(g, tokens=len(slots_t), seed=7, dtype=dtype, device=DEVICE,
+                         interleaved=interleaved, ranks=[16, 0, 9], token_slots=slots_t)
+    # The rank-0 slot keeps non-zero buffers: the kernel must skip it.
+    ops = sc.operands()
+    ops.buffers[0][1].normal_()
+    ref = reference_forward(ops, sc.x, sc.gammas, sc.batch)
+    base = reference_forward(ops, sc.x, sc.gammas, None)
+    T = sc.x.shape[0]
+    config = config_for(ops, T, CHECK_SCHEDULES.get(schedule, {}))
+    ws = sl.make_workspace(ops, T, config)
+    slots, scalings = sl.device_slots(sc.batch, T, DEVICE)
+    out = torch.full_like(sc.x, float("nan"))
+    sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws)  # compile, run once eagerly
+    finish_or_exit(f"the first launch ({shape}, {dtype}, interleaved={interleaved}, O={outer}, {schedule})", 120)
+    graph = graph_of(lambda: sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws))
+    errs = []
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        finish_or_exit("a graph replay")
+        errs.append(records.relative_error(out, ref))
+    clean = ws.clean()
+    err = max(errs)
+    return dict(rel_error=err, lora_effect=records.relative_error(base, ref), workspace_clean=clean,
+                plan=sl.schedule(ops, ws, T, True, 3), ok=bool(err < TOLERANCE[dtype] and clean))
+
+
 def check_correctness() -> list[dict]:
-    """Shape A and Inkling-TP8 at 13 tokens (mixed slots, base-only tokens, a rank-0 slot
-    whose buffers are not zero), R 16, S 3, every dtype/layout/outer combination."""
+    """Shape A and Inkling-TP8, every dtype/layout/outer combination (``check_case``); then
+    shape A (bf16, interleaved, shared outer) under each of ``CHECK_SCHEDULES``. A case that
+    raises (a compile error, say) is recorded as failed and the run goes on."""
     rows = []
-    for shape in ("A", "inkling-tp8"):
-        n, H, F = SHAPES[shape]
-        for dtype in (torch.bfloat16, torch.float16):
-            for interleaved in (True, False):
-                for outer in (1, n):
-                    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=16, slots=3, outer=outer)
-                    slots_t = [0, 0, 0, -1, -1, 2, 2, 2, 2, 1, 1, 0, -1]
-                    sc = Scenario.random(g, tokens=len(slots_t), seed=7, dtype=dtype, device=DEVICE,
-                                         interleaved=interleaved, ranks=[16, 0, 9], token_slots=slots_t)
-                    # The rank-0 slot keeps non-zero buffers: the kernel must skip it.
-                    ops = sc.operands()
-                    ops.buffers[0][1].normal_()
-                    ref = reference_forward(ops, sc.x, sc.gammas, sc.batch)
-                    base = reference_forward(ops, sc.x, sc.gammas, None)
-                    T = sc.x.shape[0]
-                    ws = sl.make_workspace(ops, T)
-                    slots, scalings = sl.device_slots(sc.batch, T, DEVICE)
-                    out = torch.full_like(sc.x, float("nan"))
-                    sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws)  # compile, run once eagerly
-                    finish_or_exit(f"the first launch ({shape}, {dtype}, interleaved={interleaved}, O={outer})", 120)
-                    graph = graph_of(lambda: sl.launch_single(ops, sc.x, sc.gammas, slots, scalings, out, ws))
-                    errs = []
-                    for _ in range(2):
-                        out.fill_(float("nan"))
-                        graph.replay()
-                        finish_or_exit("a graph replay")
-                        errs.append(records.relative_error(out, ref))
-                    clean = bool(ws.counters.count_nonzero() == 0 and ws.sh.count_nonzero() == 0
-                                 and ws.mid.count_nonzero() == 0)
-                    err = max(errs)
-                    row = dict(shape=shape, dtype=records.dtype_name(dtype), interleaved=interleaved, outer=outer,
-                               T=T, rel_error=err, lora_effect=records.relative_error(base, ref),
-                               workspace_clean=clean, ok=bool(err < TOLERANCE[dtype] and clean))
-                    print("check", row, flush=True)
-                    rows.append(row)
+    cases = [(shape, dtype, interleaved, outer, "default") for shape in ("A", "inkling-tp8")
+             for dtype in (torch.bfloat16, torch.float16) for interleaved in (True, False)
+             for outer in (1, SHAPES[shape][0])]
+    cases += [("A", torch.bfloat16, True, 1, name) for name in CHECK_SCHEDULES]
+    for shape, dtype, interleaved, outer, schedule in cases:
+        row = dict(shape=shape, dtype=records.dtype_name(dtype), interleaved=interleaved, outer=outer, T=13,
+                   schedule=schedule)
+        try:
+            row.update(check_case(shape, dtype, interleaved, outer, schedule))
+        except Exception as exc:
+            row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        print("check", row, flush=True)
+        rows.append(row)
     return rows
 
 
@@ -132,6 +171,33 @@ def single_runner(ops, x, g, batch, config):
     slots, scalings = sl.device_slots(batch, T, x.device)
     out = torch.empty_like(x)
     return (lambda: sl.launch_single(ops, x, g, slots, scalings, out, ws)), out, ws
+
+
+def grid_point(c, sink, x, g, batch, name: str, ceilings: dict, flush, reps: int) -> dict:
+    """One grid point: ``single`` (candidate ``name``), ``triton`` and ``cublas_base``, each a CUDA
+    graph timed after an L2 flush; ``single``'s output checked against ``triton``'s."""
+    ops = sink.operands()
+    T = c.T
+    fn, out, ws = single_runner(ops, x, g, batch, config_for(ops, T, CANDIDATES[name]))
+    fn()
+    finish_or_exit(f"{c.shape} R={c.R} S={c.S} T={T}", 120)
+    tri, _ = pr.backend_runner("triton", sink, x, g, batch)
+    cub, _ = pr.backend_runner("cublas_base", sink, x, g, batch)
+    us = {"single": median(pr.time_graph(fn, flush, reps)),
+          "triton": median(pr.time_graph(tri, flush, reps)),
+          "cublas_base": median(pr.time_graph(cub, flush, reps))}
+    torch.cuda.synchronize()
+    expect = tri()
+    agree = records.relative_error(out, expect)  # the graph's last replay vs the backend
+    roof = pr.roofline(c, **ceilings)
+    return dict(shape=c.shape, n=c.n, H=c.H, F=c.F, R=c.R, S=c.S, T=T, config=name, us=us,
+                plan=sl.schedule(ops, ws, T, True, c.S),
+                roofline_us=roof.us, roofline_bytes=roof.bytes,
+                predicted_us=PREDICTED_US.get((c.shape, T)) if (c.R, c.S) == (64, 4) else None,
+                model_us=roof.bytes / (ceilings["copy_TBps"] * 1e12) * 1e6 + FIXED_US,
+                ratio_single=us["single"] / roof.us, speedup_vs_triton=us["triton"] / us["single"],
+                vs_cublas_base=us["cublas_base"] / us["single"], rel_vs_triton=agree,
+                out_absmax=float(expect.abs().max()), workspace_clean=ws.clean())
 
 
 def main() -> int:
@@ -150,30 +216,39 @@ def main() -> int:
     for shape in args.shapes.split(","):
         n, H, F = SHAPES[shape]
         base = None
-        # 1. the sweep: the fastest candidate per token tile (T <= 16 and T <= 32 compile apart)
+        # 1. the sweep: the fastest correct candidate per token tile (T <= 16 and T <= 32 compile apart)
         winners = {}
         for T in (1, 32):
             c = pr.Case(shape, n, H, F, R=64, S=4, T=T)
             sink, x, g, batch = pr.build_case(c, DEVICE, base=base)
             base = sink
             ops = sink.operands()
-            timed = {}
-            for name, config in CANDIDATES.items():
+            tri, _ = pr.backend_runner("triton", sink, x, g, batch)
+            expect = tri()
+            timed, agree, plans, errors = {}, {}, {}, {}
+            for name, change in CANDIDATES.items():
                 if timed and time.time() - t0 > BUDGET_S:
                     break
                 try:
-                    fn, _, _ = single_runner(ops, x, g, batch, config)
+                    config = config_for(ops, T, change)
+                    fn, out, ws = single_runner(ops, x, g, batch, config)
                     fn()
                     finish_or_exit(f"{shape} T={T} config {name}", 120)
                     timed[name] = median(pr.time_graph(fn, flush, args.reps))
-                except Exception as exc:  # a tile that does not fit, say: record it, keep going
+                    torch.cuda.synchronize()
+                    agree[name] = records.relative_error(out, expect)   # the last replay vs the triton backend
+                    plans[name] = dict(sl.schedule(ops, ws, T, True, 4), clean=ws.clean(), config=asdict(config))
+                except Exception as exc:  # a variant that does not compile here, say: record it, keep going
                     print(shape, T, name, "FAILED", type(exc).__name__, str(exc)[:200], flush=True)
                     timed[name] = None
-            ok = {k: v for k, v in timed.items() if v is not None}
-            winners[T] = min(ok, key=ok.get) if ok else "default"
-            sweep.append(dict(shape=shape, T=T, R=64, S=4, us=timed, winner=winners[T],
-                              config=asdict(CANDIDATES[winners[T]])))
-            print("sweep", sweep[-1], flush=True)
+                    errors[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            ok = {k: v for k, v in timed.items()
+                  if v is not None and agree.get(k, 1.0) <= 2e-2 and plans.get(k, {}).get("clean")}
+            winners[T] = min(ok, key=ok.get) if ok else "v11"
+            sweep.append(dict(shape=shape, T=T, R=64, S=4, us=timed, rel_vs_triton=agree, plans=plans,
+                              errors=errors, winner=winners[T],
+                              wrong=sorted(set(k for k, v in timed.items() if v is not None) - set(ok))))
+            print("sweep", {k: v for k, v in sweep[-1].items() if k != "plans"}, flush=True)
         # 2. the grid
         for R in RANKS:
             for S in SLOTS:
@@ -184,35 +259,35 @@ def main() -> int:
                     c = pr.Case(shape, n, H, F, R=R, S=S, T=T)
                     sink, x, g, batch = pr.build_case(c, DEVICE, base=base)
                     base = sink
-                    ops = sink.operands()
-                    name = winners[1 if T <= 16 else 32]
-                    fn, out, ws = single_runner(ops, x, g, batch, CANDIDATES[name])
-                    tri, _ = pr.backend_runner("triton", sink, x, g, batch)
-                    cub, _ = pr.backend_runner("cublas_base", sink, x, g, batch)
-                    us = {"single": median(pr.time_graph(fn, flush, args.reps)),
-                          "triton": median(pr.time_graph(tri, flush, args.reps)),
-                          "cublas_base": median(pr.time_graph(cub, flush, args.reps))}
-                    torch.cuda.synchronize()
-                    expect = tri()
-                    agree = records.relative_error(out, expect)  # the graph's last replay vs the backend
-                    roof = pr.roofline(c, **ceilings)
-                    row = dict(shape=shape, n=n, H=H, F=F, R=R, S=S, T=T, config=name, us=us,
-                               roofline_us=roof.us, roofline_bytes=roof.bytes,
-                               model_us=roof.bytes / (ceilings["copy_TBps"] * 1e12) * 1e6 + FIXED_US,
-                               ratio_single=us["single"] / roof.us, speedup_vs_triton=us["triton"] / us["single"],
-                               vs_cublas_base=us["cublas_base"] / us["single"], rel_vs_triton=agree,
-                               out_absmax=float(expect.abs().max()),
-                               workspace_clean=bool(ws.counters.count_nonzero() == 0))
-                    print("point", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()},
-                          flush=True)
-                    points.append(row)
+                    try:
+                        points.append(grid_point(c, sink, x, g, batch, winners[1 if T <= 16 else 32], ceilings,
+                                                 flush, args.reps))
+                    except Exception as exc:  # recorded as a failed point; the grid goes on
+                        points.append(dict(shape=shape, R=R, S=S, T=T,
+                                           error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+                    print("point", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in points[-1].items()
+                                    if k != "plan"}, flush=True)
         del base
         torch.cuda.empty_cache()
-    failed = [c for c in checks if not c["ok"]] + [p for p in points if not p["rel_vs_triton"] <= 2e-2
-                                                   or not p["workspace_clean"] or not p["out_absmax"] > 0]
-    records.write_json(args.out, {"environment": env, "ceilings": ceilings, "checks": checks, "sweep": sweep,
-                                  "points": points, "candidates": {k: asdict(v) for k, v in CANDIDATES.items()},
-                                  "failed": len(failed), "truncated": truncated, "seconds": time.time() - t0})
+    failed = ([c for c in checks if not c["ok"]]
+              + [p for p in points if "error" in p or not p["rel_vs_triton"] <= 2e-2 or not p["workspace_clean"]
+                 or not p["out_absmax"] > 0]
+              + [(w["shape"], w["T"], k) for w in sweep for k in w["wrong"] + sorted(w["errors"])])
+    records.write_json(args.out, {"version": sl.VERSION, "environment": env, "ceilings": ceilings, "checks": checks,
+                                  "sweep": sweep, "points": points,
+                                  "candidates": {k: "the other kc" if v is None else v for k, v in CANDIDATES.items()},
+                                  "compiled": sl.compiled_variants(), "failed": len(failed), "truncated": truncated,
+                                  "seconds": time.time() - t0})
+    print("\nsweep (us, R64 S4):", flush=True)
+    for w in sweep:
+        print(f"  {w['shape']:12s} T={w['T']:2d} winner {w['winner']:9s} "
+              + " ".join(f"{k}={v:.1f}" if v is not None else f"{k}=FAILED" for k, v in w["us"].items()), flush=True)
+    print("R64 S4 points (us): single / triton / cublas_base / predicted / roofline", flush=True)
+    for p in points:
+        if (p.get("R"), p.get("S")) == (64, 4) and "us" in p:
+            print(f"  {p['shape']:12s} T={p['T']:2d} {p['us']['single']:6.1f} / {p['us']['triton']:6.1f} / "
+                  f"{p['us']['cublas_base']:6.1f} / {p['predicted_us'] or float('nan'):5.1f} / {p['roofline_us']:5.1f}",
+                  flush=True)
     print(f"wrote {args.out}: {len(points)} points{' (truncated by the time budget)' if truncated else ''}, "
           f"{len(failed)} failures, {time.time() - t0:.0f} s", flush=True)
     return 1 if failed else 0
