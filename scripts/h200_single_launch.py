@@ -1,5 +1,5 @@
-"""The one-launch kernel (``inkling_lab/forward/single_launch.py``, v11) on a CUDA GPU:
-correctness, a small sweep of v11's candidates, then the few-token grid against the
+"""The one-launch kernel (``inkling_lab/forward/single_launch.py``, v12) on a CUDA GPU:
+correctness, a small sweep of candidates, then the few-token grid against the
 three-launch triton backend and the cuBLAS base.
 
 1. Correctness against the float64 reference, bf16 and fp16, both gate/up layouts,
@@ -18,7 +18,7 @@ three-launch triton backend and the cuBLAS base.
    the L2 flushed before every replay (``profile.time_graph``), the three timed one after
    another at each point; ``single``'s output checked against ``triton``'s at every
    point. Each point carries its roofline (``profile.roofline``, the run's own ceilings)
-   and v11's prediction made before the run (``predicted_us``, KERNEL_NOTES.md, where one
+   and the version's prediction made before the run (``predicted_us``, KERNEL_NOTES.md, where one
    was written), besides v10's ``model_us`` = bytes / copy bandwidth + ``FIXED_US``.
 
 The record has ``version`` (the kernel's design version) and ``compiled`` (registers,
@@ -36,6 +36,7 @@ import time
 from dataclasses import asdict, replace
 
 import torch
+import triton
 
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import single_launch as sl
@@ -46,19 +47,19 @@ from inkling_lab.scenario import Scenario
 SHAPES = {"A": (2, 1536, 768), "B": (2, 4096, 2048), "inkling": (2, 6144, 3072), "inkling-tp8": (2, 6144, 384)}
 RANKS, SLOTS, TOKENS = (16, 64), (1, 4, 8), (1, 8, 32)
 CANDIDATES = {  # changes to pick_config's choice for the shape (at most 6: the run must stay under 5 minutes)
-    "v11": {},
-    "r128": dict(maxnreg=128),                # 4 programs per SM (148 registers otherwise: 3), a few spilled bytes
-    "per_task": dict(persistent=False),       # one program per task (114 registers: 4 per SM), no loop
-    "phased": dict(lag=1 << 20),              # v10's ticket order (every up task first), v11's loops
-    "kc_other": None,                         # the other chunk size (256 <-> 512): atomics vs dependency grain
-    "sleep": dict(sleep_ns=100),              # back-off between polls
+    "v12": {},                                 # one program per task, every up task first (v11's sweep winners)
+    "v11": dict(persistent=True, lag=-1),      # v11's default: persistent grid, down chunks interleaved
+    "phased": dict(persistent=True),           # persistent grid, every up task first (v11's sweep winner at most points)
+    "kc_other": None,                          # the other chunk size (256 <-> 512): atomics vs dependency grain
+    "kc_whole": "whole",                       # one chunk per expert: the fewest out_acc atomics
 }
-PREDICTED_US = {  # v11's prediction before any run (KERNEL_NOTES.md), R 64, S 4
-    ("A", 1): 13.0, ("A", 32): 17.0, ("B", 1): 37.0, ("B", 32): 42.0,
-    ("inkling", 1): 68.0, ("inkling", 32): 76.0, ("inkling-tp8", 1): 17.0, ("inkling-tp8", 32): 22.0,
+PREDICTED_US = {  # v12's prediction before its run (KERNEL_NOTES.md), R 64, S 4
+    ("A", 1): 22.0, ("A", 32): 31.0, ("B", 1): 43.0, ("B", 32): 62.0,
+    ("inkling", 1): 82.0, ("inkling", 32): 100.0, ("inkling-tp8", 1): 31.0, ("inkling-tp8", 32): 43.0,
 }
-CHECK_SCHEDULES = {"programs7": dict(programs=7), "per_task": dict(persistent=False), "lag0": dict(lag=0),
-                   "r128": dict(maxnreg=128), "sleep": dict(sleep_ns=100)}
+CHECK_SCHEDULES = {"programs7": dict(programs=7, persistent=True), "persistent": dict(persistent=True),
+                   "interleaved_down": dict(persistent=True, lag=-1), "lag0": dict(lag=0),
+                   "r128": dict(maxnreg=128), "sleep": dict(persistent=True, sleep_ns=100)}
 """Schedules checked on the GPU beyond the default (shape A, bf16, interleaved, shared outer):
 real concurrency, which Triton's interpreter (one program after another) never shows."""
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
@@ -99,11 +100,14 @@ def graph_of(fn):
     return graph
 
 
-def config_for(ops, T: int, change: dict | None) -> sl.SingleConfig:
-    """``pick_config``'s choice with ``change`` applied (``None``: the other chunk size)."""
+def config_for(ops, T: int, change: dict | str | None) -> sl.SingleConfig:
+    """``pick_config``'s choice with ``change`` applied (``None``: the other chunk size;
+    ``"whole"``: one chunk per expert, ``kc`` the power of two at or above ``F``)."""
     base = sl.pick_config(ops, T)
     if change is None:
         return replace(base, kc=512 if base.kc == 256 else 256)
+    if change == "whole":
+        return replace(base, kc=max(base.kc, triton.next_power_of_2(ops.intermediate)))
     return replace(base, **change)
 
 
@@ -244,7 +248,7 @@ def main() -> int:
                     errors[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
             ok = {k: v for k, v in timed.items()
                   if v is not None and agree.get(k, 1.0) <= 2e-2 and plans.get(k, {}).get("clean")}
-            winners[T] = min(ok, key=ok.get) if ok else "v11"
+            winners[T] = min(ok, key=ok.get) if ok else "v12"
             sweep.append(dict(shape=shape, T=T, R=64, S=4, us=timed, rel_vs_triton=agree, plans=plans,
                               errors=errors, winner=winners[T],
                               wrong=sorted(set(k for k, v in timed.items() if v is not None) - set(ok))))

@@ -63,7 +63,7 @@ def test_the_h200_script_runs_through_on_the_cpu(script, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["h200_single_launch.py", "--out", str(out), "--reps", "1", "--shapes", "A"])
     assert script.main() == 0
     record = json.loads(out.read_text())
-    assert record["version"] == sl.VERSION == "v11" and record["failed"] == 0 and not record["truncated"]
+    assert record["version"] == sl.VERSION == "v12" and record["failed"] == 0 and not record["truncated"]
     assert len(record["checks"]) == 16 + len(script.CHECK_SCHEDULES)
     assert all(c["ok"] and c["workspace_clean"] for c in record["checks"])
     assert {c["schedule"] for c in record["checks"]} == {"default", *script.CHECK_SCHEDULES}
@@ -73,6 +73,8 @@ def test_the_h200_script_runs_through_on_the_cpu(script, tmp_path, monkeypatch):
         assert set(row["us"]) == set(script.CANDIDATES) and not row["wrong"] and not row["errors"]
         assert row["winner"] in script.CANDIDATES and all(v < 1e-4 for v in row["rel_vs_triton"].values())
         assert row["plans"]["phased"]["lag"] == row["plans"]["phased"]["chunks"]
-        assert row["plans"]["kc_other"]["config"]["kc"] != row["plans"]["v11"]["config"]["kc"]
+        assert row["plans"]["kc_other"]["config"]["kc"] != row["plans"]["v12"]["config"]["kc"]
+        assert row["plans"]["v12"]["lag"] == row["plans"]["v12"]["chunks"] and not row["plans"]["v12"]["config"]["persistent"]
+        assert row["plans"]["kc_whole"]["chunks"] == 2  # n = 2 experts, one chunk each
     assert [(p["T"], p["S"]) for p in record["points"]] == [(1, 4), (20, 4)]
     assert all(p["rel_vs_triton"] < 1e-4 and p["workspace_clean"] for p in record["points"])

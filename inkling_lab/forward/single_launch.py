@@ -67,7 +67,7 @@ from ..operands import SinkOperands
 MAX_TOKENS = 64
 """Tokens one launch handles (one tile of ``BT <= 64`` rows): the regime of weight streaming."""
 
-VERSION = "v11"
+VERSION = "v12"
 """The kernel's design version (KERNEL_NOTES.md), recorded with its measurements."""
 
 
@@ -557,15 +557,18 @@ def compiled_variants() -> list[dict]:
     return [dict(key=repr(k), **v) for k, v in _COMPILED.items()]
 
 
+ALL_UP_FIRST = 1 << 20
+"""A ``lag`` past any chunk count: every up task takes a ticket before the first down task."""
+
+
 def pick_config(ops: SinkOperands, num_tokens: int) -> SingleConfig:
-    """The tiles for ``num_tokens`` tokens on ``ops``'s shapes (defaults chosen before any
-    v11 measurement; ``scripts/h200_single_launch.py`` sweeps alternatives on the H200
-    and records which won). Large weights take larger down tasks (fewer per-task fixed
-    costs, and ``kc`` 512 halves the float32 atomics into ``out_acc``)."""
+    """The tiles for ``num_tokens`` tokens on ``ops``'s shapes. From the v11 sweep on the
+    H200 (``data/profiles/h200_single_launch_v11.json``, R 64 S 4, every shape, T 1 and 32):
+    every up task before any down task (``lag`` past the chunk count) won 7 of 8 cases, one
+    program per task beat the persistent grid at B, Inkling and TP8; large weights take
+    larger down chunks (``kc`` 512 halves the float32 atomics into ``out_acc``)."""
     big = ops.n * ops.intermediate * ops.hidden > 8 * 1024 * 1024
-    if big:
-        return SingleConfig(kc=512)
-    return SingleConfig()
+    return SingleConfig(kc=512 if big else 256, lag=ALL_UP_FIRST, persistent=False)
 
 
 def make_workspace(ops: SinkOperands, max_tokens: int, config: SingleConfig | None = None,
