@@ -1,0 +1,50 @@
+"""``scripts/h200_stream_ceiling.py``'s read kernel in Triton's CPU interpreter: the sum it
+writes per program must add up to the buffer's float64 sum for any size, block and grid
+(a read kernel that skipped or re-read elements would time the wrong bytes)."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def script():
+    # Triton decides at decoration time whether a kernel is interpreted.
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        sys.modules.pop("h200_stream_ceiling", None)
+        import h200_stream_ceiling
+
+        yield h200_stream_ceiling
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+        sys.modules.pop("h200_stream_ceiling", None)
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 5000), block=st.sampled_from([16, 64, 256]), programs=st.integers(1, 9),
+       seed=st.integers(0, 2 ** 16))
+def test_the_read_kernel_reads_every_element_once(script, n, block, programs, seed):
+    src = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    partial, launch = script.stream_sum(src, block, programs)
+    launch()
+    assert partial.shape == (programs,)
+    torch.testing.assert_close(partial.double().sum(), src.double().sum(), rtol=1e-5, atol=1e-4)
+
+
+def test_the_sweep_covers_block_sizes_and_occupancies(script):
+    blocks = {b for b, _ in script.SWEEP}
+    per_sm = {p for _, p in script.SWEEP}
+    assert len(blocks) >= 2 and len(per_sm) >= 3 and set(script.SHAPES) == {"A", "B", "inkling", "inkling-tp8"}
