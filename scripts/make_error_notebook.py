@@ -66,7 +66,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "forward": ("The forward", "a batch through the backends: slot ids, devices, kernels"),
     "diagnose": ("diagnose_pool findings", "what `il.diagnose_pool` finds that sglang's checks let through: it "
                  "reports, it does not raise"),
-    "core": ("The forward", "a batch through the backends: slot ids, devices, kernels"),
+    "core": ("The forward", ""),
     "upstream": ("Upstream behaviour", "what upstream's wrapper methods do with unusual inputs"),
     "doctor": ("Doctor findings", "`inkling-lab doctor`: what sglang would do with an adapter, found before "
                "serving it"),

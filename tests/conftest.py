@@ -15,17 +15,13 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
     # imported under TRITON_INTERPRET=1 before a library that uses torch's triton
     # integration (PEFT) imports it compiled; the variable itself is restored, so the
     # tests that switch the interpreter on and off still decide for themselves.
-    _saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import triton.language  # noqa: F401
-    except ImportError:  # the kernels' tests skip without triton
-        pass
-    finally:
-        if _saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = _saved
+    from interpreted import interpreter_on
+
+    with interpreter_on():
+        try:
+            import triton.language  # noqa: F401
+        except ImportError:  # the kernels' tests skip without triton
+            pass
 
 from inkling_lab.geometry import PRESETS, Geometry
 from inkling_lab.scenario import Scenario

@@ -11,8 +11,6 @@ Triton decides at decoration time whether a kernel is interpreted, so this modul
 imports a private copy of ``single_launch`` with ``TRITON_INTERPRET=1`` set only for
 that import, and restores ``sys.modules``, the package attribute and the environment.
 """
-import importlib
-import os
 import signal
 import sys
 
@@ -23,6 +21,7 @@ import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interpreted import import_interpreted
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward.reference import reference_forward
 from inkling_lab.geometry import Geometry
@@ -30,31 +29,7 @@ from inkling_lab.lora import SharedSinkLoRA
 from inkling_lab.records import relative_error
 from inkling_lab.scenario import Scenario
 
-_NAME = "inkling_lab.forward.single_launch"
-
-
-def _interpreted_module():
-    pkg = importlib.import_module("inkling_lab.forward")
-    saved_module = sys.modules.pop(_NAME, None)
-    saved_attr = pkg.__dict__.pop("single_launch", None)
-    saved_env = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return importlib.import_module(_NAME)
-    finally:
-        if saved_env is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved_env
-        sys.modules.pop(_NAME, None)
-        pkg.__dict__.pop("single_launch", None)
-        if saved_module is not None:
-            sys.modules[_NAME] = saved_module
-        if saved_attr is not None:
-            pkg.__dict__["single_launch"] = saved_attr
-
-
-sl = _interpreted_module()
+sl = import_interpreted("inkling_lab.forward.single_launch")
 
 # Tiny tiles so that the odd sizes below span several feature blocks, down chunks and
 # tasks, shrink slices, K splits and rank chunks.

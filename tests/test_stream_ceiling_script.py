@@ -1,7 +1,6 @@
 """``scripts/h200_stream_ceiling.py``'s read kernel in Triton's CPU interpreter: the sum it
 writes per program must add up to the buffer's float64 sum for any size, block and grid
 (a read kernel that skipped or re-read elements would time the wrong bytes)."""
-import os
 import sys
 from pathlib import Path
 
@@ -10,27 +9,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interpreted import import_interpreted
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def script():
-    # Triton decides at decoration time whether a kernel is interpreted.
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        sys.modules.pop("h200_stream_ceiling", None)
-        import h200_stream_ceiling
-
-        yield h200_stream_ceiling
+        yield import_interpreted("h200_stream_ceiling")
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-        sys.modules.pop("h200_stream_ceiling", None)
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_on(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton reads it at launch too
 
 
 @settings(max_examples=12, deadline=None)

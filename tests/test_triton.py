@@ -9,8 +9,6 @@ imports a private copy of the backend with ``TRITON_INTERPRET=1`` set only for t
 import; ``sys.modules``, the package attributes and the environment are restored, so
 no other test module in the same worker sees an interpreted kernel or the variable.
 """
-import importlib
-import os
 import sys
 
 import pytest
@@ -18,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interpreted import import_interpreted
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward.reference import reference_forward
 from inkling_lab.geometry import Geometry
@@ -25,33 +24,7 @@ from inkling_lab.lora import SharedSinkLoRA
 from inkling_lab.records import relative_error
 from inkling_lab.scenario import Scenario
 
-_PKG = "inkling_lab.forward"
-_NAMES = ("kernels", "triton_backend")
-
-
-def _interpreted_backend():
-    pkg = importlib.import_module(_PKG)
-    full = [f"{_PKG}.{name}" for name in _NAMES]
-    saved_modules = {k: sys.modules.pop(k) for k in full if k in sys.modules}
-    saved_attrs = {name: pkg.__dict__.pop(name) for name in _NAMES if name in pkg.__dict__}
-    saved_env = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return importlib.import_module(full[1])
-    finally:
-        if saved_env is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved_env
-        for k in full:
-            sys.modules.pop(k, None)
-        for name in _NAMES:
-            pkg.__dict__.pop(name, None)
-        sys.modules.update(saved_modules)
-        pkg.__dict__.update(saved_attrs)
-
-
-tb = _interpreted_backend()
+tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
 tb.MIN_SPLIT_K = 16  # the split-K reduction runs at these tiny sizes too (on the H200 it starts at K >= 2048)
 
 

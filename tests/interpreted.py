@@ -1,0 +1,52 @@
+"""Kernel modules imported for Triton's CPU interpreter, for the tests on a machine
+without a GPU. Triton decides at decoration time whether a ``@triton.jit`` function is
+interpreted, so the variable must be set while the module is imported, and only then:
+the modules the library itself imported, and the environment, are put back."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Iterator
+
+
+@contextmanager
+def interpreter_on() -> Iterator[None]:
+    """``TRITON_INTERPRET=1`` inside, the caller's value (or none) after."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def import_interpreted(*names: str) -> ModuleType:
+    """Private interpreted copies of the modules ``names`` (imported in that order; the
+    last is returned). ``sys.modules`` and the parent packages' attributes are restored,
+    so the rest of the test session keeps the library's own modules."""
+    parents = {name: name.rpartition(".") for name in names}
+    saved_modules = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    saved_attrs = {}
+    for name, (parent, _, attr) in parents.items():
+        if parent and attr in vars(importlib.import_module(parent)):
+            saved_attrs[name] = vars(sys.modules[parent]).pop(attr)
+    try:
+        with interpreter_on():
+            for name in names:
+                module = importlib.import_module(name)
+        return module
+    finally:
+        for name, (parent, _, attr) in parents.items():
+            sys.modules.pop(name, None)
+            if parent:
+                vars(sys.modules[parent]).pop(attr, None)
+        sys.modules.update(saved_modules)
+        for name, value in saved_attrs.items():
+            parent, _, attr = parents[name]
+            setattr(sys.modules[parent], attr, value)
