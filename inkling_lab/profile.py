@@ -35,6 +35,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -710,8 +711,6 @@ def graph_check(shape: str = "A", R: int = 16, S: int = 4, tokens: Sequence[int]
     written in place, each output against ``reference_f64``; and the eager host time
     per call (median over ``calls`` calls, no sync between them), for the resident batch
     and for a host batch (plan cached after the first call)."""
-    import time
-
     rows = []
     for T in tokens:
         c = Case.of(shape, R, S, T)
@@ -755,13 +754,8 @@ def graph_check(shape: str = "A", R: int = 16, S: int = 4, tokens: Sequence[int]
         for label, batch in (("host_us_resident", resident), ("host_us_host_batch", second)):
             sink(x, gammas, batch=batch, backend="triton")
             torch.cuda.synchronize()
-            per = []
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                sink(x, gammas, batch=batch, backend="triton")
-                per.append((time.perf_counter() - t0) * 1e6)
+            row[label] = _host_us(lambda: sink(x, gammas, batch=batch, backend="triton"), calls)
             torch.cuda.synchronize()
-            row[label] = statistics.median(per)
         row["host_breakdown_us"] = _host_breakdown(sink, x, gammas, resident, calls)
         row["ok"] = all(row[k] < 1e-2 for k in ("eager_rel_err", "replay_rel_err", "updated_replay_rel_err"))
         rows.append(row)
@@ -775,8 +769,6 @@ def _host_breakdown(sink, x, gammas, batch, calls: int) -> dict[str, float]:
     key, the input copies, the replay alone and the output's copy), the launches
     without a graph (and each kernel's own launch). Run after the calls that captured
     the graph."""
-    import time
-
     from .forward import kernels
     from .forward.triton_backend import _replay, cached_plan, graph_key, launch
     from .sink import check_tokens
@@ -795,26 +787,26 @@ def _host_breakdown(sink, x, gammas, batch, calls: int) -> dict[str, float]:
              "replay_clone_out": outs.clone,
              "launch": lambda: launch(ops, x, gammas, p),
              "empty_act": lambda: torch.empty(x.shape[0], ops.n * ops.intermediate, dtype=x.dtype, device=x.device)}
+    one = torch.zeros(2, dtype=torch.int32, device=x.device)
+    # one Triton launch alone: the slots kernel (6 arguments) at its smallest
+    steps["one_small_triton_launch"] = lambda: kernels.slots_kernel[(1,)](one, one, one, one, one, HAS_PERM=False,
+                                                                          BLOCK=16)
     out = {}
     for name, fn in steps.items():
         torch.cuda.synchronize()  # each step starts on an idle queue
-        per = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            fn()
-            per.append((time.perf_counter() - t0) * 1e6)
-        out[name] = statistics.median(per)
+        out[name] = _host_us(fn, calls)
     torch.cuda.synchronize()
-    # one Triton launch alone: the slots kernel (6 arguments) at its smallest
-    one = torch.zeros(2, dtype=torch.int32, device=x.device)
+    return out
+
+
+def _host_us(fn: Callable[[], object], calls: int) -> float:
+    """Median host µs of ``calls`` calls of ``fn``, one after another, no sync between them."""
     per = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        kernels.slots_kernel[(1,)](one, one, one, one, one, HAS_PERM=False, BLOCK=16)
+        fn()
         per.append((time.perf_counter() - t0) * 1e6)
-    out["one_small_triton_launch"] = statistics.median(per)
-    torch.cuda.synchronize()
-    return out
+    return statistics.median(per)
 
 
 # -- command line -----------------------------------------------------------------------
