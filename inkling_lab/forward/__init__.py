@@ -8,8 +8,7 @@ the fastest correct one for the device. Every backend is
 """
 from __future__ import annotations
 
-import functools
-import os
+import importlib
 from typing import Callable
 
 import torch
@@ -23,20 +22,28 @@ from .torch_backend import torch_forward
 
 Backend = Callable[[SinkOperands, torch.Tensor, torch.Tensor, "SlotBatch | None"], torch.Tensor]
 
-BACKENDS: dict[str, Backend] = {"reference": reference_forward, "torch": torch_forward}
 
-TRITON_ON_CUDA = message("ISL-E014")
+class _Imported:
+    """A backend whose module is imported at its first use (Triton is optional and takes
+    about a second to import). ``load`` puts the function itself into ``BACKENDS``, so
+    later calls go straight to it (an import statement costs ~1 µs a call even when
+    the module is loaded)."""
+
+    def __init__(self, name: str, module: str, attr: str):
+        self.name, self.module, self.attr = name, module, attr
+
+    def load(self) -> Backend:
+        fn = getattr(importlib.import_module(self.module, __name__), self.attr)
+        BACKENDS[self.name] = fn
+        return fn
+
+    def __call__(self, ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
+                 batch: "SlotBatch | None") -> torch.Tensor:
+        return self.load()(ops, x, gammas, batch)
 
 
-def triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.cache  # an import statement costs ~1 µs a call even when the module is loaded
-def _triton_backend() -> Backend:
-    from .triton_backend import triton_forward
-
-    return triton_forward
+BACKENDS: dict[str, Backend] = {"reference": reference_forward, "torch": torch_forward,
+                                "triton": _Imported("triton", ".triton_backend", "triton_forward")}
 
 
 def pick_backend(x: torch.Tensor) -> str:
@@ -48,8 +55,10 @@ def pick_backend(x: torch.Tensor) -> str:
     the interpreter runs the kernels far slower than torch, so ``auto`` never picks it.
     """
     if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        triton = BACKENDS["triton"]
         try:
-            _triton_backend()
+            if isinstance(triton, _Imported):
+                triton.load()
             return "triton"
         except ImportError:
             pass
@@ -91,14 +100,8 @@ def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch:
             if batch.num_slots != ops.slots:
                 raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
             check_pool_fits(ops)
-    name = pick_backend(x2) if backend == "auto" else backend
-    if name == "triton":
-        if not (x2.is_cuda or triton_interpreting()):
-            raise RuntimeError(TRITON_ON_CUDA)
-        fn = _triton_backend()
-    elif name in BACKENDS:
-        fn = BACKENDS[name]
-    else:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['triton', 'auto']}")
+    fn = BACKENDS.get(pick_backend(x2) if backend == "auto" else backend)
+    if fn is None:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['auto']}")
     out = fn(ops, x2, g2, batch)
     return out if x2 is x else out.reshape(x.shape)  # x2 is x: x was [T, H] already

@@ -14,6 +14,7 @@ a graph of its launches (host time, KERNEL_NOTES.md).
 """
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass, field
 
@@ -21,8 +22,18 @@ import torch
 import triton
 
 from ..batch import SlotBatch
+from ..catalog import message
 from ..operands import SinkOperands
 from . import kernels
+from .launch_cache import run as _run
+
+
+TRITON_ON_CUDA = message("ISL-E014")
+
+
+def interpreting() -> bool:
+    """Triton's CPU interpreter is on (``TRITON_INTERPRET`` set and not ``0``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,31 @@ def cached_plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, dev
     return p
 
 
+@dataclass(frozen=True)
+class Lora:
+    """The LoRA operands of one forward's launches (``kernels``' docstrings name them):
+    ``sh [T, O*2R]`` the gate/up shrink and ``mid [T, O*R]`` the down shrink (float32),
+    ``gb``/``da``/``db`` the pool's gate-up B, down A and down B, the rank ``R``, the
+    outer count ``O``, ``o_step`` (0: shared outer, 1: per expert) and ``br``, the rank
+    tile. ``Lora.none(x)`` for a base-only launch: ``HAS_LORA=False`` drops every use
+    of its tensors (``x`` only fills the arguments)."""
+
+    on: bool
+    sh: torch.Tensor
+    gb: torch.Tensor
+    da: torch.Tensor
+    db: torch.Tensor
+    mid: torch.Tensor
+    R: int = 0
+    O: int = 0
+    o_step: int = 0
+    br: int = 16
+
+    @staticmethod
+    def none(x: torch.Tensor) -> "Lora":
+        return Lora(False, x, x, x, x, x)
+
+
 def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """Enqueue the forward for ``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` (x's dtype)."""
@@ -196,10 +232,9 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     single = p.single_slot >= 0 and t.cublas and ops.shared_outer
     if single and T >= FOLD_TOKENS:
         return _launch_single(ops, x, gammas, p, out)
-    # What may differ between calls on this plan, for the repeat-launch cache (_run).
+    # What may differ between calls on this plan, for the repeat-launch cache (launch_cache).
     key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
-    w2 = ops.w2
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
@@ -210,43 +245,38 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         ga, gb, da, db = (b.contiguous() for b in ops.buffers)
         S, O, two_r, _ = ga.shape
         R = two_r // 2
-        BR = max(16, triton.next_power_of_2(R))
+        br = max(16, triton.next_power_of_2(R))
         if single:  # one slot for every token: its gate/up shrink is one cuBLAS GEMM
             sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made after the up kernel
         else:
             sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-            _shrink(x, p, ga, sh, mid, H, H, 0, R, O, O * 2 * R, 2 * R, 2, BR, True, ("shrink_up", key))
-        o_step = 0 if O == 1 else 1
+            _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R, a_outer=2 * R,
+                    halves=2, br=br, zero_mid=True, key=("shrink_up", key))
+        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
-        gb = da = db = sh = mid = x  # never read: HAS_LORA=False drops every use
-        O = R = o_step = 0
-        BR = 16
+        lora = Lora.none(x)
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
-    _up(ops, x, y, gammas, act, p, sh, gb, da, mid, R, O, o_step, BR, p.has_lora, key + (single,))
+    _up(ops, x, y, gammas, act, p, lora, key + (single,))
+    mid = lora.mid
     if t.cublas:
-        if not p.has_lora:
+        if not lora.on:
             return torch.mm(act, ops.w2_lin, out=out)
+        R, O, br = lora.R, lora.O, lora.br
         if single:  # and its down shrink over a_cat [S, R, n*F] another
             mid = torch.mm(act, ops.a_cat[p.single_slot].T)
         elif O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
-            _shrink(act, p, ops.a_cat, mid, mid, n * F, n * F, 0, R, 1, R, 0, 1, BR, False, ("shrink_down", key))
+            _shrink(act, p, ops.a_cat, mid, mid, k=n * F, ldx=n * F, x_o_off=0, rank=R, outer=1, a_slot=R,
+                    a_outer=0, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
-            _shrink(act, p, da, mid, mid, F, n * F, F, R, O, n * R, R, 1, BR, False, ("shrink_down", key))
-    grid_down = (triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn),)
-    sp = p.split
-    split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
-    _run(kernels.down_kernel, (grid_down[0] * split,),
-         (act, w2, out, p.slots, p.scalings, mid, db, p.sh if p.has_lora else sh, ws, cnt, T, H, F, R, O, n),
-         fast=(p.fast, ("down", key + (single,))),
-         BASE=not t.cublas, HAS_LORA=p.has_lora, BM=t.bm, BN=t.bn, BK=t.bk, BR=BR, GROUP_M=t.group_m, SPLIT=split,
-         num_warps=t.warps, num_stages=t.stages)
+            _shrink(act, p, lora.da, mid, mid, k=F, ldx=n * F, x_o_off=F, rank=R, outer=O, a_slot=n * R,
+                    a_outer=R, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
+    _down(ops, act, out, p, lora, mid, key + (single,))
     if t.cublas:
         out.addmm_(act, ops.w2_lin)  # cuBLAS adds the base down GEMM to the LoRA term
     return out
 
 
-def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, sh, gb, da, mid, R: int, O: int, o_step: int, BR: int,
-        lora: bool, key: tuple | None = None) -> None:
+def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | None = None) -> None:
     """One ``up_kernel`` launch (its docstring names the operands)."""
     T, H = x.shape
     n, F, t = ops.n, ops.intermediate, p.tiles
@@ -254,10 +284,27 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, sh, gb, da, mid, R: int, 
     sp = p.split
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
-         (x, ops.w13, y, gammas, act, p.slots, p.scalings, sh, gb, da, mid, ws, cnt,
-          T, H, F, R, O, n, o_step, row_step, up_offset), fast=None if key is None else (p.fast, ("up", key)),
-         Y_IN=t.cublas, HAS_LORA=lora, BM=t.bm, BF=t.bf, BK=t.bk, BR=BR, GROUP_M=t.group_m,
+         (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
+          T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
+         fast=None if key is None else (p.fast, ("up", key)),
+         Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
          INTERLEAVED=ops.interleaved, SPLIT=split, num_warps=t.warps, num_stages=t.stages)
+
+
+def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> None:
+    """One ``down_kernel`` launch (its docstring names the operands); ``mid`` is the
+    down shrink, ``lora.mid`` or the cuBLAS path's own."""
+    T, H = out.shape
+    t, sp = p.tiles, p.split
+    split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
+    grid = triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn) * split
+    # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
+    _run(kernels.down_kernel, (grid,),
+         (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,
+          T, H, ops.intermediate, lora.R, lora.O, ops.n),
+         fast=(p.fast, ("down", key)),
+         BASE=not t.cublas, HAS_LORA=lora.on, BM=t.bm, BN=t.bn, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
+         SPLIT=split, num_warps=t.warps, num_stages=t.stages)
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
@@ -274,7 +321,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
     y = torch.mm(sh, ops.w1_delta[s].T)               # [T, n*2F], rows as in w13_lin
     y.addmm_(x, ops.w13_lin.T)
     act = torch.empty(x.shape[0], ops.n * ops.intermediate, dtype=x.dtype, device=x.device)
-    _up(ops, x, y, gammas, act, p, x, x, x, x, 0, 0, 0, 16, False)
+    _up(ops, x, y, gammas, act, p, Lora.none(x))
     mid = torch.mm(act, ops.a_cat[s].T)               # [T, R]
     if scale != 1.0:
         mid.mul_(scale)
@@ -283,74 +330,23 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
     return out
 
 
-_FAST: dict[tuple, tuple] = {}
-_FAST_OK = [True]
-
-
-def _run(kern, grid: tuple, args: tuple, fast: tuple | None = None, **meta) -> None:
-    """``kern[grid](*args, **meta)`` with less host work on repeat calls.
-
-    Triton's launch binds and specializes every argument on every call (15-40 µs of
-    host time per launch on the H200 machine's CPU, ``data/profiles/h200_graph.json``).
-    The first call of a configuration goes through it and compiles; later calls whose
-    arguments specialize the same way call the compiled kernel's launcher directly, as
-    Triton's own launch does after binding. ``fast = (plan's cache, key)``: the key
-    names what can change between calls on one plan (the caller's tensors' dtype and
-    16-byte alignment, the shapes), the plan fixes the rest (its own tensors, the
-    token count); without it the key is every argument's specialization (slower to
-    build). Under the interpreter, or if this Triton's internals differ, every call
-    takes the plain path."""
-    key = None
-    if _FAST_OK[0]:
-        if fast is not None:
-            cache, key = fast[0], (kern, meta.get("HAS_LORA"), fast[1])
-        else:
-            cache, key = _FAST, (kern, tuple(meta.items()), tuple(
-                a if type(a) is int else (a.dtype, a.device.index, a.data_ptr() % 16 == 0) for a in args))
-        hit = cache.get(key)
-        if hit is not None:
-            ck, tail, driver, knobs = hit
-            full = args + tail
-            try:
-                stream = driver.active.get_current_stream(driver.active.get_current_device())
-                ck.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                       ck.function, ck.packed_metadata, ck.launch_metadata(grid, stream, *full),
-                       knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
-                return
-            except (AttributeError, TypeError):  # another Triton: use its own launch from now on
-                _FAST_OK[0] = False
-                _FAST.clear()
-    ck = kern[grid](*args, **meta)
-    if key is None or ck is None or not hasattr(ck, "function"):
-        return
-    try:
-        from triton import knobs
-        from triton.runtime import driver
-
-        names = kern.arg_names
-        defaults = {p.name: p.default for p in kern.params}
-        tail = tuple(meta[n] if n in meta else defaults[n] for n in names[len(args):])
-        if len(cache) > 512:
-            cache.clear()
-        cache[key] = (ck, tail, driver, knobs)
-    except (AttributeError, ImportError, KeyError):
-        _FAST_OK[0] = False
-
-
-def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, K: int, ldx: int,
-            x_o_off: int, R: int, O: int, a_s: int, a_o: int, halves: int, BR: int, zero_mid: bool,
-            key: tuple | None = None) -> None:
-    """One ``shrink_kernel`` launch (its docstring names the operands)."""
+def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, *, k: int, ldx: int,
+            x_o_off: int, rank: int, outer: int, a_slot: int, a_outer: int, halves: int, br: int, zero_mid: bool,
+            key: tuple) -> None:
+    """One ``shrink_kernel`` launch over ``k`` of each row of ``x`` (rows ``ldx`` long,
+    outer ``o`` from column ``o * x_o_off``) into ``dst``; ``a``'s rows of slot ``s`` and
+    outer ``o`` start at ``s * a_slot + o * a_outer``; ``halves`` blocks of ``rank``
+    rows (the kernel's docstring names the rest)."""
     T = x.shape[0]
     t = p.tiles
     bm = t.sbm or t.bm
-    split = triton.cdiv(K, t.k_chunk)
-    k_chunk = triton.cdiv(triton.cdiv(K, split), 16) * 16  # a multiple of the step below
+    split = triton.cdiv(k, t.k_chunk)
+    k_chunk = triton.cdiv(triton.cdiv(k, split), 16) * 16  # a multiple of the step below
     bk = next(b for b in (64, 32, 16) if k_chunk % b == 0)
     S = p.scalings.numel()
-    _run(kernels.shrink_kernel, (triton.cdiv(T, bm), O * S, split),
-         (x, p.slots, a, dst, mid, T, K, ldx, x_o_off, R, O, a_s, a_o, k_chunk),
-         fast=None if key is None else (p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=BR, BK=bk,
+    _run(kernels.shrink_kernel, (triton.cdiv(T, bm), outer * S, split),
+         (x, p.slots, a, dst, mid, T, k, ldx, x_o_off, rank, outer, a_slot, a_outer, k_chunk),
+         fast=(p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=br, BK=bk,
          num_warps=t.swarps, num_stages=3)
 
 
@@ -376,7 +372,10 @@ def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
     of the output. The graph reads the batch's device tensors and the pool at every
     replay, so in-place updates of a ``SlotBatch.to(device)`` batch and of the pool
     are followed; new weight or pool storage makes a new graph. Inside a capture of
-    the caller's own, the launches are enqueued directly."""
+    the caller's own, the launches are enqueued directly. On the CPU it runs only under
+    Triton's interpreter (``TRITON_INTERPRET=1``), else ``ISL-E014``."""
+    if not x.is_cuda and not interpreting():
+        raise RuntimeError(TRITON_ON_CUDA)
     p = cached_plan(ops, x.shape[0], batch, x.device)
     if batch is None or not x.is_cuda or x.shape[0] > GRAPH_TOKENS or torch.cuda.is_current_stream_capturing():
         return launch(ops, x, gammas, p)
