@@ -124,15 +124,30 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from .catalog import CATALOG
+
+    if args.list:
+        for entry in CATALOG.values():
+            print(f"{entry.code}  {entry.title}")
+        return 0
+    if not args.message:
+        print("inkling-lab explain: give an error message, a code such as ISL-E001, - to read stdin, "
+              "or --list", file=sys.stderr)
+        return 2
     text, note = read_pasted(sys.stdin) if args.message == ["-"] else (" ".join(args.message), "")
     if note:
         print(f"inkling-lab explain: {note}", file=sys.stderr)
     try:
         print(explain(text).explain())
     except NoCatalogEntry as exc:
-        print(f"inkling-lab explain: {exc}", file=sys.stderr)
-        print("  paste the whole error line (type and message), a traceback (inkling-lab explain - < log.txt), "
-              "or a code such as ISL-E001", file=sys.stderr)
+        print(f"inkling-lab explain: {exc.headline}", file=sys.stderr)
+        if exc.closest:
+            print("  closest:", file=sys.stderr)
+            for entry, why in exc.closest:
+                print(f"    {entry.code}  {entry.title} ({why})", file=sys.stderr)
+            print("  paste the whole error line (type and message), a traceback (inkling-lab explain - < log.txt) "
+                  "or a code", file=sys.stderr)
+        print("  every entry: inkling-lab explain --list", file=sys.stderr)
         return 1
     return 0
 
@@ -200,8 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
         "explain", help="the catalog entry for an error message, a pasted traceback or a code",
         description="Find the catalog entry for an error of the shared-sink LoRA path: what it means, when it "
                     "happens, a minimal example and its fix. Exit status 1 when nothing matches.")
-    p.add_argument("message", nargs="+", metavar="MESSAGE",
-                   help="the error text (quote it), a code such as ISL-E005, or - to read stdin")
+    p.add_argument("message", nargs="*", metavar="MESSAGE",
+                   help="the error text (quote it) or a fragment of it, a code such as ISL-E005 (any case), "
+                        "or - to read stdin")
+    p.add_argument("--list", action="store_true", help="list every catalog entry, code and title")
     p.set_defaults(func=_explain)
 
     # The profiling command ships with its own module; offer it where that module is installed.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import difflib
 import linecache
+import math
 import re
 import sys
 import textwrap
@@ -39,7 +40,12 @@ _SINK_FILES = ("inkling_common/lora.py", "inkling_lab/lora.py", "inkling_lab/val
 
 
 class NoCatalogEntry(LookupError):
-    """``explain`` found no entry for the text it was given."""
+    """``explain`` found no entry for the text it was given; ``closest`` holds the
+    nearest entries, as ``[(entry, why), ...]`` (empty: no shared-sink LoRA error), and
+    ``headline`` what was not found, in one sentence."""
+
+    closest: list[tuple[CatalogEntry, str]] = []
+    headline: str = ""
 
 
 def exception_chain(exc: BaseException, limit: int = CHAIN_LIMIT) -> list[BaseException]:
@@ -106,8 +112,10 @@ def _type_score(entry: CatalogEntry, line: str, start: int) -> int:
 
 
 def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
-    """``(entry or None, cut)``: the entry for a code, a pasted message or traceback, or
-    an exception; ``cut`` when only the last ``READ_LIMIT`` characters were read.
+    """``(entry or None, cut)``: the entry for a code (any case, ``ISL-`` optional), a
+    pasted message or traceback, an unambiguous fragment of a message's fixed text
+    (``"requires four 4D"``), or an exception; ``cut`` when only the last ``READ_LIMIT``
+    characters were read.
 
     The rule: the last line of the text that holds a catalogued message decides (in a
     traceback, the error raised last). On that line: errors and warnings before findings
@@ -116,10 +124,13 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
     through that function there: the more specific reading of Python's or torch's
     words); then an entry whose exception type the line names just before the message;
     then the message with the most fixed text. One pass over the lines, ``str.find`` per
-    entry and literal: linear in the text.
+    entry and literal: linear in the text. Only a text that holds no whole message is
+    read as a fragment (``FRAGMENT_SIZES``): one line, found, in any case, inside the
+    fixed text of exactly one entry's message.
     """
-    if isinstance(message_or_exception, str) and message_or_exception.strip() in CATALOG:
-        return CATALOG[message_or_exception.strip()], False
+    code = _as_code(message_or_exception)
+    if code is not None:
+        return CATALOG[code], False
     text, cut = _text_of(message_or_exception)
     # one pass per entry over the whole text leaves the few entries worth trying per line
     candidates = [e for e in _ENTRIES if e.key_literal in text]
@@ -148,7 +159,100 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
             best = on_line
         if not line[:1].isspace():
             frames = []  # the error line closes its traceback: later lines have no frames
+    if best is None and isinstance(message_or_exception, str):
+        holding = _holding_fragment(text)
+        return (holding[0] if len(holding) == 1 else None), cut
     return (best[1] if best else None), cut
+
+
+_CODE = re.compile(r"\s*(?:ISL-?)?([EKWDN]\d{3})\s*", re.IGNORECASE)
+
+FRAGMENT_SIZES = (8, 200)
+"""A pasted text is read as a fragment of a message when it is one line of this many
+characters (from, to): shorter ones ("LoRA") name no entry."""
+
+_WORD = re.compile(r"[a-z][a-z0-9_]*(?:-[a-z0-9_]+)*")
+_SINK_WORDS = ("lora", "inkling", "shared-sink", "shared_expert", "sink", "expert", "adapter", "gate", "down_proj", "up_proj",
+               "rank", "slot", "pool", "buffer", "peft", "sglang", "safetensors", "w13", "w2", "target_module",
+               "alpha", "dora", "rslora", "set_lora_info", "tp_rank", "tensor-parallel")
+"""Word stems of the shared-sink LoRA path: a message without one of them ("CUDA out of
+memory") is no error of it, and gets no "closest" entry."""
+_COMMON = frozenset("""a an and are as at be but by can does every for from given got has have holds if in
+into is it its more must no not of on one only or other the than that this to use was when which with
+without""".split())
+_FIELD = re.compile(r"\{\w+\}")
+_TELLING = math.log(8)
+"""A word tells entries apart when at most one in eight messages uses it: "lora" does not."""
+
+
+def _as_code(message_or_exception: Any) -> str | None:
+    """The catalog code a text names, in any case and with or without ``ISL-``."""
+    if not isinstance(message_or_exception, str):
+        return None
+    named = _CODE.fullmatch(message_or_exception)
+    code = f"ISL-{named.group(1).upper()}" if named else None
+    return code if code in CATALOG else None
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _holding_fragment(text: str) -> list[CatalogEntry]:
+    """The entries whose message's fixed text holds ``text`` (one line of
+    ``FRAGMENT_SIZES`` characters, any case, any spacing)."""
+    fragment = _squash(text)
+    if "\n" in text.strip() or not FRAGMENT_SIZES[0] <= len(fragment) <= FRAGMENT_SIZES[1]:
+        return []
+    return [e for e in _ENTRIES if any(fragment in _squash(part) for part in e._literals)]  # type: ignore[attr-defined]
+
+
+def _error_line(text: str) -> str:
+    """The line of a pasted text that says what went wrong: its last line that is no
+    traceback frame (or source line under one)."""
+    lines = [line for line in text.splitlines() if line.strip() and not line[:1].isspace()
+             and not line.startswith("Traceback (most recent call last)")]
+    return lines[-1].strip() if lines else text.strip()
+
+
+def _words(text: str) -> dict[str, None]:
+    """The words of ``text`` that may tell entries apart, in their order."""
+    return dict.fromkeys(w for w in _WORD.findall(text.lower()) if len(w) > 2 and w not in _COMMON)
+
+
+def _is_about_the_sink(words: dict[str, None]) -> bool:
+    return any(w.startswith(stem) for w in words for stem in _SINK_WORDS)
+
+
+def closest(text: str, count: int = 3) -> list[tuple[CatalogEntry, str]]:
+    """Up to ``count`` entries nearest to an error line no entry matches, each with why:
+    ``[(entry, "it also says 'rank', 'match'"), ...]``; ``[]`` for a text that is no
+    shared-sink LoRA error (neither its line nor its frames name anything of the sink,
+    its adapters or its pool), or whose line shares no telling word with any entry.
+
+    Near means: words the line shares with the entry's message and title, each counted
+    by how few entries use it (``shared-sink`` is in most messages and counts little).
+    A fragment that several messages hold names those entries first.
+    """
+    line = _error_line(text)
+    holding = _holding_fragment(line)
+    if holding:
+        return [(e, f"its message holds {line.strip()!r}") for e in holding[:count]]
+    words = _words(line)
+    if not _is_about_the_sink(_words(text)):  # frames count: a traceback through sglang's LoRA code is one
+        return []
+    vocab = {e.code: _words(_FIELD.sub(" ", f"{e.message} {e.title}")) for e in _ENTRIES}
+    used = {w: sum(w in v for v in vocab.values()) for w in words}
+    weight = {w: math.log(len(_ENTRIES) / n) for w, n in used.items() if n}
+    scored = []
+    for entry in _ENTRIES:
+        shared = [w for w in weight if w in vocab[entry.code]]
+        telling = [w for w in shared if weight[w] >= _TELLING]
+        if telling:  # the words every message has make no entry near
+            scored.append((sum(weight[w] for w in shared), entry, telling))
+    scored.sort(key=lambda s: (-s[0], s[1].code))
+    return [(entry, "it also says " + ", ".join(repr(w) for w in telling[:4]))
+            for score, entry, telling in scored[:count] if score >= 0.6 * scored[0][0]]
 
 
 def find_entry(message_or_exception: Any) -> CatalogEntry | None:
@@ -158,20 +262,28 @@ def find_entry(message_or_exception: Any) -> CatalogEntry | None:
 
 
 def explain(message_or_exception: Any) -> CatalogEntry:
-    """The catalog entry for a code (``"ISL-E001"``), a pasted message or traceback,
-    or an exception object. Raises ``NoCatalogEntry`` with the closest titles when
-    nothing matches. Reads at most the last ``READ_LIMIT`` characters."""
+    """The catalog entry for a code (``"ISL-E001"``, ``"isl-e001"``), a pasted message,
+    traceback or unambiguous fragment of a message, or an exception object. Raises
+    ``NoCatalogEntry`` when nothing matches: its ``closest`` holds the nearest entries
+    with why (none for a text that is no shared-sink LoRA error). Reads at most the
+    last ``READ_LIMIT`` characters."""
     entry, cut = lookup(message_or_exception)
     if entry is not None:
         return entry
-    text = _text_of(message_or_exception)[0].strip()
-    tail = text[-200:]
-    candidates = {e.message: e.code for e in _ENTRIES}
-    close = difflib.get_close_matches(tail, list(candidates), n=2, cutoff=0.4)
-    hint = ("; closest: " + ", ".join(f"{candidates[c]} ({CATALOG[candidates[c]].title})" for c in close)
-            if close else "")
+    text = _text_of(message_or_exception)[0]
+    line = _error_line(text)
+    near = closest(text)
     note = f" (only the last {READ_LIMIT // 1024} KiB of a longer text were read)" if cut else ""
-    raise NoCatalogEntry(f"no catalog entry matches {tail[-120:]!r}{note}{hint}. Codes: {', '.join(CATALOG)}")
+    if near or _is_about_the_sink(_words(text)):
+        headline = f"no catalog entry matches {line[-120:]!r}{note}"
+        said = headline + ("; closest: " + "; ".join(f"{e.code} ({e.title}: {why})" for e, why in near) if near
+                           else "; none is near it")
+    else:
+        headline = said = (f"{line[-120:]!r} is not a shared-sink LoRA error{note}: it names nothing of the shared "
+                           "sink, its LoRA adapters or its pool, so no catalog entry applies")
+    error = NoCatalogEntry(f"{said}. Every entry: inkling-lab explain --list")
+    error.headline, error.closest = headline, near
+    raise error
 
 
 def read_pasted(stream: Any, limit: int = READ_LIMIT) -> tuple[str, str]:

@@ -199,8 +199,12 @@ def test_the_most_specific_message_and_the_named_type_win():
 def test_adapter_caused_errors_lead_with_the_doctor():
     text = explain("ValueError: Inkling shared-sink LoRA outer factors must have expert dimension 1 or 4").explain()
     todo = text.split("What to do:\n", 1)[1]
-    assert todo.lstrip().startswith("First run the doctor on the adapter: inkling-lab doctor ADAPTER -n N")
-    assert "First run the doctor" not in explain("ISL-K105").explain()
+    assert todo.lstrip().startswith("With an adapter in hand, run the doctor on it first: inkling-lab doctor "
+                                    "ADAPTER -n N")
+    assert "run the doctor" not in explain("ISL-K105").explain()
+    # the errors a user meets with an adapter in hand, the 4D check above all
+    for code in ("ISL-E001", "ISL-E005", "ISL-E021"):
+        assert "inkling-lab doctor ADAPTER" in explain(code.lower()).explain(), code
 
 
 # -- bounded and safe -------------------------------------------------------------------------------

@@ -83,9 +83,25 @@ def test_explain(capsys):
     assert code == 0 and out.startswith("ISL-E005: rank dimensions disagree")
     code, out, _ = run(capsys, "explain", "ISL-K203")
     assert code == 0 and "pickle" in out
+    code, out, err = run(capsys, "explain", "isl-k203")
+    assert code == 0 and out.startswith("ISL-K203")
     code, out, err = run(capsys, "explain", "something", "unrelated")
-    assert code == 1 and out == "" and "no catalog entry matches 'something unrelated'" in err
-    assert "paste the whole error line" in err
+    assert code == 1 and out == "" and "'something unrelated' is not a shared-sink LoRA error" in err
+    assert "closest" not in err and "every entry: inkling-lab explain --list" in err
+    code, out, err = run(capsys, "explain", "Inkling shared-sink LoRA rank dims do not match")
+    assert code == 1 and "no catalog entry matches" in err and "paste the whole error line" in err
+    closest = err.split("closest:\n", 1)[1].splitlines()
+    assert closest[0].strip().startswith("ISL-E005  rank dimensions disagree (it also says")
+    assert len(err.splitlines()) <= 8 and "ISL-K201" not in err  # short: no list of every code
+
+
+def test_explain_lists_every_entry(capsys):
+    import inkling_lab as il
+
+    code, out, _ = run(capsys, "explain", "--list")
+    assert code == 0 and out.splitlines() == [f"{e.code}  {e.title}" for e in il.CATALOG.values()]
+    code, _, err = run(capsys, "explain")
+    assert code == 2 and "--list" in err
 
 
 def test_explain_reads_a_traceback_from_stdin(capsys, monkeypatch):

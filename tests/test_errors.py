@@ -64,9 +64,45 @@ ValueError: Inkling shared-sink LoRA outer factors must have expert dimension 1 
 def test_explain_without_a_match_says_so_and_suggests():
     with pytest.raises(NoCatalogEntry, match="no catalog entry matches 'Inkling shared-sink LoRA rank dims"):
         il.explain("Inkling shared-sink LoRA rank dims do not agree")
-    with pytest.raises(NoCatalogEntry, match="closest: ISL-E005"):
+    with pytest.raises(NoCatalogEntry, match="closest: ISL-E005") as caught:
         il.explain("Inkling shared-sink LoRA rank dimensions do not agree")
+    assert 1 <= len(caught.value.closest) <= 3 and "'rank'" in caught.value.closest[0][1]
+    assert "inkling-lab explain --list" in str(caught.value)
     assert find_entry("nothing like it") is None
+
+
+@pytest.mark.parametrize("code", ["ISL-E005", "isl-e005", "Isl-E005", "E005", "e005", " isl-e005 "])
+def test_explain_finds_a_code_in_any_case(code):
+    assert il.explain(code).code == "ISL-E005"
+
+
+def test_explain_finds_an_unambiguous_fragment_of_a_message():
+    assert il.explain("requires four 4D").code == "ISL-E001"
+    assert il.explain("REQUIRES   four 4d moe").code == "ISL-E001"
+    assert il.explain("must select contiguous W13").code == "ISL-E019"
+    # a fragment several messages hold names them as the closest, not one at random
+    with pytest.raises(NoCatalogEntry) as caught:
+        il.explain("does not match")
+    holding = [entry.code for entry, _ in caught.value.closest]
+    assert len(holding) >= 2 and all("does not match" in il.CATALOG[c].message for c in holding)
+    assert all("its message holds" in why for _, why in caught.value.closest)
+    with pytest.raises(NoCatalogEntry):
+        il.explain("LoRA")  # too short to name anything
+
+
+@pytest.mark.parametrize("text", ["CUDA out of memory. Tried to allocate 2.00 GiB",
+                                  "RuntimeError: CUDA error: out of shared memory", "something unrelated"])
+def test_explain_says_an_unrelated_message_is_no_shared_sink_error_and_suggests_nothing(text):
+    with pytest.raises(NoCatalogEntry, match="is not a shared-sink LoRA error") as caught:
+        il.explain(text)
+    assert caught.value.closest == []
+
+
+def test_a_traceback_through_sglangs_lora_code_is_about_the_sink_even_when_its_line_is_generic():
+    pasted = ('Traceback (most recent call last):\n  File "sglang/srt/lora/lora_manager.py", line 9, in load\n'
+              "ZeroDivisionError: division by zero")
+    with pytest.raises(NoCatalogEntry, match="no catalog entry matches 'ZeroDivisionError"):
+        il.explain(pasted)
 
 
 def test_expect_error_fails_when_nothing_or_something_else_is_raised():

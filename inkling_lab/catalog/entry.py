@@ -202,9 +202,9 @@ class CatalogEntry:
                  "When it happens:", wrap(self.when), "", "Where it comes from:", wrap(self.upstream), "",
                  "What to do:"]
         if self.adapter_caused:
-            parts.append(f"  First run the doctor on the adapter: {DOCTOR_COMMAND}")
+            parts.append(f"  With an adapter in hand, run the doctor on it first: {DOCTOR_COMMAND}")
             parts.append("  (N, H, F from the model's config.json: n_shared_experts, hidden_size and one shared "
-                         "expert's intermediate size.)")
+                         "expert's intermediate size.) It names the tensor at fault and what sglang does with it.")
         parts.append(wrap(self.remedy))
         trigger = "Minimal trigger (in the kit):"
         if not self.reproduced:

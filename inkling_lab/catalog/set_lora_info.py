@@ -23,7 +23,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four buffers, each [S, ...]; il.diagnose_pool on the same "
                "tensors names the buffer and the reshape that gives it four axes.",
         upstream=f"{_SET}: its first check, `any(weight.ndim != 4 ...)`.",
-        generation=V1, related=("ISL-E006", "ISL-E021")),
+        generation=V1, adapter_caused=True, related=("ISL-E006", "ISL-E021")),
     CatalogEntry(
         code="ISL-E002", title="an outer factor's expert dimension is neither 1 nor n", exc_type=ValueError,
         message="Inkling shared-sink LoRA outer factors must have expert dimension 1 or {n}",
@@ -53,7 +53,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give both outer factors one layout: expand the shared one to every expert (exact), or keep "
                "both shared.",
         upstream=f"{_SET}: third check, gate-up A's dim 1 against down B's.",
-        generation=V1, related=("ISL-E002", "ISL-K212")),
+        generation=V1, adapter_caused=True, related=("ISL-E002", "ISL-K212")),
     CatalogEntry(
         code="ISL-E004", title="an inner factor's expert count is not n", exc_type=ValueError,
         message="Inkling shared-sink LoRA expert count does not match",
@@ -84,7 +84,7 @@ ENTRIES: list[CatalogEntry] = [
                "A's 2R rows); a factor whose other axis is R is transposed.",
         upstream=f"{_SET}: fifth check, R = gate-up B's last axis against gate-up A's dim 2 (2R), down A's "
                  "dim 2 and down B's last axis.",
-        generation=V1, related=("ISL-E016", "ISL-E006")),
+        generation=V1, adapter_caused=True, related=("ISL-E016", "ISL-E006")),
     CatalogEntry(
         code="ISL-E007", title="the pool's shape changed after initialization", exc_type=RuntimeError,
         message="Shared-sink LoRA pool shape changed after initialization: gate-up {old_gate_up} -> "

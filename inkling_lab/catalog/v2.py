@@ -107,7 +107,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four 4D buffers; il.diagnose_pool names the one without "
                "four axes and the reshape that fixes it.",
         upstream=f"{_V2}.set_lora_info (the shape unpacking of gate-up A and gate-up B).",
-        generation=V2, related=("ISL-E001", "ISL-E022", "ISL-E023")),
+        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E022", "ISL-E023")),
     CatalogEntry(
         code="ISL-E022", title="V2: a gate-up buffer with too many axes", exc_type=ValueError,
         message="too many values to unpack (expected 4{got})", frame=_FRAME,
@@ -119,7 +119,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four 4D buffers; il.diagnose_pool names the one with "
                "extra axes.",
         upstream=f"{_V2}.set_lora_info (the shape unpacking of gate-up A and gate-up B).",
-        generation=V2, related=("ISL-E001", "ISL-E021")),
+        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E021")),
     CatalogEntry(
         code="ISL-E023", title="V2: down B (or down A) with too few axes", exc_type=IndexError,
         message="tuple index out of range", frame=_FRAME,
@@ -134,7 +134,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four 4D buffers; il.diagnose_pool names the one without "
                "four axes.",
         upstream=f"{_V2}.set_lora_info (`down_lora_b_weights.shape[2]`, then the combined condition).",
-        generation=V2, related=("ISL-E001", "ISL-E021")),
+        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E021")),
 ]
 
 ENTRIES.append(CatalogEntry(
