@@ -5,8 +5,12 @@ a seeded random sink of ``n``, ``H``, ``F``, ``compare`` computes each shared ex
 LoRA delta of the sink output (``[T, H]``: the expert's output with the adapter minus
 without it) three ways, in float64:
 
-* ``peft``: from the adapter's 2D factors alone, with PEFT's scaling of each
-  projection (``use_rslora``, ``alpha_pattern``, ``rank_pattern`` honoured), no pool;
+* ``peft``: PEFT's own merged-weight delta, computed by PEFT itself where it is
+  installed (``inkling_lab.peft_reference``: the folder loaded with PEFT onto
+  transformers' ``InklingSharedExperts`` or an ``nn.Linear`` stand-in with the adapter's
+  module names), so that it cannot share a mistake of the kit's reader; the kit's own
+  reading of the factors only where PEFT is absent or refuses the folder, and the report
+  says so;
 * ``sglang``: what sglang 0.5.23 serves (``inkling_lab.sglang_path.run_sglang``): one
   ``lora_alpha / r``, weights it skips dropped, nothing when the sink is not wrapped,
   the per-expert outer defect of docs/reference.md#per-expert-defect (``upstream_defect``) applied;
@@ -28,14 +32,13 @@ import torch.nn.functional as Fn
 
 from .adapters import Adapter, FactorName, load_adapter
 from .convert import convert
+from .peft_reference import Deltas, PeftRefused, ReferenceDeltas, kit_reading, peft_reference
 from .sglang_path import _config_causes, _exc_text, run_sglang
 from .upstream_defect import sglang_0_5_23_equivalent_buffers
 
 RTOL, ATOL = 1.3e-6, 1e-5
 """``torch.testing.assert_close``'s float32 tolerances: the adapters are float32."""
 
-Deltas = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-"""Dense weight deltas per expert: gate ``[n, F, H]``, up ``[n, F, H]``, down ``[n, H, F]``."""
 
 
 def factor_deltas(gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor, down_b: torch.Tensor,
@@ -46,40 +49,6 @@ def factor_deltas(gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torc
     n, R, F = gb.shape[0], ga.shape[-2] // 2, gb.shape[-2] // 2
     ga, db = ga.expand(n, -1, -1), db.expand(n, -1, -1)
     return (scaling * gb[:, :F] @ ga[:, :R], scaling * gb[:, F:] @ ga[:, R:], scaling * db @ da)
-
-
-def peft_deltas(adapter: Adapter, module: str, n: int) -> Deltas:
-    """PEFT's own math for one sink module, from the 2D factors as PEFT applies them:
-    each projection's ``scaling * B @ A`` (flat gate/up B ``[n*F, r]`` stacked by expert,
-    fused ``[n*2F, r]`` as per-expert gate/up blocks, down A ``[r, n*F]`` side by side;
-    per-expert factors expert by expert), no normalization and no pool."""
-    s = adapter.projection_scalings(module, n)
-    out: dict[str, list[torch.Tensor | None]] = {"gate": [None] * n, "up": [None] * n, "down": [None] * n}
-    for key in adapter.factor_keys:
-        fn = FactorName.parse(key)
-        if fn.module != module or fn.ab != "A":
-            continue
-        a = adapter.weights[key].double()
-        b = adapter.weights[fn.with_(ab="B").key].double()
-        if not a.numel() or not b.numel():
-            continue
-        experts = range(n) if fn.expert is None else [fn.expert]
-        for e in experts:
-            if fn.canonical == "down_proj":
-                cols = a if fn.expert is not None else a.reshape(a.shape[0], n, -1)[:, e]
-                out["down"][e] = s["down"][e] * b @ cols
-            else:
-                rows = b if fn.expert is not None else b.reshape(n, -1, b.shape[1])[e]
-                parts = (("gate", rows[: rows.shape[0] // 2]), ("up", rows[rows.shape[0] // 2:])) \
-                    if fn.canonical == "gate_up_proj" else ((fn.canonical.removesuffix("_proj"), rows),)
-                for part, block in parts:
-                    out[part][e] = s[part][e] * block @ a
-    # a projection the adapter does not train adds nothing: zeros of the trained ones' F and H
-    some = next(d if part != "down" else d.T for part, ds in out.items() for d in ds if d is not None)
-    F, H = some.shape
-    zero = {"gate": (F, H), "up": (F, H), "down": (H, F)}
-    return tuple(torch.stack([d if d is not None else torch.zeros(zero[p], dtype=torch.float64) for d in out[p]])
-                 for p in ("gate", "up", "down"))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -176,6 +145,9 @@ class CompareReport:
     rows: list[Mismatch] = field(default_factory=list)
     deltas: dict[tuple[str, int], dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     """``(module, slot)`` -> ``{"peft"|"sglang"|"kit": [n, T, H]}``, for figures."""
+    peft_by: list[str] = field(default_factory=list)
+    """Per slot, who computed the PEFT column (``ReferenceDeltas.label``): PEFT itself, or
+    the kit's own reading and why."""
 
     @property
     def sglang_error(self) -> float | None:
@@ -196,6 +168,12 @@ class CompareReport:
         lines = [f"compare: {len(self.adapters)} adapter(s) on a random sink n={self.n}, H={self.hidden}, "
                  f"F={self.intermediate}; {self.tokens} tokens, seed {self.seed}; each expert's LoRA delta [T, H], "
                  f"float64, against PEFT's math (rtol {RTOL}, atol {ATOL})"]
+        by = set(filter(None, self.peft_by))
+        if len(by) == 1:
+            lines.append(f"PEFT's math computed by {by.pop()}")
+        else:
+            lines += [f"  PEFT's math of slot {slot} ({self.adapters[slot]}) computed by {label}"
+                      for slot, label in enumerate(self.peft_by) if label]
         for what, states in self.status.items():
             for slot, state in enumerate(states):
                 if state != "computed":
@@ -222,7 +200,7 @@ class CompareReport:
 
         return {"adapters": self.adapters, "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
                                                     "intermediate": self.intermediate},
-                "tokens": self.tokens, "seed": self.seed, "status": self.status, "agree": self.agree,
+                "tokens": self.tokens, "seed": self.seed, "status": self.status, "peft_by": self.peft_by, "agree": self.agree,
                 "sglang_relative_error": self.sglang_error, "rows": [asdict(r) for r in self.rows]}
 
 
@@ -255,15 +233,12 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
     report = CompareReport([a.name if isinstance(a, Adapter) else f.name for a, f in zip(adapters, folders)], n,
                            hidden, intermediate, tokens, seed, {"peft": [], "sglang": [], "kit": []})
     batch = Batch.random(n, hidden, intermediate, tokens, seed)
-    read: list[Adapter | None] = []
-    for given, folder in zip(adapters, folders):
+    for slot, (given, folder) in enumerate(zip(adapters, folders)):
         try:
-            read.append(given if isinstance(given, Adapter) else load_adapter(folder, guess=repair))
-            report.status["peft"].append("computed")
+            adapter: Adapter | None = given if isinstance(given, Adapter) else load_adapter(folder, guess=repair)
+            refused = ""
         except (OSError, ValueError) as exc:
-            read.append(None)
-            report.status["peft"].append(f"not computed: the kit cannot read it ({_exc_text(exc)})")
-    for slot, (given, folder, adapter) in enumerate(zip(adapters, folders, read)):
+            adapter, refused = None, _exc_text(exc)
         in_memory = given if isinstance(given, Adapter) and not (folder / "adapter_config.json").is_file() else None
         path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules,
                           name=report.adapters[slot], state=in_memory)
@@ -273,38 +248,68 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
             report.status["sglang"].append(f"not computed: {path.unknown}")
         else:
             report.status["sglang"].append("computed")
+        pool = None
         if adapter is None:
-            report.status["kit"].append("not computed: the kit refuses it")
-            continue
-        try:  # its slot of the pool, converted alone so that one bad adapter does not hide the others
-            pool = convert([adapter], n, hidden=hidden, intermediate=intermediate)
-            report.status["kit"].append("computed")
-        except (ValueError, RuntimeError, AssertionError) as exc:
-            pool = None
-            report.status["kit"].append(f"not computed: the converter refuses it ({_exc_text(exc)})")
-        add_slot(report, slot, batch, path, adapter, pool)
+            report.status["kit"].append(f"not computed: the kit refuses it ({refused})")
+        else:
+            try:  # its slot of the pool, converted alone so that one bad adapter does not hide the others
+                pool = convert([adapter], n, hidden=hidden, intermediate=intermediate)
+                report.status["kit"].append("computed")
+            except (ValueError, RuntimeError, AssertionError) as exc:
+                report.status["kit"].append(f"not computed: the converter refuses it ({_exc_text(exc)})")
+        report.status["peft"].append("computed")
+        add_slot(report, slot, batch, path, adapter, pool, source=given)
     return report
 
 
-def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter: Adapter, pool: Any) -> None:
-    """Compare one slot: PEFT's math of ``adapter``, what sglang serves (``path``, a
-    finished ``run_sglang``) and ``pool`` (the kit's, the adapter in its slot 0, or
-    ``None``); fills ``report.deltas`` and ``report.rows`` (the doctor sizes a finding
-    with it, from the stages it already ran)."""
+def reference(source: str | os.PathLike[str] | Adapter, adapter: Adapter | None, n: int, hidden: int,
+              intermediate: int) -> ReferenceDeltas:
+    """PEFT's deltas of ``source`` by PEFT itself (``peft_reference``); where PEFT refuses
+    the folder, the kit's reading of ``adapter`` labelled with PEFT's reason (e.g. a
+    transposed factor that PEFT cannot load and the kit repairs). Raises when neither
+    can (``PeftRefused``, or the kit's own error)."""
+    try:
+        return peft_reference(source, n, hidden, intermediate)
+    except PeftRefused as exc:
+        if adapter is None:
+            raise
+        try:
+            return ReferenceDeltas({m: kit_reading(adapter, m, n) for m in adapter.modules}, "kit", str(exc))
+        except (RuntimeError, ValueError, IndexError):
+            raise exc from None  # it fits neither: PEFT's own words say why
+
+
+def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter: Adapter | None, pool: Any,
+             source: str | os.PathLike[str] | Adapter | None = None) -> None:
+    """Compare one slot: PEFT's math of ``source`` (default ``adapter``; computed by PEFT
+    where installed, ``reference``), what sglang serves (``path``, a finished
+    ``run_sglang``) and ``pool`` (the kit's, the adapter in its slot 0, or ``None``);
+    fills ``report.deltas``, ``report.rows`` and ``report.peft_by`` (the doctor sizes a
+    finding with it, from the stages it already ran). ``adapter``: the kit's reading,
+    ``None`` when the kit refuses the folder (PEFT's column and sglang's still compare)."""
     n = report.n
     causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights if FactorName.parse(k)],
                                                     report.adapters[slot])[0])
+    while len(report.peft_by) <= slot:
+        report.peft_by.append("")
     try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)
-        peft = {m: batch.delta(peft_deltas(adapter, m, n)) for m in adapter.modules}
-    except (RuntimeError, ValueError, IndexError) as exc:
-        report.status["peft"][slot] = f"not computed: the adapter does not fit this sink ({_exc_text(exc)})"
+        ref = reference(source if source is not None else adapter, adapter, n, report.hidden, report.intermediate)
+        peft = {m: batch.delta(d) for m, d in ref.deltas.items()}
+    except PeftRefused as exc:
+        report.status["peft"][slot] = f"not computed: {exc}"
         return
-    for module in adapter.modules:
+    except (RuntimeError, ValueError, IndexError, OSError) as exc:
+        why = "the adapter does not fit this sink" if adapter is not None else "the kit cannot read it"
+        report.status["peft"][slot] = f"not computed: {why} ({_exc_text(exc)})"
+        return
+    report.peft_by[slot] = ref.label
+    for module in peft:
         got = {"peft": peft[module]}
         if path.raised is None and not path.unknown:
             got["sglang"] = batch.delta(_sglang_deltas(path, module))
-        if pool is not None:
-            got["kit"] = batch.delta(factor_deltas(*(b[0] for b in pool.buffers(module))))
+        if pool is not None:  # a module PEFT trains and the pool lacks: the kit serves nothing for it
+            got["kit"] = batch.delta(factor_deltas(*(b[0] for b in pool.buffers(module))) if module in pool.layers
+                                     else None)
         report.deltas[module, slot] = got
         for what in ("sglang", "kit"):
             if what not in got:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from inkling_lab.adapters import NAMINGS, Adapter, load_adapter, save_adapter, synthetic_adapter
 from inkling_lab.cli import main
-from inkling_lab.compare import compare, compare_figure_data, peft_deltas
+from inkling_lab.compare import compare, compare_figure_data
+from inkling_lab.peft_reference import kit_reading
 from inkling_lab.doctor import SglangLoad, doctor
 from inkling_lab.sglang_path import server_target_modules
 
@@ -92,7 +93,7 @@ def test_rslora_says_how_much_too_weak_and_the_fix_is_the_same_math():
         (folder / "adapter_config.json").write_text(json.dumps({**fixed, "lora_alpha": 16, "use_rslora": False}))
         assert doctor(folder, 2, 8, 6).exit_status == 0
         for module in load_adapter(folder).modules:  # the fix is PEFT's math exactly
-            before, after = (peft_deltas(load_adapter(f), module, 2) for f in (SAMPLES / "rslora", folder))
+            before, after = (kit_reading(load_adapter(f), module, 2) for f in (SAMPLES / "rslora", folder))
             assert all(torch.allclose(a, b) for a, b in zip(before, after))
 
 
@@ -263,7 +264,7 @@ def test_the_peft_math_is_what_peft_computes_for_adapters_peft_saved(extra, tmp_
     adapter = load_adapter(tmp_path / "saved")
     module = adapter.modules[0]
     experts = model.base_model.model.model.layers[0].mlp.shared_experts
-    gate, up, down = peft_deltas(adapter, module, n)
+    gate, up, down = kit_reading(adapter, module, n)
     with torch.no_grad():
         for layer, mine, width in ((experts.gate_proj, gate, H), (experts.up_proj, up, H)):
             want = layer.get_delta_weight("default").double()  # PEFT's own scaling * B @ A
