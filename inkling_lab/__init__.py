@@ -7,6 +7,7 @@
     sink.set_lora_info(*pool.buffers())
 """
 from .batch import SlotBatch
+from .catalog import Finding
 from .errors import CATALOG, CatalogEntry, explain, expect_error
 from .errors import expect_finding
 from .geometry import PRESETS, Geometry
@@ -15,7 +16,7 @@ from .pool import LoRAFactors, LoRAPool
 from .scenario import Scenario
 from .shard import slice_lora_a, slice_lora_b
 from .sink import SharedSink
-from .validate import Diagnosis, Finding, PoolLayout, diagnose_pool, validate_pool
+from .validate import Diagnosis, PoolLayout, diagnose_pool, validate_pool
 
 __version__ = "0.1.0"
 

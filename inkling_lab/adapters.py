@@ -49,9 +49,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors_bytes
 
 from .atomic import atomic_write
-from .catalog import CATALOG, message
+from .catalog import CATALOG, Finding, message
 from .pool import LoRAFactors
-from .validate import Finding
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

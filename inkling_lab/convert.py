@@ -31,14 +31,13 @@ from tqdm.auto import tqdm
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, open_safetensors
 from .atomic import atomic_writer
-from .catalog import message
+from .catalog import Finding, message
 from .geometry import BUFFER_NAMES, Geometry
 from .sglang_path import config_findings
 from .shard import check_rank, check_tp, slice_lora_a, slice_lora_b
 from .pool import LoRAFactors, LoRAPool
 from .records import dtype_name
 from .upstream_defect import collapse_pool_outer
-from .validate import Finding
 
 POOL_FORMAT = "inkling-lab shared-sink pool v1"
 PROGRESS_BYTES = 64 * 2 ** 20

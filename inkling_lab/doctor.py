@@ -38,13 +38,13 @@ from typing import Any, Sequence
 from safetensors import safe_open
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter
-from .catalog import UpstreamDefectWarning
+from .catalog import CatalogEntry, Finding, UpstreamDefectWarning
 from .convert import ConvertedPool, convert
 from .errors import find_entry
 from .geometry import BUFFER_NAMES
 from .pool import LoRAFactors
-from .sglang_path import SINK_TARGETS, _config_causes, _exc_text, _finding, run_sglang
-from .validate import PRETTY, Finding
+from .sglang_path import SINK_TARGETS, _config_causes, _exc_text, run_sglang
+from .validate import PRETTY
 
 
 
@@ -311,11 +311,6 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     causes = path.causes + causes
     if report.load.outcome == "raises":
         report.computes = SglangCompute("nothing")
-        if report.load.stage == "read" and "DoRA" not in report.load.text:
-            report.findings.insert(0, _finding("ISL-K201" if "adapter_config" in report.load.text else "ISL-K203",
-                                               "adapter", f"sglang 0.5.23 cannot load it: {report.load.text}",
-                                               "see the kit's verdict for the file and the way out",
-                                               upstream=True)) if not report.findings else None
     elif path.unknown:
         report.load = SglangLoad("unknown" if "torch.load" not in path.unknown else "loads", why=path.unknown)
         report.computes = SglangCompute("unknown", [path.unknown] + causes)
@@ -359,7 +354,7 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
     except (OSError, ValueError, RuntimeError, AssertionError) as exc:
         report.error = exc
         entry = find_entry(exc)
-        fix = _kit_fix(exc, entry.code if entry else None, folder)
+        fix = _kit_fix(exc, entry, folder)
         if entry is not None and entry.code == "ISL-E016" and report.max_rank is not None and rank > report.max_rank:
             fix = f"convert with --max-rank {rank} or larger (sglang: --max-lora-rank {rank})"
         also = [note for note in getattr(exc, "__notes__", []) if note.startswith("also: ")]  # every bad factor
@@ -383,37 +378,17 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
     return adapter
 
 
-_KIT_FIXES = {
-    "ISL-K102": "use a --tp that divides the model's intermediate size F (each rank holds F/tp features)",
-    "ISL-K203": "save the adapter with PEFT's save_pretrained, which writes adapter_model.safetensors",
-    "ISL-K206": "re-export each named factor at the rank the config gives its module (r, or its rank_pattern "
-                "entry); if every factor agrees on another rank, correct r (or let --repair read it)",
-    "ISL-K201": "point at the folder that holds adapter_config.json and adapter_model.safetensors",
-    "ISL-K202": "correct that field of adapter_config.json (the value the adapter was trained with)",
-    "ISL-K204": "download or export adapter_model.safetensors again (the file is cut short or corrupt)",
-    "ISL-K208": "train with the shared experts' projections in target_modules: there is nothing for the sink",
-    "ISL-K209": "export the missing factor too (its key is in the message): a LoRA delta is B @ A",
-    "ISL-K210": "check --n-shared-experts against the experts the factors are saved for",
-    "ISL-K214": "re-export the adapter with one shape per projection (gate and up alike, every expert alike)",
-}
-"""The way out of kit refusals whose message states the problem only."""
-
-
-def _kit_fix(exc: BaseException, code: str | None, folder: Path) -> str:
-    """The way out of a kit refusal: the exact step, or the message's own advice."""
+def _kit_fix(exc: BaseException, entry: CatalogEntry | None, folder: Path) -> str:
+    """The way out of a kit refusal: the exact step, the entry's ``doctor_fix`` where its
+    message states the problem only, or the message's own advice."""
     text = str(exc)
-    if code == "ISL-K203" and any(folder.glob("*.bin")):
+    if entry is not None and entry.code == "ISL-K203" and any(folder.glob("*.bin")):
         binary = sorted(folder.glob("*.bin"))[0].name
         return ("convert it to safetensors once, where you trust the file: python -c \"import torch; from "
                 "safetensors.torch import save_file; save_file(torch.load('" + binary + "', weights_only=True), "
                 f"'{WEIGHTS_FILE}')\" (sglang reads the .bin itself with torch.load(weights_only=True))")
-    if code in _KIT_FIXES:
-        return _KIT_FIXES[code]
-    if code == "ISL-E012":
-        return "check --n-shared-experts: a flat factor's expert features do not split into n"
-    if code == "ISL-E016":
-        return ("check --max-rank (sglang: --max-lora-rank), --hidden and --intermediate against the model the "
-                "adapter was trained for")
+    if entry is not None and entry.doctor_fix:
+        return entry.doctor_fix
     advice = text.split(": ", 1)[-1]
     return advice[advice.rfind(";") + 1:].strip() if ";" in advice else advice.rsplit(": ", 1)[-1]
 

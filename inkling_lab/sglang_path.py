@@ -26,11 +26,11 @@ from safetensors import safe_open
 
 from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_shared_sink,
                        read_peft_config)
-from .catalog import message
+from .catalog import Finding, finding, message
 from .pool import LoRAFactors
 from .shard import slice_lora_a, slice_lora_b
 from .upstream_defect import doctor_finding
-from .validate import Finding, diagnose_pool
+from .validate import diagnose_pool
 
 STAGES = ("read", "normalize", "targets", "shard", "pool", "set_lora_info", "forward")
 
@@ -55,11 +55,6 @@ def server_target_modules(targets: Any) -> set[str]:
 
 def _exc_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _finding(code: str, where: str, message: str, fix: str, consequence: str = "", upstream: bool = False) -> Finding:
-    more = f" (more: inkling-lab explain {code})"
-    return Finding(code, where, message, fix + more, upstream, consequence)
 
 
 def _skip_fix(skipped: list[str]) -> str:
@@ -130,14 +125,14 @@ class _Sglang:
         if not config_path.is_file():
             subs = sorted(p.parent.name for p in self.folder.glob(f"*/{CONFIG_FILE}")) if self.folder.is_dir() else []
             text = f"FileNotFoundError: [Errno 2] No such file or directory: '{os.path.join(str(self.folder), CONFIG_FILE)}'"
-            finding = None
+            named = None
             if subs:
-                finding = _finding(
-                    "ISL-K311", CONFIG_FILE, f"{self.folder.name} holds no adapter of its own but PEFT named "
-                    f"adapters in subfolders: {', '.join(subs)}",
-                    "point sglang and the kit at one of them: " + "; ".join(
-                        f"inkling-lab doctor {self.folder / s}" for s in subs[:3]))
-            raise _Raised("read", text, "lora_config.py: LoRAConfig.get_lora_config (open)", finding)
+                named = finding(
+                    "ISL-K311", CONFIG_FILE, fix="point sglang and the kit at one of them: " + "; ".join(
+                        f"inkling-lab doctor {self.folder / s}" for s in subs[:3]), more=True,
+                    file=f"{self.folder.name}/{CONFIG_FILE}", names=", ".join(subs),
+                    folder=f"{self.folder.name}/{subs[0]}")
+            raise _Raised("read", text, "lora_config.py: LoRAConfig.get_lora_config (open)", named)
         try:
             self.config = json.loads(config_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # sglang's json.load raises these
@@ -227,10 +222,10 @@ class _Sglang:
                     "the earlier")
             dropped = [fn.key for fn in names if fn is not kept]
             self.causes.append(f"two keys for one factor: it serves {kept.key} and drops {', '.join(dropped)}")
-            self.findings.append(_finding(
-                "ISL-W106", kept.key, f"{' and '.join(fn.key for fn in names)} are one factor: sglang 0.5.23 serves "
-                f"{kept.key} and silently drops the other ({how})", "keep one key per factor",
-                consequence="which factor was trained is not in the file"))
+            self.findings.append(finding(
+                "ISL-W106", kept.key, fix="keep one key per factor", more=True,
+                consequence="which factor was trained is not in the file",
+                keys=" and ".join(fn.key for fn in names), kept=kept.key, how=how))
 
     # 3. targets --------------------------------------------------------------------
     def targets(self) -> set[str]:
@@ -257,27 +252,25 @@ class _Sglang:
             missing = [t for t in SINK_TARGETS if t not in server]
             self.causes.append(f"the server's target modules {sorted(server)} lack {' and '.join(missing)}, so "
                                "init_lora_modules never wraps the shared sink: its factors load and are never applied")
-            self.findings.append(_finding(
-                "ISL-W103", "target_modules", f"the server's target modules {sorted(server)} do not hold both "
-                f"gate_up_proj and down_proj (missing: {', '.join(missing)}): sglang 0.5.23 does not wrap the shared "
-                "sink, so the adapter's sink factors are loaded and never applied: the sink serves the base model",
-                "serve with --lora-target-modules gate_up_proj down_proj (or list gate_proj, up_proj and down_proj "
-                "in target_modules; w1/w3/w2 are not renamed there)",
-                consequence="requests with this adapter get the base model's sink output"))
+            self.findings.append(finding(
+                "ISL-W103", "target_modules", fix="serve with --lora-target-modules gate_up_proj down_proj (or list "
+                "gate_proj, up_proj and down_proj in target_modules; w1/w3/w2 are not renamed there)", more=True,
+                consequence="requests with this adapter get the base model's sink output",
+                targets=sorted(server), missing=", ".join(missing)))
         names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
         label = lambda k: (fn.proj if (fn := FactorName.parse(k)) else k.rsplit(".", 2)[0].rsplit(".", 1)[-1])  # noqa: E731
         skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
         if skipped:
-            self.skip_warning = message("ISL-W002", uid="<lora id>", count=len(skipped), targets=sorted(server),
-                                        names=skipped)
+            skip = finding("ISL-W002", "target_modules", fix=_skip_fix(skipped), more=True,
+                           consequence="sglang logs this warning and serves the adapter without these weights "
+                                       "(with --lora-strict-loading the same text is a ValueError)",
+                           uid="<lora id>", count=len(skipped), targets=sorted(server), names=skipped)
+            self.skip_warning = skip.message
             for key in skipped:
                 self.normalized.pop(key)
             self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
                                f"{', '.join(sorted({label(k) for k in skipped}))} is not applied")
-            self.findings.append(_finding(
-                "ISL-W002", "target_modules", self.skip_warning, _skip_fix(skipped),
-                consequence="sglang logs this warning and serves the adapter without these weights "
-                            "(with --lora-strict-loading the same text is a ValueError)"))
+            self.findings.append(skip)
         self.record("targets", server=sorted(server), wraps_sink=self.wrapped, skipped=skipped)
         return server
 
@@ -445,10 +438,9 @@ class _Sglang:
             what = (f"the scaling lora_alpha / r = {self.config['lora_alpha']} / {self.r} is {self.scaling}"
                     if not math.isfinite(self.scaling) else f"{', '.join(nan)} holds NaN/Inf factors")
             self.causes.append(what + ": every output of the slot is NaN")
-            self.findings.append(_finding(
-                "ISL-W105", "adapter", f"{what}: sglang 0.5.23 loads it without a word and every output of a request "
-                "that uses it is NaN (or infinite)", "re-export the adapter from a finite checkpoint; inkling-lab "
-                "convert refuses it (ISL-K301/K302)"))
+            self.findings.append(finding(
+                "ISL-W105", "adapter", fix="re-export the adapter from a finite checkpoint; inkling-lab convert "
+                "refuses it (ISL-K301/K302)", more=True, what=what))
         per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1 and f.gate_up_a.any()}
         if per_expert and self.wrapped:
             defect = doctor_finding({m: LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(),
@@ -512,12 +504,11 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
         factor = math.sqrt(peft.r)
         causes.append(f"use_rslora: PEFT scales by lora_alpha/sqrt(r), sglang by lora_alpha/r: served sqrt(r) = "
                       f"{factor:.4g} times too weak")
-        findings.append(_finding(
-            "ISL-W101", CONFIG_FILE, f"use_rslora is set: PEFT scales this adapter by lora_alpha/sqrt(r) = "
-            f"{peft.lora_alpha:g}/sqrt({peft.r}) = {peft.lora_alpha / factor:.6g}; sglang 0.5.23 ignores use_rslora "
-            f"and scales by lora_alpha/r = {sglang:.6g}: the adapter is served sqrt(r) = {factor:.4g} times too weak",
-            f'for sglang, save it with "lora_alpha": {peft.lora_alpha * factor:.8g} and "use_rslora": false (the '
-            f"same math: {peft.lora_alpha * factor:.8g}/{peft.r} = {peft.lora_alpha / factor:.6g})"))
+        findings.append(finding(
+            "ISL-W101", CONFIG_FILE, fix=f'for sglang, save it with "lora_alpha": {peft.lora_alpha * factor:.8g} and '
+            f'"use_rslora": false (the same math: {peft.lora_alpha * factor:.8g}/{peft.r} = '
+            f"{peft.lora_alpha / factor:.6g})", more=True, alpha=f"{peft.lora_alpha:g}", r=peft.r,
+            peft=f"{peft.lora_alpha / factor:.6g}", sglang=f"{sglang:.6g}", f=f"{factor:.4g}"))
     # each module's PEFT scaling over sglang's one: for the modules an alpha_pattern key gives their own alpha
     off = {m: peft.scaling_of(m) / sglang for m in modules if peft.alpha_of(m) != peft.lora_alpha}
     rank_off = {m: peft.rank_of(m) for m in modules if peft.rank_of(m) != peft.r}
@@ -526,50 +517,39 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
                            (f"{v:.4g} times too weak" if v > 1 else f"{1 / v:.4g} times too strong")
                            for m, v in off.items() if m not in rank_off) or "its modules also have their own rank"
         causes.append("alpha_pattern is ignored by sglang (one lora_alpha for every module): " + detail)
-        findings.append(_finding(
-            "ISL-W102", CONFIG_FILE, f"alpha_pattern gives modules their own lora_alpha; sglang 0.5.23 reads one "
-            f"lora_alpha ({peft.lora_alpha:g}) for every module and ignores alpha_pattern: {detail}",
-            "for sglang, fold each module's alpha/lora_alpha ratio into its lora_B and drop alpha_pattern "
-            "(inkling-lab convert writes exactly that math into its pool), or split the adapter by alpha"))
+        findings.append(finding(
+            "ISL-W102", CONFIG_FILE, fix="for sglang, fold each module's alpha/lora_alpha ratio into its lora_B and "
+            "drop alpha_pattern (inkling-lab convert writes exactly that math into its pool), or split the adapter "
+            "by alpha", more=True, alpha=f"{peft.lora_alpha:g}", detail=detail))
     if rank_off:
         detail = "; ".join(f"{m}: rank {k}" for m, k in rank_off.items())
         causes.append(f"rank_pattern is ignored by sglang (one r={peft.r} for every module): {detail}")
-        findings.append(_finding(
-            "ISL-W112", CONFIG_FILE, f"rank_pattern gives modules their own rank ({detail}); sglang 0.5.23 reads one "
-            f"r={peft.r} for every module and ignores rank_pattern",
-            "for sglang, zero-pad every module's factors to one rank R (exact: zero rows of A meet zero columns of "
-            "B), fold each module's own scaling over lora_alpha/R into its lora_B, and save r=R without "
-            "rank_pattern; inkling-lab convert writes that math into its pool"))
+        findings.append(finding(
+            "ISL-W112", CONFIG_FILE, fix="for sglang, zero-pad every module's factors to one rank R (exact: zero "
+            "rows of A meet zero columns of B), fold each module's own scaling over lora_alpha/R into its lora_B, "
+            "and save r=R without rank_pattern; inkling-lab convert writes that math into its pool", more=True,
+            modules=detail, r=peft.r))
     if peft.fan_in_fan_out:
-        findings.append(_finding(
-            "ISL-W111", CONFIG_FILE, "fan_in_fan_out is set: PEFT uses it only to merge deltas into Conv1D-style "
-            "[in, out] weights (for torch.nn.Linear it turns it off with a warning); the factors keep their "
-            "[r, in] / [out, r] shapes and read as usual, and sglang 0.5.23 does not read the field",
-            "none needed for the sink (the field changes nothing here)"))
+        findings.append(finding("ISL-W111", CONFIG_FILE, fix="none needed for the sink (the field changes nothing here)",
+                                more=True))
     if peft.modules_to_save:
         causes.append(f"modules_to_save {list(peft.modules_to_save)}: sglang has no saved-module replacement")
-        findings.append(_finding(
-            "ISL-W109", CONFIG_FILE, f"modules_to_save {list(peft.modules_to_save)}: PEFT saved full trained copies of "
-            "these modules; sglang 0.5.23's LoRAConfig does not read modules_to_save, so they are not served as "
-            "replacements (the base modules are)", "merge the adapter into the base model to serve the saved "
-            "modules, or train without modules_to_save"))
+        findings.append(finding(
+            "ISL-W109", CONFIG_FILE, fix="merge the adapter into the base model to serve the saved modules, or train "
+            "without modules_to_save", more=True, modules=list(peft.modules_to_save)))
     init = peft.base_changing_init
     if init is not None:
         causes.append(f"init_lora_weights={peft.init_lora_weights!r}: the factors are a delta on PEFT's residual base, "
                       "and sglang applies them to the model's own weights")
-        findings.append(_finding(
-            "ISL-W107", CONFIG_FILE, f"init_lora_weights is {peft.init_lora_weights!r}: PEFT changed the base weights "
-            f"when it made this adapter ({init}), so the factors mean a delta on that residual base; sglang 0.5.23 "
-            "loads them as plain LoRA on the model's own weights, which is right only for an adapter converted to "
-            "plain LoRA when it was saved", "re-save it with PEFT's path_initial_model_for_weight_conversion "
-            "(PiSSA, OLoRA, CorDA), or serve it on the LoftQ base it was made with"))
+        findings.append(finding(
+            "ISL-W107", CONFIG_FILE, fix="re-save it with PEFT's path_initial_model_for_weight_conversion (PiSSA, "
+            "OLoRA, CorDA), or serve it on the LoftQ base it was made with", more=True,
+            init=repr(peft.init_lora_weights), method=init))
     if peft.lora_bias:
         causes.append("lora_bias: sglang has no LoRA bias, the trained biases are not served")
-        findings.append(_finding(
-            "ISL-W108", CONFIG_FILE, "lora_bias is set: PEFT adds a trained bias to each lora_B; sglang 0.5.23 has no "
-            "LoRA bias (LoRAConfig does not read lora_bias and no buffer holds one), so the adapter's biases are "
-            "not served", "merge the adapter into the base weights (PEFT merge_and_unload), or train with "
-            "lora_bias=False"))
+        findings.append(finding(
+            "ISL-W108", CONFIG_FILE, fix="merge the adapter into the base weights (PEFT merge_and_unload), or train "
+            "with lora_bias=False", more=True))
     return causes, findings
 
 

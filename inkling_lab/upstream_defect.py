@@ -34,12 +34,11 @@ from typing import Literal, Mapping, Sequence
 import torch
 
 from .batch import SlotBatch
-from .catalog import UpstreamDefectWarning, message
+from .catalog import Finding, UpstreamDefectWarning, message
 from .forward import run_forward
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
 from .sink import gate_up_rows
-from .validate import Finding
 
 WARNING_CODE = "ISL-W001"
 

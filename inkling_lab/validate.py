@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .catalog import CATALOG, message
+from .catalog import CATALOG, Finding, finding
 from .geometry import BUFFER_NAMES, Geometry
 
 PRETTY = {"gate_up_a": "gate-up A", "gate_up_b": "gate-up B", "down_a": "down A", "down_b": "down B"}
@@ -141,45 +141,6 @@ def validate_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *,
 # Diagnosis
 # ----------------------------------------------------------------------------
 
-FINDING_TITLES = {
-    "ISL-E001": "a buffer is not 4D",
-    "ISL-E002": "an outer factor's expert dimension is neither 1 nor n",
-    "ISL-E003": "gate-up A and down B use different outer layouts",
-    "ISL-E004": "an inner factor's expert count is not n",
-    "ISL-E005": "rank dimensions disagree",
-    "ISL-D101": "hidden size H disagrees",
-    "ISL-D102": "intermediate size F disagrees",
-    "ISL-D103": "gate-up B has an odd 2F",
-    "ISL-D104": "slot counts differ between buffers",
-    "ISL-D105": "mixed dtypes",
-    "ISL-D106": "mixed devices",
-    "ISL-D107": "NaN or Inf in a buffer",
-    "ISL-D108": "more slots than the pool has",
-    "ISL-D109": "rank padding is not zero",
-}
-"""Every finding code ``diagnose_pool`` can report. ``ISL-E…`` codes are upstream's
-checks (``validate_pool`` raises them); ``ISL-D…`` codes are what upstream does not
-check and users trip over later."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing wrong with a pool: a stable ``code``, what is wrong, how to fix it.
-
-    ``upstream`` is true for the five checks upstream's ``set_lora_info`` raises on.
-    ``consequence`` says what upstream does with it when it does not raise.
-    """
-
-    code: str
-    buffer: str
-    message: str
-    fix: str
-    upstream: bool = False
-    consequence: str = ""
-
-    def __str__(self) -> str:
-        head = f"[{self.code}] {self.message}"
-        return f"{head}\n    fix: {self.fix}" + (f"\n    upstream: {self.consequence}" if self.consequence else "")
 
 
 @dataclass
@@ -484,7 +445,11 @@ class _Diagnoser:
         an expert split): then its H/F are reported once, with that fix, not again."""
         return any(word in step[0] for step in self.moves[name] or () for word in ("transposed", "experts"))
 
-    def add(self, code: str, buffer: str, message: str, fix: str, consequence: str = "") -> None:
+    def add(self, code: str, buffer: str, message: str | None, fix: str, consequence: str = "", /,
+            **fields: Any) -> None:
+        """One finding: an upstream check (``ISL-E…``) in the diagnosis' own words
+        (``message``: upstream's only names the check), else the catalog's message filled
+        from ``fields``."""
         # Shape findings share one plan, so that their fixes compose into four buffers
         # that validate; a buffer with no plain move keeps the finding's own advice.
         if code in _SHAPE_CODES and self.moves[buffer]:
@@ -492,7 +457,8 @@ class _Diagnoser:
         elif code in _SHAPE_CODES and self.moves[buffer] == [] and all(m is not None for m in self.moves.values()):
             # this buffer is right for the pool the others mean: the fix is elsewhere
             fix = "; ".join(f"{PRETTY[k]}: {_describe(m, self.targets[k])}" for k, m in self.moves.items() if m)
-        self.findings.append(Finding(code, buffer, message, fix, code.startswith("ISL-E"), consequence))
+        self.findings.append(Finding(code, buffer, message, fix, True, consequence) if message is not None
+                             else finding(code, buffer, fix=fix, consequence=consequence, **fields))
 
     def run(self) -> list[Finding]:
         s, n = self.shapes, self.n
@@ -584,12 +550,12 @@ class _Diagnoser:
         values = {k: v for k, v in values.items() if not self.reread(k)}
         if len(set(values.values())) > 1:
             parts = ", ".join(f"{PRETTY[k]} has {symbol}={v:g}" for k, v in values.items())
-            self.add(code, list(values)[-1], message(code, detail=parts), between_fix, consequence)
+            self.add(code, list(values)[-1], None, between_fix, consequence, detail=parts)
         if sink_value is not None:
             for k, v in values.items():
                 if v != sink_value:
                     detail = f"{PRETTY[k]} has {symbol}={v:g}; the sink's {sink_name} is {sink_value}"
-                    self.add(code, k, message(code, detail=detail), sink_fix, consequence)
+                    self.add(code, k, None, sink_fix, consequence, detail=detail)
 
     def _sizes(self, four_d: dict[str, bool]) -> None:
         s = self.shapes
@@ -600,10 +566,10 @@ class _Diagnoser:
         two_f = s["gate_up_b"][2] if four_d["gate_up_b"] else None
         if two_f is not None and two_f % 2:
             F = self.targets["gate_up_b"][2] // 2
-            self.add("ISL-D103", "gate_up_b", message("ISL-D103", two_f=two_f),
+            self.add("ISL-D103", "gate_up_b", None,
                      f"re-export gate and up B with F = {F} rows each (F as down A has it) -> "
                      f"{_fmt(self.targets['gate_up_b'])}",
-                     D103_UPSTREAM)
+                     D103_UPSTREAM, two_f=two_f)
         fs: dict[str, float] = {}
         if two_f is not None:
             fs["gate_up_b"] = two_f / 2
@@ -619,15 +585,16 @@ class _Diagnoser:
             most = max(counts.values())
             detail = ", ".join(f"{PRETTY[k]} {v}" for k, v in counts.items())
             short = [k for k, v in counts.items() if v != most]
-            self.add("ISL-D104", short[0], message("ISL-D104", detail=detail),
+            self.add("ISL-D104", short[0], None,
                      f"every buffer needs one entry per slot: give {', '.join(PRETTY[k] for k in short)} "
                      f"{most} slots (zero slots are 'no adapter')",
-                     D104_UPSTREAM)
+                     D104_UPSTREAM, detail=detail)
         if self.max_loras is not None and counts:
             most = max(counts.values())
             if most > self.max_loras:
-                self.add("ISL-D108", "gate_up_b", message("ISL-D108", slots=most, max_loras=self.max_loras),
-                         f"keep {self.max_loras} slots (buf[:{self.max_loras}]) or raise max_loras_per_batch")
+                self.add("ISL-D108", "gate_up_b", None,
+                         f"keep {self.max_loras} slots (buf[:{self.max_loras}]) or raise max_loras_per_batch",
+                         slots=most, max_loras=self.max_loras)
 
     def _tensors(self) -> None:
         tensors = {k: v for k, v in self.buffers.items() if isinstance(v, torch.Tensor)}
@@ -636,23 +603,22 @@ class _Diagnoser:
         dtypes = {k: v.dtype for k, v in tensors.items()}
         if len(set(dtypes.values())) > 1:
             first = next(iter(dtypes.values()))
-            self.add("ISL-D105", "gate_up_a", message("ISL-D105", detail=", ".join(
-                f"{PRETTY[k]} {str(d).replace('torch.', '')}" for k, d in dtypes.items())),
-                f"cast all four to the sink's dtype, e.g. .to({first})",
-                "not checked; a matmul of mixed dtypes fails in the forward")
+            self.add("ISL-D105", "gate_up_a", None, f"cast all four to the sink's dtype, e.g. .to({first})",
+                     "not checked; a matmul of mixed dtypes fails in the forward", detail=", ".join(
+                         f"{PRETTY[k]} {str(d).replace('torch.', '')}" for k, d in dtypes.items()))
         devices = {k: v.device for k, v in tensors.items()}
         if len(set(devices.values())) > 1:
-            self.add("ISL-D106", "gate_up_a", message("ISL-D106", detail=", ".join(
-                f"{PRETTY[k]} {d}" for k, d in devices.items())),
-                "move all four to the sink's device with .to(device)",
-                "not checked; the forward fails with a device mismatch")
+            self.add("ISL-D106", "gate_up_a", None, "move all four to the sink's device with .to(device)",
+                     "not checked; the forward fails with a device mismatch",
+                     detail=", ".join(f"{PRETTY[k]} {d}" for k, d in devices.items()))
         for k, v in tensors.items():
             if v.is_floating_point() and v.numel() and not v.device.type == "meta":
                 bad = _count_nonfinite(v)
                 if bad:
-                    self.add("ISL-D107", k, message("ISL-D107", buffer=PRETTY[k], count=bad),
+                    self.add("ISL-D107", k, None,
                              "reload the adapter: a finite checkpoint never gives NaN; check the export's dtype "
-                             "range (fp16 overflows above 65504)", "not checked; every output of that slot is NaN")
+                             "range (fp16 overflows above 65504)", "not checked; every output of that slot is NaN",
+                             buffer=PRETTY[k], count=bad)
         self._padding(tensors)
 
     def _padding(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -684,17 +650,17 @@ class _Diagnoser:
                 over = {k: v for k, v in seen.items() if v > r_given}
                 if over:
                     parts = ", ".join(f"{k} up to rank {v}" for k, v in over.items())
-                    self.add("ISL-D109", "gate_up_b", message("ISL-D109", slot=slot,
-                             detail=f"rank {r_given} but nonzero padding: {parts}"),
+                    self.add("ISL-D109", "gate_up_b", None,
                              f"zero ranks {r_given}..{R - 1} of slot {slot} (LoRAPool.load does this)",
-                             "not checked; the padding adds a delta nobody trained")
+                             "not checked; the padding adds a delta nobody trained",
+                             slot=slot, detail=f"rank {r_given} but nonzero padding: {parts}")
             elif len({v for v in seen.values() if v}) > 1:
                 parts = ", ".join(f"{k} {v}" for k, v in seen.items())
-                self.add("ISL-D109", "gate_up_b", message("ISL-D109", slot=slot,
-                         detail=f"the factors use different ranks ({parts})"),
+                self.add("ISL-D109", "gate_up_b", None,
                          f"pad every factor of slot {slot} to one rank with zeros past it "
                          "(gate A and up A each from their own half's start)",
-                         "not checked; ranks that only one factor uses add nothing or a delta nobody trained")
+                         "not checked; ranks that only one factor uses add nothing or a delta nobody trained",
+                         slot=slot, detail=f"the factors use different ranks ({parts})")
 
 
 def _check_size(name: str, value: Any, minimum: int) -> None:

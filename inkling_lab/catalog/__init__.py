@@ -5,7 +5,8 @@ Every module in this package (but ``entry``) holds ``ENTRIES: list[CatalogEntry]
 entry's ``group`` is its module's name unless the entry names another.
 
 Raisers take their words from here, so that each message is typed once:
-``raise error("ISL-E002", n=n)`` or ``ValueError(message("ISL-E002", n=n))``.
+``raise error("ISL-E002", n=n)`` or ``ValueError(message("ISL-E002", n=n))``, and so do
+reporters: ``finding("ISL-D103", "gate_up_b", fix=..., two_f=13)``.
 This package imports nothing else of ``inkling_lab``: every module may use it.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pkgutil
 from typing import Any
 
 from .entry import (BOTH, DOCTOR_COMMAND, INKLING_LORA, KIT, KIT_FINDING, KIT_NOTE, LOADER, OTHER_REVISION,
-                    SNIPPET_PRELUDE, V1, V2, CatalogEntry, UpstreamDefectWarning, find_in_line, pattern_of,
+                    SNIPPET_PRELUDE, V1, V2, CatalogEntry, Finding, UpstreamDefectWarning, find_in_line, pattern_of,
                     template_parts)
 
 
@@ -69,6 +70,18 @@ def error(code: str, **fields: Any) -> BaseException:
     return CATALOG[code].error(**fields)
 
 
+def finding(code: str, where: str, /, *, fix: str | None = None, consequence: str = "", upstream: bool = False,
+            more: bool = False, **fields: Any) -> Finding:
+    """The ``Finding`` of catalog entry ``code`` at ``where``, its message filled from
+    ``fields``. ``fix``: the way out for this case (default: the entry's ``remedy``);
+    ``more``: point the fix at ``inkling-lab explain CODE``."""
+    entry = CATALOG[code]
+    fix = entry.remedy if fix is None else fix
+    if more:
+        fix += f" (more: inkling-lab explain {code})"
+    return Finding(code, where, entry.format(**fields), fix, upstream, consequence)
+
+
 __all__ = ["BOTH", "CATALOG", "DOCTOR_COMMAND", "ENTRIES", "GROUPS", "INKLING_LORA", "KIT", "KIT_FINDING", "KIT_NOTE",
-           "LOADER", "OTHER_REVISION", "SNIPPET_PRELUDE", "V1", "V2", "CatalogEntry", "UpstreamDefectWarning", "error",
-           "find_in_line", "message", "pattern_of", "template_parts"]
+           "LOADER", "OTHER_REVISION", "SNIPPET_PRELUDE", "V1", "V2", "CatalogEntry", "Finding",
+           "UpstreamDefectWarning", "error", "find_in_line", "finding", "message", "pattern_of", "template_parts"]

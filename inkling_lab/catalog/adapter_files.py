@@ -26,6 +26,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Point at the folder PEFT's save_pretrained wrote (it holds adapter_config.json); for a "
                "training run that is usually a checkpoint-*/ or adapter/ subfolder, or a named sub-adapter's "
                "folder.",
+        doctor_fix="point at the folder that holds adapter_config.json and adapter_model.safetensors",
         upstream=f"sglang reads the same file: {_READ} opens <path>/adapter_config.json and fails with "
                  "FileNotFoundError: [Errno 2] No such file or directory (for a local folder; a hub id is "
                  "downloaded first).",
@@ -45,6 +46,7 @@ ENTRIES: list[CatalogEntry] = [
             "load_adapter(folder)\n",
         remedy="Correct the field the message names to the value the adapter was trained with (r: the "
                "LoRA rank, an integer; lora_alpha: a number), or save the config again with PEFT.",
+        doctor_fix="correct that field of adapter_config.json (the value the adapter was trained with)",
         upstream=f"sglang reads the same file without checks: {_READ} (json.load: invalid JSON raises "
                  "json.JSONDecodeError), LoRAConfig.__init__ (a missing target_modules, r or lora_alpha "
                  "raises KeyError: sglang has no default for lora_alpha) and sglang/srt/lora/lora.py: "
@@ -70,6 +72,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="With an adapter_model.bin you trust: python -c \"import torch, safetensors.torch as s; "
                "s.save_file(torch.load('adapter_model.bin', weights_only=True), 'adapter_model.safetensors')\" "
                "in the adapter folder; with no weights file, copy adapter_model.safetensors next to the config.",
+        doctor_fix="save the adapter with PEFT's save_pretrained, which writes adapter_model.safetensors",
         upstream="sglang 0.5.23 reads this folder: sglang/srt/lora/lora.py: LoRAAdapter.initialize_weights "
                  "iterates every *.safetensors and falls back to *.bin (fall_back_to_pt=True), read by "
                  "sglang/srt/model_loader/weight_utils.py: _load_pt_file with torch.load(weights_only=True). "
@@ -88,6 +91,7 @@ ENTRIES: list[CatalogEntry] = [
         fix="weights.write_bytes(complete)  # the whole file again\nload_adapter(folder)\n",
         remedy="Download or copy the file again and compare its size with the source (a Git LFS pointer is "
                "about 130 bytes: run git lfs pull).",
+        doctor_fix="download or export adapter_model.safetensors again (the file is cut short or corrupt)",
         upstream="sglang reads it with the safetensors library too (sglang/srt/model_loader/weight_utils.py, "
                  "through LoRAAdapter.initialize_weights) and stops with that library's own error for the "
                  "file.",
@@ -126,6 +130,8 @@ ENTRIES: list[CatalogEntry] = [
         remedy="If the message says the factor is transposed, load with repair (the default) or save it "
                "transposed back; otherwise set r in adapter_config.json to the rank the factors were trained "
                "with (per module: rank_pattern).",
+        doctor_fix="re-export each named factor at the rank the config gives its module (r, or its rank_pattern entry); "
+                   "if every factor agrees on another rank, correct r (or let --repair read it)",
         upstream="sglang sizes each slot's buffer view by the config's r (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer) and never transposes: such a factor fails the "
                  "shape assertion there (ISL-E016).",
@@ -164,6 +170,7 @@ ENTRIES: list[CatalogEntry] = [
         fix="Adapter.from_state(ad.config, ad.weights)  # trained with the shared experts in target_modules\n",
         remedy="Nothing to convert for the sink: serve this adapter without a shared-sink pool, or retrain "
                "with the shared experts' projections in target_modules.",
+        doctor_fix="train with the shared experts' projections in target_modules: there is nothing for the sink",
         upstream="sglang loads such an adapter without complaint and the shared sink serves the base model "
                  "(its pool slot is zeroed: sglang/srt/lora/mem_pool.py: load_lora_weight_tensor zeroes a "
                  "buffer whose weight is absent).",
@@ -180,6 +187,7 @@ ENTRIES: list[CatalogEntry] = [
         fix="Adapter.from_state(ad.config, ad.weights)\n",
         remedy="Export the adapter again with both factors of every module (the message names the missing "
                "key); a factor renamed after training must be renamed back.",
+        doctor_fix="export the missing factor too (its key is in the message): a LoRA delta is B @ A",
         upstream="sglang loads the lone factor and zeroes the missing one's buffer "
                  "(sglang/srt/lora/mem_pool.py: load_lora_weight_tensor zeroes a buffer whose weight is "
                  "absent), so that module's delta B @ A is zero: the base model for it, without a word.",

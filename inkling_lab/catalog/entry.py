@@ -40,6 +40,29 @@ class UpstreamDefectWarning(UserWarning):
     """Upstream raises nothing here but computes something else than intended (``ISL-W…``)."""
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One thing found wrong (or worth saying) about a pool or an adapter: its catalog
+    ``code``, where (``buffer``: a pool buffer, a file, a module), the catalog's message
+    filled in, and how to fix it. Build one with ``catalog.finding(code, where, ...)``.
+
+    ``upstream`` is true where sglang itself raises on it (the five checks of
+    ``set_lora_info``, a file sglang cannot load). ``consequence`` says what upstream
+    does with it when it does not raise.
+    """
+
+    code: str
+    buffer: str
+    message: str
+    fix: str
+    upstream: bool = False
+    consequence: str = ""
+
+    def __str__(self) -> str:
+        head = f"[{self.code}] {self.message}"
+        return f"{head}\n    fix: {self.fix}" + (f"\n    upstream: {self.consequence}" if self.consequence else "")
+
+
 def template_parts(template: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(literals, fields)`` of a message template: ``len(literals) == len(fields) + 1``.
 
@@ -104,7 +127,8 @@ class CatalogEntry:
     doctor. ``reproduced=False``: the kit never writes this message (another revision's
     words, or a step of sglang the kit does not model); then ``sample`` shows it as
     the field sees it and ``kit_code`` names what the kit raises for the same trigger
-    (``""``: nothing).
+    (``""``: nothing). ``doctor_fix``: the way out the doctor's report gives, in the
+    command line's words, for a refusal whose message states the problem only.
     ``group`` is the catalog module the entry lives in (set by the loader).
     """
 
@@ -124,6 +148,7 @@ class CatalogEntry:
     frame: tuple[str, ...] = ()
     adapter_caused: bool = False
     reproduced: bool = True
+    doctor_fix: str = ""
     kit_code: str = ""
     sample: str = ""
     related: tuple[str, ...] = ()

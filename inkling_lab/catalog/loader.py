@@ -48,6 +48,8 @@ ENTRIES: list[CatalogEntry] = [
             "big.load(0, factors)\n",
         remedy="Raise --max-lora-rank to the adapter's rank; a module with its own rank (rank_pattern) or "
                "another H/F needs the adapter re-exported for this model.",
+        doctor_fix="check --max-rank (sglang: --max-lora-rank), --hidden and --intermediate against the model the "
+                   "adapter was trained for",
         upstream=_LOAD + " (its inner load_lora_weight_tensor asserts equal shapes before the copy).",
         generation=LOADER, adapter_caused=True, related=("ISL-E005",)),
     CatalogEntry(

@@ -22,6 +22,7 @@ ENTRIES: list[CatalogEntry] = [
         fix="per_expert.factors(2)\n",
         remedy="Use the adapter with the model it was exported for (its n_shared_experts), or export every "
                "expert 0..n-1 of every per-expert factor, and each factor in one form only.",
+        doctor_fix="check --n-shared-experts against the experts the factors are saved for",
         upstream=f"{_NORMALIZE} leaves per-expert names (shared_experts.<e>.) as they are and the pool "
                  "load places them expert by expert (sglang/srt/lora/mem_pool.py: LoRAMemoryPool."
                  "load_lora_weight_to_buffer); nothing there compares the expert ids with 0..n-1.",
@@ -81,6 +82,7 @@ ENTRIES: list[CatalogEntry] = [
         fix="Adapter.from_state(ad.config, ad.weights)  # gate B and up B both [12, 4]\n",
         remedy="Re-export the adapter so that gate and up (and every expert) have one rank and one F; the "
                "message names the two tensors that differ.",
+        doctor_fix="re-export the adapter with one shape per projection (gate and up alike, every expert alike)",
         upstream=f"{_STACK} joins gate and up with torch.cat along the rank axis (A) or the feature axis "
                  "(B): factors whose other axis differs fail there with torch's 'Sizes of tensors must match' "
                  "RuntimeError; factors that differ only along the joined axis are joined into a factor of "

@@ -127,6 +127,7 @@ ENTRIES: list[CatalogEntry] = [
             "sink.set_lora_info(ga, gb, da, db)                # 2F = 12\n",
         remedy="Give gate-up B an even 2F (F gate rows, then F up rows, F as in down A); for an adapter, "
                "re-export the flat factors for the model's n.",
+        doctor_fix="check --n-shared-experts: a flat factor's expert features do not split into n",
         upstream=f"torch's view error inside {INKLING_LORA}: InklingBatchDenseMLPWithLoRA."
                  "_refresh_lora_operands (the [S, n, F, 2, 2R] view of w1_delta, reached from set_lora_info), "
                  "or inside sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe (the "

@@ -86,6 +86,7 @@ ENTRIES: list[CatalogEntry] = [
         fix="sink.slice_lora_a(down_a, tp_rank=0, target_module='down_proj', tp_size=3)\n",
         remedy="Pick a tensor-parallel size that divides the shared expert's intermediate size F (the size "
                "in the message): one of F's divisors, e.g. 1, 2 or 3 for F = 6.",
+        doctor_fix="use a --tp that divides the model's intermediate size F (each rank holds F/tp features)",
         upstream="sglang 0.5.23 does not check it: sglang/srt/models/inkling_common/dense_mlp.py: "
                  "InklingBatchDenseMLP.__init__ sets intermediate_size_per_partition = F // tp (floor), so "
                  "the LoRA slicing (_slice_down_lora_a / _slice_gate_up_lora_b) gives every rank floor(F/tp) "
