@@ -176,6 +176,16 @@ class Adapter:
         """PEFT's ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with ``use_rslora``)."""
         return self.lora_alpha / (math.sqrt(self.r) if self.config.get("use_rslora") else self.r)
 
+    def peft_name(self, fn: FactorName) -> str:
+        """The name PEFT matched ``rank_pattern``/``alpha_pattern`` keys against for this
+        factor (``LoraModel._create_and_replace``'s ``current_key``): its module's name
+        (``model.layers.0.mlp.shared_experts.gate_proj``), or for a factor read from a
+        ``target_parameters`` export the parameter's (``...shared_experts.gate_proj``,
+        never the kit's per-expert ``...shared_experts.0.gate_proj``)."""
+        if any(_NESTED_KEY.match(k)["module"] == fn.module for k in self.target_parameter_keys):
+            return f"{module_of(fn.module)}.{fn.proj}"
+        return module_of(fn.key)
+
     @property
     def factor_keys(self) -> list[str]:
         return [k for k in self.weights if FactorName.parse(k) is not None]
@@ -199,7 +209,7 @@ class Adapter:
         where_cfg, where_w = _where(source, CONFIG_FILE), _where(source, WEIGHTS_FILE)
         peft = read_peft_config(config, where_cfg)
         _refuse_unrepresentable(peft, where_cfg)
-        weights, exported, notes = _split_target_parameters(peft.r, config.get("target_parameters"), weights,
+        weights, exported, notes = _split_target_parameters(peft, config.get("target_parameters"), weights,
                                                              where_w)
         others, factors = [], {}
         for key, t in weights.items():
@@ -255,7 +265,7 @@ class Adapter:
                 f"{where}: tensor {fn.key!r} is {t.dim()}D {_shape(t)}; a shared-sink LoRA factor is a 2D "
                 f"matrix {fn.expected()}: export the plain PEFT factor, one per module (per expert: "
                 f"'{fn.module}.<e>.{fn.proj}...')")
-        axis, r = fn.rank_axis, self.peft.rank_of(module_of(fn.key))
+        axis, r = fn.rank_axis, self.peft.rank_of(self.peft_name(fn))
         said = f"r={r}" + (" (rank_pattern)" if r != self.r else "")
         if t.shape[axis] == r:
             return t
@@ -291,7 +301,7 @@ class Adapter:
 
         seen = {size(g, u.shape) for g, u in factors.values()
                 if g is not fn and role(g) == role(fn) and u.dim() == 2 and u.numel()
-                and u.shape[g.rank_axis] == self.peft.rank_of(module_of(g.key))}
+                and u.shape[g.rank_axis] == self.peft.rank_of(self.peft_name(g))}
         return not seen or size(fn, t.T.shape) in seen
 
     def _infer_rank(self, factors: Mapping[str, tuple[FactorName, torch.Tensor]], ranks: list[int],
@@ -339,9 +349,11 @@ class Adapter:
 
     def normalized(self, n_shared_experts: int, module: str | None = None) -> dict[str, torch.Tensor]:
         """The shared-sink factors (of one ``module``, default all) after upstream's
-        normalization (docs/reference.md#adapters-on-disk)."""
+        normalization (docs/reference.md#adapters-on-disk); gate and up at their own
+        ranks (``rank_pattern``) zero-padded to the larger first, which is exact (zero
+        rows of A meet zero columns of B) and which upstream's stacking needs."""
         keys = [k for k in self.factor_keys if module is None or FactorName.parse(k).module == module]
-        return normalize_shared_sink({k: self.weights[k] for k in keys}, n_shared_experts)
+        return normalize_shared_sink(_one_gate_up_rank({k: self.weights[k] for k in keys}), n_shared_experts)
 
     def factors(self, n_shared_experts: int) -> dict[str, LoRAFactors]:
         """One ``LoRAFactors`` per module: ``gate_up_a [O, 2r, H]``, ``gate_up_b [n, 2F, r]``,
@@ -408,7 +420,7 @@ class Adapter:
             for key in self.factor_keys:
                 fn = FactorName.parse(key)
                 if fn.module == module and fn.proj in projs:
-                    names.setdefault(fn.expert, module_of(key))
+                    names.setdefault(fn.expert, self.peft_name(fn))
             out[part] = [peft.scaling_of(names[e]) if e in names else
                          peft.scaling_of(names[None]) if None in names else self.scaling for e in range(n)]
         return out
@@ -497,7 +509,7 @@ def is_target_parameters_export(adapter: "Adapter | Iterable[str]") -> bool:
     return bool(peft_target_parameter_keys(adapter))
 
 
-def _split_target_parameters(r: int, targets: Any, weights: Mapping[str, torch.Tensor], where: str
+def _split_target_parameters(peft: "PeftConfig", targets: Any, weights: Mapping[str, torch.Tensor], where: str
                              ) -> tuple[dict[str, torch.Tensor], list[str], list[Finding]]:
     """A PEFT ``target_parameters`` export, re-named as per-expert factors.
 
@@ -513,8 +525,9 @@ def _split_target_parameters(r: int, targets: Any, weights: Mapping[str, torch.T
     rows ``e*r .. e*r+r-1``) and ``lora_B [out, n*r]`` strided by expert (expert ``e``
     is columns ``e, e+n, e+2n, ...``). Each expert's pair becomes
     ``<module>.<e>.<proj>.lora_A.weight [r, in]`` / ``lora_B.weight [out, r]``: the
-    per-expert outer layout. Returns the new weights, the file keys read this way,
-    and one ``ISL-N204`` note per module.
+    per-expert outer layout. ``r`` is each parameter's own rank (``peft.rank_of`` of
+    ``<module>.<proj>``, the name PEFT matches ``rank_pattern`` against). Returns the new
+    weights, the file keys read this way, and one ``ISL-N204`` note per module.
     """
     groups: dict[str, dict[int, dict[str, str]]] = {}
     for key in peft_target_parameter_keys(weights):
@@ -527,6 +540,7 @@ def _split_target_parameters(r: int, targets: Any, weights: Mapping[str, torch.T
     for module, by_depth in groups.items():
         params = _targeted(module, targets)
         per_expert: dict[FactorName, torch.Tensor] = {}
+        ranks: dict[str, int] = {}
         if len(params) != len(by_depth) or sorted(by_depth) != list(range(len(params))):
             raise ValueError(message(
                 "ISL-K401", file=where, module=module, pairs=len(by_depth),
@@ -540,11 +554,13 @@ def _split_target_parameters(r: int, targets: Any, weights: Mapping[str, torch.T
                 raise ValueError(f"{where}: {have!r} has no matching {other!r}: every LoRA factor needs its A "
                                  "and its B")
             a, b = weights[pair["A"]], weights[pair["B"]]
+            r = ranks[proj] = peft.rank_of(f"{module_of(module)}.{proj}")
+            said = f"{r} (rank_pattern)" if r != peft.r else repr(r)
             rows = int(a.shape[0]) if a.dim() == 2 else -1
             if (a.dim() != 2 or b.dim() != 2 or not isinstance(r, int) or isinstance(r, bool) or r < 1
                     or rows % r or not rows or b.shape[1] != rows):
                 raise ValueError(message("ISL-K402", file=where, module=module, proj=proj, shape_a=_shape(a),
-                                         shape_b=_shape(b), r=repr(r)))
+                                         shape_b=_shape(b), r=said))
             n = rows // r
             for e in range(n):
                 per_expert[FactorName(module, e, proj, "A")] = a[e * r:(e + 1) * r]
@@ -554,7 +570,8 @@ def _split_target_parameters(r: int, targets: Any, weights: Mapping[str, torch.T
         out.update((fn.key, t) for fn, t in sorted(per_expert.items(), key=lambda i: (i[0].expert, order[i[0].proj],
                                                                                       i[0].ab)))
         note = CATALOG["ISL-N204"]
-        notes.append(Finding("ISL-N204", module, note.format(module=module, parameters=", ".join(params), n=n, r=r),
+        notes.append(Finding("ISL-N204", module, note.format(module=module, parameters=", ".join(params), n=n, r=(
+            str(r) if len(set(ranks.values())) == 1 else ", ".join(f"{k} {v}" for k, v in ranks.items()))),
                              note.remedy, consequence=note.upstream))
     return out, [k for k in weights if _NESTED_KEY.match(k)], notes
 
@@ -743,6 +760,27 @@ def _one_rank(ga: torch.Tensor, gb: torch.Tensor, da: torch.Tensor, db: torch.Te
     return ga, pad(gb, -1, R), pad(da, -2, R), pad(db, -1, R)
 
 
+def _one_gate_up_rank(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Gate and up factors of one module (and expert) at different ranks: the smaller
+    zero-padded along its rank axis to the larger."""
+    rank = {}
+    for key, t in weights.items():
+        fn = FactorName.parse(key)
+        if fn.canonical in ("gate_proj", "up_proj") and t.dim() == 2 and t.numel():
+            pair = (fn.module, fn.expert)
+            rank[pair] = max(rank.get(pair, 0), int(t.shape[fn.rank_axis]))
+    out = {}
+    for key, t in weights.items():
+        fn = FactorName.parse(key)
+        want = rank.get((fn.module, fn.expert)) if fn.canonical in ("gate_proj", "up_proj") else None
+        if want is not None and t.dim() == 2 and t.numel() and t.shape[fn.rank_axis] < want:
+            shape = list(t.shape)
+            shape[fn.rank_axis] = want - t.shape[fn.rank_axis]
+            t = torch.cat([t, t.new_zeros(shape)], dim=fn.rank_axis)
+        out[key] = t
+    return out
+
+
 def _check_duplicates(names: list[FactorName], where: str) -> None:
     """Two keys for one factor (``w1`` and ``gate_proj`` of one module, experts ``.0.``
     and ``.00.``): refused, never one silently dropped (``ISL-K307``)."""
@@ -774,7 +812,10 @@ def _check_one_shape(weights: Mapping[str, torch.Tensor], keys: list[str], where
             continue
         family = "gate_proj" if fn.canonical == "up_proj" else fn.canonical
         seen = first.setdefault((fn.module, fn.ab, family, fn.expert is None), key)
-        if weights[key].shape != weights[seen].shape:
+        # the rank axes were checked against each factor's own rank (rank_pattern may give gate and up
+        # their own): the other axis must agree
+        other = 1 - fn.rank_axis
+        if weights[key].dim() != weights[seen].dim() or weights[key].shape[other] != weights[seen].shape[other]:
             raise ValueError(
                 f"{where}: {key!r} is {_shape(weights[key])} but {seen!r} is {_shape(weights[seen])}: the factors "
                 "of one projection must have one shape (gate and up alike, every expert alike); re-export the "
