@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 
 from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_shared_sink,
-                       read_peft_config)
+                       peft_target_parameter_keys, read_peft_config)
 from .catalog import Finding, finding, message
 from .pool import LoRAFactors
 from .shard import slice_lora_a, slice_lora_b
@@ -67,7 +67,8 @@ def _skip_fix(skipped: list[str]) -> str:
     if any(".up_proj." in k or ".w3." in k for k in skipped):
         fixes.append("an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate; "
                      "inkling-lab convert stacks a lone up with a zero gate)")
-    fixes.append("start the server with every module the adapter trains in --lora-target-modules")
+    if set(skipped) - set(peft_target_parameter_keys(skipped)):  # no flag makes sglang take an export's keys
+        fixes.append("start the server with every module the adapter trains in --lora-target-modules")
     return "; ".join(fixes)
 
 
@@ -252,9 +253,15 @@ class _Sglang:
             missing = [t for t in SINK_TARGETS if t not in server]
             self.causes.append(f"the server's target modules {sorted(server)} lack {' and '.join(missing)}, so "
                                "init_lora_modules never wraps the shared sink: its factors load and are never applied")
+            sink = [k for k in self.normalized if "shared_experts" in k]
+            exported = bool(sink) and len(peft_target_parameter_keys(sink)) == len(sink)
             self.findings.append(finding(
-                "ISL-W103", "target_modules", fix="serve with --lora-target-modules gate_up_proj down_proj (or list "
-                "gate_proj, up_proj and down_proj in target_modules; w1/w3/w2 are not renamed there)", more=True,
+                "ISL-W103", "target_modules", fix=(
+                    "no --lora-target-modules makes sglang 0.5.23 serve it: a PEFT target_parameters export's keys "
+                    "match no module it wraps and are skipped whatever the flag (ISL-W002); merge it into the base "
+                    "weights (PEFT merge_and_unload)" if exported else
+                    "serve with --lora-target-modules gate_up_proj down_proj (or list gate_proj, up_proj and "
+                    "down_proj in target_modules; w1/w3/w2 are not renamed there)"), more=True,
                 consequence="requests with this adapter get the base model's sink output",
                 targets=sorted(server), missing=", ".join(missing)))
         names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
@@ -271,6 +278,8 @@ class _Sglang:
             self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
                                f"{', '.join(sorted({label(k) for k in skipped}))} is not applied")
             self.findings.append(skip)
+            if self.wrapped and not any("shared_experts" in k for k in self.normalized):
+                self.base_only = True  # every sink factor skipped: the wrapped sink's slot stays zero
         self.record("targets", server=sorted(server), wraps_sink=self.wrapped, skipped=skipped)
         return server
 

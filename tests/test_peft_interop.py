@@ -204,3 +204,17 @@ def test_the_doctor_says_sglang_skips_a_target_parameters_export_and_how_to_serv
     assert "6 weight(s) skipped" in skip.message and ".base_layer." in skip.message
     assert "merge_and_unload" in skip.fix and "zero gate" not in skip.fix  # no lone up_proj here
     assert report.exit_status == 1 and "base model only" in str(report)
+
+
+def test_a_target_parameters_export_served_with_the_sink_s_flag_is_still_the_base_model(tmp_path):
+    """Its keys are skipped whatever --lora-target-modules says, so the wrapped sink's slot
+    stays zero: "base", never "different"; and no finding advises a flag that would not help."""
+    made = make_peft_sink_adapter(tmp_path / "peft_inkling", n=2, hidden=8, intermediate=6, rank=2)
+    for targets in (None, ["gate_up_proj", "down_proj"]):
+        report = doctor(made.folder, 2, 8, 6, target_modules=targets)
+        assert report.computes.outcome == "base" and report.computes.relative_error == pytest.approx(1)
+        fixes = " ".join(f.fix for f in report.findings)
+        assert "serve with --lora-target-modules" not in fixes and "start the server with every module" not in fixes
+        if targets is None:
+            (w103,) = [f for f in report.findings if f.code == "ISL-W103"]
+            assert "no --lora-target-modules makes sglang 0.5.23 serve it" in w103.fix
