@@ -31,7 +31,7 @@ test: setup
 # Re-execute every notebook in place, so committed outputs are what the code gives today
 # (gpu cells stay unrun without CUDA).
 notebooks: setup
-	$(PY) scripts/execute_notebooks.py notebooks/*.ipynb
+	$(PY) scripts/data/execute_notebooks.py notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV)

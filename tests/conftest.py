@@ -8,20 +8,9 @@ import sys
 import pytest
 import torch
 
-if not torch.cuda.is_available() and "triton" not in sys.modules:
-    # Triton decides at decoration time whether a function is interpreted, its own
-    # standard library (tl.sum, tl.max, ...) included, when triton is first imported.
-    # Without a GPU the kit's kernels only ever run in the interpreter, so triton is
-    # imported under TRITON_INTERPRET=1 before a library that uses torch's triton
-    # integration (PEFT) imports it compiled; the variable itself is restored, so the
-    # tests that switch the interpreter on and off still decide for themselves.
-    from interpreted import interpreter_on
+from interpreted import import_triton_for_the_interpreter
 
-    with interpreter_on():
-        try:
-            import triton.language  # noqa: F401
-        except ImportError:  # the kernels' tests skip without triton
-            pass
+import_triton_for_the_interpreter()  # before PEFT imports it compiled (interpreted.py says why)
 
 from inkling_lab.geometry import PRESETS, Geometry
 from inkling_lab.scenario import Scenario

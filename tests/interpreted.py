@@ -26,6 +26,27 @@ def interpreter_on() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = saved
 
 
+def import_triton_for_the_interpreter() -> None:
+    """Without a GPU, import triton for the first time under ``TRITON_INTERPRET=1``.
+
+    Triton decides at decoration time whether a function is interpreted, its own
+    standard library (``tl.sum``, ``tl.max``, ...) included, when triton is first
+    imported. Without a GPU the kit's kernels only ever run in the interpreter, so triton
+    is imported interpreted before a library that uses torch's triton integration (PEFT)
+    imports it compiled; the variable itself is restored, so the tests that switch the
+    interpreter on and off still decide for themselves. Without triton, nothing (the
+    kernels' tests skip)."""
+    import torch
+
+    if torch.cuda.is_available() or "triton" in sys.modules:
+        return
+    with interpreter_on():
+        try:
+            import triton.language  # noqa: F401
+        except ImportError:
+            pass
+
+
 def import_interpreted(*names: str) -> ModuleType:
     """Private interpreted copies of the modules ``names`` (imported in that order; the
     last is returned). ``sys.modules`` and the parent packages' attributes are restored,

@@ -199,7 +199,7 @@ def test_config_checks():
 
 
 def test_the_samples_are_what_the_script_makes(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("make_samples", ROOT / "scripts" / "make_sample_adapters.py")
+    spec = importlib.util.spec_from_file_location("make_samples", ROOT / "scripts" / "data" / "make_sample_adapters.py")
     script = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "make_samples", script)  # its dataclass looks itself up there
     spec.loader.exec_module(script)

@@ -41,13 +41,13 @@ def test_every_notebook_from_01_has_two_exercises_with_a_check_and_a_hidden_solu
 
 
 def test_notebook_03_walks_todays_catalog():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "data"))
     try:
         import make_error_notebook
     finally:
         sys.path.pop(0)
     assert make_error_notebook.main(["--check"]) == 0, \
-        "notebook 03 is stale: run scripts/make_error_notebook.py, then scripts/execute_notebooks.py on it"
+        "notebook 03 is stale: run scripts/data/make_error_notebook.py, then scripts/data/execute_notebooks.py on it"
 
 
 def test_every_catalog_entry_is_walked_through_in_notebook_03():
@@ -121,7 +121,7 @@ def test_saving_a_notebook_changes_nothing(path):
 def test_the_executor_keeps_no_widget_views_and_no_machine_paths():
     import nbformat
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "data"))
     try:
         import execute_notebooks
     finally:

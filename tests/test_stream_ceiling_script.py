@@ -1,4 +1,4 @@
-"""``scripts/h200_stream_ceiling.py``'s read kernel in Triton's CPU interpreter: the sum it
+"""``scripts/gpu/h200_stream_ceiling.py``'s read kernel in Triton's CPU interpreter: the sum it
 writes per program must add up to the buffer's float64 sum for any size, block and grid
 (a read kernel that skipped or re-read elements would time the wrong bytes)."""
 import sys
@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
     try:
         yield import_interpreted("h200_stream_ceiling")
     finally:
-        sys.path.remove(str(ROOT / "scripts"))
+        sys.path.remove(str(ROOT / "scripts" / "gpu"))
 
 
 @pytest.fixture(autouse=True)

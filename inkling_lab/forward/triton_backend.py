@@ -366,7 +366,7 @@ def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
 
     The plan is made once per batch object (``cached_plan``). For few tokens on CUDA
     the host's launch work, not the GPU, sets the pace (120-240 µs a call on the H200
-    machine, ``h200_graph_v6.json``), so an eager call with a batch replays a graph:
+    machine, ``history/h200_graph_v6.json``), so an eager call with a batch replays a graph:
     the first call launches, the second captures the launches against copies of the
     inputs, every later one copies ``x`` and ``gammas`` in, replays and returns a copy
     of the output. The graph reads the batch's device tensors and the pool at every

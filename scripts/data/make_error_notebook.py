@@ -19,8 +19,8 @@ generated cells (the error lab) are kept as they are. Generated cells carry the 
 metadata ``{"generated": "make_error_notebook"}`` and stable ids, so a re-run changes
 only what the catalog changed. Then execute the notebook:
 
-    PYTHONPATH=. .venv/bin/python scripts/make_error_notebook.py
-    PYTHONPATH=. .venv/bin/python scripts/execute_notebooks.py notebooks/03_error_walkthroughs.ipynb
+    PYTHONPATH=. .venv/bin/python scripts/data/make_error_notebook.py
+    PYTHONPATH=. .venv/bin/python scripts/data/execute_notebooks.py notebooks/03_error_walkthroughs.ipynb
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ from inkling_lab import catalog
 from inkling_lab.atomic import atomic_write
 from inkling_lab.catalog import CatalogEntry
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_error_walkthroughs.ipynb"
-MARKER = "<!-- walkthroughs: generated from the catalog by scripts/make_error_notebook.py -->"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03_error_walkthroughs.ipynb"
+MARKER = "<!-- walkthroughs: generated from the catalog by scripts/data/make_error_notebook.py -->"
 GENERATED = {"generated": "make_error_notebook"}
 
 # group: (heading, where the errors come from). The order is the order of a load:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     after = [(c.cell_type, c.source, c.metadata) for c in rebuild(nb).cells]
     if args.check:
         if before != after:
-            print(f"{NOTEBOOK}: the walkthroughs are out of date; run scripts/make_error_notebook.py and "
+            print(f"{NOTEBOOK}: the walkthroughs are out of date; run scripts/data/make_error_notebook.py and "
                   "re-execute the notebook", file=sys.stderr)
             return 1
         return 0
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     atomic_write(NOTEBOOK, (nbformat.writes(nb) + "\n").encode())
     print(f"{NOTEBOOK}: {sum(1 for c in nb.cells if c.metadata.get('generated'))} generated cells; "
-          "now execute it (scripts/execute_notebooks.py)")
+          "now execute it (scripts/data/execute_notebooks.py)")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The one-launch kernel (``inkling_lab/forward/single_launch.py``, v12) on a CUDA GPU:
+"""The one-launch kernel (``experiments/single_launch/single_launch.py``, v12) on a CUDA GPU:
 correctness, a small sweep of candidates, then the few-token grid against the
 three-launch triton backend and the cuBLAS base.
 
@@ -24,7 +24,7 @@ three-launch triton backend and the cuBLAS base.
 The record has ``version`` (the kernel's design version) and ``compiled`` (registers,
 spills, shared memory and programs per multiprocessor of every variant launched).
 
-    cd .gpu_stage && PYTHONPATH=. timeout 400 python3 scripts/h200_single_launch.py --out $OUT/h200_single_launch.json
+    cd .gpu_stage && PYTHONPATH=. timeout 400 python3 experiments/single_launch/h200_single_launch.py --out $OUT/h200_single_launch.json
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import torch
 import triton
 
 from inkling_lab import profile as pr, records
-from inkling_lab.forward import single_launch as sl
+import single_launch as sl  # this folder (the script's own, first on sys.path)
 from inkling_lab.forward.reference import reference_forward
 from inkling_lab.geometry import Geometry
 from inkling_lab.scenario import Scenario

@@ -5,7 +5,7 @@ runs every code cell of the given notebooks there (``gpu`` cells included), from
 notebook's own folder, and fails on the first cell that raises. Cells that display a
 widget are skipped when ipywidgets is missing, and said so.
 
-    cd notebooks && PYTHONPATH=.. MPLBACKEND=Agg python3 ../scripts/run_notebook_cells.py 05_batched_forward.ipynb
+    cd notebooks && PYTHONPATH=.. MPLBACKEND=Agg python3 ../scripts/gpu/run_notebook_cells.py 05_batched_forward.ipynb
 """
 from __future__ import annotations
 

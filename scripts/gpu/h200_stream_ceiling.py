@@ -14,7 +14,7 @@ mode) in a replayed CUDA graph (``profile.time_graph``), by:
 * ``mm_up`` / ``mm_down``: the base's two cuBLAS GEMMs at one token, ``x [1, H] @ w13_lin.T``
   and ``act [1, n*F] @ w2_lin.T`` (what sglang's base runs), each alone.
 
-    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/h200_stream_ceiling.py --out $OUT/h200_stream_ceiling.json
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_stream_ceiling.py --out $OUT/h200_stream_ceiling.json
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES))
     args = p.parse_args(argv)
     t0 = time.time()
-    env = records.environment("python3 scripts/h200_stream_ceiling.py " + " ".join(sys.argv[1:]))
+    env = records.environment("python3 scripts/gpu/h200_stream_ceiling.py " + " ".join(sys.argv[1:]))
     ceilings = pr.measure_ceilings()
     flush = pr.L2Flush("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count

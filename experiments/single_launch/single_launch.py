@@ -61,8 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..batch import SlotBatch
-from ..operands import SinkOperands
+from inkling_lab.batch import SlotBatch
+from inkling_lab.operands import SinkOperands
 
 MAX_TOKENS = 64
 """Tokens one launch handles (one tile of ``BT <= 64`` rows): the regime of weight streaming."""
@@ -563,7 +563,7 @@ ALL_UP_FIRST = 1 << 20
 
 def pick_config(ops: SinkOperands, num_tokens: int) -> SingleConfig:
     """The tiles for ``num_tokens`` tokens on ``ops``'s shapes. From the v11 sweep on the
-    H200 (``data/profiles/h200_single_launch_v11.json``, R 64 S 4, every shape, T 1 and 32):
+    H200 (``data/profiles/history/h200_single_launch_v11.json``, R 64 S 4, every shape, T 1 and 32):
     every up task before any down task (``lag`` past the chunk count) won 7 of 8 cases, one
     program per task beat the persistent grid at B, Inkling and TP8; large weights take
     larger down chunks (``kc`` 512 halves the float32 atomics into ``out_acc``)."""

@@ -4,7 +4,7 @@ Correctness against the float64 reference first, then every candidate ``Tiles`` 
 few token counts of shapes A and B (R 64, S 4 unless told), with the torch and cuBLAS paths for
 comparison. Writes one JSON (``--out``) and prints the best tiles per point.
 
-    PYTHONPATH=. python3 scripts/h200_tiles.py --out /tmp/tiles.json
+    PYTHONPATH=. python3 scripts/gpu/h200_tiles.py --out /tmp/tiles.json
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def main() -> None:
                   f"{tuple(best['tiles'].values())}  {others}", flush=True)
             for r in sorted(here, key=lambda r: r["us"]):
                 print("    ", round(r["us"], 1), r["tiles"] if isinstance(r["tiles"], str) else tuple(r["tiles"].values()))
-    records.write_json(args.out, {"environment": records.environment("scripts/h200_tiles.py"), "ceilings": ceilings,
+    records.write_json(args.out, {"environment": records.environment("scripts/gpu/h200_tiles.py"), "ceilings": ceilings,
                              "rows": rows})
 
 

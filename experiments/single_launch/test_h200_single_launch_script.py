@@ -1,4 +1,4 @@
-"""``scripts/h200_single_launch.py`` end to end on the CPU, so that the one H200 call it is
+"""``experiments/single_launch/h200_single_launch.py`` end to end on the CPU, so that the one H200 call it is
 made for does not die of a typo: tiny shapes, the interpreted kernel (float32), and the
 CUDA-only steps replaced (graph capture and timing run the function once and report
 1 µs; the float64 reference stands in for the ``triton`` and ``cublas_base`` backends).
@@ -18,13 +18,13 @@ from inkling_lab.forward.reference import reference_forward
 
 from test_single_launch import sl  # the interpreted copy of the kernel module
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent  # the script sits beside this test
 
 
 @pytest.fixture
 def script(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.syspath_prepend(str(HERE))
     sys.modules.pop("h200_single_launch", None)
     import h200_single_launch as h
 

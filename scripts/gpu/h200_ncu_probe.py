@@ -2,7 +2,7 @@
 its kernels (KERNEL_NOTES.md: where the time goes). On the GPU machine:
   ncu --clock-control none --kernel-name regex:"up_kernel|down_kernel|shrink_kernel" \
       --launch-skip 9 --launch-count 6 --section SpeedOfLight --section Occupancy \
-      --section LaunchStats --csv python3 scripts/h200_ncu_probe.py
+      --section LaunchStats --csv python3 scripts/gpu/h200_ncu_probe.py
 """
 import torch
 

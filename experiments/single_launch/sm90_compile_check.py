@@ -11,7 +11,7 @@ its up-loop pipelining to a slice start the compiler could not prove aligned; th
 how that was found.) Triton here is the local one (3.9 at the time of v11); the H200
 runs its own (3.6): counts can differ a little.
 
-    PYTHONPATH=. python scripts/sm90_compile_check.py [--shape A] [--tokens 1,32] [--configs default,kc512]
+    PYTHONPATH=. python experiments/single_launch/sm90_compile_check.py [--shape A] [--tokens 1,32] [--configs default,kc512]
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from inkling_lab.forward import single_launch as sl
+import single_launch as sl  # this folder (the script's own, first on sys.path)
 from inkling_lab.geometry import Geometry
 from inkling_lab.scenario import Scenario
 

@@ -11,7 +11,7 @@ Like ``jupyter nbconvert --execute --inplace``, except that
   sanitizer, ``tests/nbval_sanitize.cfg``, writes a fresh run's temporary folders the same way);
 * the file is replaced atomically.
 
-    .venv/bin/python scripts/execute_notebooks.py notebooks/*.ipynb      (= make notebooks)
+    .venv/bin/python scripts/data/execute_notebooks.py notebooks/*.ipynb      (= make notebooks)
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from nbclient import NotebookClient
 
 from inkling_lab.atomic import atomic_write
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # Longest first, so that a venv inside the repository reads as <site-packages>, not .venv/...
 _MACHINE_PATHS = sorted({*site.getsitepackages(), str(REPO)}, key=len, reverse=True)

@@ -1,7 +1,7 @@
 """Diagnostics on the H200 (KERNEL_NOTES.md): the L2-flush artefact, and which kernels
 take the time in each path of the Triton backend.
 
-    PYTHONPATH=. python3 scripts/h200_diag.py --out /tmp/diag.json
+    PYTHONPATH=. python3 scripts/gpu/h200_diag.py --out /tmp/diag.json
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def main() -> None:
         print(shape, T, t)
         for r in table:
             print(f"    {r['us_per_forward']:8.1f} {r['calls_per_forward']:4.1f} {r['kernel'][:70]}")
-    records.write_json(args.out, {"environment": records.environment("scripts/h200_diag.py"), **rows})
+    records.write_json(args.out, {"environment": records.environment("scripts/gpu/h200_diag.py"), **rows})
 
 
 if __name__ == "__main__":

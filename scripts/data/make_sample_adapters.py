@@ -1,7 +1,7 @@
 """Generate data/adapters/: small synthetic PEFT adapters for the toy sink
 (n=2 shared experts, H=8, F=6), from fixed seeds.
 
-    .venv/bin/python scripts/make_sample_adapters.py [--out data/adapters]
+    .venv/bin/python scripts/data/make_sample_adapters.py [--out data/adapters]
 
 Good adapters in every naming and layout of SPEC §6, adapters the converter repairs
 (each repair reported), adapters sglang 0.5.23 serves wrongly (each case of the
@@ -25,11 +25,11 @@ import torch
 from inkling_lab.adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, save_adapter, synthetic_adapter
 from inkling_lab.atomic import atomic_write
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N, H, F = 2, 8, 6
 """The toy sink every sample is checked against (``PRESETS["toy"]``)."""
 MODULE = "base_model.model.model.layers.0.mlp.shared_experts"
-BEGIN, END = "<!-- samples:begin (scripts/make_sample_adapters.py writes this table) -->", "<!-- samples:end -->"
+BEGIN, END = "<!-- samples:begin (scripts/data/make_sample_adapters.py writes this table) -->", "<!-- samples:end -->"
 
 
 def toy(rank: int = 4, seed: int = 0, **kw) -> Adapter:

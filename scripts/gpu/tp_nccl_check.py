@@ -8,7 +8,7 @@ all-reduce of one layer's partial output ``[T, H]`` (bf16, H of presets A and B)
 
 Run from the repository root (needs only torch; no network, no install):
 
-    NCCL_NVLS_ENABLE=0 PYTHONPATH=. python3 scripts/tp_nccl_check.py --out data/tp
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=. python3 scripts/gpu/tp_nccl_check.py --out data/tp
 
 Without two GPUs, ``--dist-backend auto`` (the default) falls back to gloo on the CPU:
 a dry run of the same logic. The record is ``<out>/<backend>_tp<tp>.json``.

@@ -1,6 +1,6 @@
 """Sweep the split-K target of the weight-streaming path (``triton_backend.TARGET_PROGRAMS``)
 at few tokens on every side-by-side shape; run on the H200 (KERNEL_NOTES.md, v7):
-    PYTHONPATH=. python3 scripts/h200_split_sweep.py --out /tmp/split.json
+    PYTHONPATH=. python3 scripts/gpu/h200_split_sweep.py --out /tmp/split.json
 Each point is checked against the float64 reference before it is timed (CUDA graph
 replays, L2 read-flushed before each)."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
                     line.append(f"{target}:{us:.1f}({sp.up if sp else 1},{sp.down if sp else 1})"
                                 + ("" if err < 1e-2 else f" ERR {err:.1e}"))
                 print(shape, "R", R, "T", T, " ".join(line), flush=True)
-    records.write_json(args.out, {"environment": records.environment("scripts/h200_split_sweep.py"), "rows": rows})
+    records.write_json(args.out, {"environment": records.environment("scripts/gpu/h200_split_sweep.py"), "rows": rows})
 
 
 if __name__ == "__main__":
