@@ -853,39 +853,52 @@ def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts:
        ``[H, r] -> [1, H, r]``. Per-expert named factors stay as they are. A width
        or height that does not split into ``n`` raises torch's own reshape
        ``RuntimeError``, as upstream does (``ISL-E012``).
-    2. Rename ``w1``/``w3``/``w2`` to ``gate_proj``/``up_proj``/``down_proj``.
+    2. Rename ``w1``/``w3``/``w2`` to ``gate_proj``/``up_proj``/``down_proj`` (a renamed
+       key moves to the end of the dict, or replaces the key of its new name in place).
     3. Stack gate and up into ``gate_up_proj`` (A along the rank axis, B along the
-       feature axis); a gate without an up gets a zero up; an up without a gate
-       stays ``up_proj``; a fused A is repeated along its rank axis.
+       feature axis); a gate without an up (or with a zero-size one) gets a zero up; an
+       up without a gate stays ``up_proj``; a fused A is repeated along its rank axis.
+       The names are walked in the order step 2 left them, and each step acts on the
+       dict as it stands, as upstream's does: with a fused and a split gate/up of one
+       prefix the result depends on that order (``inkling-lab selfcheck`` compares this
+       with a wheel's code on such cases).
 
     Keys that are no shared-sink factor pass through untouched.
     """
     n = n_shared_experts
-    reshaped: dict[str, torch.Tensor] = {}
-    for key, t in weights.items():
+    out = dict(weights)
+    for key, t in out.items():  # 1. reshape in place: the keys and their order stay
         fn = FactorName.parse(key)
         if fn is not None and fn.expert is None and t.dim() == 2:  # at rank 0 too, silently
             if not fn.is_outer and fn.ab == "A":  # down A: experts side by side
-                t = t.reshape(t.shape[0], n, t.shape[1] // n).transpose(0, 1)
+                out[key] = t.reshape(t.shape[0], n, t.shape[1] // n).transpose(0, 1)
             elif not fn.is_outer:  # gate, up or fused B: experts stacked
-                t = t.reshape(n, t.shape[0] // n, t.shape[1])
+                out[key] = t.reshape(n, t.shape[0] // n, t.shape[1])
             else:
-                t = t.unsqueeze(0)
-        reshaped[fn.with_(proj=fn.canonical).key if fn is not None else key] = t
-
-    out: dict[str, torch.Tensor] = {}
-    for key, t in reshaped.items():
+                out[key] = t.unsqueeze(0)
+    # 2. rename as upstream does, by replacing the name part (pop, then insert): a renamed key
+    # moves to the end, or takes the place of the key of that name, whose tensor it replaces
+    renames = {}
+    for key in out:
         fn = FactorName.parse(key)
-        if fn is None or fn.proj not in ("gate_proj", "up_proj", "gate_up_proj"):
-            out[key] = t
-        elif fn.proj == "gate_proj":
-            up = reshaped.get(fn.with_(proj="up_proj").key)
-            up = up if up is not None and up.numel() else torch.zeros_like(t)
-            out[fn.with_(proj="gate_up_proj").key] = torch.cat([t, up], dim=-2)
-        elif fn.proj == "gate_up_proj":
-            out[key] = torch.cat([t, t], dim=-2) if fn.ab == "A" else t
-        elif fn.with_(proj="gate_proj").key not in reshaped and t.numel():
-            out[key] = t  # an up without a gate stays unstacked
+        if fn is not None and fn.proj != fn.canonical:
+            renames[key] = key.replace(f".{fn.proj}.", f".{fn.canonical}.")
+    for old, new in renames.items():
+        out[new] = out.pop(old)
+    for key in list(out):  # 3. stack, walking the names as they stand after step 2 (upstream's order)
+        fn = FactorName.parse(key)
+        if fn is None:
+            continue
+        if fn.proj == "gate_proj":
+            up, fused = key.replace("gate_proj", "up_proj"), key.replace("gate_proj", "gate_up_proj")
+            if up not in out or out[up].numel() == 0:
+                out[up] = torch.zeros_like(out[key])
+            out[fused] = torch.cat([out[key], out[up]], dim=out[key].dim() - 2)
+            del out[key], out[up]
+        elif fn.proj == "gate_up_proj" and fn.ab == "A":  # one fused A serves both halves
+            repeat = [1] * out[key].dim()
+            repeat[out[key].dim() - 2] = 2
+            out[key] = out[key].repeat(*repeat)
     return out
 
 

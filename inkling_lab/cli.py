@@ -1,5 +1,5 @@
-"""The ``inkling-lab`` command: ``doctor``, ``compare``, ``convert``, ``explain`` (and
-``profile`` where the profiling module is installed). A thin front over the library:
+"""The ``inkling-lab`` command: ``doctor``, ``compare``, ``convert``, ``explain``,
+``selfcheck`` (and ``profile`` where the profiling module is installed). A thin front over the library:
 every answer comes from ``inkling_lab.doctor``, ``inkling_lab.compare``,
 ``inkling_lab.convert`` and ``inkling_lab.errors``.
 
@@ -17,8 +17,11 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
+import zipfile
 from dataclasses import asdict
+from pathlib import Path
 from typing import Sequence, TextIO
 
 import torch
@@ -152,6 +155,19 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _selfcheck(args: argparse.Namespace) -> int:
+    from .selfcheck import download, selfcheck, wheel_cache
+
+    cache = args.cache or wheel_cache()
+    try:
+        wheel = download(args.download, cache) if args.download else args.wheel
+        report = selfcheck(wheel, cases=args.cases, seed=args.seed)
+    except (OSError, ValueError, RuntimeError, subprocess.CalledProcessError, zipfile.BadZipFile) as exc:
+        return _fail("selfcheck", exc)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return report.exit_status
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inkling-lab",
@@ -220,6 +236,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "or - to read stdin")
     p.add_argument("--list", action="store_true", help="list every catalog entry, code and title")
     p.set_defaults(func=_explain)
+
+    p = sub.add_parser(
+        "selfcheck", help="the kit against the code inside an sglang wheel (on a CPU, sglang not imported)",
+        description="Read an sglang wheel as a zip (every file checked against its RECORD), take out its "
+                    "shared-sink LoRA wrappers, adapter normalization, tensor-parallel slicing and target-module "
+                    "normalization with ast, run them on stand-ins and compare them with the kit on seeded "
+                    "generated cases. Prints agree/disagree per area with the first disagreement, and whether "
+                    "the release table knows the wheel (else which files differ from the closest release). "
+                    "Exit status 0 only when every area agrees.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--wheel", metavar="PATH", help="an sglang wheel (pip download --no-deps sglang==0.5.X)")
+    src.add_argument("--download", metavar="VERSION",
+                     help="fetch sglang VERSION's wheel into the cache once (pip download), then check it")
+    p.add_argument("--cache", type=Path, metavar="DIR",
+                   help="the wheel cache (default: $INKLING_LAB_WHEELS, else ~/.cache/inkling-lab/wheels)")
+    p.add_argument("--cases", type=_positive, default=300, metavar="N", help="generated cases per area (default 300)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated cases (default 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_selfcheck)
 
     # The profiling command ships with its own module; offer it where that module is installed.
     if importlib.util.find_spec("inkling_lab.profile") is not None:

@@ -38,10 +38,15 @@ SINK_TARGETS = ("gate_up_proj", "down_proj")
 """``init_lora_modules`` (lora_manager.py) wraps the sink only when the server's target
 modules hold both."""
 
-_UPSTREAM_TARGET_NAMES = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
-                          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
-"""The part of ``get_normalized_target_modules``'s mapping (utils.py) that concerns
-the sink and attention: note that ``w1``/``w3``/``w2`` are *not* mapped."""
+_UPSTREAM_TARGET_NAMES = {
+    **dict.fromkeys(("q_proj", "k_proj", "v_proj"), "qkv_proj"), **dict.fromkeys(("gate_proj", "up_proj"), "gate_up_proj"),
+    **dict.fromkeys(("vocab_emb", "embeddings", "word_embeddings"), "embed_tokens"),
+    **dict.fromkeys(("output", "unembed_tokens"), "lm_head"),
+    **dict.fromkeys(("q_a_proj", "kv_a_proj_with_mqa"), "fused_qkv_a_proj_with_mqa"),
+    "wq_b": "indexer.wq_b", "wk": "indexer.wk", "weights_proj": "indexer.weights_proj"}
+"""``get_normalized_target_modules``'s renames (utils.py, the same in every release with the
+sink; ``inkling-lab selfcheck`` compares this with a wheel's): note that ``w1``/``w3``/``w2``
+are *not* renamed."""
 
 
 def server_target_modules(targets: Any) -> set[str]:

@@ -38,6 +38,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Sequence
 
 import torch
 
@@ -161,12 +162,49 @@ def get_lora_side_stream():
 
 
 def _record_hashes(wheel: zipfile.ZipFile) -> dict[str, str]:
+    """The wheel's RECORD: path -> sha256 (urlsafe base64, as RECORD writes it). The
+    RECORD is the one ``*.dist-info/RECORD`` of the archive (any version)."""
+    records = [n for n in wheel.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
+    if len(records) != 1:
+        raise RuntimeError(f"{wheel.filename}: expected one *.dist-info/RECORD, found {records or 'none'}")
     out = {}
-    for line in wheel.read(RECORD_PATH).decode().splitlines():
+    for line in wheel.read(records[0]).decode().splitlines():
         parts = line.rsplit(",", 2)
         if len(parts) == 3 and parts[1].startswith("sha256="):
             out[parts[0]] = parts[1].removeprefix("sha256=")
     return out
+
+
+def record_digest(data: bytes) -> str:
+    """A file's sha256 as RECORD writes it (urlsafe base64, no padding)."""
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def read_checked(wheel_path: str | Path, names: Sequence[str], missing_ok: bool = False) -> dict[str, bytes]:
+    """The files ``names`` of the wheel, each checked against its RECORD (sha256); raises
+    ``RuntimeError`` naming the file when one does not match or RECORD lacks it. With
+    ``missing_ok``, a file the wheel does not hold is left out instead of an error."""
+    out = {}
+    with zipfile.ZipFile(wheel_path) as wheel:
+        hashes = _record_hashes(wheel)
+        held = set(wheel.namelist())
+        for name in names:
+            if name not in held and missing_ok:
+                continue
+            data = wheel.read(name)
+            digest = record_digest(data)
+            if hashes.get(name) != digest:
+                raise RuntimeError(f"{wheel_path}: {name} does not match the wheel's RECORD "
+                                   f"(sha256 {digest}, RECORD {hashes.get(name)})")
+            out[name] = data
+    return out
+
+
+def record_of(wheel_path: str | Path, names: Sequence[str]) -> dict[str, str]:
+    """RECORD's sha256 of each of ``names`` the wheel holds (absent ones left out)."""
+    with zipfile.ZipFile(wheel_path) as wheel:
+        hashes = _record_hashes(wheel)
+    return {n: hashes[n] for n in names if n in hashes}
 
 
 def file_sha256(path: str | Path) -> str:
@@ -183,18 +221,11 @@ def unpack(wheel_path: str | Path, cache: str | Path) -> dict:
     provenance for a record: the wheel's name and sha256 and each file's hash."""
     cache = Path(cache)
     checked = {}
-    with zipfile.ZipFile(wheel_path) as wheel:
-        hashes = _record_hashes(wheel)
-        for name in FILES:
-            data = wheel.read(name)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            if hashes.get(name) != digest:
-                raise RuntimeError(f"{wheel_path}: {name} does not match the wheel's RECORD "
-                                   f"(sha256 {digest}, RECORD {hashes.get(name)})")
-            dst = cache / name
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(data)
-            checked[name] = digest
+    for name, data in read_checked(wheel_path, FILES).items():
+        dst = cache / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(data)
+        checked[name] = record_digest(data)
     for name, text in STUBS.items():
         dst = cache / name
         if name in checked:

@@ -16,9 +16,9 @@ import importlib
 import pkgutil
 from typing import Any
 
-from .entry import (BOTH, DOCTOR_COMMAND, INKLING_LORA, KIT, KIT_FINDING, KIT_NOTE, LOADER, OTHER_REVISION,
-                    SNIPPET_PRELUDE, V1, V2, CatalogEntry, Finding, UpstreamDefectWarning, find_in_line, pattern_of,
-                    template_parts)
+from .entry import (BOTH, DOCTOR_COMMAND, EVERY_RELEASE, INKLING_LORA, KIT, KIT_FINDING, KIT_NOTE, LOADER,
+                    OTHER_REVISION, RELEASES, SINCE_0_5_23, SNIPPET_PRELUDE, V1, V2, CatalogEntry, Finding,
+                    UpstreamDefectWarning, find_in_line, pattern_of, template_parts)
 
 
 def _load() -> list[CatalogEntry]:
@@ -82,6 +82,7 @@ def finding(code: str, where: str, /, *, fix: str | None = None, consequence: st
     return Finding(code, where, entry.format(**fields), fix, upstream, consequence)
 
 
-__all__ = ["BOTH", "CATALOG", "DOCTOR_COMMAND", "ENTRIES", "GROUPS", "INKLING_LORA", "KIT", "KIT_FINDING", "KIT_NOTE",
-           "LOADER", "OTHER_REVISION", "SNIPPET_PRELUDE", "V1", "V2", "CatalogEntry", "Finding",
-           "UpstreamDefectWarning", "error", "find_in_line", "finding", "message", "pattern_of", "template_parts"]
+__all__ = ["BOTH", "CATALOG", "DOCTOR_COMMAND", "ENTRIES", "EVERY_RELEASE", "GROUPS", "INKLING_LORA", "KIT",
+           "KIT_FINDING", "KIT_NOTE", "LOADER", "OTHER_REVISION", "RELEASES", "SINCE_0_5_23", "SNIPPET_PRELUDE",
+           "V1", "V2", "CatalogEntry", "Finding", "UpstreamDefectWarning", "error", "find_in_line", "finding",
+           "message", "pattern_of", "template_parts"]

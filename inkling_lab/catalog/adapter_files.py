@@ -3,7 +3,7 @@ and shapes (the kit's reader, ``inkling_lab.adapters``), and the converter's out
 from __future__ import annotations
 
 from ._snippets import ADAPTER, FOLDER
-from .entry import KIT, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, CatalogEntry
 
 _READ = "sglang/srt/lora/lora_config.py: LoRAConfig.get_lora_config"
 _NAMES = ("sglang keeps every tensor whose name has a layer id (sglang/srt/lora/lora.py: "
@@ -30,7 +30,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream=f"sglang reads the same file: {_READ} opens <path>/adapter_config.json and fails with "
                  "FileNotFoundError: [Errno 2] No such file or directory (for a local folder; a hub id is "
                  "downloaded first).",
-        generation=KIT, related=("ISL-K202", "ISL-K203")),
+        generation=KIT, related=("ISL-K202", "ISL-K203"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K202", title="a malformed adapter config", exc_type=ValueError,
         message="{folder}/adapter_config.json: malformed adapter config: {problem}",
@@ -52,7 +52,7 @@ ENTRIES: list[CatalogEntry] = [
                  "raises KeyError: sglang has no default for lora_alpha) and sglang/srt/lora/lora.py: "
                  "LoRAAdapter.__init__ (a non-LoRA peft_type fails its assert; a non-numeric r or lora_alpha "
                  "raises TypeError at lora_alpha / r).",
-        generation=KIT, related=("ISL-K201", "ISL-K206")),
+        generation=KIT, related=("ISL-K201", "ISL-K206"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K203", title="no adapter_model.safetensors (pickle checkpoints are refused)",
         exc_type=FileNotFoundError,
@@ -77,7 +77,7 @@ ENTRIES: list[CatalogEntry] = [
                  "iterates every *.safetensors and falls back to *.bin (fall_back_to_pt=True), read by "
                  "sglang/srt/model_loader/weight_utils.py: _load_pt_file with torch.load(weights_only=True). "
                  "With no weights file at all it loads no tensor, and the adapter changes nothing.",
-        generation=KIT, related=("ISL-K201", "ISL-K204")),
+        generation=KIT, related=("ISL-K201", "ISL-K204"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K204", title="a truncated or corrupt safetensors file", exc_type=ValueError,
         message="{folder}/adapter_model.safetensors: not a readable safetensors file ({size} bytes: {reason}); "
@@ -95,7 +95,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang reads it with the safetensors library too (sglang/srt/model_loader/weight_utils.py, "
                  "through LoRAAdapter.initialize_weights) and stops with that library's own error for the "
                  "file.",
-        generation=KIT, related=("ISL-K203",)),
+        generation=KIT, related=("ISL-K203",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K205", title="a shared-sink factor that is not a 2D matrix", exc_type=ValueError,
         message="{file}: tensor '{key}' is {ndim}D {shape}; a shared-sink LoRA factor is a 2D matrix "
@@ -113,7 +113,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream=_NAMES + "LoRAAdapter._normalize_shared_expert_moe reshapes only 2D factors; a 3D factor "
                  "reaches the pool load as it is and fails mem_pool's shape assertion (ISL-E016) unless its "
                  "shape happens to be the buffer view's.",
-        generation=KIT, adapter_caused=True, related=("ISL-K206", "ISL-E001", "ISL-E016")),
+        generation=KIT, adapter_caused=True, related=("ISL-K206", "ISL-E001", "ISL-E016"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K206", title="a factor's rank axis does not match r", exc_type=ValueError,
         message="{file}: tensor '{key}' has shape {shape}: its rank axis (dim {axis}) is {size}, but "
@@ -135,7 +135,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang sizes each slot's buffer view by the config's r (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer) and never transposes: such a factor fails the "
                  "shape assertion there (ISL-E016).",
-        generation=KIT, adapter_caused=True, related=("ISL-K202", "ISL-K205", "ISL-E016")),
+        generation=KIT, adapter_caused=True, related=("ISL-K202", "ISL-K205", "ISL-E016"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K207", title="a tensor under shared_experts names no shared-sink projection", exc_type=ValueError,
         message="{file}: tensor '{key}' is under shared_experts but is no shared-sink LoRA factor: expected "
@@ -154,7 +154,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream=_NAMES + "skips, with ISL-W002's warning, every weight whose name contains none of the "
                  "server's target modules (sglang/srt/lora/mem_pool.py: LoRAMemoryPool."
                  "load_lora_weight_to_buffer); a misspelt projection is therefore not applied.",
-        generation=KIT, adapter_caused=True, related=("ISL-K208", "ISL-W002")),
+        generation=KIT, adapter_caused=True, related=("ISL-K208", "ISL-W002"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K208", title="no shared-sink LoRA factors in the adapter", exc_type=ValueError,
         message="{file}: no shared-sink LoRA factors: no tensor is named "
@@ -174,7 +174,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang loads such an adapter without complaint and the shared sink serves the base model "
                  "(its pool slot is zeroed: sglang/srt/lora/mem_pool.py: load_lora_weight_tensor zeroes a "
                  "buffer whose weight is absent).",
-        generation=KIT, adapter_caused=True, related=("ISL-K207",)),
+        generation=KIT, adapter_caused=True, related=("ISL-K207",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K209", title="a LoRA A without its B (or B without A)", exc_type=ValueError,
         message="{file}: '{key}' has no matching '{other}': every LoRA factor needs its A and its B",
@@ -191,7 +191,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang loads the lone factor and zeroes the missing one's buffer "
                  "(sglang/srt/lora/mem_pool.py: load_lora_weight_tensor zeroes a buffer whose weight is "
                  "absent), so that module's delta B @ A is zero: the base model for it, without a word.",
-        generation=KIT, adapter_caused=True, related=("ISL-K208",)),
+        generation=KIT, adapter_caused=True, related=("ISL-K208",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K213", title="refusing to write over a file", exc_type=FileExistsError,
         message="refusing to write {file}: {reason}",
@@ -208,5 +208,5 @@ ENTRIES: list[CatalogEntry] = [
                "is never overwritten: write the pool elsewhere.",
         upstream="Nothing upstream: sglang writes no pool file; this is the kit's converter "
                  "(inkling-lab convert).",
-        generation=KIT, related=()),
+        generation=KIT, related=(), releases=EVERY_RELEASE),
 ]

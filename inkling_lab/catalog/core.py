@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ._snippets import SINK
-from .entry import KIT, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, CatalogEntry
 
 _UPSTREAM_FORWARD = ("sglang/srt/models/inkling_common/lora.py: InklingBatchDenseMLPWithLoRA._forward_bf16_linearized "
                      "runs torch.mm(x_td, w13_lin.T) on what it is given")
@@ -23,7 +23,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Cast the tokens to the sink's dtype (x.to(sink.dtype)), or build the sink in the tokens' dtype.",
         upstream=_UPSTREAM_FORWARD + ", where another dtype is torch's own RuntimeError (mat1 and mat2 dtypes); "
                  "sglang's engine always hands it the model's dtype.",
-        generation=KIT, related=("ISL-K151",)),
+        generation=KIT, related=("ISL-K151",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K151", title="an input lives on another device than the sink", exc_type=ValueError,
         message="{what} is on {got} but the sink's weights are on {want}: pass {what}.to('{want}')",
@@ -36,7 +36,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Move the input to the sink's device (x.to(sink.device)), or the sink to the input's.",
         upstream=_UPSTREAM_FORWARD + ", where another device is torch's own RuntimeError; sglang's engine "
                  "keeps every tensor on the rank's GPU.",
-        generation=KIT, related=("ISL-K150",)),
+        generation=KIT, related=("ISL-K150",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K152", title="a batch's slot ids are not whole numbers", exc_type=TypeError,
         message="SlotBatch: {what} must hold integers, but {what}[{index}] is {value} ({kind}): pass whole numbers",
@@ -49,7 +49,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Pass integer slot ids (-1 for base model only): round them yourself where a fraction is expected.",
         upstream="sglang builds its LoRABatchInfo from the scheduler's integer buffer ids "
                  "(sglang/srt/lora/lora_manager.py: LoRAManager.prepare_lora_batch), so it never sees a float id.",
-        generation=KIT, related=("ISL-K103",)),
+        generation=KIT, related=("ISL-K103",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K153", title="the pool's intermediate size is not the sink's", exc_type=ValueError,
         message="the LoRA pool does not fit the sink's F = {F}: {problems}; sglang 0.5.23's set_lora_info "
@@ -80,5 +80,5 @@ ENTRIES: list[CatalogEntry] = [
                  "takes 2F from gate-up B and F as 2F // 2 without comparing either to the module's "
                  "intermediate size (nor does InklingBatchDenseMLPWithLoRA.set_lora_info); its dense engine "
                  "then cuts gate-up B at multiples of 2F // 2.",
-        generation=KIT, related=("ISL-K102",)),
+        generation=KIT, related=("ISL-K102",), releases=EVERY_RELEASE),
 ]

@@ -5,7 +5,7 @@ function it was read from (``sglang/srt/...`` of the 0.5.23 wheel)."""
 from __future__ import annotations
 
 from ._snippets import DOCTOR_ADAPTER, SAVED
-from .entry import KIT, CatalogEntry, UpstreamDefectWarning
+from .entry import EVERY_RELEASE, KIT, CatalogEntry, UpstreamDefectWarning
 
 _SERVES = ("inkling_lab doctor (a warning: sglang 0.5.23 raises nothing here and serves something other than "
            "the adapter's math)")
@@ -13,21 +13,23 @@ _SERVES = ("inkling_lab doctor (a warning: sglang 0.5.23 raises nothing here and
 
 def _refusal(code: str, title: str, message: str, meaning: str, when: str, trigger: str, fix: str, *,
              remedy: str, upstream: str, setup: str = DOCTOR_ADAPTER, related: tuple[str, ...] = (),
-             exc_type: type[BaseException] = ValueError) -> CatalogEntry:
+             exc_type: type[BaseException] = ValueError, releases: tuple[str, ...] | None = None) -> CatalogEntry:
     return CatalogEntry(code=code, title=title, exc_type=exc_type, message=message, meaning=meaning, when=when,
                         setup=setup, trigger=trigger, fix=fix, remedy=remedy, upstream=upstream, generation=KIT,
-                        adapter_caused=True, related=related)
+                        adapter_caused=True, related=related, releases=releases)
 
 
 def _warning(code: str, title: str, message: str, meaning: str, when: str, trigger: str, fix: str, *,
-             remedy: str, upstream: str, related: tuple[str, ...] = ()) -> CatalogEntry:
+             remedy: str, upstream: str, related: tuple[str, ...] = (),
+             releases: tuple[str, ...] | None = None) -> CatalogEntry:
     def call(folder: str) -> str:  # "saved(...)  # why" -> the doctor on that folder, the comment at the end
         expr, _, note = folder.partition("  # ")
         return f"il.doctor({expr}, 2, 8, 6).warn()" + (f"  # {note}" if note else "") + "\n"
 
     return CatalogEntry(code=code, title=title, exc_type=UpstreamDefectWarning, kind="warning", message=message,
                         meaning=meaning, when=when, setup=SAVED, trigger=call(trigger), fix=call(fix),
-                        remedy=remedy, upstream=upstream, generation=_SERVES, adapter_caused=True, related=related)
+                        remedy=remedy, upstream=upstream, generation=_SERVES, adapter_caused=True, related=related,
+                        releases=releases)
 
 
 ENTRIES: list[CatalogEntry] = [
@@ -42,7 +44,7 @@ ENTRIES: list[CatalogEntry] = [
         "Adapter.from_state({**ad.config, 'lora_alpha': float('nan')}, ad.weights)\n",
         "Adapter.from_state({**ad.config, 'lora_alpha': 8}, ad.weights)\n", related=("ISL-W105", "ISL-K302"),
         remedy='Set lora_alpha to the finite value the adapter was trained with.',
-        upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ (scaling = lora_alpha / r, unchecked); sglang 0.5.23 loads it and serves NaN'),
+        upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ (scaling = lora_alpha / r, unchecked); sglang 0.5.23 loads it and serves NaN', releases=EVERY_RELEASE),
     _refusal(
         "ISL-K302", "NaN or Inf in a factor",
         "{file}: tensor {key} holds {k} NaN/Inf value(s) of {numel}: every output of this adapter would be NaN; "
@@ -55,7 +57,7 @@ ENTRIES: list[CatalogEntry] = [
         "Adapter.from_state(ad.config, {**ad.weights, key: nan})\n",
         "Adapter.from_state(ad.config, ad.weights)\n", related=("ISL-W105", "ISL-K301"),
         remedy='Export the factors again from a finite checkpoint.',
-        upstream='sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer copies the values unchecked; sglang 0.5.23 serves NaN'),
+        upstream='sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer copies the values unchecked; sglang 0.5.23 serves NaN', releases=EVERY_RELEASE),
     _refusal(
         "ISL-K303", "a DoRA adapter",
         "{file}: use_dora is set: a DoRA adapter rescales each output feature by a learned magnitude "
@@ -69,7 +71,7 @@ ENTRIES: list[CatalogEntry] = [
         "Adapter.from_state({**ad.config, 'use_dora': True}, ad.weights)\n",
         "Adapter.from_state({**ad.config, 'use_dora': False}, ad.weights)  # a plain LoRA adapter\n",
         remedy='Merge the DoRA adapter into the base weights (PEFT merge_and_unload), or train a plain LoRA adapter.',
-        upstream='sglang/srt/lora/lora_manager.py: LoRAManager.validate_new_adapter refuses it too (ISL-E025)'),
+        upstream='sglang/srt/lora/lora_manager.py: LoRAManager.validate_new_adapter refuses it too (ISL-E025)', releases=EVERY_RELEASE),
     _refusal(
         "ISL-K304", "an adapter with LoRA biases",
         "{file}: lora_bias is set: the adapter adds a trained bias to every lora_B, which a LoRA pool cannot hold; "
@@ -81,7 +83,7 @@ ENTRIES: list[CatalogEntry] = [
         "Adapter.from_state({**ad.config, 'lora_bias': True}, ad.weights)\n",
         "Adapter.from_state({**ad.config, 'lora_bias': False}, ad.weights)\n", related=("ISL-W108",),
         remedy='Merge the adapter into the base weights (PEFT merge_and_unload), or train with lora_bias=False.',
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read lora_bias; no pool buffer holds a bias'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read lora_bias; no pool buffer holds a bias', releases=EVERY_RELEASE),
     _refusal(
         "ISL-K305", "an adapter made for a changed base (PiSSA, OLoRA, CorDA, LoftQ)",
         "{file}: init_lora_weights is {init}: PEFT changed the base weights too when it made this adapter "
@@ -97,7 +99,7 @@ ENTRIES: list[CatalogEntry] = [
         "Adapter.from_state({**ad.config, 'init_lora_weights': True}, ad.weights)  # as PEFT's conversion saves it\n",
         related=("ISL-W107",),
         remedy="Re-save it with PEFT's path_initial_model_for_weight_conversion (PiSSA, OLoRA, CorDA), or serve it on the LoftQ base it was made with.",
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read init_lora_weights; sglang 0.5.23 loads the factors as plain LoRA'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read init_lora_weights; sglang 0.5.23 loads the factors as plain LoRA', releases=EVERY_RELEASE),
     _refusal(
         "ISL-K307", "two keys for one factor",
         "{file}: {key} and {other} are two keys for one factor ({factor}): keep one of the two (which one was "
@@ -111,7 +113,7 @@ ENTRIES: list[CatalogEntry] = [
         "Adapter.from_state(ad.config, {**ad.weights, **gate})  # w1 and gate_proj\n",
         "Adapter.from_state(ad.config, ad.weights)\n", related=("ISL-W106",),
         remedy='Keep one key per factor: the one that was trained.',
-        upstream='sglang/srt/lora/lora.py: LoRAAdapter._rename_expert_w_to_proj (the w-name wins) and sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer (the later expert key wins): sglang 0.5.23 keeps one silently'),
+        upstream='sglang/srt/lora/lora.py: LoRAAdapter._rename_expert_w_to_proj (the w-name wins) and sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer (the later expert key wins): sglang 0.5.23 keeps one silently', releases=EVERY_RELEASE),
     _refusal(
         "ISL-K309", "a down A with its expert axis folded into the rows",
         "{file}: tensor {key} is {shape} = [n*r, F] with r={r}: the expert axis of down A is folded into its rows "
@@ -129,7 +131,7 @@ ENTRIES: list[CatalogEntry] = [
         "fixed = Adapter.from_state(ad.config, folded, guess=True)  # --repair\n"
         "assert torch.equal(fixed.weights[key], ad.weights[key])\n", related=("ISL-K206",),
         remedy='Re-save down A with the reshape in the message, or let --repair apply it (it assumes expert-major rows).',
-        upstream='sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe reshapes it as saved; the buffer load then fails (ISL-E016)'),
+        upstream='sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe reshapes it as saved; the buffer load then fails (ISL-E016)', releases=EVERY_RELEASE),
     _refusal(
         "ISL-K310", "the config's r matches no factor",
         "{file}: tensor {key} has shape {shape}: its rank axis (dim {axis}) is {k}, but adapter_config.json says "
@@ -144,7 +146,7 @@ ENTRIES: list[CatalogEntry] = [
         "fixed = Adapter.from_state({**ad.config, 'r': 8}, ad.weights, guess=True)  # --repair: assumes r=4\n"
         "assert fixed.r == 4\n", related=("ISL-K206",),
         remedy="Correct r in adapter_config.json to the factors' rank, or let --repair read it from them.",
-        upstream="sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer cuts its views at the config's r and fails (ISL-E016)"),
+        upstream="sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer cuts its views at the config's r and fails (ISL-E016)", releases=EVERY_RELEASE),
     _refusal(
         "ISL-K311", "PEFT named adapters in subfolders",
         "{file}: no adapter_config.json here, but this folder holds PEFT named adapters in subfolders: {names}; "
@@ -159,7 +161,7 @@ ENTRIES: list[CatalogEntry] = [
         "import tempfile\nfrom pathlib import Path\nroot = Path(tempfile.mkdtemp())\n"
         "save_adapter(ad, root / 'math')\nload_adapter(root / 'math')\n", exc_type=FileNotFoundError,
         remedy='Point sglang and the kit at one of the subfolders.',
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.get_lora_config opens <folder>/adapter_config.json: FileNotFoundError'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.get_lora_config opens <folder>/adapter_config.json: FileNotFoundError', releases=EVERY_RELEASE),
     _warning(
         "ISL-W101", "rsLoRA: sglang serves the adapter sqrt(r) times too weak",
         "use_rslora is set: PEFT scales this adapter by lora_alpha/sqrt(r) = {alpha}/sqrt({r}) = {peft}; sglang "
@@ -172,7 +174,7 @@ ENTRIES: list[CatalogEntry] = [
         "Any adapter trained with LoraConfig(use_rslora=True) and r > 1.",
         "saved(use_rslora=True)", "saved(lora_alpha=16.0, use_rslora=False)  # 8*sqrt(4)", related=("ISL-W102",),
         remedy='For sglang, save the adapter with lora_alpha times sqrt(r) and use_rslora false: the same math.',
-        upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ (scaling = lora_alpha / r; use_rslora is never read)'),
+        upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ (scaling = lora_alpha / r; use_rslora is never read)', releases=EVERY_RELEASE),
     _warning(
         "ISL-W102", "alpha_pattern: sglang serves one lora_alpha for all modules",
         "alpha_pattern gives modules their own lora_alpha; sglang 0.5.23 reads one lora_alpha ({alpha}) for every "
@@ -184,7 +186,7 @@ ENTRIES: list[CatalogEntry] = [
         "An adapter trained with LoraConfig(alpha_pattern={...}).",
         "saved(alpha_pattern={'down_proj': 32})", "saved(alpha_pattern={})", related=("ISL-W101", "ISL-W112"),
         remedy="Fold each module's alpha over lora_alpha into its lora_B and drop alpha_pattern (inkling-lab convert writes that math), or split the adapter by alpha.",
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ reads one lora_alpha; sglang/srt/lora/lora.py: LoRAAdapter.__init__ one scaling'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ reads one lora_alpha; sglang/srt/lora/lora.py: LoRAAdapter.__init__ one scaling', releases=EVERY_RELEASE),
     _warning(
         "ISL-W103", "the server never wraps the sink: its factors are loaded and never applied",
         "the server's target modules {targets} do not hold both gate_up_proj and down_proj (missing: {missing}): "
@@ -200,7 +202,7 @@ ENTRIES: list[CatalogEntry] = [
         "saved(target_modules=['gate_proj', 'up_proj'])", "saved(target_modules=['gate_proj', 'up_proj', 'down_proj'])",
         related=("ISL-W002",),
         remedy='Serve with --lora-target-modules gate_up_proj down_proj, or list gate_proj, up_proj and down_proj in target_modules.',
-        upstream='sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules (wraps the sink only with gate_up_proj and down_proj); sglang/srt/lora/utils.py: get_normalized_target_modules (w1/w3/w2 not renamed)'),
+        upstream='sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules (wraps the sink only with gate_up_proj and down_proj); sglang/srt/lora/utils.py: get_normalized_target_modules (w1/w3/w2 not renamed)', releases=EVERY_RELEASE),
     _warning(
         "ISL-W105", "sglang serves NaN",
         "{what}: sglang 0.5.23 loads it without a word and every output of a request that uses it is NaN (or "
@@ -211,7 +213,7 @@ ENTRIES: list[CatalogEntry] = [
         "A NaN, Infinity or 1e400 lora_alpha in the config; a diverged checkpoint.",
         "saved(lora_alpha=float('nan'))", "saved(lora_alpha=8.0)", related=("ISL-K301", "ISL-K302"),
         remedy='Re-export the adapter from a finite checkpoint and a finite lora_alpha.',
-        upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ and sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer check no values'),
+        upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ and sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer check no values', releases=EVERY_RELEASE),
     _warning(
         "ISL-W106", "two keys for one factor: sglang keeps one silently",
         "{keys} are one factor: sglang 0.5.23 serves {kept} and silently drops the other ({how})",
@@ -222,7 +224,7 @@ ENTRIES: list[CatalogEntry] = [
         "saved({**ad.weights, **{k.replace('gate_proj', 'w1'): v.clone() for k, v in ad.weights.items() if '.gate_proj.' in k}})",
         "saved()", related=("ISL-K307",),
         remedy='Keep one key per factor: the one that was trained.',
-        upstream='sglang/srt/lora/lora.py: LoRAAdapter._rename_expert_w_to_proj; sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer (experts by int(index))'),
+        upstream='sglang/srt/lora/lora.py: LoRAAdapter._rename_expert_w_to_proj; sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer (experts by int(index))', releases=EVERY_RELEASE),
     _warning(
         "ISL-W107", "PiSSA/OLoRA/CorDA/LoftQ: sglang applies the factors to the wrong base",
         "init_lora_weights is {init}: PEFT changed the base weights when it made this adapter ({method}), so the "
@@ -233,7 +235,7 @@ ENTRIES: list[CatalogEntry] = [
         "A PiSSA/OLoRA/CorDA/LoftQ adapter saved without PEFT's conversion.",
         "saved(init_lora_weights='pissa')", "saved(init_lora_weights=True)", related=("ISL-K305",),
         remedy="Re-save it converted to plain LoRA (PEFT's path_initial_model_for_weight_conversion), or serve it on its LoftQ base.",
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read init_lora_weights'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read init_lora_weights', releases=EVERY_RELEASE),
     _warning(
         "ISL-W108", "lora_bias: sglang serves no LoRA bias",
         "lora_bias is set: PEFT adds a trained bias to each lora_B; sglang 0.5.23 has no LoRA bias (LoRAConfig "
@@ -243,7 +245,7 @@ ENTRIES: list[CatalogEntry] = [
         "An adapter trained with lora_bias=True.", "saved(lora_bias=True)", "saved(lora_bias=False)",
         related=("ISL-K304",),
         remedy='Merge the adapter into the base weights, or train with lora_bias=False.',
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read lora_bias; sglang/srt/lora/mem_pool.py has A and B buffers only'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read lora_bias; sglang/srt/lora/mem_pool.py has A and B buffers only', releases=EVERY_RELEASE),
     _warning(
         "ISL-W109", "modules_to_save: sglang does not serve PEFT's saved modules",
         "modules_to_save {modules}: PEFT saved full trained copies of these modules; sglang 0.5.23's LoRAConfig "
@@ -254,7 +256,7 @@ ENTRIES: list[CatalogEntry] = [
         "A sequence-classification adapter (PEFT adds the score head), or modules_to_save=['lm_head'].",
         "saved(modules_to_save=['lm_head'])", "saved(modules_to_save=None)",
         remedy='Merge the adapter into the base model to serve the saved modules, or train without modules_to_save.',
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read modules_to_save'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read modules_to_save', releases=EVERY_RELEASE),
     _warning(
         "ISL-W111", "fan_in_fan_out changes nothing for the sink",
         "fan_in_fan_out is set: PEFT uses it only to merge deltas into Conv1D-style [in, out] weights (for "
@@ -266,7 +268,7 @@ ENTRIES: list[CatalogEntry] = [
         "field was read and changes nothing.",
         "A config copied from a GPT-2 adapter.", "saved(fan_in_fan_out=True)", "saved(fan_in_fan_out=False)",
         remedy='None needed for the sink.',
-        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read fan_in_fan_out'),
+        upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read fan_in_fan_out', releases=EVERY_RELEASE),
     _warning(
         "ISL-W112", "rank_pattern: sglang reads one r for every module",
         "rank_pattern gives modules their own rank ({modules}); sglang 0.5.23 reads one r={r} for every module "
@@ -280,5 +282,5 @@ ENTRIES: list[CatalogEntry] = [
         "saved(r=2, rank_pattern={'gate_proj': 4, 'up_proj': 4, 'down_proj': 4})", "saved(r=4, rank_pattern={})",
         related=("ISL-W102",),
         remedy='Zero-pad every module to one rank R, fold its own scaling over lora_alpha/R into its lora_B and save r=R without rank_pattern (inkling-lab convert writes that math); never change r alone.',
-        upstream="sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer cuts every view at the config's r (ISL-E016)"),
+        upstream="sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer cuts every view at the config's r (ISL-E016)", releases=EVERY_RELEASE),
 ]

@@ -1,7 +1,7 @@
 """Errors of ``initialize_lora``, first wrapper generation: can this sink be wrapped?"""
 from __future__ import annotations
 
-from .entry import INKLING_LORA, V1, CatalogEntry
+from .entry import EVERY_RELEASE, INKLING_LORA, V1, CatalogEntry
 
 ENTRIES: list[CatalogEntry] = [
     CatalogEntry(
@@ -21,5 +21,5 @@ ENTRIES: list[CatalogEntry] = [
                "sink in bf16 with its interleaved, linearized weights (the default for this wrapper).",
         upstream=f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA.initialize_lora (collects both problems, "
                  "then raises once).",
-        generation=V1, related=("ISL-E014", "ISL-E017", "ISL-E018", "ISL-E019")),
+        generation=V1, related=("ISL-E014", "ISL-E017", "ISL-E018", "ISL-E019"), releases=EVERY_RELEASE),
 ]

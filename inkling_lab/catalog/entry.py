@@ -35,6 +35,14 @@ KIT_FINDING = "inkling_lab diagnose_pool (a finding; sglang 0.5.23 checks nothin
 KIT_NOTE = "inkling_lab adapter loading (a note; nothing to fix)"
 INKLING_LORA = "sglang/srt/models/inkling_common/lora.py"
 
+# The sglang releases that have the shared-sink LoRA wrapper (read from each wheel; the
+# table of what each one does is ``inkling_lab.releases``). 0.5.15 has no such file.
+RELEASES = ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+EVERY_RELEASE = RELEASES
+"""An entry raised by every release: its code is the same in all of them (or the kit's own)."""
+SINCE_0_5_23 = ("0.5.23",)
+"""Code that first appears in 0.5.23 (the second wrapper generation, its loader's new checks)."""
+
 
 class UpstreamDefectWarning(UserWarning):
     """Upstream raises nothing here but computes something else than intended (``ISL-W…``)."""
@@ -129,6 +137,12 @@ class CatalogEntry:
     the field sees it and ``kit_code`` names what the kit raises for the same trigger
     (``""``: nothing). ``doctor_fix``: the way out the doctor's report gives, in the
     command line's words, for a refusal whose message states the problem only.
+    ``releases``: the sglang releases (of ``RELEASES``) in which this is raised, like an
+    error index marking codes no longer emitted: for sglang's own messages, the releases
+    whose code writes them; for the doctor's findings, those whose code causes them;
+    for the kit's own refusals, findings and notes, every release (the kit raises them
+    whichever release it models); ``()`` for a message of no release (another
+    revision's). ``None`` only while an entry is being written: tests refuse it.
     ``group`` is the catalog module the entry lives in (set by the loader).
     """
 
@@ -152,6 +166,7 @@ class CatalogEntry:
     kit_code: str = ""
     sample: str = ""
     related: tuple[str, ...] = ()
+    releases: tuple[str, ...] | None = None
     group: str = ""
     pattern: str = ""
 
@@ -159,6 +174,8 @@ class CatalogEntry:
         if not self.kind:  # from the type: a raised warning, an error; a finding or note must say so
             kind = "warning" if isinstance(self.exc_type, type) and issubclass(self.exc_type, Warning) else "error"
             object.__setattr__(self, "kind", kind if self.exc_type is not None else "")
+        if self.releases is not None and not set(self.releases) <= set(RELEASES):
+            raise ValueError(f"{self.code}: releases must be among {RELEASES}, got {self.releases}")
         if self.kind not in KINDS:
             raise ValueError(f"{self.code}: kind must be one of {KINDS}, got {self.kind!r}")
         literals, fields = template_parts(self.message)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._snippets import FOLDER
-from .entry import KIT, KIT_NOTE, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, KIT_NOTE, CatalogEntry
 
 _PEFT = ("import json, tempfile\nfrom pathlib import Path\n"
          "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
@@ -39,7 +39,7 @@ ENTRIES: list[CatalogEntry] = [
                "parameters the adapter trains), or re-export the adapter with save_pretrained.",
         upstream=f"PEFT nests the wrappers in {_INJECT} (it walks module.named_parameters()); sglang 0.5.23 "
                  "reads none of these keys (ISL-W002: skipped, the base sink is served).",
-        generation=KIT, adapter_caused=True, related=("ISL-K402", "ISL-N204", "ISL-W002")),
+        generation=KIT, adapter_caused=True, related=("ISL-K402", "ISL-N204", "ISL-W002"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K402", title="a PEFT target_parameters factor that does not split into experts of rank r",
         exc_type=ValueError,
@@ -58,7 +58,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Put the adapter's real r in adapter_config.json (lora_A's rows are n_shared_experts * r), or "
                "re-export it with save_pretrained.",
         upstream=f"The layout is PEFT's ({_WRAPPER}); sglang 0.5.23 reads none of these keys (ISL-W002).",
-        generation=KIT, adapter_caused=True, related=("ISL-K401", "ISL-K206")),
+        generation=KIT, adapter_caused=True, related=("ISL-K401", "ISL-K206"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-N204", title="a PEFT target_parameters export, read as per-expert factors", exc_type=None,
         kind="note",
@@ -81,7 +81,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang 0.5.23 matches none of these keys to a target module (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer, via srt/lora/utils.py: get_target_module_name): it "
                  "skips them with a warning and serves the base sink.",
-        generation=KIT_NOTE, adapter_caused=True, related=("ISL-W002", "ISL-W001", "ISL-K401")),
+        generation=KIT_NOTE, adapter_caused=True, related=("ISL-W002", "ISL-W001", "ISL-K401"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K403", title="not an inkling-lab pool file", exc_type=ValueError,
         message="{file}: not an inkling-lab pool file ({why}); make one with `inkling-lab convert`",
@@ -98,5 +98,5 @@ ENTRIES: list[CatalogEntry] = [
                "(inkling-lab convert ADAPTER -n N -o POOL).",
         upstream="Nothing upstream: sglang writes no pool file; this is the kit's converter "
                  "(inkling-lab convert).",
-        generation=KIT, related=("ISL-K213", "ISL-K204")),
+        generation=KIT, related=("ISL-K213", "ISL-K204"), releases=EVERY_RELEASE),
 ]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ._snippets import POOL, SINK
-from .entry import KIT, V1, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, V1, CatalogEntry
 
 ENTRIES: list[CatalogEntry] = [
     CatalogEntry(
@@ -23,7 +23,7 @@ ENTRIES: list[CatalogEntry] = [
                "(or 'torch' on a CPU).",
         upstream="sglang/srt/lora/trtllm_lora_temp/inkling_dense.py: apply_multi_lora (the backend is not "
                  "'triton' or the input is not on CUDA).",
-        generation=V1, related=("ISL-E009",)),
+        generation=V1, related=("ISL-E009",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K103", title="a batch names a slot the pool does not have", exc_type=ValueError,
         message="SlotBatch: {where} {index} uses slot {slot}, but the pool has slots 0..{last} "
@@ -41,5 +41,5 @@ ENTRIES: list[CatalogEntry] = [
                  "construction; its kernels do not check them: sglang/kernels/ops/lora/dense/trtllm_lora_temp/"
                  "sgemm_lora_a.py loads `weights + w_index * w_stride_0` and `lora_ranks + w_index` with no "
                  "bound on w_index, so an id past the end would read memory past the buffers.",
-        generation=KIT, related=("ISL-E008", "ISL-K104")),
+        generation=KIT, related=("ISL-E008", "ISL-K104"), releases=EVERY_RELEASE),
 ]

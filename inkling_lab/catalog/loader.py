@@ -3,7 +3,7 @@ factors into the pool's buffers (``srt/lora/lora_manager.py``, ``srt/lora/mem_po
 from __future__ import annotations
 
 from ._snippets import ADAPTER, FACTORS, FOLDER, POOL, SAVED
-from .entry import KIT, LOADER, CatalogEntry, UpstreamDefectWarning
+from .entry import EVERY_RELEASE, KIT, LOADER, SINCE_0_5_23, CatalogEntry, UpstreamDefectWarning
 
 _LOAD = "sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer"
 _VALIDATE = "sglang/srt/lora/lora_manager.py: LoRAManager.validate_new_adapter"
@@ -32,7 +32,7 @@ ENTRIES: list[CatalogEntry] = [
                "inkling-lab convert does it); otherwise serve without --experts-shared-outer-loras, and read "
                "ISL-W001 first: sglang 0.5.23 computes the per-expert outer layout wrongly.",
         upstream=_LOAD + " (the shared-outer branch for gate_up_proj_moe lora_A and down_proj_moe lora_B).",
-        generation=LOADER, adapter_caused=True, related=("ISL-E002", "ISL-E003", "ISL-W001")),
+        generation=LOADER, adapter_caused=True, related=("ISL-E002", "ISL-E003", "ISL-W001"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E016", title="an adapter does not fit its pool slot", exc_type=AssertionError,
         message="LoRA buffer shape {buffer_shape} does not match weight shape {weight_shape}.",
@@ -51,7 +51,7 @@ ENTRIES: list[CatalogEntry] = [
         doctor_fix="check --max-rank (sglang: --max-lora-rank), --hidden and --intermediate against the model the "
                    "adapter was trained for",
         upstream=_LOAD + " (its inner load_lora_weight_tensor asserts equal shapes before the copy).",
-        generation=LOADER, adapter_caused=True, related=("ISL-E005",)),
+        generation=LOADER, adapter_caused=True, related=("ISL-E005",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E025", title="sglang refuses DoRA adapters", exc_type=ValueError,
         message="Failed to load {name} because LoRA serving currently doesn't support DoRA adapters",
@@ -67,7 +67,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream=_VALIDATE + " (reads use_dora from LoRAConfig, srt/lora/lora_config.py).",
         generation=LOADER, adapter_caused=True, related=("ISL-K303",),
         sample="ValueError: Failed to load my-dora-adapter because LoRA serving currently doesn't support "
-               "DoRA adapters"),
+               "DoRA adapters", releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E026", title="sglang refuses adapters that add tokens", exc_type=ValueError,
         message="Failed to load {name} because LoRA serving currently doesn't support adapters that add tokens "
@@ -86,7 +86,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream=_VALIDATE + " (lora_added_tokens_size from LoRAConfig.__init__, srt/lora/lora_config.py).",
         generation=LOADER, adapter_caused=True, reproduced=False,
         sample="ValueError: Failed to load my-adapter because LoRA serving currently doesn't support adapters "
-               "that add tokens to the vocabulary"),
+               "that add tokens to the vocabulary", releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-W002", title="weights skipped: they match no target module", exc_type=UpstreamDefectWarning,
         kind="warning",
@@ -109,7 +109,7 @@ ENTRIES: list[CatalogEntry] = [
         sample="[2026-11-30 09:12:44] WARNING mem_pool.py:951: LoRA adapter 'sink-v3': 96 weight(s) skipped "
                "because they did not match any target module in ['down_proj', 'gate_up_proj', 'qkv_proj']. "
                "Skipped weights: ['model.layers.0.mlp.shared_experts.base_layer.lora_A.weight']. This likely "
-               "indicates a mismatch between the adapter's target modules and the base model architecture."),
+               "indicates a mismatch between the adapter's target modules and the base model architecture.", releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E027", title="weights match no target module (strict loading)", exc_type=ValueError,
         message=_SKIPPED,
@@ -127,7 +127,7 @@ ENTRIES: list[CatalogEntry] = [
         sample="ValueError: LoRA adapter 'sink-v3': 2 weight(s) skipped because they did not match any target "
                "module in ['down_proj', 'gate_up_proj']. Skipped weights: ['model.layers.0.self_attn.q_proj."
                "lora_A.weight', 'model.layers.0.self_attn.q_proj.lora_B.weight']. This likely indicates a "
-               "mismatch between the adapter's target modules and the base model architecture."),
+               "mismatch between the adapter's target modules and the base model architecture.", releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E028", title="loaded adapters disagree on the outer layout", exc_type=RuntimeError,
         message="Mixed shared-outer LoRA formats detected across loaded adapters (conflict in adapter "
@@ -149,7 +149,7 @@ ENTRIES: list[CatalogEntry] = [
         generation=LOADER, adapter_caused=True, related=("ISL-E015", "ISL-W001"),
         sample="RuntimeError: Mixed shared-outer LoRA formats detected across loaded adapters (conflict in "
                "adapter 'sink-per-expert'). All MoE adapters must either all use shared outer experts "
-               "(expert_dim=1) or all use per-expert weights."),
+               "(expert_dim=1) or all use per-expert weights.", releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E029", title="a LoRA MoE runner without gate_up_proj and down_proj targets", exc_type=ValueError,
         message="--moe-runner-backend {backend} requires the LoRA target modules to include gate_up_proj and "
@@ -168,7 +168,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules (after wrapping the modules).",
         generation=LOADER, adapter_caused=True, reproduced=False, related=("ISL-N201",),
         sample="ValueError: --moe-runner-backend lora_triton requires the LoRA target modules to include "
-               "gate_up_proj and down_proj; this adapter leaves the MoE experts without a runner"),
+               "gate_up_proj and down_proj; this adapter leaves the MoE experts without a runner", releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-K104", title="loading into a slot the pool does not have", exc_type=IndexError,
         message="LoRAPool slot {slot} is outside the pool: use a slot in 0..{last}",
@@ -180,7 +180,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Load into a slot 0..S-1, or build the pool with more slots (sglang: --max-loras-per-batch).",
         upstream="sglang picks the slot itself (LoRAMemoryPool evicts a slot to make room), so it never "
                  "gets a slot past the end; the kit's LoRAPool.load takes one from the caller and checks it.",
-        generation=KIT, related=("ISL-K103",)),
+        generation=KIT, related=("ISL-K103",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E031", title="the adapter folder holds no weights file", exc_type=RuntimeError,
         message="Cannot find any model weights with `{path}`",
@@ -197,7 +197,7 @@ ENTRIES: list[CatalogEntry] = [
                "next to its adapter_config.json; inkling-lab doctor on the folder says what else is missing.",
         upstream="sglang/srt/model_loader/loader.py: DefaultModelLoader._prepare_weights (no weight file "
                  "found), called from sglang/srt/lora/lora.py: LoRAAdapter.initialize_weights.",
-        generation=LOADER, adapter_caused=True, related=("ISL-K203",)),
+        generation=LOADER, adapter_caused=True, related=("ISL-K203",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E032", title="a target_modules string that is not 'all'", exc_type=ValueError,
         message="SGLang does not recognize target_modules='{target_modules}'. Please use a list of module name "
@@ -215,7 +215,7 @@ ENTRIES: list[CatalogEntry] = [
                "up_proj, down_proj), or start the server with --lora-target-modules.",
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (a str target_modules other "
                  "than 'all' and 'all-linear').",
-        generation=LOADER, adapter_caused=True, related=("ISL-E033", "ISL-E034")),
+        generation=LOADER, adapter_caused=True, related=("ISL-E033", "ISL-E034"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E033", title="target_modules is neither a list nor a string", exc_type=ValueError,
         message="SGLang currently only supports inferring LoRA target modules when a list of suffixes is "
@@ -233,7 +233,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Set target_modules in adapter_config.json to the list of modules the adapter trains (for the "
                "sink: gate_proj, up_proj, down_proj).",
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (target_modules not a list).",
-        generation=LOADER, adapter_caused=True, related=("ISL-E032",)),
+        generation=LOADER, adapter_caused=True, related=("ISL-E032",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E034", title="the adapter trains modules the server does not wrap", exc_type=ValueError,
         message="LoRA adapter '{name}' contains target modules {unsupported} that are not included in the "
@@ -253,7 +253,7 @@ ENTRIES: list[CatalogEntry] = [
                "whose config names only the wrapped modules.",
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (the adapter's normalized "
                  "target modules are not a subset of --lora-target-modules).",
-        generation=LOADER, adapter_caused=True, related=("ISL-W002", "ISL-W103")),
+        generation=LOADER, adapter_caused=True, related=("ISL-W002", "ISL-W103"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E035", title="a per-expert outer factor, as a dict, in a shared-outer pool", exc_type=ValueError,
         message="experts_shared_outer_loras is enabled but {factor} dict has {count} entries (expected 1).",
@@ -270,5 +270,5 @@ ENTRIES: list[CatalogEntry] = [
         remedy="As for ISL-E015: export the adapter in one layout (inkling-lab convert collapses equal outer "
                "factors to shared outer, exactly), or serve without --experts-shared-outer-loras.",
         upstream=_LOAD + " (the shared-outer branch, when the factor is a dict of experts).",
-        generation=LOADER, adapter_caused=True, related=("ISL-E015", "ISL-E028")),
+        generation=LOADER, adapter_caused=True, related=("ISL-E015", "ISL-E028"), releases=EVERY_RELEASE),
 ]

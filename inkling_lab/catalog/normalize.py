@@ -3,7 +3,7 @@ splitting flat factors per expert, per-expert names; refusals and notes."""
 from __future__ import annotations
 
 from ._snippets import ADAPTER
-from .entry import KIT, KIT_NOTE, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, KIT_NOTE, CatalogEntry
 
 _NORMALIZE = "sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe"
 _STACK = "sglang/srt/lora/lora.py: LoRAAdapter.normalize_gate_up_proj"
@@ -26,7 +26,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream=f"{_NORMALIZE} leaves per-expert names (shared_experts.<e>.) as they are and the pool "
                  "load places them expert by expert (sglang/srt/lora/mem_pool.py: LoRAMemoryPool."
                  "load_lora_weight_to_buffer); nothing there compares the expert ids with 0..n-1.",
-        generation=KIT, adapter_caused=True, related=("ISL-E004", "ISL-E012")),
+        generation=KIT, adapter_caused=True, related=("ISL-E004", "ISL-E012"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K211", title="an up_proj without its gate_proj", exc_type=ValueError,
         message="{file}: {module}: up_proj has no gate_proj, so upstream leaves it unstacked and never "
@@ -46,7 +46,7 @@ ENTRIES: list[CatalogEntry] = [
                  "orphan up_proj as it is; the server's target modules name it gate_up_proj "
                  "(sglang/srt/lora/utils.py: get_normalized_target_modules), so the pool load skips the "
                  "orphan with ISL-W002's warning and it is never applied.",
-        generation=KIT, adapter_caused=True, related=("ISL-K212", "ISL-N203")),
+        generation=KIT, adapter_caused=True, related=("ISL-K212", "ISL-N203"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K212", title="one outer factor per expert, the other shared", exc_type=ValueError,
         message="{file}: {module}: {per_expert} is given per expert but {shared} is shared; both outer factors "
@@ -66,7 +66,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang decides the pool's outer layout from gate-up A alone (sglang/srt/lora/"
                  "lora_manager.py: LoRAManager._detect_shared_outer_loras); with a shared gate-up A and a "
                  "per-expert down B the pool load then raises ISL-E015's message for down_proj_moe lora_B.",
-        generation=KIT, adapter_caused=True, related=("ISL-E003", "ISL-E015", "ISL-K211")),
+        generation=KIT, adapter_caused=True, related=("ISL-E003", "ISL-E015", "ISL-K211"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K214", title="factors of one projection with different shapes", exc_type=ValueError,
         message="{file}: '{key}' is {shape} but '{other}' is {other_shape}: the factors of one projection must "
@@ -87,7 +87,7 @@ ENTRIES: list[CatalogEntry] = [
                  "(B): factors whose other axis differs fail there with torch's 'Sizes of tensors must match' "
                  "RuntimeError; factors that differ only along the joined axis are joined into a factor of "
                  "the wrong size, which the pool load refuses with ISL-E016's assertion.",
-        generation=KIT, adapter_caused=True, related=("ISL-K205", "ISL-E012")),
+        generation=KIT, adapter_caused=True, related=("ISL-K205", "ISL-E012"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-N201", title="the adapter trains only part of the sink", exc_type=None, kind="note",
         message="{module}: the adapter has no {missing} factors; they are zero in the pool",
@@ -106,7 +106,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules calls the shared sink's "
                  "initialize_lora only when the server's target modules (after renaming gate_proj/up_proj/w1/w3 "
                  "to gate_up_proj and w2 to down_proj) contain both gate_up_proj and down_proj.",
-        generation=KIT_NOTE, adapter_caused=True, related=("ISL-N203",)),
+        generation=KIT_NOTE, adapter_caused=True, related=("ISL-N203",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-N202", title="tensors for other modules are left out of the sink's pool", exc_type=None,
         kind="note",
@@ -123,7 +123,7 @@ ENTRIES: list[CatalogEntry] = [
                "modules too (else sglang skips them: ISL-W002).",
         upstream="sglang loads each module's factors into that module's own buffers "
                  "(sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer).",
-        generation=KIT_NOTE, related=("ISL-W002",)),
+        generation=KIT_NOTE, related=("ISL-W002",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-N203", title="a gate without an up gets a zero up", exc_type=None, kind="note",
         message="{key} has no up_proj: its up half is zero",
@@ -135,5 +135,5 @@ ENTRIES: list[CatalogEntry] = [
         fix="a = Adapter.from_state(ad.config, ad.weights)\na.factors(2)\na.findings\n",
         remedy="Nothing to do: the zero up half is what the adapter means.",
         upstream=f"{_STACK} fills the missing up half with zeros, as the kit does.",
-        generation=KIT_NOTE, related=("ISL-K211",)),
+        generation=KIT_NOTE, related=("ISL-K211",), releases=EVERY_RELEASE),
 ]

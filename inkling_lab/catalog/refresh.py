@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ._snippets import FACTORS, POOL, SINK
-from .entry import INKLING_LORA, V1, CatalogEntry
+from .entry import EVERY_RELEASE, INKLING_LORA, V1, CatalogEntry
 
 ENTRIES: list[CatalogEntry] = [
     CatalogEntry(
@@ -21,5 +21,5 @@ ENTRIES: list[CatalogEntry] = [
                "or None for every slot.",
         upstream=f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA._refresh_lora_operands, called by "
                  "on_lora_slots_updated (only in the shared-outer layout after a successful set_lora_info).",
-        generation=V1, related=("ISL-E007", "ISL-K103")),
+        generation=V1, related=("ISL-E007", "ISL-K103"), releases=EVERY_RELEASE),
 ]

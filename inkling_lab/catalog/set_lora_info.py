@@ -3,7 +3,7 @@ raw torch errors of the derived-operand step that follows them."""
 from __future__ import annotations
 
 from ._snippets import BUFFERS, POOL, SINK
-from .entry import INKLING_LORA, V1, CatalogEntry
+from .entry import EVERY_RELEASE, INKLING_LORA, V1, CatalogEntry
 
 _SET = f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA.set_lora_info"
 _POOL2 = "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=2, max_rank=4)\n"
@@ -23,7 +23,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four buffers, each [S, ...]; il.diagnose_pool on the same "
                "tensors names the buffer and the reshape that gives it four axes.",
         upstream=f"{_SET}: its first check, `any(weight.ndim != 4 ...)`.",
-        generation=V1, adapter_caused=True, related=("ISL-E006", "ISL-E021")),
+        generation=V1, adapter_caused=True, related=("ISL-E006", "ISL-E021"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E002", title="an outer factor's expert dimension is neither 1 nor n", exc_type=ValueError,
         message="Inkling shared-sink LoRA outer factors must have expert dimension 1 or {n}",
@@ -39,7 +39,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Build the pool for the model's n_shared_experts (the n in the message); an adapter exported "
                "for another n belongs to another model.",
         upstream=f"{_SET}: second check, gate-up A's and down B's dim 1 against (1, n_shared_experts).",
-        generation=V1, adapter_caused=True, related=("ISL-E003", "ISL-E004")),
+        generation=V1, adapter_caused=True, related=("ISL-E003", "ISL-E004"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E003", title="gate-up A and down B use different outer layouts", exc_type=ValueError,
         message="Inkling shared-sink gate-up A and down B must use the same expert layout",
@@ -53,7 +53,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give both outer factors one layout: expand the shared one to every expert (exact), or keep "
                "both shared.",
         upstream=f"{_SET}: third check, gate-up A's dim 1 against down B's.",
-        generation=V1, adapter_caused=True, related=("ISL-E002", "ISL-K212")),
+        generation=V1, adapter_caused=True, related=("ISL-E002", "ISL-K212"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E004", title="an inner factor's expert count is not n", exc_type=ValueError,
         message="Inkling shared-sink LoRA expert count does not match",
@@ -69,7 +69,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Split the stacked experts of gate-up B / down A into an expert axis of n (il.diagnose_pool "
                "prints the reshape), or use the adapter with the model it was trained for.",
         upstream=f"{_SET}: fourth check, gate-up B's and down A's dim 1 against n_shared_experts.",
-        generation=V1, adapter_caused=True, related=("ISL-E001", "ISL-E002")),
+        generation=V1, adapter_caused=True, related=("ISL-E001", "ISL-E002"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E005", title="rank dimensions disagree", exc_type=ValueError,
         message="Inkling shared-sink LoRA rank dimensions do not match",
@@ -84,7 +84,7 @@ ENTRIES: list[CatalogEntry] = [
                "A's 2R rows); a factor whose other axis is R is transposed.",
         upstream=f"{_SET}: fifth check, R = gate-up B's last axis against gate-up A's dim 2 (2R), down A's "
                  "dim 2 and down B's last axis.",
-        generation=V1, adapter_caused=True, related=("ISL-E016", "ISL-E006")),
+        generation=V1, adapter_caused=True, related=("ISL-E016", "ISL-E006"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E007", title="the pool's shape changed after initialization", exc_type=RuntimeError,
         message="Shared-sink LoRA pool shape changed after initialization: gate-up {old_gate_up} -> "
@@ -109,7 +109,7 @@ ENTRIES: list[CatalogEntry] = [
                "change --max-loras-per-batch or --max-lora-rank).",
         upstream=f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA._allocate_lora_operands, called by "
                  "set_lora_info after it adopted the new buffers.",
-        generation=V1, related=("ISL-E008", "ISL-E020")),
+        generation=V1, related=("ISL-E008", "ISL-E020"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E012", title="a raw reshape error: a size that does not split", exc_type=RuntimeError,
         message="shape '{shape}' is invalid for input of size {size}",
@@ -132,7 +132,7 @@ ENTRIES: list[CatalogEntry] = [
                  "_refresh_lora_operands (the [S, n, F, 2, 2R] view of w1_delta, reached from set_lora_info), "
                  "or inside sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe (the "
                  "[r, n, F] view of a flat factor).",
-        generation=V1, adapter_caused=True, related=("ISL-E010", "ISL-E011", "ISL-E013", "ISL-D103")),
+        generation=V1, adapter_caused=True, related=("ISL-E010", "ISL-E011", "ISL-E013", "ISL-D103"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E013", title="a raw IndexError: buffers with different slot counts", exc_type=IndexError,
         message="index {index} is out of bounds for dimension {dim} with size {size}",
@@ -149,5 +149,5 @@ ENTRIES: list[CatalogEntry] = [
                "one of them to the active slots.",
         upstream=f"torch's indexing error inside {INKLING_LORA}: InklingBatchDenseMLPWithLoRA."
                  "_refresh_lora_operands (`a_down[slot]` over gate-up B's slots), reached from set_lora_info.",
-        generation=V1, related=("ISL-E012", "ISL-D104")),
+        generation=V1, related=("ISL-E012", "ISL-D104"), releases=EVERY_RELEASE),
 ]

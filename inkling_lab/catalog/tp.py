@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ._snippets import SINK
-from .entry import BOTH, INKLING_LORA, KIT, OTHER_REVISION, CatalogEntry
+from .entry import BOTH, EVERY_RELEASE, INKLING_LORA, KIT, OTHER_REVISION, CatalogEntry
 
 _SLICE_A = f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA.slice_moe_lora_a_weights"
 _SLICE_B = f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA.slice_moe_lora_b_weights"
@@ -22,7 +22,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Export down A unsharded as [r, n*F] for this model's n and F (the width in the message "
                "should be n_shared_experts times the shared expert's intermediate size).",
         upstream=_SLICE_A + _V2_SHARES + ".",
-        generation=BOTH, adapter_caused=True, related=("ISL-E011", "ISL-E012", "ISL-E024")),
+        generation=BOTH, adapter_caused=True, related=("ISL-E011", "ISL-E012", "ISL-E024"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E011", title="a flat gate/up B's height is not divisible by n", exc_type=ValueError,
         message="Shared-sink gate/up LoRA-B height must be divisible by {n}, got {height}",
@@ -36,7 +36,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Export gate/up B unsharded as [n*2F, r] (each expert's gate rows, then its up rows) for this "
                "model's n and F.",
         upstream=_SLICE_B + _V2_SHARES + ".",
-        generation=BOTH, adapter_caused=True, related=("ISL-E010", "ISL-E012", "ISL-E024")),
+        generation=BOTH, adapter_caused=True, related=("ISL-E010", "ISL-E012", "ISL-E024"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E024", title="a flat factor's extent is not divisible by n (folded message)",
         exc_type=ValueError,
@@ -57,7 +57,7 @@ ENTRIES: list[CatalogEntry] = [
                  "sglang 0.5.23 raises ISL-E010 or ISL-E011 instead (checked: the message is not in its wheel).",
         generation=OTHER_REVISION, adapter_caused=True, reproduced=False, kit_code="ISL-E010",
         sample="ValueError: Shared-sink down_proj_moe LoRA factor extent 85 is not divisible by the 2 experts",
-        related=("ISL-E010", "ISL-E011")),
+        related=("ISL-E010", "ISL-E011"), releases=()),
     CatalogEntry(
         code="ISL-K101", title="tp_rank outside the tensor-parallel group", exc_type=ValueError,
         message="tp_rank {tp_rank} is outside the tensor-parallel group of size {tp_size}: use a rank in "
@@ -73,7 +73,7 @@ ENTRIES: list[CatalogEntry] = [
                  "_slice_down_lora_a / _slice_gate_up_lora_b cut [tp_rank*F/tp, (tp_rank+1)*F/tp), which for "
                  "a rank past the end (or a negative one) is an empty slice; loading that into the pool then "
                  "fails mem_pool's shape assertion (ISL-E016).",
-        generation=KIT, related=("ISL-K102", "ISL-E016")),
+        generation=KIT, related=("ISL-K102", "ISL-E016"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K102", title="the intermediate size does not split over tp ranks", exc_type=ValueError,
         message="{what}: intermediate size {intermediate} is not divisible by tp_size={tp_size}; each rank "
@@ -91,7 +91,7 @@ ENTRIES: list[CatalogEntry] = [
                  "InklingBatchDenseMLP.__init__ sets intermediate_size_per_partition = F // tp (floor), so "
                  "the LoRA slicing (_slice_down_lora_a / _slice_gate_up_lora_b) gives every rank floor(F/tp) "
                  "features and the last F mod tp features of every expert get no LoRA delta on any rank.",
-        generation=KIT, related=("ISL-K101",)),
+        generation=KIT, related=("ISL-K101",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K105", title="the launched world size is not the asked tp", exc_type=ValueError,
         message="torchrun started {world} process(es) (WORLD_SIZE={world}) but tp={tp} was asked: run torchrun "
@@ -106,7 +106,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Launch as many processes as the tp you ask for: torchrun --nproc-per-node T ... --tp T.",
         upstream="Nothing upstream: this is the kit's own runner (python -m inkling_lab.parallel); sglang "
                  "sizes its tensor-parallel group from --tp itself.",
-        generation=KIT, related=("ISL-K101", "ISL-K106")),
+        generation=KIT, related=("ISL-K101", "ISL-K106"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K106", title="NCCL without one GPU per rank", exc_type=ValueError,
         message="NCCL needs one GPU per rank: tp={tp}, but this machine shows {gpus} CUDA device(s){detail}; "
@@ -120,5 +120,5 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Run with --dist-backend gloo (or auto) on this machine, or on a machine with at least tp GPUs.",
         upstream="Nothing upstream: this is the kit's own runner; sglang places one rank per GPU and never "
                  "runs its tensor-parallel path over gloo.",
-        generation=KIT, related=("ISL-K105",)),
+        generation=KIT, related=("ISL-K105",), releases=EVERY_RELEASE),
 ]

@@ -4,7 +4,7 @@ message, its ``down_cat`` shape error, and Python's own errors where it has no c
 from __future__ import annotations
 
 from ._snippets import POOL
-from .entry import INKLING_LORA, V2, CatalogEntry
+from .entry import INKLING_LORA, SINCE_0_5_23, V2, CatalogEntry
 
 _V2 = f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRAV2"
 _SINK = ("sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6, interleaved=False,\n"
@@ -30,7 +30,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Serve with a LoRA backend that provides the dense engine, or use the first-generation "
                "wrapper (interleaved bf16 sink, --lora-backend triton).",
         upstream=f"{_V2}.initialize_lora, first check (`getattr(lora_backend, 'runner', None) is None`).",
-        generation=V2, related=("ISL-E018", "ISL-E019", "ISL-E009")),
+        generation=V2, related=("ISL-E018", "ISL-E019", "ISL-E009"), releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-E018", title="V2: the shared sink is not linearized bf16", exc_type=ValueError,
         message="{cls} needs the linearized BF16 shared sink",
@@ -44,7 +44,7 @@ ENTRIES: list[CatalogEntry] = [
             "sink.initialize_lora(il.LoRABackend('triton_v2', 3), generation='v2')\n",
         remedy="Serve the model in bf16 (--dtype bfloat16) with the sink's linearized bf16 weights.",
         upstream=f"{_V2}.initialize_lora, second check (`self._linearized_bf16_enabled`).",
-        generation=V2, related=("ISL-E017", "ISL-E019", "ISL-E009")),
+        generation=V2, related=("ISL-E017", "ISL-E019", "ISL-E009"), releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-E019", title="V2: the sink's gate/up rows are interleaved", exc_type=ValueError,
         message="The V2 shared sink must select contiguous W13 before loading",
@@ -59,7 +59,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Build (load) the sink with contiguous W13 for the V2 wrapper, or keep the interleaved sink "
                "on the first-generation wrapper.",
         upstream=f"{_V2}.initialize_lora, third check (`self._w13_gate_up_contiguous`).",
-        generation=V2, related=("ISL-E017", "ISL-E018", "ISL-E009")),
+        generation=V2, related=("ISL-E017", "ISL-E018", "ISL-E009"), releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-E006", title="V2: the pool buffers do not agree", exc_type=ValueError,
         message="Inkling shared-sink LoRA pool buffers do not agree: expected gate-up A [slots, 1 or {n}, 2R, H], "
@@ -76,7 +76,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Run il.diagnose_pool (or inkling-lab doctor on the adapter) on the same buffers: it names "
                "the buffer, the axis and the reshape that fixes it.",
         upstream=f"{_V2}.set_lora_info (one condition, evaluated left to right).",
-        generation=V2, adapter_caused=True, related=("ISL-E002", "ISL-E003", "ISL-E004", "ISL-E005")),
+        generation=V2, adapter_caused=True, related=("ISL-E002", "ISL-E003", "ISL-E004", "ISL-E005"), releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-E020", title="V2: the pool's shape changed after initialization", exc_type=RuntimeError,
         message="Shared-sink LoRA pool shape changed after initialization: {old} -> {new}",
@@ -94,7 +94,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Keep the pool's slot count, max rank and outer layout for the life of the model (restart the "
                "server to change them).",
         upstream=f"{_V2}.set_lora_info (the down_cat shape test, before anything is adopted).",
-        generation=V2, related=("ISL-E007",)),
+        generation=V2, related=("ISL-E007",), releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-E021", title="V2: a gate-up buffer with too few axes", exc_type=ValueError,
         message="not enough values to unpack (expected 4, got {got})", frame=_FRAME,
@@ -107,7 +107,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four 4D buffers; il.diagnose_pool names the one without "
                "four axes and the reshape that fixes it.",
         upstream=f"{_V2}.set_lora_info (the shape unpacking of gate-up A and gate-up B).",
-        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E022", "ISL-E023")),
+        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E022", "ISL-E023"), releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-E022", title="V2: a gate-up buffer with too many axes", exc_type=ValueError,
         message="too many values to unpack (expected 4{got})", frame=_FRAME,
@@ -119,7 +119,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four 4D buffers; il.diagnose_pool names the one with "
                "extra axes.",
         upstream=f"{_V2}.set_lora_info (the shape unpacking of gate-up A and gate-up B).",
-        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E021")),
+        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E021"), releases=SINCE_0_5_23),
     CatalogEntry(
         code="ISL-E023", title="V2: down B (or down A) with too few axes", exc_type=IndexError,
         message="tuple index out of range", frame=_FRAME,
@@ -134,7 +134,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four 4D buffers; il.diagnose_pool names the one without "
                "four axes.",
         upstream=f"{_V2}.set_lora_info (`down_lora_b_weights.shape[2]`, then the combined condition).",
-        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E021")),
+        generation=V2, adapter_caused=True, related=("ISL-E001", "ISL-E021"), releases=SINCE_0_5_23),
 ]
 
 ENTRIES.append(CatalogEntry(
@@ -150,4 +150,4 @@ ENTRIES.append(CatalogEntry(
     fix="sink.on_lora_slots_updated({2})\n",
     remedy="Refresh only pool slot indices 0..S-1 (the buffer ids the pool gave out), or None for every slot.",
     upstream=f"{_V2}.on_lora_slots_updated (`target[slot].copy_(source[slot])`, no range check).",
-    generation=V2, related=("ISL-E008", "ISL-E013")))
+    generation=V2, related=("ISL-E008", "ISL-E013"), releases=SINCE_0_5_23))

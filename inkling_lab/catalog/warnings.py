@@ -1,7 +1,7 @@
 """Warnings: sglang raises nothing, but computes something else than the adapter means."""
 from __future__ import annotations
 
-from .entry import INKLING_LORA, CatalogEntry, UpstreamDefectWarning
+from .entry import EVERY_RELEASE, INKLING_LORA, CatalogEntry, UpstreamDefectWarning
 
 ENTRIES: list[CatalogEntry] = [
     CatalogEntry(
@@ -34,5 +34,5 @@ ENTRIES: list[CatalogEntry] = [
                  "branch (inkling_lab.upstream_defect reproduces it).",
         generation="inkling_lab (a warning: sglang 0.5.23's first wrapper generation raises nothing here and "
                    "computes a wrong gate/up delta)",
-        adapter_caused=True, related=("ISL-E015", "ISL-E003")),
+        adapter_caused=True, related=("ISL-E015", "ISL-E003"), releases=EVERY_RELEASE),
 ]

@@ -1,0 +1,566 @@
+"""The kit against the code inside a user's sglang wheel, on a CPU, without importing sglang.
+
+``selfcheck(wheel)`` reads the wheel as a zip (each file checked against its RECORD,
+``upstream_wheel.read_checked``), takes out of it with ``ast`` the definitions the kit
+re-implements and runs them on stand-ins for what they import:
+
+* ``srt/models/inkling_common/lora.py``: ``InklingBatchDenseMLPWithLoRA`` (and, where the
+  wheel has it, ``InklingBatchDenseMLPWithLoRAV2``) on a stand-in ``InklingBatchDenseMLP``
+  that carries only the attributes the wrappers read;
+* ``srt/lora/lora.py``: ``LoRAAdapter``'s normalization (``_normalize_weights``) on a
+  stand-in adapter of one layer and an Inkling config;
+* ``srt/lora/utils.py``: ``get_normalized_target_modules``.
+
+Each area then drives the wheel's code and the kit's with the same generated cases
+(seeded, a few hundred per area) and compares how each ends: the same exception type,
+the same message for upstream's own ``raise`` (Python's and torch's own errors by type),
+the same tensors otherwise. The areas: ``v1`` and ``v2`` (``initialize_lora``, then
+random ``set_lora_info`` / slot refresh / in-place update sequences: validation and
+the derived operands), ``slicing`` (``slice_moe_lora_a/b_weights``), ``normalization``,
+``targets``. Where the kit improves on upstream on purpose (a failed ``set_lora_info``
+leaves the module as it was; a ``tp_rank`` out of range is refused) the wheel's module
+is rolled back, or the case is not drawn.
+
+Nothing of sglang is imported or stored: the extracted code runs from the wheel's bytes
+in memory. ``--download VERSION`` (explicit only) fetches a wheel once into the cache
+``wheel_cache()``.
+"""
+from __future__ import annotations
+
+import __future__
+import ast
+import os
+import random
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .adapters import normalize_shared_sink
+from .lora import LoRABackend, SharedSinkLoRA
+from .releases import FILES, TABLE, V1_CLASS, V2_CLASS, Release, closest
+from .sglang_path import server_target_modules
+from .shard import slice_lora_a, slice_lora_b
+from .upstream_wheel import read_checked, record_of
+
+AREAS = ("v1", "v2", "slicing", "normalization", "targets")
+SINK_FILE, ADAPTER_FILE, UTILS_FILE = (f"sglang/{f}" for f in
+                                       ("srt/models/inkling_common/lora.py", "srt/lora/lora.py", "srt/lora/utils.py"))
+
+
+def wheel_cache() -> Path:
+    """Where wheels are kept: ``$INKLING_LAB_WHEELS``, else ``~/.cache/inkling-lab/wheels``."""
+    return Path(os.environ.get("INKLING_LAB_WHEELS") or Path.home() / ".cache" / "inkling-lab" / "wheels")
+
+
+def cached_wheel(version: str, cache: Path | None = None) -> Path | None:
+    """The cached wheel of sglang ``version``, or ``None``."""
+    found = sorted((cache or wheel_cache()).glob(f"sglang-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def download(version: str, cache: Path | None = None) -> Path:
+    """Fetch sglang ``version``'s wheel into the cache once (``pip download --no-deps``)."""
+    cache = cache or wheel_cache()
+    have = cached_wheel(version, cache)
+    if have is not None:
+        return have
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q",
+                    f"sglang=={version}", "-d", str(cache)], check=True)
+    have = cached_wheel(version, cache)
+    if have is None:
+        raise RuntimeError(f"pip download left no sglang-{version}-*.whl in {cache}")
+    return have
+
+
+# -- the wheel's code, out of its bytes ---------------------------------------------------
+
+class _Absent:
+    """Whatever an extracted file imports from sglang that its checked code never calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"selfcheck: the wheel's code called {self.name}, which the stand-ins do not provide")
+
+
+class _StandInSink(torch.nn.Module):
+    """``InklingBatchDenseMLP`` as the LoRA wrappers read it (dense_mlp.py): the expert
+    count, the per-partition intermediate size, the MoE tp size and the two layout flags."""
+
+    def __init__(self, n: int, per_partition: int = 2, tp: int = 1, linearized: bool = True,
+                 contiguous: bool = False) -> None:
+        super().__init__()
+        self.n_shared_experts, self.intermediate_size_per_partition, self.moe_tp_size = n, per_partition, tp
+        self._linearized_bf16_enabled, self._w13_gate_up_contiguous = linearized, contiguous
+
+
+_STAND_INS = {
+    "InklingBatchDenseMLP": _StandInSink, "BaseLoRABackend": object,
+    "DenseLoraKind": SimpleNamespace(SINK_GATE_UP="sink_gate_up", LINEAR="linear", SINK_DOWN="sink_down"),
+    "capturing_lora_graph": lambda: False,
+}
+
+
+@dataclass
+class Extracted:
+    """Definitions taken out of one wheel file: ``names`` -> the object, ``raises``: the
+    line ranges of its ``raise`` statements (an error raised there is upstream's own)."""
+
+    path: str
+    names: dict[str, Any]
+    raises: list[tuple[int, int]]
+
+    def own_raise(self, exc: BaseException) -> bool:
+        tb, last = exc.__traceback__, None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == self.path:
+                last = tb.tb_lineno
+            tb = tb.tb_next
+        return last is not None and any(a <= last <= b for a, b in self.raises)
+
+
+def extract(source: bytes, path: str, wanted: Sequence[str]) -> Extracted:
+    """The top-level classes and functions ``wanted`` of a wheel file, with the file's own
+    non-sglang imports and simple constants, compiled from its source; sglang imports
+    are bound to ``_STAND_INS`` (or to ``_Absent``). A name the file lacks is left out."""
+    tree = ast.parse(source, filename=path)
+    env: dict[str, Any] = {"__name__": f"inkling_lab.selfcheck[{path}]", "__builtins__": __builtins__}
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("sglang")):
+            for alias in node.names:
+                name = alias.asname or alias.name
+                env[name] = _STAND_INS.get(name, _Absent(name))
+        elif isinstance(node, ast.Import) and any(a.name.startswith("sglang") for a in node.names):
+            continue
+        elif isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign)):
+            body.append(node)
+        elif isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in wanted:
+            body.append(node)
+    flags = __future__.annotations.compiler_flag
+    for node in body:  # one statement at a time: a constant built from an absent import is skipped
+        code = compile(ast.Module(body=[node], type_ignores=[]), path, "exec", flags=flags, dont_inherit=True)
+        try:
+            exec(code, env)  # noqa: S102 - the wheel's own definitions, RECORD-checked, run on stand-ins
+        except (NameError, TypeError, AttributeError, RuntimeError):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                raise
+    raises = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree) if isinstance(n, ast.Raise)]
+    return Extracted(path, {w: env[w] for w in wanted if w in env}, raises)
+
+
+# -- comparing outcomes -------------------------------------------------------------------
+
+class Disagreement(Exception):
+    """The wheel and the kit ended one case differently."""
+
+
+def _outcome(fn: Callable[[], Any], code: Extracted) -> tuple[Any, Any]:
+    """``(result, None)`` or ``(None, (type, message or None))``: the message counts for
+    upstream's own raises only."""
+    try:
+        return fn(), None
+    except Exception as exc:  # noqa: BLE001 - any exception is an outcome to compare
+        return None, (type(exc), str(exc) if code.own_raise(exc) else None, exc)
+
+
+def _same_end(case: str, upstream: tuple[Any, Any], kit: Callable[[], Any]) -> tuple[bool, Any]:
+    """Run the kit's side; raise ``Disagreement`` unless it ends as ``upstream`` did.
+    Returns ``(passed, kit result)``."""
+    _, want = upstream
+    try:
+        got = kit()
+    except Exception as exc:  # noqa: BLE001
+        if want is None:
+            raise Disagreement(f"{case}: the kit raised {type(exc).__name__}: {exc}; the wheel passes") from None
+        if type(exc) is not want[0] or (want[1] is not None and str(exc) != want[1]):
+            raise Disagreement(f"{case}: the kit raised {type(exc).__name__}: {exc}; the wheel "
+                               f"{want[0].__name__}: {want[2]}") from None
+        return False, None
+    if want is not None:
+        raise Disagreement(f"{case}: the wheel raised {want[0].__name__}: {want[2]}; the kit passes")
+    return True, got
+
+
+def _same_tensors(case: str, got: Any, want: Any) -> None:
+    if isinstance(want, dict) or isinstance(got, dict):
+        if not (isinstance(want, dict) and isinstance(got, dict)) or set(got) != set(want):
+            raise Disagreement(f"{case}: the kit gives {_describe(got)}, the wheel {_describe(want)}")
+        for k in want:
+            _same_tensors(f"{case}[{k!r}]", got[k], want[k])
+        return
+    if (got is None) != (want is None):
+        raise Disagreement(f"{case}: the kit gives {_describe(got)}, the wheel {_describe(want)}")
+    if want is None:
+        return
+    same = got.shape == want.shape and got.dtype == want.dtype and got.device == want.device
+    if same and want.device.type != "meta":
+        same = torch.equal(got, want)
+    if not same:
+        raise Disagreement(f"{case}: the kit gives {_describe(got)}, the wheel {_describe(want)}")
+
+
+def _describe(t: Any) -> str:
+    if isinstance(t, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in t.items()) + "}"
+    if isinstance(t, torch.Tensor):
+        return f"tensor{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" + (
+            f" {t.device.type}" if t.device.type != "cpu" else "")
+    return repr(t)
+
+
+# -- the generated cases ----------------------------------------------------------------
+
+def _pool(rng: random.Random, n: int) -> list[torch.Tensor]:
+    """Four buffers, mostly consistent, often broken in a way upstream does not check (odd
+    2F, slot counts, F of down A, zero sizes), sometimes in one it does (an axis count,
+    an expert count, a rank); now and then on the meta device or not contiguous."""
+    S, R, H, F = (rng.randint(0, 3) for _ in range(4))
+    two_f = 2 * F + rng.choice([0, 0, 0, 1])
+    outer = rng.choice([1, 1, n, 3])
+    slots = [S] * 4
+    if rng.randint(0, 4) == 0:
+        slots[rng.randint(0, 3)] = rng.randint(0, 3)
+    f_down = F if rng.randint(0, 4) else rng.randint(0, 3)
+    shapes = [[slots[0], outer, 2 * R, H], [slots[1], n, two_f, R], [slots[2], n, R, f_down], [slots[3], outer, H, R]]
+    if rng.randint(0, 5) == 0:
+        broken, axis = shapes[rng.randint(0, 3)], rng.randint(0, 4)
+        if axis == 4:
+            broken.append(1)
+        elif rng.random() < 0.5:
+            del broken[min(axis, len(broken) - 1)]
+        else:
+            broken[min(axis, 3)] += 1
+    gen = torch.Generator().manual_seed(rng.randint(0, 2**16))
+    dtype = rng.choice([torch.float32, torch.float64])
+    buffers = [torch.randn(s, generator=gen, dtype=dtype) for s in shapes]
+    twist = rng.randint(0, 9)
+    if twist == 0 and buffers[2].dim() == 4:
+        buffers[2] = buffers[2].to("meta")
+    elif twist == 1 and buffers[1].dim() == 4:
+        buffers[1] = buffers[1].transpose(2, 3).contiguous().transpose(2, 3)
+    return buffers
+
+
+def _snapshot(module: torch.nn.Module) -> tuple[dict, dict, dict]:
+    attrs, buffers = dict(module.__dict__), dict(module._buffers)
+    kept = {id(t): (t, t.clone()) for t in [*attrs.values(), *buffers.values()]
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    return attrs, buffers, kept
+
+
+def _restore(module: torch.nn.Module, snapshot: tuple[dict, dict, dict]) -> None:
+    attrs, buffers, kept = snapshot
+    module.__dict__.clear()
+    module.__dict__.update(attrs)
+    module._buffers.clear()
+    module._buffers.update(buffers)
+    with torch.no_grad():
+        for t, copy in kept.values():
+            t.copy_(copy)
+
+
+_OPERANDS = {"v1": {"w1_delta": "_w1_delta", "a_cat": "_a_cat"}, "v2": {"down_cat": "_down_cat"}}
+
+
+def _initialize(generation: str, cls: type, rng: random.Random, n: int) -> tuple[Any, Any, bool]:
+    """Both modules through ``initialize_lora`` with one drawn backend and sink layout.
+    Returns ``(upstream module, kit sink, initialized)``; raises ``Disagreement``."""
+    name = rng.choice(["triton", "triton", "triton_v2", "csgmv"])
+    slots = rng.choice([1, 4])
+    interleaved = rng.random() < (0.8 if generation == "v1" else 0.2)
+    dtype = torch.bfloat16 if rng.random() < 0.85 else torch.float32
+    kit = SharedSinkLoRA(n, 4, 2, interleaved=interleaved, dtype=dtype)
+    linearized = kit.linearized_bf16 if generation == "v1" else dtype == torch.bfloat16
+    up = cls(n, linearized=linearized, contiguous=not interleaved)
+    backend = SimpleNamespace(name=name, max_loras_per_batch=slots, is_moe_lora=False,
+                              runner=object() if name == "triton_v2" else None)
+    ok, _ = _same_end(f"initialize_lora(backend {name!r}, {slots} slot(s)) of a "
+                      f"{'interleaved' if interleaved else 'contiguous'} {str(dtype).removeprefix('torch.')} sink",
+                      _outcome(lambda: up.initialize_lora(backend), _CODE[SINK_FILE]),
+                      lambda: kit.initialize_lora(LoRABackend(name, slots), generation))
+    return up, kit, ok
+
+
+def _check_generation(generation: str, cls: type, rng: random.Random) -> str:
+    """One case: ``initialize_lora`` then up to six steps. Returns the case's description."""
+    n = rng.randint(1, 2)
+    up, kit, ok = _initialize(generation, cls, rng, n)
+    steps = [f"n={n}"]
+    if not ok:
+        return steps[0]
+    code = _CODE[SINK_FILE]
+    for _ in range(rng.randint(1, 6)):
+        op = rng.choice(["set", "set", "refresh", "update"])
+        if op == "set":
+            buffers = _pool(rng, n)
+            steps.append("set_lora_info(" + ", ".join(_describe(b) for b in buffers) + ")")
+            before = _snapshot(up)
+            ok, _ = _same_end(" then ".join(steps), _outcome(lambda: up.set_lora_info(*buffers), code),
+                              lambda: kit.set_lora_info(*buffers))
+            if not ok:  # the kit's improvement: a failed call leaves the module as it was
+                _restore(up, before)
+        elif op == "refresh":
+            ids = None if rng.random() < 0.3 else set(rng.sample(range(-2, 6), rng.randint(0, 4)))
+            steps.append(f"on_lora_slots_updated({ids})")
+            _same_end(" then ".join(steps), _outcome(lambda: up.on_lora_slots_updated(ids), code),
+                      lambda: kit.on_lora_slots_updated(ids))
+        else:
+            if kit.lora_buffers is None or any(b.device.type == "meta" for b in kit.lora_buffers):
+                continue
+            steps.append("the pool updated in place, every slot refreshed")
+            with torch.no_grad():
+                for b in kit.lora_buffers:
+                    b.add_(1.0)
+            _same_end(" then ".join(steps), _outcome(lambda: up.on_lora_slots_updated(None), code),
+                      lambda: kit.on_lora_slots_updated(None))
+        for mine, theirs in _OPERANDS[generation].items():
+            _same_tensors(" then ".join(steps) + f": {mine}", getattr(kit, mine), getattr(up, theirs, None))
+    return " then ".join(steps)
+
+
+def _check_slicing(cls: type, rng: random.Random) -> str:
+    n, tp, per, r = rng.randint(0, 3), rng.randint(1, 4), rng.randint(0, 3), rng.randint(0, 3)
+    rank = rng.randint(0, tp - 1)  # a rank outside 0..tp-1 the kit refuses on purpose (ISL-K101)
+    factor, module = rng.choice("ab"), rng.choice(["gate_up_proj_moe", "down_proj_moe"])
+    form = rng.choice(["2d", "2d", "3d", "dict", "4d"])
+    dtype = rng.choice([torch.float32, torch.bfloat16])
+    F = per * tp
+    rows = 2 * F + rng.choice([0, 0, 1])
+    one = {("a", "down_proj_moe"): (r, F), ("b", "gate_up_proj_moe"): (rows, r),
+           ("a", "gate_up_proj_moe"): (r, 3), ("b", "down_proj_moe"): (3, r)}[factor, module]
+    experts = max(n, 1) + rng.choice([0, 0, 1])
+    gen = torch.Generator().manual_seed(rng.randint(0, 2**16))
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    if form == "2d":
+        flat = (one[0], one[1] * experts) if (factor, module) == ("a", "down_proj_moe") else \
+            (one[0] * experts, one[1]) if (factor, module) == ("b", "gate_up_proj_moe") else one
+        weights: Any = randn(*flat)
+    elif form == "3d":
+        weights = randn(experts, *one)
+    elif form == "4d":
+        weights = randn(2, experts, *one)
+    else:
+        weights = {e: randn(*one) for e in rng.sample(range(6), rng.randint(0, 3))}
+    up = cls(n, per_partition=per, tp=tp)
+    method = getattr(up, f"slice_moe_lora_{factor}_weights")
+    kit = slice_lora_a if factor == "a" else slice_lora_b
+    case = (f"slice_moe_lora_{factor}_weights({_describe(weights)}, tp_rank={rank}, {module!r}) with n={n}, "
+            f"tp={tp}, F/tp={per}")
+    want = _outcome(lambda: method(weights, rank, module), _CODE[SINK_FILE])
+    ok, got = _same_end(case, want, lambda: kit(weights, rank, module, tp, n, F))
+    if ok:
+        _same_tensors(case, got, want[0])
+    return case
+
+
+_PREFIX = "base_model.model.model.layers.0.mlp.shared_experts."
+_PROJ = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", "w1", "w3", "w2")
+
+
+def _check_normalization(adapter_cls: type, rng: random.Random) -> str:
+    n, r, H, F = rng.randint(1, 3), rng.randint(0, 3), rng.randint(1, 4), rng.randint(1, 3)
+    gen = torch.Generator().manual_seed(rng.randint(0, 2**16))
+    dtype = rng.choice([torch.float32, torch.bfloat16])
+    weights: dict[str, torch.Tensor] = {}
+    for proj in rng.sample(_PROJ, rng.randint(1, 4)):
+        per_expert = rng.random() < 0.2
+        for e in (range(rng.randint(1, n)) if per_expert else [None]):
+            stem = _PREFIX + ("" if e is None else f"{e}.") + proj
+            down, extra = proj in ("down_proj", "w2"), rng.choice([0, 0, 0, 1])
+            rows = F * (1 if e is not None else n) + extra  # sometimes not divisible by n
+            a = (r, rows) if down else (r, H)
+            b = (H, r) if down else (rows * (2 if proj == "gate_up_proj" else 1), r)
+            for ab, shape in (("A", a), ("B", b)):
+                if rng.random() < 0.05:
+                    shape = (0, *shape[1:])  # a zero-size placeholder (PEFT writes them for absent up_proj)
+                weights[f"{stem}.lora_{ab}.weight"] = torch.randn(*shape, generator=gen).to(dtype)
+    if rng.random() < 0.2:
+        weights[_PREFIX + "router.weight"] = torch.randn(2, H, generator=gen).to(dtype)
+    keys = list(weights)
+    rng.shuffle(keys)  # upstream's result depends on the adapter's key order: both see the same
+    weights = {k: weights[k] for k in keys}
+    up = adapter_cls.__new__(adapter_cls)
+    torch.nn.Module.__init__(up)
+    layer = SimpleNamespace(weights=dict(weights))
+    for name, value in (("base_hf_config", SimpleNamespace(architectures=["InklingForCausalLM"], model_type="inkling",
+                                                            n_shared_experts=n)),
+                        ("layers", [layer]), ("_moe_is_gated_by_layer", {})):
+        object.__setattr__(up, name, value)
+    case = f"normalize n={n}: " + ", ".join(f"{k.removeprefix(_PREFIX)} {list(t.shape)}" for k, t in weights.items())
+    want = _outcome(lambda: up._normalize_weights(), _CODE[ADAPTER_FILE])
+    ok, got = _same_end(case, want, lambda: normalize_shared_sink(dict(weights), n))
+    if ok:
+        _same_tensors(case, got, layer.weights)
+    return case
+
+
+def _check_targets(fn: Callable[[Any], set[str]], names: Sequence[str], rng: random.Random) -> str:
+    if rng.random() < 0.1:
+        targets: Any = rng.choice(["all", "all-linear"])
+    else:
+        prefixes = ["", "mlp.", "mlp.shared_experts.", "model.layers.0.self_attn."]
+        targets = [rng.choice(prefixes) + rng.choice(names) for _ in range(rng.randint(0, 5))]
+    case = f"get_normalized_target_modules({targets!r})"
+    want = _outcome(lambda: fn(targets), _CODE[UTILS_FILE])
+    ok, got = _same_end(case, want, lambda: server_target_modules(targets))
+    if ok and got != want[0]:
+        raise Disagreement(f"{case}: the kit gives {sorted(got)}, the wheel {sorted(want[0])}")
+    return case
+
+
+# -- the report ---------------------------------------------------------------------------
+
+@dataclass
+class AreaResult:
+    """One area: ``status`` ``agree``, ``disagree`` or ``absent`` (the wheel has no such
+    code); ``cases`` run; ``first``: the first disagreement, in words."""
+
+    area: str
+    status: str
+    cases: int = 0
+    first: str = ""
+    note: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        return self.status == "agree"
+
+    def line(self) -> str:
+        text = f"  {self.area:<14} {self.status:<9}" + (f" {self.cases} cases" if self.cases else "")
+        if self.note:
+            text += f"  ({self.note})"
+        if self.first:
+            text += f"\n      first disagreement: {self.first}"
+        return text
+
+
+@dataclass
+class SelfCheck:
+    """``selfcheck``'s report: the wheel, its version, whether the release table knows
+    it (``known``; else the closest release and the files that differ) and each area."""
+
+    wheel: str
+    version: str
+    known: bool
+    closest: str
+    differs: list[str]
+    areas: list[AreaResult] = field(default_factory=list)
+
+    @property
+    def agrees(self) -> bool:
+        return all(a.agrees for a in self.areas)
+
+    @property
+    def exit_status(self) -> int:
+        return 0 if self.agrees else 1
+
+    def __str__(self) -> str:
+        lines = [f"sglang {self.version} ({Path(self.wheel).name}): the kit against the code in the wheel"]
+        if self.known:
+            lines.append(f"  in the release table: sglang {self.version} (the files the kit reads match its RECORD hashes)")
+        else:
+            lines.append(f"  NOT in the release table as it stands: closest known release sglang {self.closest}; files "
+                         f"that differ from it: {', '.join(self.differs) or 'none'}")
+        lines += [a.line() for a in self.areas]
+        lines.append("all areas agree" if self.agrees else
+                     "the kit disagrees with this wheel in: " + ", ".join(a.area for a in self.areas if not a.agrees))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"wheel": Path(self.wheel).name, "version": self.version, "known": self.known, "closest": self.closest,
+                "differs": self.differs, "agrees": self.agrees,
+                "areas": {a.area: {"status": a.status, "cases": a.cases, "first": a.first, "note": a.note}
+                          for a in self.areas}}
+
+
+_CODE: dict[str, Extracted] = {}
+"""The extracted files of the wheel under check (one check at a time)."""
+
+
+def _version_of(wheel: Path) -> str:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        infos = [n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
+    m = re.fullmatch(r"sglang-(.+)\.dist-info", infos[0]) if infos else None
+    if m is None:
+        raise ValueError(f"{wheel}: not an sglang wheel (no sglang-*.dist-info/METADATA)")
+    return m.group(1)
+
+
+def _run(area: str, cases: int, seed: int, check: Callable[[random.Random], str]) -> AreaResult:
+    rng = random.Random(f"{seed}:{area}")
+    for i in range(cases):
+        try:
+            check(rng)
+        except Disagreement as d:
+            return AreaResult(area, "disagree", i + 1, first=str(d))
+        except Exception as exc:  # noqa: BLE001 - the wheel's code does not fit the stand-ins: no agreement
+            return AreaResult(area, "disagree", i + 1,
+                              first=f"the wheel's code could not be driven as the kit's is: {type(exc).__name__}: {exc}")
+    return AreaResult(area, "agree", cases)
+
+
+def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
+    """Check the kit against the code in ``wheel`` (a path to an sglang ``.whl``): see the
+    module's docstring. ``cases`` per area (the generation areas run ``cases * 2 // 3``
+    sequences of up to six steps)."""
+    wheel = Path(wheel)
+    version = _version_of(wheel)
+    record = {f: h for f, h in ((f, record_of(wheel, [f"sglang/{f}"]).get(f"sglang/{f}")) for f in FILES) if h}
+    near, differs = closest(record)
+    known = version in TABLE and TABLE[version].record == record
+    report = SelfCheck(str(wheel), version, known, near.version, differs)
+    files = read_checked(wheel, [SINK_FILE, ADAPTER_FILE, UTILS_FILE], missing_ok=True)
+    if SINK_FILE not in files:
+        report.areas = [AreaResult(a, "absent", note=f"the wheel has no {SINK_FILE}") for a in AREAS]
+        return report
+    expected: Release = TABLE[version] if version in TABLE else near
+    _CODE.clear()
+    _CODE[SINK_FILE] = extract(files[SINK_FILE], f"<{wheel.name}>/{SINK_FILE}", (V1_CLASS, V2_CLASS))
+    sink = _CODE[SINK_FILE].names
+    for gen, cls_name in (("v1", V1_CLASS), ("v2", V2_CLASS)):
+        if cls_name not in sink:
+            says = "has none either" if not expected.has(gen) else "has it: the table is wrong for this wheel"
+            report.areas.append(AreaResult(gen, "agree" if not expected.has(gen) else "disagree",
+                                           note=f"no {cls_name} in the wheel; the release table's "
+                                                f"sglang {expected.version} {says}"))
+            continue
+        result = _run(gen, cases * 2 // 3, seed, lambda rng, g=gen, c=sink[cls_name]: _check_generation(g, c, rng))
+        if not expected.has(gen):
+            result = AreaResult(gen, "disagree", result.cases, result.first,
+                                note=f"the wheel has {cls_name}, the release table's sglang {expected.version} not")
+        report.areas.append(result)
+    report.areas.append(_run("slicing", cases, seed, lambda rng: _check_slicing(sink[V1_CLASS], rng)))
+    if ADAPTER_FILE in files:
+        _CODE[ADAPTER_FILE] = extract(files[ADAPTER_FILE], f"<{wheel.name}>/{ADAPTER_FILE}", ("LoRAAdapter",))
+        adapter = _CODE[ADAPTER_FILE].names["LoRAAdapter"]
+        report.areas.append(_run("normalization", cases, seed, lambda rng: _check_normalization(adapter, rng)))
+    else:
+        report.areas.append(AreaResult("normalization", "absent", note=f"the wheel has no {ADAPTER_FILE}"))
+    if UTILS_FILE in files:
+        _CODE[UTILS_FILE] = extract(files[UTILS_FILE], f"<{wheel.name}>/{UTILS_FILE}",
+                                    ("get_normalized_target_modules",))
+        fn = _CODE[UTILS_FILE].names["get_normalized_target_modules"]
+        # the names to draw: every string the wheel's function holds (its renames), and others
+        tree = ast.parse(files[UTILS_FILE])
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_normalized_target_modules")
+        names = sorted({c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                        and c.value.isidentifier()} | {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
+                                                        "o_proj", "router", "experts"})
+        report.areas.append(_run("targets", cases, seed, lambda rng: _check_targets(fn, names, rng)))
+    else:
+        report.areas.append(AreaResult("targets", "absent", note=f"the wheel has no {UTILS_FILE}"))
+    return report
