@@ -137,11 +137,24 @@ def pool_shapes(answer: Any, pool) -> Verdict:
         return Verdict(name, None, "", hint)
     if not isinstance(answer, dict) or set(answer) != set(expected):
         return Verdict(name, False, f"give a dict with the keys {sorted(expected)}", hint)
-    wrong = [f"{k} is {list(expected[k])}, not {list(_shape(v) or [])}" for k, v in answer.items()
-             if _shape(v) != expected[k]]
+    wrong = [_shape_slip(k, v, expected[k]) for k, v in answer.items() if _shape(v) != expected[k]]
     if wrong:
         return Verdict(name, False, "; ".join(wrong), hint)
     return Verdict(name, True, ", ".join(f"{k} {list(v)}" for k, v in expected.items()) + ".")
+
+
+def _shape_slip(name: str, answer: Any, expected: tuple[int, ...]) -> str:
+    """What is wrong with the shape ``answer`` of buffer ``name``, without saying the
+    right one (the check must leave the working to the reader)."""
+    got = _shape(answer)
+    if got is None:
+        return f"{name}: {answer!r} is no shape (give a tuple of sizes)"
+    if len(got) != len(expected):
+        return f"{name} {list(got)} has {len(got)} axes; every buffer has {len(expected)}"
+    if sorted(got) == sorted(expected):
+        return f"{name} {list(got)} has the right sizes in the wrong order"
+    off = [str(i) for i, (g, e) in enumerate(zip(got, expected)) if g != e]
+    return f"{name} {list(got)}: axis {' and '.join(off)} {'is' if len(off) == 1 else 'are'} off"
 
 
 def gate_delta(answer: Any, pool, x: torch.Tensor, slot: int, expert: int) -> Verdict:
@@ -151,9 +164,8 @@ def gate_delta(answer: Any, pool, x: torch.Tensor, slot: int, expert: int) -> Ve
     outer = 0 if pool.geometry.outer == 1 else expert
     a, b = pool.gate_up_a[slot, outer], pool.gate_up_b[slot, expert]
     expected = b[:F] @ (a[:R] @ x)
-    hint = (f"shrink with the gate half of gate-up A (rows 0..R-1), then expand with the gate half of gate-up B "
-            f"(rows 0..F-1): B[:F] @ (A[:R] @ x), with A = pool.gate_up_a[{slot}, {outer}], "
-            f"B = pool.gate_up_b[{slot}, {expert}]")
+    hint = ("shrink x with the gate half of this slot's gate-up A (its first R rows; a shared outer A has one "
+            "expert entry), then expand with the gate half of this expert's gate-up B (its first F rows)")
     return _tensor_verdict("the gate delta of one token", answer, expected, hint,
                            {"the up delta": b[F:] @ (a[R:] @ x), "the up shrink fed into gate B": b[:F] @ (a[R:] @ x)})
 
@@ -179,7 +191,7 @@ def fixed_gate_up_b(answer: Any, pool) -> Verdict:
         entry = find_entry(exc)
         return Verdict(name, False, f"set_lora_info would still raise {entry.code if entry else ''} ({exc})", hint)
     if tuple(answer.shape) != (S, n, F2, R):
-        return Verdict(name, False, f"the checks pass, but {list(answer.shape)} is not the pool's {[S, n, F2, R]}", hint)
+        return Verdict(name, False, f"the checks pass, but {list(answer.shape)} is not the pool's gate-up B shape", hint)
     if not torch.equal(answer, pool.gate_up_b):
         return Verdict(name, False, "the shape is right, but values moved: reshape (a view), do not transpose", hint)
     return Verdict(name, True, f"{[S, n, F2, R]}, and every value is where the pool had it.")
@@ -214,8 +226,8 @@ def normalized_down_a(answer: Any, flat: torch.Tensor, n: int) -> Verdict:
 
     expected = normalize_shared_sink({_DOWN_A: flat}, n)[_DOWN_A]
     r, width = flat.shape
-    hint = (f"the columns are expert-major (e*F + f): reshape to [r, n, F] = {[r, n, width // n]}, then swap the "
-            "first two axes")
+    hint = ("the columns are expert-major (column e*F + f is expert e's feature f): split the columns into "
+            "experts first, then bring the expert axis to the front")
     return _tensor_verdict("down A normalized", answer, expected, hint,
                            {"a reshape straight to [n, r, F] (it mixes rank and feature)":
                             flat.reshape(n, r, width // n)})
@@ -230,8 +242,8 @@ def stacked_gate_up_b(answer: Any, gate_b: torch.Tensor, up_b: torch.Tensor, n: 
     normalized = normalize_shared_sink({key.format("gate"): gate_b, key.format("up"): up_b}, n)
     expected = normalized[key.format("gate_up")]
     F = gate_b.shape[0] // n
-    hint = (f"split each into experts first ([n, F, r] = {[n, F, gate_b.shape[1]]}), then put gate above up "
-            "along the feature axis: torch.cat([...], dim=1)")
+    hint = ("split each into its experts first, then, expert by expert, put the gate rows above the up rows "
+            "(along the feature axis)")
     return _tensor_verdict("gate-up B stacked", answer, expected, hint,
                            {"gate and up stacked before the experts were split (experts mixed)":
                             torch.cat([gate_b, up_b]).reshape(n, 2 * F, -1)})
@@ -267,8 +279,8 @@ def shrink(answer: Any, sink, x: torch.Tensor, token_slots: list[int], token: in
     if slot < 0:
         raise ValueError(f"token {token} uses no adapter (slot -1): pick a token with a slot")
     ga = sink.lora_buffers[0]
-    hint = (f"token {token} uses slot {slot}: gate-up A of that slot, its one shared outer factor "
-            f"(ga[{slot}, 0], [2R, H]), times x[{token}]")
+    hint = (f"token {token} uses slot {slot}: the shrink is that slot's gate-up A (its one shared outer "
+            "factor, [2R, H]) applied to the token")
     return _tensor_verdict("the shrink of one token", answer, ga[slot, 0] @ x[token], hint)
 
 
@@ -281,12 +293,24 @@ def forward_bytes(answer: Any, case) -> Verdict:
     expected = case_bytes(case)
     name = "the bytes of one forward"
     hint = ("every weight once (base w13 and w2, plus each *used* slot's four factors), x read and out written "
-            f"once, the gammas; {case.element_size} bytes per value")
+            f"once, the gammas; {case.element_size} bytes per value; the answer in bytes")
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
+    slip = _unit_slip(float(answer), expected, "bytes", {"MB": 1e6, "kB": 1e3, "GB": 1e9})
+    if slip:
+        return Verdict(name, False, slip, hint)
     if abs(float(answer) - expected) <= 0.005 * expected:
-        return Verdict(name, True, f"{expected / 1e6:.3f} MB.")
-    return Verdict(name, False, f"{float(answer) / 1e6:.3f} MB is {float(answer) / expected:.2f}x the answer", hint)
+        return Verdict(name, True, f"{expected:,.0f} bytes = {expected / 1e6:.3f} MB.")
+    return Verdict(name, False, f"{float(answer):,.0f} bytes is {float(answer) / expected:.2f}x the answer", hint)
+
+
+def _unit_slip(answer: float, expected: float, unit: str, others: dict[str, float], rtol: float = 0.005) -> str:
+    """The sentence for an answer that is right in another unit (``others``: {unit: how
+    many of the asked ``unit`` one of it is}); ``""`` otherwise."""
+    for other, size in others.items():
+        if expected and abs(answer * size - expected) <= rtol * expected:
+            return f"that is the answer in {other}; the check takes {unit} (1 {other} = {size:g} {unit})"
+    return ""
 
 
 def roofline_time(answer_us: Any, bound: Any, case, ceilings: dict) -> Verdict:
@@ -295,9 +319,12 @@ def roofline_time(answer_us: Any, bound: Any, case, ceilings: dict) -> Verdict:
 
     roof = roofline(case, **ceilings)
     name = "the roofline time"
-    hint = "time = max(bytes / bandwidth, FLOPs / matmul rate); the larger one names the bound"
+    hint = "time = max(bytes / bandwidth, FLOPs / matmul rate), in µs; the larger one names the bound"
     if _unanswered(answer_us, bound):
         return Verdict(name, None, "", hint)
+    slip = _unit_slip(float(answer_us), roof.us, "µs", {"s": 1e6, "ms": 1e3, "ns": 1e-3}, rtol=0.01)
+    if slip:
+        return Verdict(name, False, slip, hint)
     ok_time = abs(float(answer_us) - roof.us) <= 0.01 * roof.us
     if ok_time and bound == roof.bound:
         return Verdict(name, True, f"{roof.us:.2f} µs, {roof.bound}-bound.")

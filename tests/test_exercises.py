@@ -57,7 +57,28 @@ def test_gate_up_split():
 def test_pool_shapes(pool):
     right = {k: tuple(v) for k, v in pool.geometry.buffer_shapes().items()}
     _right(ex.pool_shapes(right, pool))
-    _wrong(ex.pool_shapes({**right, "down_a": (3, 2, 6, 4)}, pool), "down_a is [3, 2, 4, 6]")
+    _wrong(ex.pool_shapes({**right, "down_a": (3, 2, 6, 4)}, pool), "down_a [3, 2, 6, 4]", "wrong order")
+    _wrong(ex.pool_shapes({**right, "down_a": (3, 2, 5, 6)}, pool), "down_a [3, 2, 5, 6]: axis 2 is off")
+    _wrong(ex.pool_shapes({**right, "gate_up_b": (3, 12, 4)}, pool), "3 axes; every buffer has 4")
+
+
+def test_no_wrong_answer_is_told_the_right_one(pool):
+    """A check says what is wrong and hints at how, but never prints the answer: not in
+    its verdict for a wrong answer, not in its hint (shown before any attempt)."""
+    right = {k: tuple(v) for k, v in pool.geometry.buffer_shapes().items()}
+    for wrong in ({**right, "down_a": (3, 2, 6, 4)}, {**right, "gate_up_a": (3, 1, 4, 8)},
+                  {k: (1, 1, 1, 1) for k in right}):
+        text = str(ex.pool_shapes(wrong, pool))
+        leaked = [k for k, shape in right.items() if wrong[k] != shape and str(list(shape)) in text]
+        assert not leaked, f"the verdict gives away {leaked}: {text}"
+    flat = pool.gate_up_b.reshape(3, 1, 24, 4)
+    # (the hint of fixed_gate_up_b changes with notebook 03)
+    x = torch.randn(8, dtype=torch.float64)
+    assert "@" not in ex.gate_delta(..., pool, x, slot=0, expert=1).hint  # no formula to copy
+    # (and with flat)
+    g = torch.randn(12, 4)
+    assert "torch." not in ex.stacked_gate_up_b(..., g, g, n=2).hint
+    assert "[4, 2, 6]" not in ex.normalized_down_a(..., torch.randn(4, 12), n=2).hint
 
 
 def test_gate_delta(pool):
@@ -111,10 +132,13 @@ def test_forward_bytes_and_roofline_time():
     case = Case.of("B", R=16, S=1, T=8)
     _right(ex.forward_bytes(case_bytes(case), case))
     _wrong(ex.forward_bytes(case_bytes(case) / 2, case), "0.50x")
+    assert "bytes" in ex.forward_bytes(..., case).hint  # the unit is named before any attempt
+    _wrong(ex.forward_bytes(case_bytes(case) / 1e6, case), "that is the answer in MB; the check takes bytes")
     ceilings = {"copy_TBps": 4.0, "matmul_TFLOPs": 700.0}
     roof = roofline(case, **ceilings)
     _right(ex.roofline_time(roof.us, roof.bound, case, ceilings))
     _wrong(ex.roofline_time(roof.us, "compute" if roof.bound == "memory" else "memory", case, ceilings), "bound")
+    _wrong(ex.roofline_time(roof.us / 1e6, roof.bound, case, ceilings), "that is the answer in s; the check takes µs")
 
 
 def test_tensor_parallel_checks():
