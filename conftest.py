@@ -4,6 +4,8 @@
   no later cell may need them. The count of skipped cells is printed, so nothing is
   skipped silently, and a notebook in which nothing ran fails the run.
 * stderr is not compared: torch and matplotlib warnings differ across versions.
+* Tests assert behaviour, never elapsed time: no hypothesis example has a deadline, and
+  slow data generation on a busy machine is no failure (the ``kit`` profile).
 """
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+settings.register_profile("kit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kit")
 
 _NB_STATS: dict[str, dict[str, int]] = {}
 

@@ -137,7 +137,7 @@ def test_the_console_script(tmp_path):
     script = shutil.which("inkling-lab", path=str(Path(sys.executable).parent)) or shutil.which("inkling-lab")
     assert script, "inkling-lab is not installed: pip install -e ."
     done = subprocess.run([script, "doctor", str(SAMPLES / "missing_b"), *TOY, "--json"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["kit"]["code"] == "ISL-K209"
 

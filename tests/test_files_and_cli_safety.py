@@ -3,10 +3,12 @@ state kept, clear errors, bounded time and memory, safe output."""
 import errno
 import json
 import os
+import re
+import resource
 import stat
 import subprocess
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,7 @@ def _adapter_folder(tmp_path, name="ad", **kw):
 
 def _cli(*args, env=None, cwd=ROOT, **kw):
     return subprocess.run([sys.executable, "-m", "inkling_lab.cli", *args], cwd=cwd, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=120, **kw)
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=600, **kw)
 
 
 # -- state kept ------------------------------------------------------------------------
@@ -73,7 +75,7 @@ def test_two_convert_runs_to_one_new_output_one_wins(tmp_path):
     runs = [subprocess.Popen([sys.executable, "-m", "inkling_lab.cli", "convert", str(folder), "-n", "2", "-o",
                               str(out), "-q"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             for _ in range(2)]
-    results = [(run.wait(timeout=120), run.stderr.read()) for run in runs]
+    results = [(run.wait(timeout=600), run.stderr.read()) for run in runs]
     assert sorted(code for code, _ in results) == [0, 1]
     assert b"refusing to write pool.safetensors: it already exists" in next(err for code, err in results if code)
     assert load_pool(out).lora_ranks == [2] and sorted(p.name for p in tmp_path.iterdir()) == ["ad", "pool.safetensors"]
@@ -114,7 +116,7 @@ def test_a_killed_write_leaves_a_temporary_that_the_next_write_removes(tmp_path)
         "from inkling_lab.atomic import atomic_writer\n"
         f"with atomic_writer({str(out)!r}) as f:\n"
         "    f.write(b'half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n")],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     assert killed.returncode == -9
     left = [p.name for p in tmp_path.iterdir()]
     assert len(left) == 1 and left[0].startswith(".pool.safetensors.") and not out.exists()
@@ -123,7 +125,7 @@ def test_a_killed_write_leaves_a_temporary_that_the_next_write_removes(tmp_path)
     # the next write, a new process as the next `inkling-lab convert` is, cleans up
     done = subprocess.run([sys.executable, "-c", f"from inkling_lab.atomic import atomic_write\n"
                            f"atomic_write({str(out)!r}, b'whole')"],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     assert done.returncode == 0 and out.read_bytes() == b"whole"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([busy.name, "pool.safetensors"])
 
@@ -180,16 +182,37 @@ def test_load_pool_of_anything_but_a_pool_names_the_file(tmp_path):
         assert str(caught.exception).startswith(path.name)
 
 
-# -- bounded time and memory --------------------------------------------------------------
+# -- bounded reads and memory --------------------------------------------------------------
+# What these check is the work done, not how long it took: bytes read through read(2), and
+# address space a call may map (a busy machine can be slow; it cannot read less).
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read(2) so far (Linux's ``/proc/self/io``)."""
+    return int(re.search(r"^rchar: (\d+)$", Path("/proc/self/io").read_text(), flags=re.M).group(1))
+
+
+@contextmanager
+def _address_space_capped(extra: int = 8 << 30):
+    """Inside, the process can map at most ``extra`` bytes more than it has: a buffer of a
+    mistyped size (terabytes) fails at once, whatever the machine's overcommit policy."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = int(re.search(r"^VmSize:\s+(\d+) kB$", Path("/proc/self/status").read_text(), flags=re.M).group(1)) << 10
+    cap = mapped + extra if hard == resource.RLIM_INFINITY else min(mapped + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
 
 def test_a_huge_sparse_weights_file_is_refused_before_it_is_read(tmp_path):
     folder = _adapter_folder(tmp_path)
     with open(folder / WEIGHTS_FILE, "r+b") as f:
         f.truncate(64 * 2 ** 30)  # 64 GiB, sparse: the header no longer matches the size
-    start = time.perf_counter()
+    before = _bytes_read()
     with expect_error("ISL-K204", show=False):
         load_adapter(folder)
-    assert time.perf_counter() - start < 5
+    assert _bytes_read() - before < 2 ** 26  # the header, never the 64 GiB (nor their sha256)
 
 
 def test_only_the_shared_sink_tensors_are_read(tmp_path):
@@ -204,18 +227,17 @@ def test_only_the_shared_sink_tensors_are_read(tmp_path):
 
 def test_a_mistyped_hidden_size_allocates_nothing(tmp_path):
     folder = _adapter_folder(tmp_path)
-    start = time.perf_counter()
-    with expect_error("ISL-E016", show=False):  # upstream's shape assertion, not "can't allocate 96 TB"
-        convert([load_adapter(folder)], 2, hidden=10 ** 12)
-    assert time.perf_counter() - start < 5
+    adapter = load_adapter(folder)
+    with _address_space_capped(), expect_error("ISL-E016", show=False):  # upstream's shape assertion,
+        convert([adapter], 2, hidden=10 ** 12)                              # not "can't allocate 96 TB"
 
 
 def test_doctor_with_a_mistyped_hidden_size_answers_at_once(tmp_path, capsys):
     folder = _adapter_folder(tmp_path)
-    start = time.perf_counter()
-    assert main(["doctor", str(folder), "-n", "2", "--hidden", "1000000000000", "--intermediate", "6"]) == 1
+    with _address_space_capped():
+        assert main(["doctor", str(folder), "-n", "2", "--hidden", "1000000000000", "--intermediate", "6"]) == 1
     out = capsys.readouterr().out
-    assert "ISL-E016" in out and "allocate" not in out and time.perf_counter() - start < 10
+    assert "ISL-E016" in out and "allocate" not in out
 
 
 # -- safe output ------------------------------------------------------------------------------
@@ -257,7 +279,7 @@ def test_output_piped_to_head_ends_quietly():
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.readline()
     proc.stdout.close()  # what `head -1` does after its line
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=600)
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err
 
 
@@ -292,14 +314,12 @@ def test_load_adapter_raises_only_documented_errors(tmp_path, config, raw, tenso
     else:
         data = save_bytes({k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in tensors.items()})
     (folder / WEIGHTS_FILE).write_bytes(data)
-    start = time.perf_counter()
     try:
         adapter = load_adapter(folder)
     except (ValueError, FileNotFoundError) as exc:  # load_adapter's documented refusals
         assert str(exc).startswith("fuzz/"), exc  # each names the file
     else:
         assert adapter.factor_keys
-    assert time.perf_counter() - start < 5
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -191,7 +191,7 @@ def test_gloo_ranks_sum_to_the_unsharded_module(tp):
 
 def test_a_failing_rank_is_reported_not_hung():
     with pytest.raises(Exception, match="unknown backend 'nope'"):
-        run_tp([_case()], 2, "gloo", forward_backend="nope", timeout_s=60)
+        run_tp([_case()], 2, "gloo", forward_backend="nope", timeout_s=600)
 
 
 def test_measure_allreduce_reports_bytes_per_token():
