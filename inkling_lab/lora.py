@@ -13,6 +13,7 @@ from .batch import SlotBatch
 from .forward import run_forward
 from .operands import SinkOperands
 from .shard import Factor
+from .catalog import error
 from .sink import SharedSink
 from .validate import (MSG_INELIGIBLE, MSG_POOL_SHAPE, MSG_SLOT_RANGE, MSG_V2_INTERLEAVED, MSG_V2_NO_ENGINE,
                        MSG_V2_NOT_BF16, MSG_V2_POOL_SHAPE, PROBLEM_BACKEND, PROBLEM_WEIGHTS, V2_CLASS,
@@ -102,8 +103,9 @@ class SharedSinkLoRA(SharedSink):
 
     def __init__(self, n_shared_experts: int, hidden_size: int, intermediate_size: int,
                  interleaved: bool = True, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, seed: int = 0) -> None:
-        super().__init__(n_shared_experts, hidden_size, intermediate_size, interleaved, dtype, device, seed)
+                 device: torch.device | str | None = None, seed: int = 0, *, activation: str = "silu") -> None:
+        super().__init__(n_shared_experts, hidden_size, intermediate_size, interleaved, dtype, device, seed,
+                         activation=activation)
         self.backend: LoRABackend | None = None
         self.generation = "v1"
         self.lora_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -327,5 +329,13 @@ class SharedSinkLoRA(SharedSink):
     def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
                 backend: str = "auto") -> torch.Tensor:
         """``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]``, a ``SlotBatch`` naming each
-        token's slot -> ``out`` like ``x``. No batch or no pool: the base sink."""
+        token's slot -> ``out`` like ``x``. No batch or no pool: the base sink.
+
+        A sink of another activation than SiLU computes its base forward (the model's
+        own), and refuses a LoRA forward (``ISL-K155``): that forward is sglang's, SiLU only.
+        """
+        if self.activation != "silu":
+            if batch is None or self.lora_buffers is None:
+                return self.base_forward(x, gammas)
+            raise error("ISL-K155", activation=self.activation)
         return run_forward(self.operands(), x, gammas, batch, backend)

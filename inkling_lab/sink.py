@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from torch import nn
@@ -18,6 +18,35 @@ from .catalog import error
 from .geometry import Geometry
 
 Form = Literal["linearized", "per_expert"]
+
+
+def _gelu_tanh_formula(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": nn.functional.silu,
+    "swish": nn.functional.silu,
+    "gelu": nn.functional.gelu,
+    "gelu_pytorch_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+    "gelu_new": _gelu_tanh_formula,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": nn.functional.relu,
+    "relu2": lambda x: torch.square(nn.functional.relu(x)),
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "mish": nn.functional.mish,
+}
+"""The gate activations the kit computes, by transformers' ``ACT2FN`` names (the model's
+``config.hidden_act``; ``InklingSharedExperts`` computes ``act_fn(gate) * up``). sglang
+0.5.23's shared sink computes ``silu`` only (``dense_mlp.py``, ``InklingBatchDenseMLP._swiglu``)."""
+
+
+def activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function of an ``ACT2FN`` name; ``ISL-K154`` for one the kit does not compute."""
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise error("ISL-K154", name=name, known=", ".join(ACTIVATIONS))
+    return ACTIVATIONS[name]
 
 
 def gate_up_rows(intermediate: int, interleaved: bool, device: torch.device | str | None = None
@@ -39,18 +68,20 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def swiglu_sink(y: torch.Tensor, gammas: torch.Tensor, interleaved: bool,
-                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                out_dtype: torch.dtype | None = None, activation: str = "silu") -> torch.Tensor:
     """The sink activation ``silu(gate) * up * gamma``, in float32, cast once.
 
     ``y [T, n, 2F]`` (gate/up rows in the sink's layout), ``gammas [T, n]`` ->
-    ``act [T, n, F]`` in ``out_dtype`` (default: ``y``'s dtype).
+    ``act [T, n, F]`` in ``out_dtype`` (default: ``y``'s dtype). ``activation``: the
+    model's gate activation by its ``ACT2FN`` name (``ACTIVATIONS``), SiLU by default.
     """
     two_f = y.shape[-1]
     if two_f % 2:
         raise ValueError(f"swiglu_sink needs an even last dimension 2F, got {two_f}")
     gate_idx, up_idx = gate_up_rows(two_f // 2, interleaved, y.device)
     y32 = y.to(accumulation_dtype(y.dtype))
-    act = torch.nn.functional.silu(y32[..., gate_idx]) * y32[..., up_idx]
+    act_fn = nn.functional.silu if activation == "silu" else activation_fn(activation)
+    act = act_fn(y32[..., gate_idx]) * y32[..., up_idx]
     act = act * gammas.to(y32.dtype).unsqueeze(-1)
     return act.to(out_dtype or y.dtype)
 
@@ -102,13 +133,15 @@ class SharedSink(nn.Module):
 
     ``forward(x [T, H] or [B, L, H], gammas [T, n] or [B, L, n]) -> out`` of ``x``'s
     shape: SwiGLU and the gamma weighting in float32, one cast back to the working
-    dtype, the expert sum accumulated in float32.
+    dtype, the expert sum accumulated in float32. ``activation``: the model's gate
+    activation (``config.hidden_act``, an ``ACTIVATIONS`` name); sglang's sink is SiLU.
     """
 
     def __init__(self, n_shared_experts: int, hidden_size: int, intermediate_size: int,
                  interleaved: bool = True, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, seed: int = 0) -> None:
+                 device: torch.device | str | None = None, seed: int = 0, *, activation: str = "silu") -> None:
         super().__init__()
+        activation_fn(activation)  # an unknown name is refused here, not at the first forward
         for name, value in (("n_shared_experts", n_shared_experts), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -121,6 +154,7 @@ class SharedSink(nn.Module):
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.interleaved = interleaved
+        self.activation = activation
         n, H, F = n_shared_experts, hidden_size, intermediate_size
         self.w13 = nn.Parameter(torch.empty(n, 2 * F, H, dtype=dtype, device=device), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(n, H, F, dtype=dtype, device=device), requires_grad=False)
@@ -170,12 +204,12 @@ class SharedSink(nn.Module):
         if form == "linearized":
             w13_lin, w2_lin = self.linearized()
             y = (x2 @ w13_lin.T).view(-1, n, 2 * F)
-            act = swiglu_sink(y, g2, self.interleaved).reshape(-1, n * F)
+            act = swiglu_sink(y, g2, self.interleaved, activation=self.activation).reshape(-1, n * F)
             # A GEMM accumulates its sum over n*F in float32 inside; this is the expert sum.
             out = act @ w2_lin
         elif form == "per_expert":
             y = torch.einsum("th,efh->tef", x2, self.w13)
-            act = swiglu_sink(y, g2, self.interleaved)
+            act = swiglu_sink(y, g2, self.interleaved, activation=self.activation)
             acc = accumulation_dtype(act.dtype)
             out = torch.zeros(x2.shape[0], self.hidden_size, dtype=acc, device=x2.device)
             for e in range(n):
@@ -191,5 +225,5 @@ class SharedSink(nn.Module):
     def extra_repr(self) -> str:
         layout = "interleaved" if self.interleaved else "contiguous"
         return (f"n={self.n_shared_experts}, H={self.hidden_size}, F={self.intermediate_size}, "
-                f"{layout}, dtype={self.dtype}")
+                f"{layout}, dtype={self.dtype}" + (f", activation={self.activation}" if self.activation != "silu" else ""))
 

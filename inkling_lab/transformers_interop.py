@@ -9,8 +9,11 @@ function; they round differently (transformers rounds the expert sum through flo
 even for float64 weights), so in float64 they agree to about 1e-7.
 
 ``sink_from_transformers`` builds a ``SharedSink`` (or ``SharedSinkLoRA``) from a module
-or its three tensors; ``sink_from_checkpoint`` reads them from a safetensors checkpoint
-(a file, a folder, or a sharded folder with its index), one tensor at a time;
+or its three tensors, with the module's activation (``config.hidden_act``: transformers'
+own tests use ``gelu``; sglang's sink computes SiLU only); ``sink_from_checkpoint`` reads
+them from a safetensors checkpoint in either format (the published ``shared_w13_weight`` /
+``shared_w2_weight`` or transformers' own names; a file, a folder, or a sharded folder
+with its index), one tensor at a time, and says which it read;
 ``transformers_state`` and ``to_transformers`` go back. transformers itself is needed
 only for ``to_transformers``.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -27,8 +31,9 @@ import torch
 from safetensors import SafetensorError
 
 from .adapters import open_safetensors
+from .catalog import error
 from .lora import SharedSinkLoRA
-from .sink import SharedSink, gate_up_rows
+from .sink import ACTIVATIONS, SharedSink, gate_up_rows
 
 PARAMETERS = ("gate_proj", "up_proj", "down_proj")
 """``InklingSharedExperts``' parameters, in its registration order."""
@@ -51,25 +56,47 @@ def _dims(state: Mapping[str, torch.Tensor], where: str) -> tuple[int, int, int]
 
 
 def sink_from_transformers(source: Any, *, interleaved: bool = True, dtype: torch.dtype | None = None,
-                           cls: type[SharedSink] = SharedSink) -> SharedSink:
+                           cls: type[SharedSink] = SharedSink, activation: str | None = None) -> SharedSink:
     """A kit sink with the weights of transformers' ``InklingSharedExperts``.
 
     ``source``: the module, or a mapping with its ``gate_proj [n, F, H]``, ``up_proj
     [n, F, H]`` and ``down_proj [n, H, F]``. ``interleaved``: the ``w13 [n, 2F, H]``
     layout (row ``2f`` gate feature ``f``, ``2f+1`` up; else ``[gate ‖ up]``). ``dtype``:
-    default the source's. ``cls``: ``SharedSink`` or ``SharedSinkLoRA``. Values are
-    copied exactly (a cast only when ``dtype`` differs).
+    default the source's. ``cls``: ``SharedSink`` or ``SharedSinkLoRA``. ``activation``:
+    default the module's own ``act_fn`` (``activation_of``), ``silu`` for a mapping.
+    Values are copied exactly (a cast only when ``dtype`` differs).
     """
     state = source if isinstance(source, Mapping) else {p: getattr(source, p) for p in PARAMETERS}
-    return _build(state, type(source).__name__, interleaved, dtype, cls)
+    if activation is None:
+        activation = "silu" if isinstance(source, Mapping) else activation_of(source)
+    return _build(state, type(source).__name__, interleaved, dtype, cls, activation)
+
+
+def activation_of(module: Any) -> str:
+    """The ``ACT2FN`` name (one of ``ACTIVATIONS``) of an ``InklingSharedExperts``' ``act_fn``.
+
+    The module keeps the function, not ``config.hidden_act``, so it is told by what it
+    computes: the kit's activation that agrees with it on a probe grid (names of one
+    function, ``gelu_new`` and ``gelu_pytorch_tanh``, are interchangeable). ``ISL-K154`` when
+    none does: the kit never stands in SiLU for it."""
+    act_fn = getattr(module, "act_fn", None)
+    if act_fn is None:
+        return "silu"
+    probe = torch.linspace(-6, 6, 241, dtype=torch.float64)
+    with torch.no_grad():
+        want = act_fn(probe)
+    for name, fn in ACTIVATIONS.items():
+        if torch.allclose(fn(probe), want, rtol=1e-9, atol=1e-12):
+            return name
+    raise error("ISL-K154", name=type(act_fn).__name__, known=", ".join(ACTIVATIONS))
 
 
 def _build(state: Mapping[str, torch.Tensor], where: str, interleaved: bool, dtype: torch.dtype | None,
-           cls: type[SharedSink]) -> SharedSink:
+           cls: type[SharedSink], activation: str = "silu") -> SharedSink:
     n, H, F = _dims(state, where)
     gate, up, down = (state[p].detach() for p in PARAMETERS)
     dtype = dtype or gate.dtype
-    sink = cls(n, H, F, interleaved=interleaved, dtype=dtype, device=gate.device)
+    sink = cls(n, H, F, interleaved=interleaved, dtype=dtype, device=gate.device, activation=activation)
     gate_rows, up_rows = gate_up_rows(F, interleaved, gate.device)
     with torch.no_grad():
         sink.w13[:, gate_rows] = gate.to(dtype)
@@ -94,7 +121,8 @@ def to_transformers(sink: SharedSink, config: Any = None) -> torch.nn.Module:
     from transformers.models.inkling.modeling_inkling import InklingSharedExperts
 
     n, H, F = sink.n_shared_experts, sink.hidden_size, sink.intermediate_size
-    config = config or InklingTextConfig(hidden_size=H, moe_intermediate_size=F, n_shared_experts=n)
+    config = config or InklingTextConfig(hidden_size=H, moe_intermediate_size=F, n_shared_experts=n,
+                                         hidden_act=sink.activation)
     if (config.n_shared_experts, config.hidden_size, config.moe_intermediate_size) != (n, H, F):
         raise ValueError(f"config has n_shared_experts={config.n_shared_experts}, hidden_size={config.hidden_size}, "
                          f"moe_intermediate_size={config.moe_intermediate_size}; the sink has n={n}, H={H}, F={F}")
@@ -127,43 +155,125 @@ def _key_files(path: Path) -> dict[str, Path]:
         raise ValueError(f"{file.name}: not a readable safetensors file ({exc})") from None
 
 
-def _find_prefix(keys: Iterable[str], layer: int, where: str) -> str:
-    """The one ``...layers.<layer>.mlp.shared_experts`` holding a ``gate_proj``
-    (``model.`` for ``InklingForCausalLM``, ``model.language_model.`` for the multimodal model)."""
+PUBLISHED = ("shared_w13_weight", "shared_w2_weight")
+"""The published (original) checkpoint names of one layer's sink, under
+``model.llm.layers.N.mlp.shared_experts``: ``shared_w13_weight [n, 2F, H]`` (gate and up
+rows interleaved) and ``shared_w2_weight [n, H, F]``. ``save_pretrained()`` writes them by
+default (``save_original_format=True``; transformers' ``conversion_mapping.py``: ``Interleave``
+then ``Chunk`` into ``gate_proj``/``up_proj``), and sglang loads them."""
+FORMATS = {
+    "published": "the published format (save_pretrained's default, save_original_format=True, what sglang "
+                 "loads): shared_w13_weight [n, 2F, H] gate/up interleaved and shared_w2_weight [n, H, F]",
+    "transformers": "transformers' own format (save_original_format=False): gate_proj [n, F, H], up_proj "
+                    "[n, F, H] and down_proj [n, H, F]",
+}
+
+
+@dataclass(frozen=True)
+class CheckpointLayer:
+    """Where one layer's sink came from: ``prefix`` (``...layers.N.mlp.shared_experts``),
+    ``format`` (``"published"`` or ``"transformers"``, ``FORMATS`` says what each is), the
+    files read (one, or the shards that hold it), and ``activation`` with where it was read."""
+
+    prefix: str
+    format: str
+    files: tuple[str, ...]
+    activation: str
+    activation_from: str
+
+    def __str__(self) -> str:
+        return (f"{self.prefix}: {FORMATS[self.format]}; read from {', '.join(self.files)}; activation "
+                f"{self.activation} ({self.activation_from})")
+
+
+def _find_prefix(keys: Iterable[str], layer: int, where: str) -> tuple[str, str]:
+    """The one ``...layers.<layer>.mlp.shared_experts`` of the checkpoint and its format:
+    ``model.layers.`` (``InklingForCausalLM``), ``model.language_model.layers.`` (the
+    multimodal model, transformers' format) or ``model.llm.layers.`` (the published format)."""
     tail = f"layers.{layer}.mlp.shared_experts"
-    found = sorted({k[:-len(".gate_proj")] for k in keys
-                    if k.endswith(f"{tail}.gate_proj") and (k == f"{tail}.gate_proj" or k.endswith(f".{tail}.gate_proj"))})
+    found: dict[str, str] = {}
+    for k in keys:
+        for name, fmt in (("gate_proj", "transformers"), (PUBLISHED[0], "published")):
+            if k.endswith(f"{tail}.{name}") and (k == f"{tail}.{name}" or k.endswith(f".{tail}.{name}")):
+                found[k[:-len(name) - 1]] = fmt
     if len(found) != 1:
-        which = f"{len(found)} ({', '.join(found)})" if found else "none"
-        raise KeyError(f"{where}: looking for layer {layer}'s '...{tail}.gate_proj' found {which}: pass prefix=")
-    return found[0]
+        which = f"{len(found)} ({', '.join(sorted(found))})" if found else "none"
+        layers = sorted({int(m[1]) for k in keys if (m := re.search(r"layers\.(\d+)\.mlp\.shared_experts\.", k))})
+        raise KeyError(f"{where}: looking for layer {layer}'s '...{tail}.gate_proj' (or .{PUBLISHED[0]}) found "
+                       f"{which}: pass prefix=" + (f"; the layers with shared experts are {layers}" if layers
+                                                   and layer not in layers else ""))
+    ((prefix, fmt),) = found.items()
+    return prefix, fmt
+
+
+def _config_activation(path: Path) -> tuple[str, str]:
+    """``config.hidden_act`` of the checkpoint's ``config.json`` (the text config's for the
+    multimodal model), and where it was read."""
+    config = (path if path.is_dir() else path.parent) / "config.json"
+    if not config.is_file():
+        return "silu", "no config.json beside it: InklingTextConfig's default"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{config.name}: not a readable model config ({exc})") from None
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    if "hidden_act" in text:
+        return text["hidden_act"], f"{config.name}: " + ("text_config." if text is not data else "") + "hidden_act"
+    return "silu", f"{config.name} names no hidden_act: InklingTextConfig's default"
 
 
 def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix: str | None = None,
                          interleaved: bool = True, dtype: torch.dtype | None = None,
-                         cls: type[SharedSink] = SharedSink) -> SharedSink:
+                         cls: type[SharedSink] = SharedSink, activation: str | None = None) -> SharedSink:
     """The sink of one layer of a transformers Inkling checkpoint (safetensors).
 
-    Reads the headers, then only ``<prefix>.gate_proj``, ``up_proj`` and ``down_proj``,
-    one tensor at a time, never the rest of the checkpoint. ``prefix``: default the one
-    ``...layers.<layer>.mlp.shared_experts`` of the checkpoint (``model.layers.0...``
-    or ``model.language_model.layers.0...``); the other arguments as for
-    ``sink_from_transformers``.
+    Both formats (``FORMATS``), detected by name: the published one
+    (``model.llm.layers.N.mlp.shared_experts.shared_w13_weight`` / ``shared_w2_weight``)
+    and transformers' own (``...shared_experts.gate_proj`` / ``up_proj`` / ``down_proj``),
+    one file or sharded through ``model.safetensors.index.json``. Reads the headers, then
+    only the layer's sink tensors, one at a time. ``prefix``: default the one
+    ``...layers.<layer>.mlp.shared_experts`` of the checkpoint. ``activation``: default the
+    ``hidden_act`` of the ``config.json`` beside it. The sink's ``checkpoint`` attribute (a
+    ``CheckpointLayer``) says which format, files and activation were read. The other
+    arguments as for ``sink_from_transformers``.
     """
     path = Path(path)
     files = _key_files(path)
-    prefix = prefix or _find_prefix(files, layer, path.name)
-    state: dict[str, torch.Tensor] = {}
-    for param in PARAMETERS:
-        key = f"{prefix}.{param}"
+    found = _find_prefix(files, layer, path.name) if prefix is None else None
+    prefix = found[0] if found else prefix
+    fmt = found[1] if found else ("published" if f"{prefix}.{PUBLISHED[0]}" in files else "transformers")
+    names = PUBLISHED if fmt == "published" else PARAMETERS
+    raw: dict[str, torch.Tensor] = {}
+    for name in names:
+        key = f"{prefix}.{name}"
         if key not in files:
             continue
         try:
             with open_safetensors(files[key]) as f:
-                state[param] = f.get_tensor(key)
+                raw[name] = f.get_tensor(key)
         except (SafetensorError, OSError) as exc:
             raise ValueError(f"{files[key].name}: not a readable safetensors file ({exc})") from None
-    return _build(state, f"{path.name}: {prefix}", interleaved, dtype, cls)
+    where = f"{path.name}: {prefix} ({fmt} format)"
+    state = _from_published(raw, where) if fmt == "published" else raw
+    act, act_from = (activation, "given") if activation is not None else _config_activation(path)
+    sink = _build(state, where, interleaved, dtype, cls, act)
+    sink.checkpoint = CheckpointLayer(prefix, fmt, tuple(sorted({files[f"{prefix}.{n}"].name for n in raw})), act,
+                                      act_from)
+    return sink
+
+
+def _from_published(raw: Mapping[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """``shared_w13_weight [n, 2F, H]`` (rows ``2f`` gate, ``2f+1`` up) and
+    ``shared_w2_weight [n, H, F]`` as ``InklingSharedExperts``' three parameters."""
+    missing = [p for p in PUBLISHED if p not in raw]
+    if missing:
+        raise KeyError(f"{where}: no {', '.join(missing)}: the published format has shared_w13_weight [n, 2F, H] "
+                       "and shared_w2_weight [n, H, F]")
+    w13, w2 = raw[PUBLISHED[0]], raw[PUBLISHED[1]]
+    if w13.dim() != 3 or w13.shape[1] % 2:
+        raise ValueError(f"{where}: shared_w13_weight is {list(w13.shape)}; the published format has "
+                         "[n, 2F, H], gate and up rows interleaved")
+    return {"gate_proj": w13[:, 0::2], "up_proj": w13[:, 1::2], "down_proj": w2}
 
 
 @dataclass

@@ -81,4 +81,45 @@ ENTRIES: list[CatalogEntry] = [
                  "intermediate size (nor does InklingBatchDenseMLPWithLoRA.set_lora_info); its dense engine "
                  "then cuts gate-up B at multiples of 2F // 2.",
         generation=KIT, related=("ISL-K102",), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K154", title="an activation the kit does not compute", exc_type=ValueError,
+        message="activation '{name}' is not one the kit computes; it computes {known} (transformers' ACT2FN "
+                "names): build the sink with one of them, or check the model's config.hidden_act",
+        meaning="transformers' InklingSharedExperts computes act_fn(gate) * up with act_fn = "
+                "ACT2FN[config.hidden_act]; the kit computes the same for the names it knows (each checked "
+                "against transformers' own ACT2FN in its tests). A name it does not know is refused, never "
+                "replaced by SiLU: the sink would compute another function than the model's.",
+        when="A model config whose hidden_act is a rare ACT2FN name (or a typo) read by sink_from_checkpoint "
+             "or passed as activation=.",
+        setup="",
+        trigger="il.SharedSink(2, 8, 6, activation='gelu_fancy')\n",
+        fix="il.SharedSink(2, 8, 6, activation='gelu')\n",
+        remedy="Pass one of the kit's activations (inkling_lab.sink.ACTIVATIONS: transformers' ACT2FN names).",
+        upstream="sglang/srt/models/inkling_common/dense_mlp.py: InklingBatchDenseMLP._swiglu computes "
+                 "silu_and_mul whatever the model's hidden_act: sglang reads no activation at all.",
+        generation=KIT, related=("ISL-K155",), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K155", title="a LoRA forward on a sink whose activation is not SiLU", exc_type=ValueError,
+        message="this sink computes {activation}(gate) * up, but the LoRA forward is sglang 0.5.23's, which "
+                "computes silu(gate) * up (dense_mlp.py, InklingBatchDenseMLP._swiglu) whatever the model's "
+                "hidden_act: the kit refuses rather than compute SiLU for a {activation} model; its base "
+                "forward (no batch) computes the model's own output",
+        meaning="sglang's shared sink is SwiGLU only: a model trained with another hidden_act (transformers' "
+                "own Inkling tests use gelu) is served with SiLU, base and LoRA alike. The kit's LoRA forward "
+                "models sglang's, so on such a sink it would compute neither the model nor the adapter: it "
+                "refuses. The base forward and PEFT's math (inkling_lab.peft_reference) stay the model's.",
+        when="sink_from_transformers or sink_from_checkpoint of a model whose config.hidden_act is not silu, "
+             "then a forward with a batch.",
+        setup="sink = il.SharedSinkLoRA(2, 8, 6, activation='gelu')\n"
+              "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=1, max_rank=4)\n"
+              "sink.set_lora_info(*pool.buffers())\n"
+              "x, gammas = torch.randn(3, 8), torch.rand(3, 2)\n"
+              "batch = il.SlotBatch.from_token_slots([0, 0, 0], num_slots=1)\n",
+        trigger="sink(x, gammas, batch=batch)\n",
+        fix="sink(x, gammas)  # the model's own base output; sglang would compute SiLU for this model\n",
+        remedy="Serve such a model only where its activation is computed (not sglang 0.5.23's shared sink); "
+               "the kit's base forward and peft_reference give the model's and the adapter's math.",
+        upstream="sglang/srt/models/inkling_common/dense_mlp.py: InklingBatchDenseMLP._swiglu (silu_and_mul, "
+                 "silu_and_mul_triton) and its LoRA subclasses in sglang/srt/models/inkling_common/lora.py.",
+        generation=KIT, related=("ISL-K154",), releases=EVERY_RELEASE),
 ]
