@@ -21,7 +21,7 @@ from .validate import Diagnosis, PoolLayout, diagnose_pool, validate_pool
 __version__ = "0.1.0"
 
 _LAZY_MODULES = ("viz", "widgets", "records", "adapters", "convert", "doctor", "compare", "parallel", "profile",
-                 "upstream_defect", "cli", "transformers_interop")
+                 "upstream_defect", "cli", "transformers_interop", "export")
 _LAZY_MODULES += ("nb", "exercises")  # the notebooks' own helpers and the exercises' checks
 
 _LAZY_NAMES = {
@@ -32,6 +32,8 @@ _LAZY_NAMES = {
     # the converter and the doctor
     "ConvertedPool": "convert", "load_pool": "convert", "convert_to_file": "convert",
     "doctor": "doctor", "DoctorReport": "doctor",
+    # the cure: an adapter sglang 0.5.23 serves as trained (docs/reference.md#the-cure)
+    "export_for_sglang": "export", "ExportReport": "export", "verify_export": "export",
     # transformers' Inkling (InklingSharedExperts) and PEFT target_parameters exports of it
     "sink_from_transformers": "transformers_interop", "sink_from_checkpoint": "transformers_interop",
     "to_transformers": "transformers_interop", "make_peft_sink_adapter": "transformers_interop",

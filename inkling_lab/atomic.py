@@ -156,3 +156,82 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, exclusive: bool =
     with atomic_writer(path, exclusive=exclusive) as f:
         f.write(data)
     return Path(path)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file written with a plain ``open`` to the disk (``atomic_folder``'s files)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
+    """A folder to write ``path`` through, atomically: the caller fills the hidden
+    temporary folder ``.NAME.<pid>-<random>.tmp`` beside ``path`` (and may read it back:
+    an export proves its output there), then every file in it and the folder are
+    fsynced and it takes the final name in one rename.
+
+    Without ``force`` an existing ``path`` is refused (``FileExistsError``), also when
+    it appears meanwhile (a rename onto an existing folder fails). With ``force`` the
+    old folder is renamed aside first and removed after the new one has its name, so
+    a reader sees the old folder or the new one, and for one moment neither. Any
+    failure (an exception in the caller included) removes the temporary folder and
+    leaves ``path`` as it was.
+    """
+    import shutil
+
+    path = Path(path)
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _named(exc, path) from None
+
+    def refuse() -> FileExistsError:
+        exc = FileExistsError(f"refusing to write {path.name}: it already exists; pass --force (force=True) to "
+                              "replace it")
+        exc.add_note(f"output path: {path}")
+        return exc
+
+    if os.path.lexists(path) and not force:  # early, before any work; the rename is the real guard
+        raise refuse()
+    tmp = folder / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        tmp.mkdir()
+    except OSError as exc:
+        raise _named(exc, path) from None
+    old = None
+    try:
+        yield tmp
+        for entry in tmp.iterdir():
+            fsync_file(entry)
+        _fsync_dir(tmp)
+        if force and os.path.lexists(path):
+            old = folder / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.old"
+            os.rename(path, old)
+        try:
+            os.rename(tmp, path)  # onto an existing non-empty folder (or a file) this fails
+        except OSError as exc:
+            if old is not None:
+                os.rename(old, path)
+                old = None
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise refuse() from None
+            raise
+        _fsync_dir(folder)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, FileExistsError):
+            raise
+        raise _named(exc, path) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)

@@ -1,10 +1,10 @@
-"""The ``inkling-lab`` command: ``doctor``, ``compare``, ``convert``, ``explain``,
+"""The ``inkling-lab`` command: ``doctor``, ``compare``, ``convert``, ``export``, ``explain``,
 ``selfcheck`` (and ``profile`` where the profiling module is installed). A thin front over the library:
 every answer comes from ``inkling_lab.doctor``, ``inkling_lab.compare``,
-``inkling_lab.convert`` and ``inkling_lab.errors``.
+``inkling_lab.convert``, ``inkling_lab.export`` and ``inkling_lab.errors``.
 
 Exit status: 0 done; 1 sglang 0.5.23 would fail to load the adapter or serve something
-other than its math (doctor, compare), the conversion was refused, or no catalog entry
+other than its math (doctor, compare), the conversion or export was refused, or no catalog entry
 matched; 2 a usage error.
 """
 from __future__ import annotations
@@ -126,6 +126,21 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .export import export_for_sglang
+
+    report = export_for_sglang(args.adapter, args.output, args.n_shared_experts, hidden=args.hidden,
+                               intermediate=args.intermediate, tp=args.tp, force=args.force,
+                               progress=False if args.quiet else None)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    elif report.written:
+        print(report)
+    else:
+        print(report, file=sys.stderr)
+    return report.exit_status
+
+
 def _explain(args: argparse.Namespace) -> int:
     from .catalog import CATALOG
 
@@ -226,6 +241,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=_convert)
+
+    p = sub.add_parser(
+        "export", help="the cure: re-write an adapter as a PEFT folder sglang 0.5.23 serves as trained, proven",
+        description="Write OUT, a PEFT adapter folder that sglang 0.5.23 loads and serves as exactly the "
+                    "adapter's math: each projection's PEFT scaling folded into lora_B (rsLoRA, alpha_pattern, "
+                    "rank_pattern), per-expert outer factors (PEFT target_parameters exports) re-expressed as "
+                    "shared outer at rank n*r, one r for the file, the names and target_modules sglang maps to "
+                    "the shared sink; other modules' LoRA kept with the same math. The output is read back "
+                    "through the kit's model of sglang's loading path and compared with PEFT's delta before it "
+                    "gets its name; a refusal (exit status 1) leaves nothing behind. Prints the server flags "
+                    "it needs and the TP sizes it can be served at.")
+    p.add_argument("adapter", metavar="ADAPTER", help="a PEFT adapter folder (adapter_config.json + "
+                   "adapter_model.safetensors)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the adapter folder to write")
+    g = p.add_argument_group("the sink", _SINK_HELP)
+    g.add_argument("--n-shared-experts", "-n", type=_positive, required=True, metavar="N",
+                   help="number of shared experts n")
+    g.add_argument("--hidden", type=_positive, metavar="H", help="hidden size H (default: the adapter's)")
+    g.add_argument("--intermediate", type=_positive, metavar="F",
+                   help="intermediate size F of one expert (default: the adapter's)")
+    g.add_argument("--tp", type=_positive, default=1, metavar="T",
+                   help="the server's tensor-parallel size, checked to split F (default 1)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_export)
 
     p = sub.add_parser(
         "explain", help="the catalog entry for an error message, a pasted traceback or a code",

@@ -23,7 +23,7 @@ import os
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -151,32 +151,47 @@ def _check_output(path: str | os.PathLike[str], sources: Sequence[str], force: b
 _ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
 
-def _write_pool(path: Path, pool: ConvertedPool, buffers: Iterator[Buffers], force: bool) -> Path:
+def stream_safetensors(path: Path, specs: Sequence[tuple[str, torch.dtype, Sequence[int]]],
+                       chunks: Iterator[Mapping[str, torch.Tensor]], metadata: Mapping[str, str],
+                       force: bool = False) -> Path:
     """Stream a safetensors file: the header (every tensor's dtype, shape and offsets,
-    known from the geometry), then each module's four buffers as ``buffers`` yields
-    them. Holds one module's buffers at a time."""
-    g = pool.geometry
+    from ``specs``, in file order), then the tensors as ``chunks`` yields them (each a
+    few tensors, in ``specs`` order), each checked against its spec. Holds one chunk
+    at a time; written atomically (``exclusive`` unless ``force``)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for key, dtype, shape in specs:
+        if dtype not in _ST_DTYPES:
+            raise ValueError(f"{key}: a safetensors file here holds {', '.join(dtype_name(d) for d in _ST_DTYPES)} "
+                             f"tensors, not {dtype_name(dtype)}")
+        size = math.prod(shape) * dtype.itemsize
+        header[key] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # safetensors pads its header to 8 bytes
+    order = iter(specs)
+    with atomic_writer(path, exclusive=not force) as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for chunk in chunks:
+            for key, t in chunk.items():
+                want, dtype, shape = next(order)
+                if key != want or t.dtype != dtype or list(t.shape) != list(shape):  # the header must not lie
+                    raise RuntimeError(f"{path.name}: tensor {key} {dtype_name(t.dtype)} {list(t.shape)} is not "
+                                       f"the header's {want} {dtype_name(dtype)} {list(shape)}")
+                f.write(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    return path
+
+
+def _write_pool(path: Path, pool: ConvertedPool, buffers: Iterator[Buffers], force: bool) -> Path:
+    """The pool's file: each module's four buffers as ``buffers`` yields them."""
     dtype = pool.dtype
     if dtype not in _ST_DTYPES:
         raise ValueError(f"a pool file holds {', '.join(dtype_name(d) for d in _ST_DTYPES)} buffers, not "
                          f"{dtype_name(dtype)}: convert with one of those dtypes")
-    header: dict[str, Any] = {"__metadata__": pool.metadata()}
-    offset = 0
-    for m in pool.layers:
-        for name, shape in g.buffer_shapes().items():
-            size = math.prod(shape) * dtype.itemsize
-            header[f"{m}.{name}"] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape),
-                                     "data_offsets": [offset, offset + size]}
-            offset += size
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # safetensors pads its header to 8 bytes
-    with atomic_writer(path, exclusive=not force) as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for bufs in buffers:
-            for t in bufs:
-                f.write(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    return path
+    specs = [(f"{m}.{name}", dtype, shape) for m in pool.layers for name, shape in pool.geometry.buffer_shapes().items()]
+    chunks = ({f"{m}.{name}": t for name, t in zip(BUFFER_NAMES, bufs)} for m, bufs in zip(pool.layers, buffers))
+    return stream_safetensors(path, specs, chunks, pool.metadata(), force)
 
 
 def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:

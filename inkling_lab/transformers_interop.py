@@ -296,7 +296,8 @@ class PeftSinkAdapter:
 def make_peft_sink_adapter(folder: str | os.PathLike[str], n: int = 2, hidden: int = 8, intermediate: int = 4,
                            rank: int = 2, *, lora_alpha: float = 4.0,
                            targets: tuple[str, ...] = PARAMETERS, interleaved: bool = True,
-                           dtype: torch.dtype = torch.float64, seed: int = 0) -> PeftSinkAdapter:
+                           dtype: torch.dtype = torch.float64, seed: int = 0,
+                           lora_options: dict[str, Any] | None = None) -> PeftSinkAdapter:
     """Train-free PEFT ``target_parameters`` export of transformers' own Inkling sink.
 
     Builds a one-layer model tree (``model.layers.0.mlp.shared_experts``, an
@@ -304,6 +305,8 @@ def make_peft_sink_adapter(folder: str | os.PathLike[str], n: int = 2, hidden: i
     ``targets`` parameters with PEFT LoRA of rank ``rank`` (random A and B, not PEFT's
     zero B, so that the delta shows) and saves it to ``folder`` as PEFT does. Needs
     transformers >= 5.24 and peft >= 0.18. Seeded; runs on a CPU in well under a second.
+    ``lora_options``: more ``LoraConfig`` fields (``use_rslora``, ``rank_pattern``,
+    ``alpha_pattern`` keyed by parameter name, e.g. ``"mlp.shared_experts.down_proj"``).
     """
     from peft import LoraConfig, get_peft_model
     from transformers import InklingTextConfig
@@ -325,7 +328,7 @@ def make_peft_sink_adapter(folder: str | os.PathLike[str], n: int = 2, hidden: i
     model.model = torch.nn.Module()
     model.model.layers = torch.nn.ModuleList([layer])
     lora = LoraConfig(r=rank, lora_alpha=lora_alpha, target_modules=[], init_lora_weights=False,
-                      target_parameters=[f"mlp.shared_experts.{p}" for p in targets])
+                      target_parameters=[f"mlp.shared_experts.{p}" for p in targets], **(lora_options or {}))
     peft_model = get_peft_model(model, lora)
     with torch.no_grad():  # PEFT's own init is seeded by the global generator: reseed from ours
         for name, p in peft_model.named_parameters():

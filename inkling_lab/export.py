@@ -1,0 +1,673 @@
+"""The cure: an adapter re-written as a PEFT folder that sglang 0.5.23 serves as trained (docs/reference.md#the-cure).
+
+``export_for_sglang(adapter, output, n)`` reads any adapter the kit reads (flat,
+fused, ``w``-named or per-expert named ``shared_experts`` factors; PEFT
+``target_parameters`` exports; one-sided adapters; ``rank_pattern``,
+``alpha_pattern``, rsLoRA) and writes ``output``, a PEFT folder
+(``adapter_config.json`` + ``adapter_model.safetensors``) that sglang 0.5.23's own
+loading path serves as exactly the adapter's math (SPEC §12):
+
+* **scaling:** each projection's true PEFT scaling is folded into its lora_B, in
+  float64, then cast once to the adapter's dtype; the config says ``r = lora_alpha``
+  so that sglang's one ``lora_alpha / r`` (``lora.py``, ``LoRAAdapter.__init__``) is 1;
+  no ``use_rslora``, ``alpha_pattern``, ``rank_pattern`` or ``target_parameters`` left
+  for sglang to ignore;
+* **outer layout:** per-expert outer factors become shared outer at rank ``n·r``: the
+  shared gate/up A stacks the experts' A's ``[n·r, H]``, expert e's inner B holds its
+  own B in columns ``e·r .. e·r+r-1`` and zeros elsewhere; the shared down B puts the
+  experts' B's side by side ``[H, n·r]``, expert e's inner down A its own A in rows
+  ``e·r ..``. Per-expert factors that are the same for every expert collapse to rank
+  ``r`` instead (``upstream_defect.collapse_identical_outer``);
+* **ranks:** one ``r`` for the file (the largest module's), every module zero-padded;
+* **names:** the flat ``<module>.{gate_proj,up_proj,down_proj}.lora_{A,B}.weight`` and
+  ``target_modules`` that ``get_normalized_target_modules`` maps to the sink's
+  ``gate_up_proj`` and ``down_proj``. Every other module's LoRA pair (attention...)
+  is kept under its name, its own scaling folded and zero-padded to the file's ``r``.
+
+Then the proof, every time: the written folder is read back, module by module,
+through the kit's model of sglang 0.5.23's loading path and forward
+(``sglang_path.run_sglang``) and each expert's served LoRA delta is compared with
+PEFT's (``peft_reference``); only a folder that passes gets its name. A refusal
+(``ExportReport.written`` false, exit status 1) leaves nothing behind.
+
+Peak memory: the adapter's shared-sink factors (``load_adapter`` reads them), one
+module's export being written, and one module's dense float64 deltas for the proof;
+other modules' tensors are read one at a time (data/benchmarks/export_memory.json).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of, open_safetensors
+from .atomic import atomic_folder
+from .catalog import message
+from .compare import Deltas, _sglang_deltas, factor_deltas, peft_deltas
+from .convert import PROGRESS_BYTES, adapters_dtype, stream_safetensors
+from .errors import find_entry
+from .geometry import check_tp
+from .pool import LoRAFactors
+from .records import relative_error
+from .sglang_path import run_sglang, server_target_modules
+from .upstream_defect import collapse_identical_outer
+from .validate import Finding
+
+SINK_TARGET_MODULES = ("gate_proj", "up_proj", "down_proj")
+"""The export's sink targets: ``get_normalized_target_modules`` (utils.py) maps
+``gate_proj``/``up_proj`` to ``gate_up_proj``, and ``init_lora_modules`` wraps the sink
+when both ``gate_up_proj`` and ``down_proj`` are targets."""
+
+SGLANG = "0.5.23"
+"""The release whose loading path the export is proven against (one place: every call
+into the kit's model of sglang goes through ``_served``)."""
+
+TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-6}
+"""The proof's relative error (largest difference over the largest value) per output
+dtype; float16 and bfloat16 are held to two rounding steps instead (``_allowed``)."""
+
+SERVER_FACTS = {
+    "--max-lora-rank": "sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (without the flag, the largest "
+                       "r of the --lora-paths adapters; an adapter loaded later must fit it)",
+    "--lora-target-modules": "sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (a server that names its "
+                             "target modules refuses an adapter whose normalized targets are not among them)",
+    "--lora-backend": "sglang/srt/models/inkling_common/lora.py: InklingBatchDenseMLPWithLoRA.initialize_lora "
+                      "(more than one adapter per batch needs the backend named triton); the default backend is "
+                      "csgmv with --max-loras-per-batch 8 (sglang/srt/arg_groups/fields/lora.py: Lora)",
+}
+"""Where each server flag the report names comes from, in the 0.5.23 wheel."""
+
+_LORA_PAIR = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+
+
+def peft_reference(adapter: Adapter, module: str, n: int) -> Deltas:
+    """PEFT's delta of one sink module (gate, up ``[n, F, H]``, down ``[n, H, F]``, float64),
+    computed from the input adapter alone, independently of the export: the one source
+    of the proof's expected values."""
+    return peft_deltas(adapter, module, n)
+
+
+# -- the report ---------------------------------------------------------------------------
+
+@dataclass
+class ProofRow:
+    """One comparison of the proof: what sglang serves from the export against PEFT's
+    delta, for one ``module`` and ``part`` (``gate``/``up``/``down`` of ``expert``, or an
+    other module's LoRA delta)."""
+
+    module: str
+    part: str
+    expert: int | None
+    max_rel: float
+    close: bool
+    steps: float | None = None
+    """bf16/fp16: the largest difference in rounding steps of the dtype (at most 2)."""
+
+    def __str__(self) -> str:
+        where = f"{self.module} {self.part}" + ("" if self.expert is None else f" expert {self.expert}")
+        steps = "" if self.steps is None else f", {self.steps:.3g} rounding step(s)"
+        return f"{where}: served {'==' if self.close else '!='} peft (greatest relative difference " \
+               f"{self.max_rel:.3g}{steps})"
+
+
+@dataclass
+class ExportReport:
+    """What ``export_for_sglang`` did: ``written`` (the folder ``output`` exists and is
+    proven), the export's ``rank`` and why (``rank_reason``), the server's flags, the TP
+    sizes it can be served at, the proof (``proof``, ``max_rel_error``, ``allowed``) and
+    every finding; on a refusal ``error`` and ``code`` (and nothing was written)."""
+
+    adapter: str
+    output: str
+    n: int
+    hidden: int | None = None
+    intermediate: int | None = None
+    tp: int = 1
+    written: bool = False
+    rank: int = 0
+    rank_reason: str = ""
+    dtype: str = ""
+    modules: list[str] = field(default_factory=list)
+    other_modules: list[str] = field(default_factory=list)
+    target_modules: list[str] = field(default_factory=list)
+    server_flags: list[str] = field(default_factory=list)
+    tp_sizes: list[int] = field(default_factory=list)
+    proof: list[ProofRow] = field(default_factory=list)
+    allowed: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    error: str = ""
+    code: str | None = None
+    exception: BaseException | None = field(default=None, repr=False)
+
+    @property
+    def exit_status(self) -> int:
+        return 0 if self.written else 1
+
+    @property
+    def max_rel_error(self) -> float | None:
+        """The proof's figure: the largest relative difference of any served delta to PEFT's."""
+        return max((r.max_rel for r in self.proof), default=None)
+
+    def raise_if_refused(self) -> None:
+        """Raise the refusal (for scripts and the catalog's snippets); nothing when written."""
+        if self.exception is not None:
+            raise self.exception
+
+    def __str__(self) -> str:
+        if not self.written:
+            lines = [f"export {self.adapter} -> {self.output}: refused, nothing written",
+                     f"  {self.error}".replace("\n", "\n  ")]
+            if self.code:
+                lines.append(f"  more: inkling-lab explain {self.code}")
+        else:
+            lines = [f"export {self.adapter} -> {self.output}: written, r={self.rank} ({self.rank_reason}), "
+                     f"{self.dtype}, {len(self.modules)} shared-sink module(s)"
+                     + (f" and {len(self.other_modules)} other module(s)" if self.other_modules else ""),
+                     f"  target_modules: {self.target_modules}"]
+        if self.proof:
+            lines.append(f"proof: the export read back through sglang {SGLANG}'s loading path (the kit's model) "
+                         f"against PEFT's delta, each expert, float64 ({self.allowed}):")
+            bad = [r for r in self.proof if not r.close]
+            lines += [f"  {r}" for r in bad] or [f"  {max(self.proof, key=lambda r: r.max_rel)}",
+                                                 f"  every module and expert matches ({len(self.proof)} comparisons)"]
+        if self.written:
+            lines.append(f"serve it with sglang {SGLANG}: " + " ".join(self.server_flags))
+            lines += [f"  {flag}: {SERVER_FACTS[flag]}" for flag in SERVER_FACTS]
+            lines.append(f"tensor parallelism: one file for every --tp-size; the sink's F={self.intermediate} splits "
+                         f"at --tp-size {', '.join(map(str, self.tp_sizes))}")
+        lines += [str(f) for f in self.findings]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report for machines (``--json``)."""
+        return {"adapter": self.adapter, "output": self.output, "written": self.written, "rank": self.rank,
+                "rank_reason": self.rank_reason, "dtype": self.dtype, "server_flags": self.server_flags,
+                "server_facts": SERVER_FACTS, "target_modules": self.target_modules, "tp": self.tp,
+                "tp_sizes": self.tp_sizes, "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
+                                                    "intermediate": self.intermediate},
+                "modules": self.modules, "other_modules": self.other_modules,
+                "max_rel_error": self.max_rel_error, "allowed": self.allowed,
+                "proof": [dataclasses.asdict(r) for r in self.proof], "error": self.error, "code": self.code,
+                "findings": [dataclasses.asdict(f) for f in self.findings]}
+
+
+# -- the layout ------------------------------------------------------------------------------
+
+def shared_outer(f: LoRAFactors) -> tuple[LoRAFactors, str]:
+    """``f`` (``[O, 2r, H]``, ``[n, 2F, r]``, ``[n, r, F]``, ``[O, H, r]``) in the shared-outer
+    layout, exactly, and how: ``"shared"`` (it was), ``"collapsed"`` (every expert's outer
+    factors are the same: rank ``r``) or ``"stacked"`` (rank ``n·r``, SPEC §12's blocks)."""
+    ga, gb, da, db = f.gate_up_a, f.gate_up_b, f.down_a, f.down_b
+    if f.outer == 1:
+        return f, "shared"
+    one_ga, one_db, collapsed = collapse_identical_outer(ga, db)
+    if collapsed:
+        return dataclasses.replace(f, gate_up_a=one_ga, down_b=one_db), "collapsed"
+    n, r, H, F = f.n, f.rank, ga.shape[-1], gb.shape[-2] // 2
+    gate_a = ga[:, :r].reshape(n * r, H)  # expert e's A in rows e*r .. e*r+r-1
+    up_a = ga[:, r:].reshape(n * r, H)
+    inner_b = gb.new_zeros(n, 2 * F, n * r)
+    inner_a = da.new_zeros(n, n * r, F)
+    for e in range(n):
+        inner_b[e, :, e * r:(e + 1) * r] = gb[e]  # its own columns; zeros meet the other experts' A's
+        inner_a[e, e * r:(e + 1) * r] = da[e]
+    down_b = db.permute(1, 0, 2).reshape(1, db.shape[1], n * r)  # [B_0 ... B_{n-1}]
+    stacked = LoRAFactors(torch.cat([gate_a, up_a])[None], inner_b, inner_a, down_b,
+                          lora_alpha=f.scaling * n * r, name=f.name)
+    return stacked, "stacked"
+
+
+def _pad(t: torch.Tensor, axis: int, to: int) -> torch.Tensor:
+    """Zero rows of A (``axis`` 0) or columns of B (``axis`` 1) up to rank ``to``: exact."""
+    if t.shape[axis] == to:
+        return t
+    shape = list(t.shape)
+    shape[axis] = to - t.shape[axis]
+    return torch.cat([t, t.new_zeros(shape)], dim=axis)
+
+
+def _folded(module: str, f: LoRAFactors) -> LoRAFactors:
+    """The scaling folded into both B's, in float64: the result carries scaling 1."""
+    s = f.scaling
+    return LoRAFactors(f.gate_up_a, f.gate_up_b * s, f.down_a, f.down_b * s, lora_alpha=float(f.rank), name=module)
+
+
+def flat_factors(f: LoRAFactors, rank: int) -> dict[str, torch.Tensor]:
+    """Shared-outer factors (scaling 1) as PEFT's flat 2D matrices at ``rank`` (SPEC §6):
+    ``gate_proj``/``up_proj`` A ``[R, H]`` and B ``[n*F, R]``, ``down_proj`` A ``[R, n*F]``
+    and B ``[H, R]``; what upstream's normalization turns back into ``f``, zero-padded."""
+    ga, gb, da, db = f.gate_up_a[0], f.gate_up_b, f.down_a, f.down_b[0]
+    n, r, F = f.n, f.rank, gb.shape[-2] // 2
+    return {"gate_proj.lora_A": _pad(ga[:r], 0, rank), "up_proj.lora_A": _pad(ga[r:], 0, rank),
+            "gate_proj.lora_B": _pad(gb[:, :F].reshape(n * F, r), 1, rank),
+            "up_proj.lora_B": _pad(gb[:, F:].reshape(n * F, r), 1, rank),
+            "down_proj.lora_A": _pad(da.permute(1, 0, 2).reshape(r, n * F), 0, rank),
+            "down_proj.lora_B": _pad(db, 1, rank)}
+
+
+@dataclass
+class _Module:
+    """One shared-sink module of the plan: its exact float64 factors, shared outer and
+    scaling folded (built again when written), their rank and how the layout came."""
+
+    name: str
+    rank: int
+    how: str
+
+
+@dataclass
+class _Other:
+    """One other module's LoRA pair, read from the input file when written."""
+
+    module: str
+    key_a: str
+    key_b: str
+    rank: int
+    shape_a: list[int]
+    shape_b: list[int]
+    dtype_a: torch.dtype
+    dtype_b: torch.dtype
+    scaling: float
+
+
+class _Export:
+    """The plan of one export (a first pass that keeps no factors), then its tensors,
+    one module at a time."""
+
+    def __init__(self, adapter: Adapter, n: int, hidden: int | None, intermediate: int | None, tp: int) -> None:
+        self.adapter, self.n, self.tp = adapter, n, tp
+        self.where = f"{Path(adapter.source).name or adapter.name}/{WEIGHTS_FILE}"
+        self.findings: list[Finding] = []
+        _refuse_saved_sink(adapter)
+        self.dtype = adapters_dtype([adapter])
+        self.sink: list[_Module] = []
+        for m in adapter.modules:
+            f, how = self.module_factors(m)
+            self.sink.append(_Module(m, f.rank, how))
+            self.hidden, self.intermediate = int(f.gate_up_a.shape[-1]), int(f.down_a.shape[-1])
+        for given, have, what in ((hidden, self.hidden, "hidden"), (intermediate, self.intermediate, "intermediate")):
+            if given is not None and given != have:
+                raise ValueError(message("ISL-K506", file=self.where, what=what, given=given, have=have))
+        check_tp(self.intermediate, tp, "the shared sink's intermediate size")
+        self.others = self._other_pairs()
+        self.rank = max([m.rank for m in self.sink] + [o.rank for o in self.others])
+        self.findings += self._layout_notes()
+
+    def module_factors(self, module: str) -> tuple[LoRAFactors, str]:
+        """One module's factors in float64 (PEFT's per-projection scalings on the inner
+        factors, exact), the scaling folded into B, in the shared-outer layout."""
+        a = self.adapter
+        keys = [k for k in a.factor_keys if FactorName.parse(k).module == module]
+        exact = dataclasses.replace(a, weights={k: a.weights[k].double() for k in keys}, findings=[])
+        f = exact.module_factors(module, self.n)
+        for note in exact.findings:
+            if note not in self.findings and note not in a.findings:
+                self.findings.append(note)
+        f, how = shared_outer(f)
+        return _folded(module, f), how
+
+    def _other_pairs(self) -> list[_Other]:
+        keys = self.adapter.other_keys
+        if not keys:
+            return []
+        peft = self.adapter.peft
+        with open_safetensors(Path(self.adapter.source) / WEIGHTS_FILE) as f:
+            pairs: dict[str, dict[str, str]] = {}
+            for key in keys:
+                m = _LORA_PAIR.match(key)
+                if m is None:
+                    raise ValueError(message(
+                        "ISL-K502", file=self.where, key=repr(key),
+                        why="only lora_A.weight / lora_B.weight pairs have a scaling to fold and a rank to pad "
+                            "(an embedding's lora_embedding_A/B, a saved module or a bias is none of these)"))
+                pairs.setdefault(m["module"], {})[m["ab"]] = key
+            out = []
+            for module, pair in pairs.items():
+                if set(pair) != {"A", "B"}:
+                    have = next(iter(pair.values()))
+                    raise ValueError(message("ISL-K502", file=self.where, key=repr(have),
+                                             why="it has no partner (every LoRA factor needs its A and its B)"))
+                sa, sb = (list(f.get_slice(pair[ab]).get_shape()) for ab in "AB")
+                dtypes = [_ST_TORCH[f.get_slice(pair[ab]).get_dtype()] for ab in "AB"]
+                if len(sa) != 2 or len(sb) != 2 or sa[0] != sb[1]:
+                    raise ValueError(message("ISL-K502", file=self.where, key=repr(pair["A"]),
+                                             why=f"lora_A {sa} and lora_B {sb} are no [r, in] and [out, r] pair"))
+                out.append(_Other(module, pair["A"], pair["B"], sa[0], sa, sb, *dtypes,
+                                  peft.scaling_of(module_of(pair["A"]))))
+        return out
+
+    def _layout_notes(self) -> list[Finding]:
+        notes = []
+        for m in self.sink:
+            if m.how == "stacked":
+                r = m.rank // self.n
+                notes.append(Finding("ISL-N501", m.name, message("ISL-N501", module=m.name, n=self.n, r=r,
+                                                                 rank=m.rank),
+                                     "none needed: start the server with --max-lora-rank at least this rank"))
+        return notes
+
+    @property
+    def rank_reason(self) -> str:
+        hows = {m.how for m in self.sink}
+        parts = []
+        if "stacked" in hows:
+            parts.append(f"per-expert outer factors stacked to n·r = {self.n}·{self.rank // self.n}")
+        if "collapsed" in hows:
+            parts.append("identical per-expert outer factors collapsed")
+        ranks = sorted({m.rank for m in self.sink} | {o.rank for o in self.others})
+        if len(ranks) > 1:
+            parts.append(f"the largest module rank of {ranks}, the others zero-padded")
+        return "; ".join(parts) or "the adapter's own rank"
+
+    def target_modules(self) -> list[str]:
+        """The sink's three targets and every other module's last name part."""
+        others = sorted({o.module.rsplit(".", 1)[-1] for o in self.others} - set(SINK_TARGET_MODULES))
+        return [*SINK_TARGET_MODULES, *others]
+
+    def config(self) -> dict[str, Any]:
+        """What sglang reads plainly: r, lora_alpha = r (scaling 1), the targets; PEFT's
+        bookkeeping fields kept (they change no math)."""
+        kept = {k: self.adapter.config[k] for k in ("base_model_name_or_path", "task_type", "revision")
+                if k in self.adapter.config}
+        return {**kept, "peft_type": "LORA", "r": self.rank, "lora_alpha": self.rank,
+                "target_modules": self.target_modules(), "bias": "none", "use_rslora": False, "use_dora": False}
+
+    def specs(self) -> list[tuple[str, torch.dtype, list[int]]]:
+        """Every tensor of the file, in order: its key, dtype and shape (the header)."""
+        n, H, F, R = self.n, self.hidden, self.intermediate, self.rank
+        sink = {"gate_proj.lora_A": [R, H], "up_proj.lora_A": [R, H], "gate_proj.lora_B": [n * F, R],
+                "up_proj.lora_B": [n * F, R], "down_proj.lora_A": [R, n * F], "down_proj.lora_B": [H, R]}
+        out = [(f"{m.name}.{k}.weight", self.dtype, s) for m in self.sink for k, s in sink.items()]
+        out += [spec for o in self.others
+                for spec in ((o.key_a, o.dtype_a, [R, o.shape_a[1]]), (o.key_b, o.dtype_b, [o.shape_b[0], R]))]
+        return out
+
+    def tensors(self, progress: bool | None) -> Iterator[dict[str, torch.Tensor]]:
+        """The file's tensors, one module at a time, in ``specs`` order."""
+        size = sum(math.prod(s) * d.itemsize for _, d, s in self.specs())
+        show = progress if progress is not None else size >= PROGRESS_BYTES
+        with tqdm(total=len(self.sink) + len(self.others), disable=not show, desc="exporting", unit="module") as bar:
+            for m in self.sink:
+                f, _ = self.module_factors(m.name)
+                yield {f"{m.name}.{k}.weight": _cast(t, self.dtype, f"{m.name}.{k}.weight", self.where)
+                       for k, t in flat_factors(f, self.rank).items()}
+                bar.update()
+            if not self.others:
+                return
+            with open_safetensors(Path(self.adapter.source) / WEIGHTS_FILE) as file:
+                for o in self.others:
+                    a, b = file.get_tensor(o.key_a), file.get_tensor(o.key_b)
+                    for key, t in ((o.key_a, a), (o.key_b, b)):
+                        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                            bad = int((~torch.isfinite(t)).sum())
+                            raise ValueError(message("ISL-K302", file=self.where, key=repr(key), k=bad,
+                                                     numel=t.numel()))
+                    yield {o.key_a: _pad(a, 0, self.rank),
+                           o.key_b: _cast(_pad(b.double() * o.scaling, 1, self.rank), o.dtype_b, o.key_b, self.where)}
+                    bar.update()
+
+
+_ST_TORCH = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype, key: str, where: str) -> torch.Tensor:
+    """The one cast of a folded float64 factor; a value the dtype cannot hold is refused."""
+    out = t.to(dtype)
+    if t.is_floating_point() and not bool(torch.isfinite(out).all()):
+        count = int((~torch.isfinite(out)).sum())
+        raise ValueError(message("ISL-K501", file=where, key=repr(key), dtype=str(dtype).removeprefix("torch."),
+                                 count=count, limit=f"{torch.finfo(dtype).max:.6g}"))
+    return out.contiguous()
+
+
+def _covers(saved: str, module: str) -> bool:
+    """PEFT's modules_to_save rule: a module whose name, or a parent's, ends with the entry."""
+    parts = module.removeprefix("base_model.model.").split(".")
+    prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(p == saved or p.endswith("." + saved) for p in prefixes)
+
+
+def _refuse_saved_sink(adapter: Adapter) -> None:
+    saved = adapter.peft.modules_to_save
+    for module in adapter.modules:
+        covering = [s for s in saved if _covers(s, module)]
+        if covering:
+            raise ValueError(message("ISL-K504", file=f"{Path(adapter.source).name}/{CONFIG_FILE}",
+                                     modules=covering, module=module.removeprefix("base_model.model.")))
+
+
+# -- the proof ---------------------------------------------------------------------------------
+
+def _allowed(dtype: torch.dtype) -> str:
+    if dtype in TOLERANCES:
+        return f"{str(dtype).removeprefix('torch.')} export: relative error up to {TOLERANCES[dtype]:g}"
+    return f"{str(dtype).removeprefix('torch.')} export: within two rounding steps of the dtype"
+
+
+@dataclass(frozen=True)
+class _Readback:
+    """One module's tensors and the written config, as ``run_sglang`` reads an adapter held in memory."""
+
+    config: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+
+
+def _served(folder: Path, n: int, hidden: int, intermediate: int, max_rank: int, readback: _Readback) -> Any:
+    """The kit's model of sglang 0.5.23's loading path, on one module read back from ``folder``."""
+    return run_sglang(folder, n, hidden, intermediate, max_rank=max_rank, name=folder.name, state=readback)
+
+
+@dataclass
+class Proof:
+    """``verify_export``'s result: the rows, and the first reason it fails (``""``: it holds)."""
+
+    rows: list[ProofRow]
+    allowed: str
+    failure: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failure and all(r.close for r in self.rows)
+
+    def check(self) -> None:
+        """Raise the proof's refusal (``ISL-K503``) when it fails."""
+        if self.ok:
+            return
+        bad = next((r for r in self.rows if not r.close), None)
+        what = self.failure or f"{bad.module} {bad.part}" + ("" if bad.expert is None else f" expert {bad.expert}") \
+            + f" (relative error {bad.max_rel:.3g}; {self.allowed})"
+        raise ValueError(message("ISL-K503", sglang=SGLANG, what=what))
+
+
+def _compare(module: str, part: str, expert: int | None, served: torch.Tensor, peft: torch.Tensor,
+             bound: torch.Tensor | None, dtype: torch.dtype) -> ProofRow:
+    """Served against PEFT's delta: relative error for float64/float32; for a 16-bit
+    dtype, every element within two rounding steps of ``|B'| @ |A'|`` (the served
+    factors' absolute product, which bounds what one rounding of B can move)."""
+    rel = relative_error(served, peft)
+    if dtype in TOLERANCES:
+        return ProofRow(module, part, expert, rel, rel <= TOLERANCES[dtype])
+    step = torch.finfo(dtype).eps * bound
+    diff = (served - peft).abs()
+    steps = float((diff / step.clamp_min(torch.finfo(torch.float64).tiny)).max()) if diff.numel() else 0.0
+    steps = 0.0 if not bool((diff > 0).any()) else steps
+    return ProofRow(module, part, expert, rel, steps <= 2.0, steps)
+
+
+def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, hidden: int | None = None,
+                  intermediate: int | None = None) -> Proof:
+    """Read ``folder`` (an export of ``adapter``) back through the kit's model of sglang
+    0.5.23's loading path and forward, one module at a time, and compare each expert's
+    served LoRA delta with PEFT's delta of ``adapter`` (``peft_reference``), and every
+    other module's delta with PEFT's ``scaling * B @ A``. Never raises on a bad folder:
+    ``Proof.failure`` says where sglang would stop or serve something else."""
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    rank = int(config["r"])
+    files = sorted(p.name for p in folder.glob("*.safetensors"))
+    rows: list[ProofRow] = []
+    dtype = adapters_dtype([adapter])
+    proof = Proof(rows, _allowed(dtype))
+    if files != [WEIGHTS_FILE]:  # sglang reads every *.safetensors of the folder (safetensors_weights_iterator)
+        proof.failure = f"the folder holds {files}; sglang would read every one"
+        return proof
+    with open_safetensors(folder / WEIGHTS_FILE) as f:
+        keys = list(f.keys())
+        by_module: dict[str, list[str]] = {}
+        for k in keys:
+            fn = FactorName.parse(k)
+            if fn is not None:
+                by_module.setdefault(fn.module, []).append(k)
+        missing = [m for m in adapter.modules if m not in by_module]
+        if missing:
+            proof.failure = f"{missing[0]} is not in the export"
+            return proof
+        for module in adapter.modules:
+            weights = {k: f.get_tensor(k) for k in by_module[module]}
+            want = peft_reference(adapter, module, n)
+            F, H = (int(d) for d in want[0].shape[1:])
+            path = _served(folder, n, hidden or H, intermediate or F, rank, _Readback(config, weights))
+            if path.raised is not None:
+                proof.failure = f"sglang {SGLANG} raises loading {module}: {path.raised.text}"
+            elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
+                proof.failure = f"sglang {SGLANG} does not serve {module} as trained: " + "; ".join(
+                    [path.unknown] * bool(path.unknown) + path.causes
+                    + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
+            if proof.failure:
+                return proof
+            loaded = path.loaded[module]
+            served = _sglang_deltas(path, module)
+            bounds = factor_deltas(*(t.abs() for t in loaded.tensors().values()))
+            for part, got, peft, bound in zip(("gate", "up", "down"), served, want, bounds):
+                for e in range(n):
+                    rows.append(_compare(module, part, e, got[e], peft[e], bound[e], dtype))
+        _prove_others(f, keys, config, adapter, rows)
+    return proof
+
+
+def _prove_others(f: Any, keys: Sequence[str], config: dict[str, Any], adapter: Adapter, rows: list[ProofRow]) -> None:
+    """Every other module: sglang's one ``lora_alpha / r`` of the export times ``B' @ A'``
+    against the input's PEFT ``scaling * B @ A``, on seeded random inputs (a delta of
+    any size, never formed densely)."""
+    if not adapter.other_keys:
+        return
+    served_scaling = config["lora_alpha"] / config["r"]  # lora.py: LoRAAdapter.__init__
+    peft = adapter.peft
+    gen = torch.Generator().manual_seed(0)
+    with open_safetensors(Path(adapter.source) / WEIGHTS_FILE) as source:
+        for key in adapter.other_keys:
+            m = _LORA_PAIR.match(key)
+            if m is None or m["ab"] != "A":
+                continue
+            key_b = f"{m['module']}.lora_B.weight"
+            if key not in keys or key_b not in keys:
+                rows.append(ProofRow(m["module"], "missing from the export", None, math.inf, False))
+                continue
+            a_in, b_in = source.get_tensor(key).double(), source.get_tensor(key_b).double()
+            a_out, b_out = f.get_tensor(key).double(), f.get_tensor(key_b).double()
+            if a_out.shape[0] != config["r"] or b_out.shape[1] != config["r"]:
+                rows.append(ProofRow(m["module"], f"rank {a_out.shape[0]} is not the file's r", None, math.inf, False))
+                continue
+            x = torch.randn(a_in.shape[1], 8, generator=gen, dtype=torch.float64)
+            want = peft.scaling_of(module_of(key)) * (b_in @ (a_in @ x))
+            got = served_scaling * (b_out @ (a_out @ x))
+            dtype = source.get_slice(key_b).get_dtype()
+            bound = b_out.abs() @ (a_out.abs() @ x.abs())
+            rows.append(_compare(m["module"], "LoRA delta", None, got, want, bound, _ST_TORCH[dtype]))
+
+
+# -- the export -------------------------------------------------------------------------------
+
+def _check_output(output: Path, source: str, force: bool) -> None:
+    """Never over an input: not the adapter's folder, not a folder that holds it, not inside it."""
+    if not source:
+        return
+    out, src = output.resolve(), Path(source).resolve()
+    relation = ("the folder of" if out == src else "a folder that holds" if out in src.parents
+                else "inside" if src in out.parents else "")
+    if relation:
+        exc = FileExistsError(message("ISL-K505", output=output.name, relation=relation, adapter=src.name))
+        exc.add_note(f"output path: {output}")
+        raise exc
+
+
+def tp_sizes(intermediate: int, largest: int = 64) -> list[int]:
+    """The tensor-parallel sizes up to ``largest`` that split the sink's ``F`` (``check_tp``)."""
+    return [t for t in range(1, min(intermediate, largest) + 1) if intermediate % t == 0]
+
+
+def server_flags(output: str | os.PathLike[str], rank: int, target_modules: Sequence[str], tp: int = 1) -> list[str]:
+    """What an sglang 0.5.23 server needs to serve the export (``SERVER_FACTS`` cites each)."""
+    flags = [f"--lora-paths {Path(output).name}={output}", f"--max-lora-rank {rank}",
+             "--lora-target-modules " + " ".join(sorted(server_target_modules(target_modules))),
+             "--lora-backend triton"]
+    return flags + ([f"--tp-size {tp}"] if tp > 1 else [])
+
+
+def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | os.PathLike[str],
+                      n_shared_experts: int, *, hidden: int | None = None, intermediate: int | None = None,
+                      tp: int = 1, force: bool = False, progress: bool | None = None) -> ExportReport:
+    """Write ``output``, a PEFT folder sglang 0.5.23 serves as exactly ``adapter``'s math,
+    proven on the way out; or refuse, writing nothing. Never raises on a bad adapter:
+    the report says (``written``, ``error``, ``code``; ``raise_if_refused()`` raises it).
+
+    ``adapter``: a folder, or an ``Adapter`` read from one (other modules' tensors are
+    read from its file). ``hidden``/``intermediate``: the model's ``H`` and full
+    per-expert ``F`` (default the adapter's; a mismatch is refused). ``tp``: the server's
+    tensor-parallel size, checked to split ``F``. ``force``: replace an existing
+    ``output``. ``progress``: a bar on stderr (default: for exports over 64 MiB).
+    """
+    output = Path(output)
+    name = adapter.name if isinstance(adapter, Adapter) else Path(adapter).name
+    report = ExportReport(name, str(output), n_shared_experts, hidden, intermediate, tp)
+    try:
+        read = adapter if isinstance(adapter, Adapter) else load_adapter(adapter)
+        _check_output(output, read.source, force)
+        plan = _Export(read, n_shared_experts, hidden, intermediate, tp)
+        report.hidden, report.intermediate = plan.hidden, plan.intermediate
+        report.rank, report.rank_reason = plan.rank, plan.rank_reason
+        report.dtype = str(plan.dtype).removeprefix("torch.")
+        report.modules = [m.name for m in plan.sink]
+        report.other_modules = [o.module for o in plan.others]
+        report.target_modules = plan.target_modules()
+        with atomic_folder(output, force=force) as tmp:
+            (tmp / CONFIG_FILE).write_text(json.dumps(plan.config(), indent=2) + "\n", encoding="utf-8")
+            stream_safetensors(tmp / WEIGHTS_FILE, plan.specs(), plan.tensors(progress),
+                               {"format": "pt", "inkling_lab_export_of": read.sha256})
+            proof = verify_export(tmp, read, n_shared_experts, hidden=plan.hidden, intermediate=plan.intermediate)
+            report.proof, report.allowed = proof.rows, proof.allowed
+            proof.check()
+        report.findings = [*read.findings, *plan.findings]
+        report.server_flags = server_flags(output, plan.rank, report.target_modules, tp)
+        report.tp_sizes = tp_sizes(plan.intermediate)
+        report.written = True
+    except (OSError, ValueError, RuntimeError, AssertionError, KeyError) as exc:
+        report.exception = exc
+        report.error = f"{type(exc).__name__}: {exc}"
+        entry = find_entry(exc)
+        report.code = entry.code if entry is not None else None
+    return report
+
+
+def cure(adapter: Adapter | None, error: BaseException | None) -> str:
+    """The doctor's line about the cure: ``export`` writes an adapter sglang serves as
+    trained, or why it cannot (the kit refuses the adapter, or the sink is saved whole)."""
+    if adapter is None:
+        text = str(error).split(": ", 1)[-1] if error is not None else "the kit cannot read it"
+        return f"inkling-lab export cannot cure it because the kit refuses it: {text}"
+    try:
+        _refuse_saved_sink(adapter)
+    except ValueError as exc:
+        return f"inkling-lab export cannot cure it because {str(exc).split(': ', 1)[-1]}"
+    return "inkling-lab export writes an adapter sglang serves as trained"

@@ -1,0 +1,296 @@
+"""The cure (issue 23): adapters made by PEFT itself, exported, read back through the kit's
+model of sglang 0.5.23's loading path; what sglang serves equals PEFT's own delta
+(``get_delta_weight`` / merged weights), computed by PEFT, never by the export."""
+import json
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("peft", reason="needs peft >= 0.18 (the test extra)")
+
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from inkling_lab import export as export_module  # noqa: E402
+from inkling_lab.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter, synthetic_adapter  # noqa: E402
+from inkling_lab.cli import main  # noqa: E402
+from inkling_lab.compare import factor_deltas  # noqa: E402
+from inkling_lab.export import export_for_sglang, shared_outer, verify_export  # noqa: E402
+from inkling_lab.pool import LoRAFactors  # noqa: E402
+from inkling_lab.records import relative_error  # noqa: E402
+from inkling_lab.sglang_path import run_sglang  # noqa: E402
+
+D = torch.float64
+SINK = ("gate_proj", "up_proj", "down_proj")
+
+
+def _close(got, want, bound, dtype):
+    """float64 1e-9, float32 1e-6 (relative); 16-bit: two rounding steps of the served |B'||A'|."""
+    if dtype in (torch.float64, torch.float32):
+        return relative_error(got, want) <= (1e-9 if dtype == D else 1e-6)
+    return bool(((got - want).abs() <= 2 * torch.finfo(dtype).eps * bound + 1e-300).all())
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, n, H, F, attention):
+        super().__init__()
+        self.mlp = torch.nn.Module()
+        self.mlp.shared_experts = torch.nn.Module()
+        for name, (i, o) in {"gate_proj": (H, n * F), "up_proj": (H, n * F), "down_proj": (n * F, H)}.items():
+            setattr(self.mlp.shared_experts, name, torch.nn.Linear(i, o, bias=False))
+        if attention:
+            self.self_attn = torch.nn.Module()
+            self.self_attn.q_proj = torch.nn.Linear(H, 2 * H, bias=False)
+
+
+def peft_classic(folder, n, H, F, r, *, layers=1, targets=SINK, attention=False, dtype=D, seed=0, **options):
+    """A classic PEFT adapter of the flat 2D shared-sink layout (SPEC §6), made by PEFT itself
+    (``gate_proj``/``up_proj`` Linear ``H -> n*F``, ``down_proj`` ``n*F -> H``), factors
+    representable in ``dtype``, saved in ``dtype``. Returns PEFT's own delta of every LoRA
+    module (``get_delta_weight``, float64), by module name."""
+    torch.manual_seed(seed)
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([_Layer(n, H, F, attention) for _ in range(layers)])
+    model = model.double()
+    config = LoraConfig(r=r, target_modules=list(targets) + (["q_proj"] if attention else []),
+                        init_lora_weights=False, **options)
+    peft_model = get_peft_model(model, config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.copy_((torch.randn(p.shape, generator=gen, dtype=D) / p.shape[-1] ** 0.5).to(dtype).double())
+    peft_model.save_pretrained(str(folder))
+    weights = folder / WEIGHTS_FILE
+    save_file({k: v.to(dtype) for k, v in load_file(weights).items()}, weights)
+    deltas = {}
+    for name, module in peft_model.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "lora_A") and "default" in module.lora_A:
+            deltas[name.removeprefix("base_model.model.")] = module.get_delta_weight("default").detach().double()
+    return deltas
+
+
+def served(folder, n, H, F):
+    """What sglang 0.5.23 serves from ``folder``, per sink module (the kit's model, the whole
+    folder read as sglang reads it): gate, up ``[n, F, H]``, down ``[n, H, F]`` and the bound
+    ``|B'| @ |A'|`` of each."""
+    path = run_sglang(folder, n, H, F)
+    assert path.raised is None and not path.unknown and path.wrapped and not path.causes and not path.skip_warning
+    out = {}
+    for module, f in path.loaded.items():
+        assert f.outer == 1  # the shared-outer layout sglang computes right
+        out[module.removeprefix("base_model.model.")] = (factor_deltas(*f.tensors().values()),
+                                                         factor_deltas(*(t.abs() for t in f.tensors().values())))
+    return out, path
+
+
+def per_expert(deltas, module, n, F):
+    """PEFT's flat deltas of one sink module as per-expert ``[n, F, H]`` / ``[n, H, F]``."""
+    gate, up, down = (deltas.get(f"{module}.{p}") for p in SINK)
+    H = (down if down is not None else gate.T).shape[0]
+    zero = torch.zeros(n * F, H, dtype=D)
+    gate, up = (zero if t is None else t for t in (gate, up))
+    down = zero.T if down is None else down
+    return gate.view(n, F, H), up.view(n, F, H), down.view(H, n, F).permute(1, 0, 2)
+
+
+def assert_serves_peft(out, deltas, n, H, F, dtype):
+    got, path = served(out, n, H, F)
+    modules = sorted({k.rsplit(".", 1)[0] for k in deltas if ".shared_experts." in k})
+    assert sorted(got) == modules
+    for module in modules:
+        (dg, bounds) = got[module]
+        for part, s, w, b in zip(SINK, dg, per_expert(deltas, module, n, F), bounds):
+            assert _close(s, w, b, dtype), (module, part, relative_error(s, w))
+    config = json.loads((out / CONFIG_FILE).read_text())
+    weights = load_file(out / WEIGHTS_FILE)
+    for name, want in deltas.items():  # other modules: sglang's one lora_alpha / r times B' @ A'
+        if ".shared_experts." in name:
+            continue
+        a, b = (weights[f"base_model.model.{name}.lora_{ab}.weight"].double() for ab in "AB")
+        assert a.shape[0] == config["r"] == b.shape[1]
+        assert _close(config["lora_alpha"] / config["r"] * b @ a, want, b.abs() @ a.abs(), dtype), name
+    return config, path
+
+
+# -- PEFT's own adapters, exported ---------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [
+    {"lora_alpha": 8},
+    {"lora_alpha": 3, "use_rslora": True},
+    {"lora_alpha": 4, "rank_pattern": {"down_proj": 3}, "alpha_pattern": {"up_proj": 11}},
+    {"lora_alpha": 5, "use_rslora": True, "rank_pattern": {"layers.1.mlp.shared_experts.gate_proj": 1,
+                                                       "layers.1.mlp.shared_experts.up_proj": 1}},
+])
+@pytest.mark.parametrize("targets", [SINK, ("gate_proj", "up_proj"), ("down_proj",)])
+def test_a_classic_peft_adapter_is_served_as_peft_computes_it(tmp_path, options, targets):
+    n, H, F = 2, 8, 3
+    deltas = peft_classic(tmp_path / "in", n, H, F, 2, layers=2, targets=targets, attention=True, **options)
+    report = export_for_sglang(tmp_path / "in", tmp_path / "out", n)
+    assert report.written, report
+    config, _ = assert_serves_peft(tmp_path / "out", deltas, n, H, F, D)
+    assert config["lora_alpha"] == config["r"] == report.rank  # sglang's own scaling is 1
+    assert not {"use_rslora", "rank_pattern", "alpha_pattern", "target_parameters"} & {
+        k for k, v in config.items() if v}
+    assert set(config["target_modules"]) >= {"gate_proj", "up_proj", "down_proj", "q_proj"}
+    assert report.max_rel_error is not None and report.max_rel_error < 1e-9
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(2, 7), F=st.integers(1, 4), r=st.integers(1, 4),
+       down_rank=st.integers(1, 5), alpha=st.floats(0.25, 40), rslora=st.booleans(),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]),
+       seed=st.integers(0, 99))
+def test_any_classic_adapter_exports_to_peft_s_math(tmp_path_factory, n, H, F, r, down_rank, alpha, rslora, dtype,
+                                                    seed):
+    tmp = tmp_path_factory.mktemp("export")
+    deltas = peft_classic(tmp / "in", n, H, F, r, dtype=dtype, seed=seed, lora_alpha=alpha, use_rslora=rslora,
+                          rank_pattern={"down_proj": down_rank})
+    report = export_for_sglang(tmp / "in", tmp / "out", n)
+    assert report.written, report
+    assert report.rank == max(r, down_rank) and report.dtype == str(dtype).removeprefix("torch.")
+    assert_serves_peft(tmp / "out", deltas, n, H, F, dtype)
+
+
+# -- PEFT target_parameters exports of transformers' Inkling ------------------------------------------
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"use_rslora": True},
+    {"rank_pattern": {"mlp.shared_experts.down_proj": 3}, "alpha_pattern": {"mlp.shared_experts.up_proj": 7.0}},
+    {"use_rslora": True, "alpha_pattern": {"mlp.shared_experts.gate_proj": 0.5}},
+])
+def test_a_target_parameters_export_is_served_as_trained(tmp_path, options):
+    pytest.importorskip("transformers.models.inkling", reason="needs transformers >= 5.24 (the test extra)")
+    from inkling_lab.doctor import doctor
+    from inkling_lab.transformers_interop import make_peft_sink_adapter, transformers_state
+
+    n, H, F = 3, 8, 4
+    made = make_peft_sink_adapter(tmp_path / "in", n, H, F, rank=2, lora_alpha=5.0, lora_options=options)
+    assert doctor(made.folder, n, H, F).computes.outcome == "base"  # sglang skips the keys: the base sink
+    report = export_for_sglang(made.folder, tmp_path / "out", n)
+    assert report.written, report
+    ranks = [2, 3 if options.get("rank_pattern") else 2]
+    assert report.rank == n * max(ranks)  # per-expert outer: stacked to n*r
+    assert any(f.code == "ISL-N501" for f in report.findings)
+    base = transformers_state(made.base)
+    got, _ = served(tmp_path / "out", n, H, F)
+    (deltas, bounds), = got.values()
+    for part, delta in zip(SINK, deltas):  # PEFT's merged weights minus the base, float64
+        assert relative_error(delta, made.merged[part] - base[part]) < 1e-9, part
+    assert doctor(tmp_path / "out", n, H, F).ok  # the doctor: sglang serves the adapter's math
+
+
+def test_identical_per_expert_outer_factors_collapse_to_rank_r():
+    f = LoRAFactors.random(3, 5, 4, 2, outer=1, seed=1)
+    per = LoRAFactors(f.gate_up_a.expand(3, -1, -1).clone(), f.gate_up_b, f.down_a, f.down_b.expand(3, -1, -1).clone(),
+                      lora_alpha=f.lora_alpha)
+    collapsed, how = shared_outer(per)
+    assert how == "collapsed" and collapsed.rank == 2 and collapsed.outer == 1
+    other = LoRAFactors.random(3, 5, 4, 2, outer=3, seed=2)
+    stacked, how = shared_outer(other)
+    assert how == "stacked" and stacked.rank == 6 and stacked.scaling == pytest.approx(other.scaling)
+    for s, w in zip(factor_deltas(*stacked.tensors().values(), scaling=stacked.scaling),
+                    factor_deltas(*other.tensors().values(), scaling=other.scaling)):
+        assert torch.equal(s, w)  # blocks and zeros: exact, not merely close
+
+
+# -- the proof catches a wrong export ------------------------------------------------------------------
+
+def test_a_wrong_export_is_caught_by_the_proof(tmp_path, monkeypatch):
+    ad = synthetic_adapter(2, 8, 6, 4, per_expert=True, lora_alpha=4.0)  # scaling 1: only the layout is wrong
+    src = save_adapter(ad, tmp_path / "in")
+    kept = verify_export(src, load_adapter(src), 2)  # the per-expert outer layout kept, as PEFT saved it
+    assert not kept.ok and "ISL-W001" in kept.failure
+    with pytest.raises(ValueError, match="does not compute the adapter's math"):
+        kept.check()
+    rs = synthetic_adapter(2, 8, 6, 4)
+    rs.config["use_rslora"] = True
+    folder = save_adapter(rs, tmp_path / "rslora")
+    monkeypatch.setattr(export_module, "_folded", lambda module, f: f)  # scaling not folded
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert not report.written and report.code == "ISL-K503" and report.exit_status == 1
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in", "rslora"]
+    assert any(not r.close for r in report.proof)
+    assert "served != peft" in str(report)
+
+
+# -- refusals: a code, exit status 1, nothing left behind ------------------------------------------------
+
+def _saved(tmp_path, **config):
+    ad = synthetic_adapter(2, 8, 6, 4)
+    ad.config.update(config)
+    return save_adapter(ad, tmp_path / "in")
+
+
+@pytest.mark.parametrize("config, code", [
+    ({"use_dora": True}, "ISL-K303"), ({"lora_bias": True}, "ISL-K304"),
+    ({"modules_to_save": ["mlp"]}, "ISL-K504"), ({"init_lora_weights": "pissa"}, "ISL-K305")])
+def test_what_no_export_can_serve_is_refused(tmp_path, config, code):
+    report = export_for_sglang(_saved(tmp_path, **config), tmp_path / "out", 2)
+    assert (report.written, report.code) == (False, code)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_nan_overflow_and_sizes_are_refused(tmp_path):
+    ad = synthetic_adapter(2, 8, 6, 4, dtype=torch.float16, lora_alpha=1e6)
+    assert export_for_sglang(save_adapter(ad, tmp_path / "fp16"), tmp_path / "out", 2).code == "ISL-K501"
+    folder = _saved(tmp_path)
+    weights = load_file(folder / WEIGHTS_FILE)
+    weights["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"] = torch.full((4, 8), math.nan)
+    weights["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"] = torch.ones(8, 4)
+    save_file(weights, folder / WEIGHTS_FILE)
+    assert export_for_sglang(folder, tmp_path / "out", 2).code == "ISL-K302"
+    assert export_for_sglang(_saved(tmp_path / "b"), tmp_path / "out", 2, hidden=9).code == "ISL-K506"
+    assert export_for_sglang(_saved(tmp_path / "c"), tmp_path / "out", 2, tp=4).code == "ISL-K102"
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_the_output_is_never_an_input_and_needs_force(tmp_path):
+    folder = _saved(tmp_path)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for out in (folder, tmp_path, folder / "inside"):
+        report = export_for_sglang(folder, out, 2, force=True)
+        assert report.code == "ISL-K505", out
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep").write_text("x")
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert not report.written and isinstance(report.exception, FileExistsError)
+    assert (tmp_path / "out" / "keep").exists()
+    report = export_for_sglang(folder, tmp_path / "out", 2, force=True)
+    assert report.written and sorted(os.listdir(tmp_path / "out")) == [CONFIG_FILE, WEIGHTS_FILE]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
+    folder = _saved(tmp_path)
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module, "stream_safetensors", broken)
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert not report.written and "No space left" in report.error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+# -- the command ------------------------------------------------------------------------------------------
+
+def test_the_command_prints_json_and_the_server_flags(tmp_path, capsys):
+    ad = synthetic_adapter(2, 8, 6, 4, per_expert=True)
+    folder = save_adapter(ad, tmp_path / "in")
+    code = main(["export", str(folder), "-o", str(tmp_path / "out"), "-n", "2", "--tp", "2", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["written"] and out["rank"] == 8 and out["max_rel_error"] < 1e-9
+    assert "--max-lora-rank 8" in out["server_flags"] and "--lora-backend triton" in out["server_flags"]
+    assert "--lora-target-modules down_proj gate_up_proj" in out["server_flags"]
+    assert out["tp_sizes"] == [1, 2, 3, 6] and "--tp-size 2" in out["server_flags"]
+    assert {f["code"] for f in out["findings"]} >= {"ISL-N501"}
+    code = main(["export", str(folder), "-o", str(tmp_path / "out"), "-n", "2"])
+    assert code == 1 and "refused, nothing written" in capsys.readouterr().err
