@@ -5,7 +5,7 @@ fused, ``w``-named or per-expert named ``shared_experts`` factors; PEFT
 ``target_parameters`` exports; one-sided adapters; ``rank_pattern``,
 ``alpha_pattern``, rsLoRA) and writes ``output``, a PEFT folder
 (``adapter_config.json`` + ``adapter_model.safetensors``) that sglang 0.5.23's own
-loading path serves as exactly the adapter's math (SPEC §12):
+loading path serves as exactly the adapter's math (docs/reference.md#the-cure):
 
 * **scaling:** each projection's true PEFT scaling is folded into its lora_B, in
   float64, then cast once to the adapter's dtype; the config says ``r = lora_alpha``
@@ -27,7 +27,7 @@ loading path serves as exactly the adapter's math (SPEC §12):
 Then the proof, every time: the written folder is read back, module by module,
 through the kit's model of sglang 0.5.23's loading path and forward
 (``sglang_path.run_sglang``) and each expert's served LoRA delta is compared with
-PEFT's (``peft_reference``); only a folder that passes gets its name. A refusal
+PEFT's, computed by PEFT itself (``module_reference``); only a folder that passes gets its name. A refusal
 (``ExportReport.written`` false, exit status 1) leaves nothing behind.
 
 Peak memory: the adapter's shared-sink factors (``load_adapter`` reads them), one
@@ -51,7 +51,8 @@ from tqdm.auto import tqdm
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of, open_safetensors
 from .atomic import atomic_folder
 from .catalog import message
-from .compare import Deltas, _sglang_deltas, factor_deltas, peft_deltas
+from .catalog import Finding, finding
+from .compare import _sglang_deltas, factor_deltas, reference
 from .convert import PROGRESS_BYTES, adapters_dtype, stream_safetensors
 from .errors import find_entry
 from .geometry import check_tp
@@ -59,7 +60,6 @@ from .pool import LoRAFactors
 from .records import relative_error
 from .sglang_path import run_sglang, server_target_modules
 from .upstream_defect import collapse_identical_outer
-from .validate import Finding
 
 SINK_TARGET_MODULES = ("gate_proj", "up_proj", "down_proj")
 """The export's sink targets: ``get_normalized_target_modules`` (utils.py) maps
@@ -88,11 +88,31 @@ SERVER_FACTS = {
 _LORA_PAIR = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 
 
-def peft_reference(adapter: Adapter, module: str, n: int) -> Deltas:
-    """PEFT's delta of one sink module (gate, up ``[n, F, H]``, down ``[n, H, F]``, float64),
-    computed from the input adapter alone, independently of the export: the one source
-    of the proof's expected values."""
-    return peft_deltas(adapter, module, n)
+def module_reference(adapter: Adapter, module: str, n: int, hidden: int, intermediate: int) -> tuple[Any, str]:
+    """PEFT's delta of one sink module of ``adapter`` (gate, up ``[n, F, H]``, down ``[n, H,
+    F]``, float64), computed from the input alone, independently of the export, by PEFT
+    itself where installed (``compare.reference``, ``peft_reference``), and who computed it.
+
+    One module at a time, so that the proof holds one module's dense deltas: PEFT loads a
+    folder holding only that module's tensors of the input file (config unchanged, so its
+    patterns match as before)."""
+    import tempfile
+
+    keys = [k for k in adapter.factor_keys if FactorName.parse(k).module == module]
+    alone = dataclasses.replace(adapter, weights={k: adapter.weights[k] for k in keys}, findings=[], source="")
+    source = Path(adapter.source) / WEIGHTS_FILE if adapter.source else None
+    if source is None or not source.is_file():
+        ref = reference(alone, alone, n, hidden, intermediate)
+        return ref.deltas[module], ref.label
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory(prefix="inkling-export-reference-") as tmp, open_safetensors(source) as f:
+        folder = Path(tmp) / (Path(adapter.source).name or "adapter")
+        folder.mkdir()
+        save_file({k: f.get_tensor(k) for k in f.keys() if k.startswith(module + ".")}, str(folder / WEIGHTS_FILE))
+        (folder / CONFIG_FILE).write_text(json.dumps(adapter.config), encoding="utf-8")
+        ref = reference(folder, alone, n, hidden, intermediate)
+        return ref.deltas[module], ref.label
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -142,6 +162,7 @@ class ExportReport:
     tp_sizes: list[int] = field(default_factory=list)
     proof: list[ProofRow] = field(default_factory=list)
     allowed: str = ""
+    reference: str = ""
     findings: list[Finding] = field(default_factory=list)
     error: str = ""
     code: str | None = None
@@ -174,7 +195,7 @@ class ExportReport:
                      f"  target_modules: {self.target_modules}"]
         if self.proof:
             lines.append(f"proof: the export read back through sglang {SGLANG}'s loading path (the kit's model) "
-                         f"against PEFT's delta, each expert, float64 ({self.allowed}):")
+                         f"against PEFT's delta computed by {self.reference}, each expert, float64 ({self.allowed}):")
             bad = [r for r in self.proof if not r.close]
             lines += [f"  {r}" for r in bad] or [f"  {max(self.proof, key=lambda r: r.max_rel)}",
                                                  f"  every module and expert matches ({len(self.proof)} comparisons)"]
@@ -197,7 +218,7 @@ class ExportReport:
                 "tp_sizes": self.tp_sizes, "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
                                                     "intermediate": self.intermediate},
                 "modules": self.modules, "other_modules": self.other_modules,
-                "max_rel_error": self.max_rel_error, "allowed": self.allowed,
+                "max_rel_error": self.max_rel_error, "allowed": self.allowed, "reference": self.reference,
                 "proof": [dataclasses.asdict(r) for r in self.proof], "error": self.error, "code": self.code,
                 "findings": [dataclasses.asdict(f) for f in self.findings]}
 
@@ -207,7 +228,7 @@ class ExportReport:
 def shared_outer(f: LoRAFactors) -> tuple[LoRAFactors, str]:
     """``f`` (``[O, 2r, H]``, ``[n, 2F, r]``, ``[n, r, F]``, ``[O, H, r]``) in the shared-outer
     layout, exactly, and how: ``"shared"`` (it was), ``"collapsed"`` (every expert's outer
-    factors are the same: rank ``r``) or ``"stacked"`` (rank ``n·r``, SPEC §12's blocks)."""
+    factors are the same: rank ``r``) or ``"stacked"`` (rank ``n·r``, docs/reference.md#the-cure's blocks)."""
     ga, gb, da, db = f.gate_up_a, f.gate_up_b, f.down_a, f.down_b
     if f.outer == 1:
         return f, "shared"
@@ -244,7 +265,7 @@ def _folded(module: str, f: LoRAFactors) -> LoRAFactors:
 
 
 def flat_factors(f: LoRAFactors, rank: int) -> dict[str, torch.Tensor]:
-    """Shared-outer factors (scaling 1) as PEFT's flat 2D matrices at ``rank`` (SPEC §6):
+    """Shared-outer factors (scaling 1) as PEFT's flat 2D matrices at ``rank`` (docs/reference.md#adapters-on-disk):
     ``gate_proj``/``up_proj`` A ``[R, H]`` and B ``[n*F, R]``, ``down_proj`` A ``[R, n*F]``
     and B ``[H, R]``; what upstream's normalization turns back into ``f``, zero-padded."""
     ga, gb, da, db = f.gate_up_a[0], f.gate_up_b, f.down_a, f.down_b[0]
@@ -352,9 +373,7 @@ class _Export:
         for m in self.sink:
             if m.how == "stacked":
                 r = m.rank // self.n
-                notes.append(Finding("ISL-N501", m.name, message("ISL-N501", module=m.name, n=self.n, r=r,
-                                                                 rank=m.rank),
-                                     "none needed: start the server with --max-lora-rank at least this rank"))
+                notes.append(finding("ISL-N501", m.name, module=m.name, n=self.n, r=r, rank=m.rank))
         return notes
 
     @property
@@ -468,6 +487,14 @@ def _served(folder: Path, n: int, hidden: int, intermediate: int, max_rank: int,
     return run_sglang(folder, n, hidden, intermediate, max_rank=max_rank, name=folder.name, state=readback)
 
 
+def sink_sizes(adapter: Adapter, n: int) -> tuple[int, int]:
+    """The adapter's ``H`` and per-expert ``F``, from its first module's factors."""
+    module = adapter.modules[0]
+    keys = [k for k in adapter.factor_keys if FactorName.parse(k).module == module]
+    f = dataclasses.replace(adapter, weights={k: adapter.weights[k] for k in keys}, findings=[]).module_factors(module, n)
+    return int(f.gate_up_a.shape[-1]), int(f.down_a.shape[-1])
+
+
 @dataclass
 class Proof:
     """``verify_export``'s result: the rows, and the first reason it fails (``""``: it holds)."""
@@ -475,6 +502,8 @@ class Proof:
     rows: list[ProofRow]
     allowed: str
     failure: str = ""
+    reference: str = ""
+    """Who computed PEFT's delta (``ReferenceDeltas.label``): PEFT itself, or the kit and why."""
 
     @property
     def ok(self) -> bool:
@@ -509,10 +538,11 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, h
                   intermediate: int | None = None) -> Proof:
     """Read ``folder`` (an export of ``adapter``) back through the kit's model of sglang
     0.5.23's loading path and forward, one module at a time, and compare each expert's
-    served LoRA delta with PEFT's delta of ``adapter`` (``peft_reference``), and every
+    served LoRA delta with PEFT's delta of ``adapter`` (``module_reference``), and every
     other module's delta with PEFT's ``scaling * B @ A``. Never raises on a bad folder:
     ``Proof.failure`` says where sglang would stop or serve something else."""
     folder = Path(folder)
+    H, F = (hidden, intermediate) if hidden and intermediate else sink_sizes(adapter, n)
     config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     rank = int(config["r"])
     files = sorted(p.name for p in folder.glob("*.safetensors"))
@@ -534,10 +564,13 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, h
             proof.failure = f"{missing[0]} is not in the export"
             return proof
         for module in adapter.modules:
+            try:
+                want, proof.reference = module_reference(adapter, module, n, H, F)
+            except (ValueError, RuntimeError, OSError) as exc:
+                proof.failure = f"PEFT's delta of {module} cannot be computed: {type(exc).__name__}: {exc}"
+                return proof
             weights = {k: f.get_tensor(k) for k in by_module[module]}
-            want = peft_reference(adapter, module, n)
-            F, H = (int(d) for d in want[0].shape[1:])
-            path = _served(folder, n, hidden or H, intermediate or F, rank, _Readback(config, weights))
+            path = _served(folder, n, H, F, rank, _Readback(config, weights))
             if path.raised is not None:
                 proof.failure = f"sglang {SGLANG} raises loading {module}: {path.raised.text}"
             elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
@@ -646,7 +679,7 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
             stream_safetensors(tmp / WEIGHTS_FILE, plan.specs(), plan.tensors(progress),
                                {"format": "pt", "inkling_lab_export_of": read.sha256})
             proof = verify_export(tmp, read, n_shared_experts, hidden=plan.hidden, intermediate=plan.intermediate)
-            report.proof, report.allowed = proof.rows, proof.allowed
+            report.proof, report.allowed, report.reference = proof.rows, proof.allowed, proof.reference
             proof.check()
         report.findings = [*read.findings, *plan.findings]
         report.server_flags = server_flags(output, plan.rank, report.target_modules, tp)

@@ -48,7 +48,7 @@ class _Layer(torch.nn.Module):
 
 
 def peft_classic(folder, n, H, F, r, *, layers=1, targets=SINK, attention=False, dtype=D, seed=0, **options):
-    """A classic PEFT adapter of the flat 2D shared-sink layout (SPEC §6), made by PEFT itself
+    """A classic PEFT adapter of the flat 2D shared-sink layout (docs/reference.md#adapters-on-disk), made by PEFT itself
     (``gate_proj``/``up_proj`` Linear ``H -> n*F``, ``down_proj`` ``n*F -> H``), factors
     representable in ``dtype``, saved in ``dtype``. Returns PEFT's own delta of every LoRA
     module (``get_delta_weight``, float64), by module name."""
