@@ -50,6 +50,7 @@ from safetensors.torch import save as save_safetensors_bytes
 
 from .atomic import atomic_write
 from .catalog import CATALOG, Finding, message
+from .geometry import WORKING_DTYPES
 from .pool import LoRAFactors
 
 CONFIG_FILE = "adapter_config.json"
@@ -225,6 +226,7 @@ class Adapter:
                       target_parameter_keys=exported, other_keys=others, guess=guess)
         # A factor reads as transposed only when others confirm the config's r: if none
         # has rank r, the config (or the whole export) is wrong, and nothing is repaired.
+        _check_dtypes(factors, where_w)
         ranks = sorted({int(t.shape[fn.rank_axis]) for fn, t in factors.values() if t.dim() == 2 and t.numel()})
         _check_duplicates([fn for fn, _ in factors.values()], where_w)
         adapter._infer_rank(factors, ranks, where_cfg)
@@ -792,6 +794,21 @@ def _check_duplicates(names: list[FactorName], where: str) -> None:
                 f"{where}: {first.key!r} and {fn.key!r} are two keys for one factor ({fn.canonical}.lora_{fn.ab}"
                 + (f" of expert {fn.expert}" if fn.expert is not None else "") + "): keep one of the two "
                 "(which one was trained is not in the file)")
+
+
+def _check_dtypes(factors: Mapping[str, tuple[FactorName, torch.Tensor]], where: str) -> None:
+    """Every factor a working float dtype (``ISL-K230``), one dtype per module (``ISL-K231``):
+    never a truncated integer, a float8 that no arithmetic takes, or a silent rounding."""
+    by_module: dict[str, dict[str, torch.dtype]] = {}
+    for key, (fn, t) in factors.items():
+        if t.dtype not in WORKING_DTYPES:
+            raise ValueError(message("ISL-K230", file=where, key=key, dtype=str(t.dtype).removeprefix("torch.")))
+        by_module.setdefault(fn.module, {})[key] = t.dtype
+    for module, dtypes in by_module.items():
+        if len(set(dtypes.values())) > 1:
+            listed = ", ".join(f"{k.rsplit('shared_experts.', 1)[-1]} {str(d).removeprefix('torch.')}"
+                               for k, d in dtypes.items())
+            raise ValueError(message("ISL-K231", file=where, module=module, dtypes=listed))
 
 
 def _check_finite(key: str, t: torch.Tensor, where: str) -> None:

@@ -111,7 +111,7 @@ def _convert(args: argparse.Namespace) -> int:
                                dtype=DTYPES[args.dtype] if args.dtype else None,
                                progress=False if args.quiet else None)
         written = args.output
-    except (OSError, ValueError, RuntimeError, AssertionError) as exc:
+    except (OSError, ValueError, RuntimeError, AssertionError, MemoryError) as exc:
         return _fail("convert", exc)
     if args.json:
         print(json.dumps({"output": str(written), **pool.summary(),

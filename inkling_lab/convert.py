@@ -32,10 +32,10 @@ from tqdm.auto import tqdm
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, open_safetensors
 from .atomic import atomic_writer
 from .catalog import Finding, message
-from .geometry import BUFFER_NAMES, Geometry
+from .geometry import BUFFER_NAMES, Geometry, check_size
 from .sglang_path import config_findings
 from .shard import check_rank, check_tp, slice_lora_a, slice_lora_b
-from .pool import LoRAFactors, LoRAPool
+from .pool import LoRAFactors, LoRAPool, check_finite
 from .records import dtype_name
 from .upstream_defect import collapse_pool_outer
 
@@ -251,8 +251,14 @@ def _scaled(f: LoRAFactors, dtype: torch.dtype) -> LoRAFactors:
     in the adapter's stored dtype, then every factor cast to the pool's ``dtype``. The
     result carries scaling 1, so that the pool's own load multiplies by exactly 1."""
     s = f.scaling
-    return LoRAFactors(f.gate_up_a.to(dtype), (f.gate_up_b * s).to(dtype), f.down_a.to(dtype),
-                       (f.down_b * s).to(dtype), lora_alpha=float(f.rank), name=f.name)
+    how = f"scaled by lora_alpha / r = {s:g} in the adapter's {dtype_name(f.gate_up_b.dtype)}, cast to {dtype_name(dtype)}"
+
+    def made(key: str, t: torch.Tensor) -> torch.Tensor:  # an overflow is refused, naming the factor (ISL-K160)
+        return check_finite(t, f"adapter {f.name!r}: {key}", how)
+
+    return LoRAFactors(made("gate_up_a", f.gate_up_a.to(dtype)), made("gate_up_b", (f.gate_up_b * s).to(dtype)),
+                       made("down_a", f.down_a.to(dtype)), made("down_b", (f.down_b * s).to(dtype)),
+                       lora_alpha=float(f.rank), name=f.name)
 
 
 def adapters_dtype(adapters: Sequence[Adapter]) -> torch.dtype:
@@ -280,8 +286,15 @@ class _Conversion:
         self.dtype = dtype or adapters_dtype(adapters)
         self.modules = list(dict.fromkeys(m for a in adapters for m in a.modules))
         first = adapters[0].module_factors(adapters[0].modules[0], n)
-        H = hidden if hidden is not None else int(first.gate_up_a.shape[-1])
-        F_full = intermediate if intermediate is not None else int(first.down_a.shape[-1])
+        own = {"hidden": int(first.gate_up_a.shape[-1]), "intermediate": int(first.down_a.shape[-1]),
+               "max_rank": first.rank}
+        about = (f"; adapter {adapters[0].name!r} has H={own['hidden']}, F={own['intermediate']} (its first "
+                 f"module, before tensor parallelism), r={own['max_rank']}")
+        for name, value in (("hidden", hidden), ("intermediate", intermediate), ("max_rank", max_rank)):
+            if value is not None:  # a typo (--hidden 10**12) is refused with the adapter's sizes, before any allocation
+                check_size(f"convert: {name}", value, 0 if name == "max_rank" else 1, about)
+        H = hidden if hidden is not None else own["hidden"]
+        F_full = intermediate if intermediate is not None else own["intermediate"]
         check_tp(F_full, tp_size)
         check_rank(tp_rank, tp_size)
         ranks, shared, self.first_ranks = [], True, {}

@@ -351,7 +351,7 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
                        max_rank=report.max_rank if report.max_rank is not None else rank, tp_size=report.tp)
         if report.max_rank is None:
             report.max_rank = rank
-    except (OSError, ValueError, RuntimeError, AssertionError) as exc:
+    except (OSError, ValueError, RuntimeError, AssertionError, MemoryError) as exc:
         report.error = exc
         entry = find_entry(exc)
         fix = _kit_fix(exc, entry, folder)

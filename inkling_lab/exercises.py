@@ -10,6 +10,9 @@ library's own functions, never from a second copy of their logic.
 """
 from __future__ import annotations
 
+import itertools
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,14 +54,55 @@ def _unanswered(*answers: Any) -> bool:
     return any(a is Ellipsis for a in answers)
 
 
+ANSWER_LIMIT = 4096
+"""The most entries a list-of-numbers answer may have: the course's answers are short,
+and a longer one (a 10**7-element tensor) is wrong without being read element by element."""
+
+
+def _ints(value: Any) -> tuple[int, ...] | str:
+    """A list of whole numbers from a tuple, list, ``torch.Size``, range or integer
+    tensor, read at once (never element by element for a tensor); else why not, in
+    words. A float (``12.9``, and ``12.0`` too), a bool or a string is no whole number."""
+    if isinstance(value, (str, bytes)):
+        return f"expected whole numbers, got the string {value!r}"
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            return f"expected whole numbers, got a {str(value.dtype).removeprefix('torch.')} tensor"
+        if value.numel() > ANSWER_LIMIT:
+            return f"expected a few whole numbers, got a tensor of {value.numel()} values"
+        return tuple(int(v) for v in value.flatten().tolist())
+    try:
+        items = list(itertools.islice(iter(value), ANSWER_LIMIT + 1))
+    except TypeError:
+        return f"expected whole numbers, got {type(value).__name__}"
+    if len(items) > ANSWER_LIMIT:
+        return f"expected a few whole numbers, got more than {ANSWER_LIMIT}"
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            return f"expected whole numbers, but {v!r} ({type(v).__name__}) is none"
+    return tuple(int(v) for v in items)
+
+
 def _shape(value: Any) -> tuple[int, ...] | None:
-    """A shape from a tuple/list of ints, a ``torch.Size`` or a tensor; None otherwise."""
+    """A shape from a tuple/list of whole numbers, a ``torch.Size`` or a tensor (its
+    shape); None otherwise."""
     if isinstance(value, torch.Tensor):
         return tuple(value.shape)
-    try:
-        return tuple(int(v) for v in value)
-    except (TypeError, ValueError):
+    got = _ints(value)
+    return None if isinstance(got, str) else got
+
+
+def _boolean(value: Any) -> bool | None:
+    """``True`` or ``False`` (a bool, or numpy's); None for anything else: the string
+    ``"False"`` is no answer of False."""
+    return bool(value) if type(value).__name__ in ("bool", "bool_") else None
+
+
+def _number(value: Any) -> float | None:
+    """A finite real number (not a bool, not a string); None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         return None
+    return float(value)
 
 
 def _tensor_verdict(exercise: str, answer: Any, expected: torch.Tensor, hint: str,
@@ -69,6 +113,8 @@ def _tensor_verdict(exercise: str, answer: Any, expected: torch.Tensor, hint: st
         return Verdict(exercise, None, "", hint)
     if not isinstance(answer, torch.Tensor):
         return Verdict(exercise, False, f"expected a tensor, got {type(answer).__name__}", hint)
+    if answer.is_complex() or answer.dtype == torch.bool:
+        return Verdict(exercise, False, f"expected a real-valued tensor, got {answer.dtype}", hint)
     if tuple(answer.shape) != tuple(expected.shape):
         return Verdict(exercise, False, f"its shape is {list(answer.shape)}; the answer's is {list(expected.shape)}",
                        hint)
@@ -209,6 +255,8 @@ def first_error(answer: Any, shapes: tuple, n: int) -> Verdict:
             "then the ranks; the first that fails wins (None: all pass)")
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
+    if answer is not None and not isinstance(answer, str):
+        return Verdict(name, False, f"answer with a code such as 'ISL-E001' (None: all pass), got {answer!r}", hint)
     if answer == expected:
         return Verdict(name, True, f"{expected}: {failure[1]}" if failure else "none: the checks pass.")
     return Verdict(name, False, f"{answer!r} is not the first that fails", hint)
@@ -261,7 +309,12 @@ def segments(seg_indptr: Any, weight_indices: Any, token_slots: list[int], num_s
     hint = "a segment is a run of tokens with the same slot; seg_indptr holds where each starts, then the token count"
     if _unanswered(seg_indptr, weight_indices):
         return Verdict(name, None, "", hint)
-    got_ptr, got_idx = [int(v) for v in seg_indptr], [int(v) for v in weight_indices]
+    got_ptr, got_idx = _ints(seg_indptr), _ints(weight_indices)
+    unread = [f"{what}: {got}" for what, got in (("seg_indptr", got_ptr), ("weight_indices", got_idx))
+              if isinstance(got, str)]
+    if unread:
+        return Verdict(name, False, "; ".join(unread), hint)
+    got_ptr, got_idx = list(got_ptr), list(got_idx)
     if (got_ptr, got_idx) == (want_ptr, want_idx):
         return Verdict(name, True, f"seg_indptr {want_ptr}, weight_indices {want_idx}.")
     wrong = []
@@ -296,12 +349,15 @@ def forward_bytes(answer: Any, case) -> Verdict:
             f"once, the gammas; {case.element_size} bytes per value; the answer in bytes")
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
-    slip = _unit_slip(float(answer), expected, "bytes", {"MB": 1e6, "kB": 1e3, "GB": 1e9})
+    got = _number(answer)
+    if got is None:
+        return Verdict(name, False, f"answer with a number of bytes, got {answer!r}", hint)
+    slip = _unit_slip(got, expected, "bytes", {"MB": 1e6, "kB": 1e3, "GB": 1e9})
     if slip:
         return Verdict(name, False, slip, hint)
-    if abs(float(answer) - expected) <= 0.005 * expected:
+    if abs(got - expected) <= 0.005 * expected:
         return Verdict(name, True, f"{expected:,.0f} bytes = {expected / 1e6:.3f} MB.")
-    return Verdict(name, False, f"{float(answer):,.0f} bytes is {float(answer) / expected:.2f}x the answer", hint)
+    return Verdict(name, False, f"{got:,.0f} bytes is {got / expected:.2f}x the answer", hint)
 
 
 def _unit_slip(answer: float, expected: float, unit: str, others: dict[str, float], rtol: float = 0.005) -> str:
@@ -322,13 +378,17 @@ def roofline_time(answer_us: Any, bound: Any, case, ceilings: dict) -> Verdict:
     hint = "time = max(bytes / bandwidth, FLOPs / matmul rate), in µs; the larger one names the bound"
     if _unanswered(answer_us, bound):
         return Verdict(name, None, "", hint)
-    slip = _unit_slip(float(answer_us), roof.us, "µs", {"s": 1e6, "ms": 1e3, "ns": 1e-3}, rtol=0.01)
+    got = _number(answer_us)
+    if got is None or not isinstance(bound, str):
+        return Verdict(name, False, f"answer with a time in µs (a number) and a bound ('memory' or 'compute'), "
+                       f"got {answer_us!r} and {bound!r}", hint)
+    slip = _unit_slip(got, roof.us, "µs", {"s": 1e6, "ms": 1e3, "ns": 1e-3}, rtol=0.01)
     if slip:
         return Verdict(name, False, slip, hint)
-    ok_time = abs(float(answer_us) - roof.us) <= 0.01 * roof.us
+    ok_time = abs(got - roof.us) <= 0.01 * roof.us
     if ok_time and bound == roof.bound:
         return Verdict(name, True, f"{roof.us:.2f} µs, {roof.bound}-bound.")
-    why = [] if ok_time else [f"{float(answer_us):.2f} µs is {float(answer_us) / roof.us:.2f}x the answer"]
+    why = [] if ok_time else [f"{got:.2f} µs is {got / roof.us:.2f}x the answer"]
     if bound != roof.bound:
         why.append(f"it is not {bound!r}-bound")
     return Verdict(name, False, "; ".join(why), hint)
@@ -350,7 +410,10 @@ def rank_gate_up_rows(answer: Any, sink, tp_rank: int, tp_size: int) -> Verdict:
             f"sit twice: in the gate half (rows 0..F-1) and again F rows further down (F = {F})")
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
-    got = [int(v) for v in answer]
+    got = _ints(answer)
+    if isinstance(got, str):
+        return Verdict(name, False, f"give the row numbers as a list: {got}", hint)
+    got = list(got)
     if got == expected:
         return Verdict(name, True, f"rows {expected}: the rank's slice of the gate half and of the up half.")
     if got == expected[: len(expected) // 2]:
@@ -382,10 +445,10 @@ def upstream_column(answer: Any, intermediate: int, b_row: int) -> Verdict:
             "and B's rows are [gate 0..F-1 ‖ up 0..F-1]")
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
-    try:
-        got_wrong, got_right = (int(v) for v in answer)
-    except (TypeError, ValueError):
+    got = _ints(answer)
+    if isinstance(got, str) or len(got) != 2:
         return Verdict(name, False, "answer with two column numbers: (sglang 0.5.23's, the intended one)", hint)
+    got_wrong, got_right = got
     if (got_wrong, got_right) == (wrong, right):
         return Verdict(name, True, f"sglang 0.5.23 adds it to column {wrong}, it belongs in column {right}.")
     why = [f"sglang 0.5.23 does not use column {got_wrong}"] if got_wrong != wrong else []
@@ -403,7 +466,10 @@ def collapses(answer: Any, factors) -> Verdict:
     hint = "it collapses only when every expert's gate-up A is the same, and every expert's down B too"
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
-    if bool(answer) == expected:
+    got = _boolean(answer)
+    if got is None:
+        return Verdict(name, False, f"answer True or False, got {answer!r} ({type(answer).__name__})", hint)
+    if got == expected:
         return Verdict(name, True, "it collapses: the shared outer form is exact." if expected else
                        "it does not: the experts' outer factors differ, so no shared form is exact.")
-    return Verdict(name, False, f"{bool(answer)} is not what collapse_identical_outer finds", hint)
+    return Verdict(name, False, f"{got} is not what collapse_identical_outer finds", hint)

@@ -6,18 +6,67 @@ expert dimension of the two outer factors (``1`` shared, ``n`` per expert).
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, replace
 
-from .catalog import CATALOG
+import torch
+
+from .catalog import CATALOG, message
 
 Shape = tuple[int, ...]
 
 MSG_TP_SPLIT = CATALOG["ISL-K102"].message  # {what} {intermediate} {tp_size} {divisors}
 MSG_TP_SIZE = "tp_size must be at least 1, got {tp_size}"
 
+SIZE_LIMIT = 2 ** 31 - 1
+"""The largest size of one axis the kit accepts (``n``, ``H``, ``F``, ``R``, ``S``, tokens):
+what an int32 index holds, far past any real model; a larger one is a typo, refused
+before anything is allocated."""
+
 BUFFER_NAMES = ("gate_up_a", "gate_up_b", "down_a", "down_b")
 """The four pool buffers, in ``set_lora_info`` order."""
+
+
+def check_size(what: str, value: object, minimum: int = 0, about: str = "") -> int:
+    """``value`` as an axis size: an integer (not a bool) in ``minimum..SIZE_LIMIT``, else
+    ``TypeError``/``ValueError`` (``ISL-K162``) naming ``what``; ``about``: what the
+    refusal adds (an adapter's own sizes)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an integer, got {value!r}{about}")
+    if not minimum <= value <= SIZE_LIMIT:
+        raise ValueError(message("ISL-K162", what=what, low=minimum, limit=SIZE_LIMIT, value=value, about=about))
+    return int(value)
+
+
+WORKING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The dtypes a sink, a pool and a LoRA factor may have: the float types torch's matmuls
+and sglang's kernels compute in (no integers, booleans, complex or float8)."""
+
+
+def check_dtype(what: str, dtype: object) -> torch.dtype:
+    """``dtype`` if it is one of ``WORKING_DTYPES``, else ``TypeError`` naming ``what``."""
+    if dtype not in WORKING_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in WORKING_DTYPES)
+        raise TypeError(f"{what} is {dtype}, not a working dtype: use one of {names}")
+    return dtype
+
+
+def allocate(shape: Shape, what: str, dtype: torch.dtype, device: torch.device | str | None = None,
+             fill: str = "zeros", generator: torch.Generator | None = None) -> torch.Tensor:
+    """A tensor of ``shape``: ``zeros``, ``empty``, or seeded ``randn``/``rand`` (drawn on
+    the CPU in float32 from ``generator``, then cast and moved, as the kit's seeded
+    factories draw). A size this machine cannot hold is a ``MemoryError`` naming
+    ``what``, its shape and the bytes asked for, never torch's allocator text."""
+    try:
+        if fill in ("randn", "rand"):
+            return getattr(torch, fill)(shape, generator=generator).to(dtype=dtype, device=device)
+        return (torch.zeros if fill == "zeros" else torch.empty)(shape, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        size = math.prod(shape) * dtype.itemsize
+        raise MemoryError(f"{what} {list(shape)} ({dtype}) needs {size / 2 ** 30:.3g} GiB, which this machine "
+                          f"cannot allocate on {device or 'cpu'} ({type(exc).__name__}): check the sizes "
+                          "(a mistyped one?) or use a smaller geometry") from None
 
 
 def check_tp(intermediate: int, tp_size: int, what: str = "tensor parallelism") -> int:
@@ -62,7 +111,8 @@ class Geometry:
         self._validate()
 
     def _validate(self) -> None:
-        for name in ("n", "hidden", "intermediate", "max_rank", "slots", "outer"):
+        names = ("n", "hidden", "intermediate", "max_rank", "slots", "outer")
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"Geometry.{name} must be an integer, got {value!r}")
@@ -71,6 +121,8 @@ class Geometry:
                 raise ValueError(f"Geometry.{name} must be at least 1, got {getattr(self, name)}")
         if self.max_rank < 0:
             raise ValueError(f"Geometry.max_rank must be at least 0, got {self.max_rank}")
+        for name in names:
+            check_size(f"Geometry.{name}", getattr(self, name))
         if self.outer not in (1, self.n):
             raise ValueError(
                 f"Geometry.outer must be 1 (shared outer) or n={self.n} (per-expert outer), got {self.outer}"

@@ -3,8 +3,9 @@ slot refresh, as either upstream wrapper generation does them (docs/reference.md
 tensor-parallel slicing is ``shard.py``'s (§7)."""
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -80,6 +81,25 @@ def derive_operands(gate_up_b: torch.Tensor, down_a: torch.Tensor, interleaved: 
     a_cat = down_a.new_empty(S, R, n * down_a.shape[3])
     _write_slots(w1_delta, a_cat, gate_up_b, down_a, range(S), interleaved)
     return w1_delta, a_cat
+
+
+def _slot_list(slot_ids: Iterable[int] | None) -> list[int] | None:
+    """``slot_ids`` as a list of ints, read exactly once (any iterable, a tensor of
+    integers included); ``None`` stays ``None``. A bool, float, string or anything
+    that is no integer is refused (``TypeError`` naming it), never read as a slot."""
+    if slot_ids is None:
+        return None
+    if isinstance(slot_ids, torch.Tensor):
+        slot_ids = slot_ids.flatten().tolist()  # floats and bools stay what they are, and are refused
+    if isinstance(slot_ids, (str, bytes)) or not isinstance(slot_ids, Iterable):
+        raise TypeError(f"on_lora_slots_updated: slot_ids must be an iterable of slot ids (or None for every "
+                        f"slot), got {slot_ids!r}")
+    ids = list(slot_ids)
+    for s in ids:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"on_lora_slots_updated: slot_ids must hold integers, got {s!r} "
+                            f"({type(s).__name__}) in {ids!r}")
+    return [int(s) for s in ids]
 
 
 def _into(stored: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
@@ -252,6 +272,7 @@ class SharedSinkLoRA(SharedSink):
         ``IndexError`` from the copy (and ``-1`` is the last slot, as in torch); before a
         successful ``set_lora_info`` it does nothing.
         """
+        slot_ids = _slot_list(slot_ids)  # read once: a generator would be spent by the range check
         if self.lora_buffers is None:
             return
         if self.generation == "v2":
@@ -267,7 +288,7 @@ class SharedSinkLoRA(SharedSink):
             raise IndexError(MSG_SLOT_RANGE.format(slot_ids=sorted(slot_ids)))
         _write_slots(self.w1_delta, self.a_cat, gate_up_b, down_a, slot_ids, self.interleaved)
 
-    def _refresh_v2(self, slot_ids: Iterable[int] | None) -> None:
+    def _refresh_v2(self, slot_ids: list[int] | None) -> None:
         _, gate_up_b, down_a, down_b = self.lora_buffers
         source = (down_a if self.shared_outer else down_b).permute(0, 2, 1, 3)
         target = self.down_cat.view_as(source)

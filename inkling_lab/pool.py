@@ -7,12 +7,14 @@ offsets), and folds the scaling ``lora_alpha / r`` into the B factors.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
 from .catalog import error
-from .geometry import Geometry
+from .geometry import Geometry, allocate, check_dtype
 
 
 def _outer_mismatch(which: str, k: int) -> ValueError:
@@ -27,6 +29,20 @@ def _copy_checked(view: torch.Tensor, weight: torch.Tensor) -> None:
         # upstream formats the shapes as torch.Size([...]), and so do we
         raise error("ISL-E016", buffer_shape=view.shape, weight_shape=weight.shape)
     view.copy_(weight)
+
+
+_SYMBOLS = {"gate_up_a": "[O, 2r, H]", "gate_up_b": "[n, 2F, r]", "down_a": "[n, r, F]", "down_b": "[O, H, r]"}
+
+
+def check_finite(t: torch.Tensor, what: str, how: str) -> torch.Tensor:
+    """``t`` if every value is finite, else ``ValueError`` (``ISL-K160``) naming ``what``:
+    a NaN or an overflow to infinity (``how`` says what made the values: a cast, a
+    scaling) would reach the pool silently and make every output of its slot NaN.
+    Meta tensors (a dry run that only checks shapes) hold no values and pass."""
+    if t.device.type != "meta" and t.numel() and not bool(torch.isfinite(t).all()):
+        raise error("ISL-K160", tensor=what, count=int((~torch.isfinite(t)).sum()), total=t.numel(),
+                    dtype=str(t.dtype).removeprefix("torch."), how=how)
+    return t
 
 
 @dataclass
@@ -44,6 +60,30 @@ class LoRAFactors:
     down_b: torch.Tensor
     lora_alpha: float = 1.0
     name: str = ""
+
+    def __post_init__(self) -> None:
+        # Checked where the factors are made: a NaN alpha (or an integer factor) would
+        # otherwise load a slot of NaN (or of truncated values) without a word.
+        a = self.lora_alpha
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a):
+            raise ValueError(f"LoRAFactors{self._label}: lora_alpha must be a finite number, got {a!r}: the "
+                             "scaling lora_alpha / r is folded into every B, so every output would be NaN")
+        dtypes = {}
+        for key, t in self.tensors().items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"LoRAFactors{self._label}: {key} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 3:
+                raise ValueError(f"LoRAFactors{self._label}: {key} must be 3D {_SYMBOLS[key]}, got shape "
+                                 f"{list(t.shape)}")
+            dtypes[key] = check_dtype(f"LoRAFactors{self._label}: {key}'s dtype", t.dtype)
+        if len(set(dtypes.values())) > 1:
+            raise TypeError(f"LoRAFactors{self._label}: the four factors must share one dtype, got "
+                            + ", ".join(f"{k} {str(d).removeprefix('torch.')}" for k, d in dtypes.items())
+                            + ": cast them to one (the widest keeps every value)")
+
+    @property
+    def _label(self) -> str:
+        return f" {self.name!r}" if self.name else ""
 
     @property
     def rank(self) -> int:
@@ -109,10 +149,9 @@ class LoRAPool:
         self.geometry = Geometry(n=n, hidden=hidden, intermediate=intermediate, max_rank=max_rank,
                                  slots=slots, outer=outer)
         g = self.geometry
-        self.gate_up_a = torch.zeros(g.gate_up_a, dtype=dtype, device=device)
-        self.gate_up_b = torch.zeros(g.gate_up_b, dtype=dtype, device=device)
-        self.down_a = torch.zeros(g.down_a, dtype=dtype, device=device)
-        self.down_b = torch.zeros(g.down_b, dtype=dtype, device=device)
+        check_dtype("LoRAPool: dtype", dtype)
+        self.gate_up_a, self.gate_up_b, self.down_a, self.down_b = (
+            allocate(shape, f"LoRAPool: {name}", dtype, device) for name, shape in g.buffer_shapes().items())
         self._slots: list[_SlotRecord | None] = [None] * slots
 
     @classmethod
@@ -137,6 +176,8 @@ class LoRAPool:
         return self.gate_up_a, self.gate_up_b, self.down_a, self.down_b
 
     def _check_slot(self, slot: int) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, numbers.Integral):
+            raise TypeError(f"LoRAPool: slot must be an integer in 0..{self.slots - 1}, got {slot!r}")
         if not 0 <= slot < self.slots:
             raise error("ISL-K104", slot=slot, last=self.slots - 1)
 
@@ -148,14 +189,18 @@ class LoRAPool:
         that cannot be copied) leaves the slot, its adapter and ``names`` as they were.
         """
         self._check_slot(slot)
+        if not isinstance(factors, LoRAFactors):
+            raise TypeError(f"LoRAPool.load: factors must be LoRAFactors, got {type(factors).__name__}")
         r, R = factors.rank, self.max_rank
         if self.shared_outer:
             if factors.gate_up_a.shape[0] != 1:
                 raise _outer_mismatch("gate_up_proj_moe lora_A", factors.gate_up_a.shape[0])
             if factors.down_b.shape[0] != 1:
                 raise _outer_mismatch("down_proj_moe lora_B", factors.down_b.shape[0])
-        ga, gb, da, db = (t.to(self.gate_up_a.dtype) for t in
-                          (factors.gate_up_a, factors.gate_up_b, factors.down_a, factors.down_b))
+        dtype = self.gate_up_a.dtype
+        label = f"adapter {factors.name!r}: " if factors.name else ""
+        ga, gb, da, db = (check_finite(t.to(dtype), f"{label}{key}", f"cast to the pool's {dtype}")
+                          for key, t in factors.tensors().items())
         if not self.shared_outer and ga.shape[0] == 1:
             # A shared-outer adapter in a per-expert pool: every expert gets the same
             # outer factor, which is exact.
@@ -169,9 +214,10 @@ class LoRAPool:
             sga, sgb, sda, sdb = staged = [torch.zeros_like(buf[slot]) for buf in self.buffers()]
             _copy_checked(sga[:, :min(half, R)], ga[:, :half])
             _copy_checked(sga[:, R:R + min(half, R)], ga[:, half:])
-            _copy_checked(sgb[:, :, :min(r, R)], gb * scaling)
+            how = f"scaled by lora_alpha / r = {scaling:g} in the pool's {dtype}"
+            _copy_checked(sgb[:, :, :min(r, R)], check_finite(gb * scaling, f"{label}gate_up_b", how))
             _copy_checked(sda[:, :min(r, R)], da)
-            _copy_checked(sdb[:, :, :min(r, R)], db * scaling)
+            _copy_checked(sdb[:, :, :min(r, R)], check_finite(db * scaling, f"{label}down_b", how))
             for buf, new in zip(self.buffers(), staged):
                 buf[slot].copy_(new)
         self._slots[slot] = _SlotRecord(name if name is not None else factors.name, r, scaling)

@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from .batch import SlotBatch
-from .geometry import Geometry
+from .geometry import Geometry, allocate, check_size
 from .lora import SharedSinkLoRA
 from .operands import SinkOperands
 from .pool import LoRAFactors, LoRAPool
@@ -43,6 +43,9 @@ class Scenario:
         Everything lives on ``device`` in ``dtype``; the same seed gives the same scenario.
         """
         g = geometry
+        if not isinstance(g, Geometry):
+            raise TypeError(f"Scenario.random: geometry must be a Geometry (il.PRESETS['toy'], say), got {g!r}")
+        check_size("Scenario.random: tokens", tokens)
         ranks = [g.max_rank] * g.slots if ranks is None else list(ranks)
         if len(ranks) != g.slots or any(not 0 <= r <= g.max_rank for r in ranks):
             raise ValueError(f"Scenario.random: ranks must give each of the {g.slots} slots a rank in "
@@ -55,8 +58,8 @@ class Scenario:
                                                 seed=seed + 1 + s, dtype=dtype, name=f"adapter{s}"))
         sink.set_lora_info(*pool.buffers())
         gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(tokens, g.hidden, generator=gen).to(dtype=dtype, device=device)
-        gammas = torch.rand(tokens, g.n, generator=gen).to(dtype=dtype, device=device)
+        x = allocate((tokens, g.hidden), "Scenario.random: x [T, H]", dtype, device, "randn", gen)
+        gammas = allocate((tokens, g.n), "Scenario.random: gammas [T, n]", dtype, device, "rand", gen)
         if token_slots is None:
             token_slots = torch.randint(-1, g.slots, (tokens,), generator=gen)
         elif len(token_slots) != tokens:

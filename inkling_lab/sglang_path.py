@@ -27,6 +27,7 @@ from safetensors import safe_open
 from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_shared_sink,
                        peft_target_parameter_keys, read_peft_config)
 from .catalog import Finding, finding, message
+from .geometry import WORKING_DTYPES
 from .pool import LoRAFactors
 from .shard import slice_lora_a, slice_lora_b
 from .upstream_defect import doctor_finding
@@ -166,6 +167,10 @@ class _Sglang:
         except (AssertionError, KeyError, AttributeError, TypeError, ZeroDivisionError) as exc:
             raise _Raised("read", _exc_text(exc), "lora.py: LoRAAdapter.__init__") from None
         self.r = cfg["r"]
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
+            # buffers sized by a rank that is no positive integer: torch's allocation, not modelled here
+            self.unknown = (f"r is {self.r!r}: the kit does not model what sglang 0.5.23's buffers of that rank do "
+                            "(the kit refuses it: ISL-K202)")
 
     def read_weights(self) -> None:
         files = sorted(self.folder.glob("*.safetensors"))
@@ -200,6 +205,11 @@ class _Sglang:
         # other keys under shared_experts (a misspelt projection, a bias) pass normalization untouched
         others = {k: v for k, v in self.weights.items() if "shared_experts." in k and k not in sink}
         self._duplicates(sink)
+        odd = sorted({str(t.dtype).removeprefix("torch.") for t in sink.values() if t.dtype not in WORKING_DTYPES})
+        if odd:  # integers are cast by its buffer copies, float8 fails its scaling: not modelled (ISL-K230)
+            self.unknown = (f"factors of dtype {', '.join(odd)}: the kit does not model how sglang 0.5.23 scales "
+                            "and casts them")
+            return
         if any(t.dim() != 2 and FactorName.parse(k).canonical != "down_proj" for k, t in sink.items()):
             # upstream's reshape skips it, then torch.cat stacks it with its partner along dim() - 2
             self.unknown = "a gate/up factor that is not 2D: the kit does not model how upstream stacks it"
@@ -454,7 +464,7 @@ class _Sglang:
             self.causes.append(what + ": every output of the slot is NaN")
             self.findings.append(finding(
                 "ISL-W105", "adapter", fix="re-export the adapter from a finite checkpoint; inkling-lab convert "
-                "refuses it (ISL-K301/K302)", more=True, what=what))
+                "refuses it (ISL-K301/K302/K160)", more=True, what=what))
         per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1 and f.gate_up_a.any()}
         if per_expert and self.wrapped:
             defect = doctor_finding({m: LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(),

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .catalog import error
-from .geometry import Geometry
+from .geometry import Geometry, allocate, check_dtype, check_size
 
 Form = Literal["linearized", "per_expert"]
 
@@ -150,14 +150,20 @@ class SharedSink(nn.Module):
             raise ValueError(
                 "SharedSink needs n_shared_experts, hidden_size and intermediate_size of at least 1, got "
                 f"{n_shared_experts}, {hidden_size}, {intermediate_size}")
+        for name, value in (("n_shared_experts", n_shared_experts), ("hidden_size", hidden_size),
+                            ("intermediate_size", intermediate_size)):
+            check_size(f"SharedSink: {name}", value)
+        check_dtype("SharedSink: dtype", dtype)
         self.n_shared_experts = n_shared_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.interleaved = interleaved
         self.activation = activation
         n, H, F = n_shared_experts, hidden_size, intermediate_size
-        self.w13 = nn.Parameter(torch.empty(n, 2 * F, H, dtype=dtype, device=device), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(n, H, F, dtype=dtype, device=device), requires_grad=False)
+        self.w13 = nn.Parameter(allocate((n, 2 * F, H), "SharedSink: w13 [n, 2F, H]", dtype, device, "empty"),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(allocate((n, H, F), "SharedSink: w2 [n, H, F]", dtype, device, "empty"),
+                               requires_grad=False)
         self.reset_parameters(seed)
         self._lin_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 

@@ -38,6 +38,15 @@ def _subplots(*args, figsize: tuple[float, float] | None = None, constrained_lay
     FigureCanvasAgg(fig)
     return fig, fig.subplots(*args, **kwargs)
 
+
+def message_figure(text: str) -> Figure:
+    """A small figure that says ``text``: what an explorer shows where there is nothing
+    to draw (an adapter the kit cannot read, values outside what the drawing takes)."""
+    fig, ax = _subplots(1, 1, figsize=(8, 1.2))
+    ax.axis("off")
+    ax.text(0.0, 0.5, text, ha="left", va="center", fontsize=9, wrap=True, transform=ax.transAxes)
+    return fig
+
 # -- core: layouts, buffers, derived operands --------------------------------
 
 _GATE, _UP, _EMPTY = "#3b7dd8", "#e8893a", "#f2f2f2"

@@ -4,6 +4,7 @@ and the figure) is tested on its own."""
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 
 # -- core: the error lab -----------------------------------------------------
@@ -26,15 +27,28 @@ ERROR_LAB_PRESETS: dict[str, tuple[int, str, str, str, str]] = {
 """Starting points for the error lab: a valid pool, and one classic mistake each."""
 
 
+def _in_range(function: str, **values: tuple[object, int, int]) -> None:
+    """Each ``name=(value, low, high)`` an integer in ``low..high``, else ``ValueError``
+    naming the function and the argument: what an explorer shows in its widget."""
+    for name, (value, low, high) in values.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{function}: {name} must be a whole number, got {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"{function}: {name} must be in {low}..{high}, got {value}")
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"3, 1, 8, 16"`` (or ``"[3,1,8,16]"``) -> ``(3, 1, 8, 16)``."""
     cleaned = text.strip().strip("[]()")
     if not cleaned:
         return ()
     try:
-        return tuple(int(part) for part in cleaned.replace("x", ",").split(",") if part.strip())
+        shape = tuple(int(part) for part in cleaned.replace("x", ",").split(",") if part.strip())
     except ValueError:
         raise ValueError(f"could not read {text!r} as a shape: write sizes separated by commas, e.g. 3, 1, 8, 16")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{text!r} has a negative size: a shape's sizes are whole numbers of at least 0")
+    return shape
 
 
 _GENERATION_LABELS = {"v1": "first generation (InklingBatchDenseMLPWithLoRA)",
@@ -169,7 +183,7 @@ def _figure_explorer(draw, controls: dict, title: str = ""):
     import ipywidgets as w
     from IPython.display import Image, display
 
-    from .viz import detached
+    from .viz import detached, message_figure
 
     out = w.Output()
     requests = [0]
@@ -186,7 +200,12 @@ def _figure_explorer(draw, controls: dict, title: str = ""):
                 return  # the front end echoing a value back: the picture shown is already this one
             drawn[:] = [values]
             with detached():
-                text, fig = draw(**values)
+                try:
+                    text, fig = draw(**values)
+                except (TypeError, ValueError, RuntimeError, AssertionError, MemoryError) as exc:
+                    # values the drawing cannot take (a control set from code past its slider): say so in
+                    # the widget, in words, instead of a traceback in the log
+                    text, fig = f"cannot draw this: {exc}", message_figure(f"cannot draw this: {exc}")
             picture = _png(fig)
             with out:
                 out.clear_output(wait=True)
@@ -208,6 +227,10 @@ def pool_explorer_figure(slots: int, max_rank: int, rank: int, lora_alpha: float
     from .pool import LoRAFactors, LoRAPool
     from .viz import pool_figure
 
+    _in_range("pool_explorer_figure", slots=(slots, 1, 64), max_rank=(max_rank, 1, 64), rank=(rank, 0, 64),
+              n=(n, 1, 16), hidden=(hidden, 1, 256), intermediate=(intermediate, 1, 256))
+    if isinstance(lora_alpha, bool) or not isinstance(lora_alpha, numbers.Real) or not math.isfinite(lora_alpha):
+        raise ValueError(f"pool_explorer_figure: lora_alpha must be a finite number, got {lora_alpha!r}")
     pool = LoRAPool(n, hidden, intermediate, slots, max_rank, outer=n if per_expert_outer else 1)
     loaded = min(rank, max_rank)
     pool.load(0, LoRAFactors.random(n, hidden, intermediate, loaded, lora_alpha=lora_alpha,
@@ -254,9 +277,14 @@ def adapter_explorer_figure(adapter: str, n: int, max_rank: int, tp: int, folder
     from pathlib import Path
 
     from .doctor import doctor
-    from .viz import adapter_journey_figure
+    from .viz import adapter_journey_figure, message_figure
 
+    _in_range("adapter_explorer_figure", n=(n, 1, 64), max_rank=(max_rank, 1, 1024), tp=(tp, 1, 64),
+              hidden=(hidden, 1, 4096), intermediate=(intermediate, 1, 4096))
     report = doctor(Path(folder) / adapter, n, hidden, intermediate, max_rank, tp)
+    if not report.journey:  # nothing the kit could read: no factor to follow from file to pool
+        return str(report), message_figure(f"{adapter}: no factor to follow from file to pool "
+                                           f"(the kit {report.kit.outcome} it; the report says why)")
     module, rows = next(iter(report.journey.items()))
     return str(report), adapter_journey_figure(rows, f"{adapter}: {module}")
 
@@ -329,6 +357,10 @@ def tp_shard_explorer_figure(n: int, intermediate: int, tp: int, layout: str):
     from .parallel import AllReduceCost, describe_shards, shard_owners
     from .viz import tp_shards_figure
 
+    _in_range("tp_shard_explorer_figure", n=(n, 1, 16), intermediate=(intermediate, 1, 256),
+              tp=(tp, 1, 256))
+    if layout not in ("interleaved", "contiguous"):
+        raise ValueError(f"tp_shard_explorer_figure: layout must be 'interleaved' or 'contiguous', got {layout!r}")
     interleaved = layout == "interleaved"
     geometry = Geometry(n=n, hidden=8, intermediate=intermediate, rank=2, slots=2)
     cost = AllReduceCost(hidden=4096, dtype=torch.bfloat16, tp=tp)
@@ -369,6 +401,8 @@ def defect_explorer_figure(rank: int, intermediate: int, seed: int, interleaved:
     from .upstream_defect import collapse_identical_outer, defect_report
     from .viz import defect_outputs_figure
 
+    _in_range("defect_explorer_figure", rank=(rank, 1, 64), intermediate=(intermediate, 2, 256),
+              seed=(seed, 0, 2 ** 32 - 1), n=(n, 1, 16), hidden=(hidden, 1, 256))
     factors = LoRAFactors.random(n, hidden, intermediate, rank, outer=n, seed=seed)
     if same_outer_for_every_expert:  # expert 0's outer factors, exported once per expert
         factors = LoRAFactors(factors.gate_up_a[:1].expand(n, -1, -1), factors.gate_up_b, factors.down_a,

@@ -254,3 +254,254 @@ def test_clear_error_a_pool_of_another_F_that_set_lora_info_adopts_is_refused_at
 def test_clear_error_sizes_that_are_not_integers_are_named(make, message):
     with pytest.raises(TypeError, match=message):
         make()
+
+
+# -- issue 22: nothing silent, nothing raw -------------------------------------------------------
+
+from inkling_lab.errors import expect_error  # noqa: E402
+from inkling_lab.geometry import SIZE_LIMIT, Geometry  # noqa: E402
+from inkling_lab.lora import derive_operands  # noqa: E402
+from inkling_lab.scenario import Scenario  # noqa: E402
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+ITERABLES = {"list": list, "tuple": tuple, "set": set, "generator": lambda ids: (s for s in ids),
+             "iterator": lambda ids: iter(list(ids)), "dict keys": lambda ids: dict.fromkeys(ids).keys(),
+             "tensor": lambda ids: torch.tensor(list(ids), dtype=torch.long), "map": lambda ids: map(int, ids)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(slots=st.sets(st.integers(0, 2)), kind=st.sampled_from(sorted(ITERABLES)), seed=st.integers(0, 9))
+def test_silent_any_iterable_of_slot_ids_refreshes_exactly_those_slots(slots, kind, seed):
+    """A one-shot iterable used to be spent by the range check: the forward served the old slot."""
+    sink = SharedSinkLoRA(2, 8, 6, dtype=F64)
+    pool = LoRAPool(2, 8, 6, 3, 4, dtype=F64)
+    sink.set_lora_info(*pool.buffers())
+    for s in range(3):  # every slot changes in place; only the refreshed ones may show it
+        pool.load(s, LoRAFactors.random(2, 8, 6, 4, seed=seed + s, dtype=F64))
+    sink.on_lora_slots_updated(ITERABLES[kind](sorted(slots)))
+    fresh = derive_operands(pool.gate_up_b, pool.down_a, sink.interleaved)
+    for s in range(3):
+        assert torch.equal(sink.w1_delta[s], fresh[0][s]) == (s in slots), (kind, s)
+        assert torch.equal(sink.a_cat[s], fresh[1][s]) == (s in slots), (kind, s)
+
+
+@pytest.mark.parametrize("ids", [[0.0], [True], ["0"], "01", 1, [None], torch.tensor([0.5])],
+                         ids=["float", "bool", "str-element", "string", "int", "None-element", "float-tensor"])
+def test_clear_error_slot_ids_that_are_no_integers_are_named(ids):
+    sink = SharedSinkLoRA(2, 8, 6, dtype=F64)
+    sink.set_lora_info(*LoRAPool(2, 8, 6, 3, 4, dtype=F64).buffers())
+    with pytest.raises(TypeError, match="on_lora_slots_updated: slot_ids"):
+        sink.on_lora_slots_updated(ids)
+
+
+@pytest.mark.parametrize("alpha", [math.nan, math.inf, -math.inf, True, "8", None])
+def test_silent_a_lora_alpha_that_is_no_finite_number_is_refused(alpha):
+    with pytest.raises(ValueError, match="lora_alpha must be a finite number"):
+        LoRAFactors(*LoRAFactors.random(2, 8, 6, 2).tensors().values(), lora_alpha=alpha)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.uint8])
+def test_clear_error_factors_pools_and_sinks_of_no_working_dtype_are_refused(dtype):
+    f = LoRAFactors.random(2, 8, 6, 2)
+    with pytest.raises(TypeError, match="not a working dtype"):
+        LoRAFactors(f.gate_up_a.to(dtype), *list(f.tensors().values())[1:])
+    with pytest.raises(TypeError, match="LoRAPool: dtype"):
+        LoRAPool(2, 8, 6, 2, 4, dtype=dtype)
+    with pytest.raises(TypeError, match="SharedSink: dtype"):
+        SharedSink(2, 8, 6, dtype=dtype)
+
+
+def test_clear_error_factors_of_mixed_dtypes_are_refused():
+    f = LoRAFactors.random(2, 8, 6, 2)
+    with pytest.raises(TypeError, match="share one dtype"):
+        LoRAFactors(f.gate_up_a.half(), f.gate_up_b, f.down_a, f.down_b)
+
+
+@pytest.mark.parametrize("slot", [True, False, 0.0, "0", None])
+def test_clear_error_a_slot_that_is_no_integer_is_refused_and_nothing_changes(slot):
+    pool = _loaded_pool()
+    before = _snapshot(pool)
+    with pytest.raises(TypeError, match="LoRAPool: slot must be an integer"):
+        pool.load(slot, LoRAFactors.random(2, 8, 6, rank=2, seed=2, dtype=F64))
+    _assert_unchanged(pool, before)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=st.floats(1.0, 1e6), alpha=st.floats(0.25, 64.0), dtype=st.sampled_from(FLOATS),
+       pool_dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]), nan=st.booleans())
+def test_silent_a_factor_never_reaches_the_pool_as_nan_or_inf(value, alpha, dtype, pool_dtype, nan):
+    """fp16's 65504: B = 40000 at scaling 2 used to load Inf without a word. Whatever the values, a
+    load either writes only finite values or is refused (ISL-K160) naming the factor, slot untouched."""
+    f = LoRAFactors.random(2, 8, 6, rank=2, seed=1, dtype=dtype)
+    f.gate_up_b[0, 0, 0] = math.nan if nan else value
+    pool = LoRAPool(2, 8, 6, 2, 4, dtype=pool_dtype)
+    before = _snapshot(pool)
+    scaled = (f.gate_up_b.to(pool_dtype) * (alpha / 2)).abs().max()
+    try:
+        pool.load(1, LoRAFactors(*f.tensors().values(), lora_alpha=alpha, name="big"))
+    except ValueError as exc:
+        assert "'big': gate_up_b" in str(exc) and not bool(torch.isfinite(scaled))
+        _assert_unchanged(pool, before)
+    else:
+        assert bool(torch.isfinite(scaled)) and all(bool(torch.isfinite(b).all()) for b in pool.buffers())
+
+
+def test_clear_error_the_overflow_refusal_is_catalogued():
+    pool = LoRAPool(2, 8, 6, 2, 4, dtype=torch.float16)
+    f = LoRAFactors.random(2, 8, 6, rank=4, seed=1, dtype=torch.float16)
+    f.gate_up_b.fill_(40000.0)
+    with expect_error("ISL-K160", show=False):
+        pool.load(0, LoRAFactors(*f.tensors().values(), lora_alpha=8.0))
+
+
+@pytest.mark.parametrize("sizes", [dict(slots=10 ** 30), dict(hidden=SIZE_LIMIT + 1), dict(max_rank=2 ** 40)])
+def test_clear_error_absurd_sizes_are_refused_before_any_allocation(sizes):
+    base = dict(n=2, hidden=8, intermediate=6, max_rank=4, slots=2)
+    with pytest.raises(ValueError, match=f"Geometry.{next(iter(sizes))} must be in 0..{SIZE_LIMIT}"):
+        Geometry(**{**base, **sizes})
+    with pytest.raises(ValueError, match="must be in"):
+        LoRAPool(**{**base, **sizes})
+
+
+def test_clear_error_sizes_in_range_that_no_machine_holds_are_a_memory_error_naming_the_tensor():
+    huge = Geometry(n=2, hidden=2 ** 30, intermediate=2 ** 30, max_rank=4, slots=2)
+    with pytest.raises(MemoryError, match=r"SharedSink: w13 \[n, 2F, H\]"):
+        Scenario.random(huge)
+    with pytest.raises(MemoryError, match="LoRAPool: gate_up_a"):
+        LoRAPool.from_geometry(huge.with_(max_rank=2 ** 30))
+    with pytest.raises(ValueError, match="Scenario.random: tokens"):
+        Scenario.random(Geometry(n=2, hidden=8, intermediate=6), tokens=10 ** 12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(sink_dtype=st.sampled_from(FLOATS), pool_dtype=st.sampled_from(FLOATS))
+def test_clear_error_a_pool_of_another_dtype_than_the_sink_is_named_at_the_forward(sink_dtype, pool_dtype):
+    sink = SharedSinkLoRA(2, 8, 6, dtype=sink_dtype)
+    sink.set_lora_info(*LoRAPool(2, 8, 6, 2, 4, dtype=pool_dtype).buffers())
+    batch = SlotBatch.from_token_slots([0, 1, -1], num_slots=2)
+    x, g = torch.randn(3, 8, dtype=sink_dtype), torch.rand(3, 2)
+    if sink_dtype == pool_dtype:
+        assert sink(x, g, batch=batch, backend="torch").shape == (3, 8)
+    else:
+        with expect_error("ISL-K161", show=False):
+            sink(x, g, batch=batch, backend="torch")
+
+
+@pytest.mark.parametrize("slot", [2, 7, -2, 10 ** 6])
+def test_clear_error_a_batch_rewritten_in_place_past_the_pool_is_refused(slot):
+    sink = SharedSinkLoRA(2, 8, 6)
+    sink.set_lora_info(*LoRAPool(2, 8, 6, 2, 4).buffers())
+    batch = SlotBatch.from_token_slots([0, 1], num_slots=2)
+    batch.weight_indices[1] = slot  # frozen dataclass, mutable tensor
+    for backend in ("reference", "torch"):
+        with expect_error("ISL-K103", show=False):
+            sink(torch.randn(2, 8), torch.rand(2, 2), batch=batch, backend=backend)
+
+
+def test_clear_error_an_unknown_generation_is_named():
+    with pytest.raises(ValueError, match="generation must be 'v1' or 'v2', got 'v9'"):
+        SharedSinkLoRA(2, 8, 6).initialize_lora(LoRABackend(), generation="v9")
+
+
+# -- exercise checks and widgets under hostile answers ---------------------------------------------
+
+from inkling_lab import exercises as ex  # noqa: E402
+from inkling_lab import widgets  # noqa: E402
+
+HOSTILE = st.one_of(st.none(), st.booleans(), st.text(max_size=6), st.floats(allow_nan=True),
+                    st.lists(st.one_of(st.integers(-3, 30), st.floats(allow_nan=True), st.text(max_size=2)),
+                             max_size=5),
+                    st.tuples(st.integers(0, 12), st.floats(0, 20), st.integers(0, 12)))
+
+
+class _Unwalkable(torch.Tensor):
+    """A tensor whose elements must not be visited one by one (a 10**7-element answer took 13 s)."""
+
+    def __iter__(self):
+        raise AssertionError("the check walked the tensor element by element")
+
+
+@settings(max_examples=150, deadline=None)
+@given(a=HOSTILE, b=HOSTILE)
+def test_clear_error_exercise_checks_answer_any_input_with_a_verdict(a, b):
+    sink = SharedSinkLoRA(2, 8, 6)
+    f = LoRAFactors.random(2, 8, 6, 2, outer=2)
+    verdicts = [ex.sink_shapes(a, b, sink), ex.collapses(a, f), ex.segments(a, b, [0, 0, 1], 2),
+                ex.rank_gate_up_rows(a, sink, 0, 2), ex.upstream_column(a, 6, 1),
+                ex.first_error(a, ((3, 1, 8, 16), (3, 2, 12, 4), (3, 2, 4, 6), (3, 1, 16, 4)), 2),
+                ex.pool_shapes(a, LoRAPool(2, 8, 6, 2, 4))]
+    for v in verdicts:
+        assert isinstance(v, ex.Verdict) and str(v)
+    right = [v.right for v in verdicts]
+    # a shape or a list of rows with a fraction, a bool or a string in it is never "right"
+    if isinstance(a, tuple) and not float(a[1]).is_integer():
+        assert right[0] is not True
+    if not isinstance(a, bool):
+        assert right[1] is not True, "only True or False answers whether it collapses"
+
+
+@pytest.mark.parametrize("answer", ["False", "True", 0, 1, None, [], torch.tensor(True)])
+def test_silent_collapses_takes_only_a_bool(answer):
+    assert ex.collapses(answer, LoRAFactors.random(2, 8, 6, 2, outer=2)).right is False
+
+
+def test_silent_a_shape_with_a_fraction_is_not_the_right_shape():
+    sink = SharedSinkLoRA(2, 8, 6)
+    assert ex.sink_shapes((2, 12.9, 8), (2, 8, 6), sink).right is False
+    assert ex.sink_shapes((2, 12.0, 8), (2, 8, 6), sink).right is False  # a size is a whole number
+    assert ex.sink_shapes((2, 12, 8), (2, 8, 6), sink).right is True
+
+
+def test_bounded_a_huge_tensor_answer_is_judged_without_walking_it():
+    big = torch.zeros(10 ** 6, dtype=torch.long).as_subclass(_Unwalkable)
+    sink = SharedSinkLoRA(2, 8, 6)
+    assert ex.segments(big, big, [0, 0, 1], 2).right is False
+    assert ex.rank_gate_up_rows(big, sink, 0, 2).right is False
+    assert ex.upstream_column(big, 6, 1).right is False
+    assert ex.normalized_down_a(big.float(), torch.zeros(2, 12), 2).right is False
+
+
+@pytest.mark.parametrize("answer", [None, "12", [1, 2], math.nan, True])
+def test_clear_error_number_answers_that_are_no_numbers_get_a_verdict(answer):
+    from inkling_lab import profile as pr
+
+    case = pr.Case.of("A", 64, 4, 8)
+    assert ex.forward_bytes(answer, case).right is False
+    assert ex.roofline_time(answer, "memory", case, pr.UPSTREAM_CEILINGS).right is False
+
+
+@pytest.mark.parametrize("draw, kwargs, name", [
+    (widgets.pool_explorer_figure, dict(slots=0, max_rank=4, rank=2, lora_alpha=4.0, per_expert_outer=False), "slots"),
+    (widgets.pool_explorer_figure, dict(slots=2, max_rank=4, rank=-1, lora_alpha=4.0, per_expert_outer=False), "rank"),
+    (widgets.pool_explorer_figure, dict(slots=2, max_rank=4, rank=2, lora_alpha=math.nan, per_expert_outer=False),
+     "lora_alpha"),
+    (widgets.tp_shard_explorer_figure, dict(n=2, intermediate=6, tp=0, layout="interleaved"), "tp"),
+    (widgets.tp_shard_explorer_figure, dict(n=2, intermediate=6, tp=2, layout="diagonal"), "layout"),
+    (widgets.defect_explorer_figure, dict(rank=0, intermediate=6, seed=0, interleaved=True,
+                                          same_outer_for_every_expert=False), "rank"),
+    (widgets.defect_explorer_figure, dict(rank=2, intermediate=6, seed=-1, interleaved=True,
+                                          same_outer_for_every_expert=False), "seed"),
+    (widgets.adapter_explorer_figure, dict(adapter="gate_up", n=0, max_rank=4, tp=1), "n"),
+])
+def test_clear_error_widget_drawings_name_a_value_outside_their_controls(draw, kwargs, name):
+    with pytest.raises((ValueError, TypeError), match=f"{draw.__name__}: {name}"):
+        draw(**kwargs)
+
+
+def test_clear_error_the_adapter_explorer_draws_every_entry_of_its_own_dropdown():
+    from pathlib import Path
+
+    from inkling_lab.viz import detached
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "adapters"
+    with detached():
+        for adapter in sorted(p.name for p in folder.iterdir() if p.is_dir()):
+            text, fig = widgets.adapter_explorer_figure(adapter, 2, 4, 1, folder=str(folder))
+            assert text and fig is not None, adapter
+
+
+@pytest.mark.parametrize("shapes", [("3, -1, 8, 16", "3, 2, 12, 4", "3, 2, 4, 6", "3, 1, 16, 4"),
+                                    ("3, 1, 8, 16", "3, 2, -12, 4", "3, 2, 4, 6", "3, 1, 16, 4")])
+def test_clear_error_the_error_lab_names_a_negative_size(shapes):
+    assert "negative size" in widgets.error_lab_report(2, *shapes)
+    assert widgets.error_lab_fixed(2, *shapes) is None

@@ -209,4 +209,38 @@ ENTRIES: list[CatalogEntry] = [
         upstream="Nothing upstream: sglang writes no pool file; this is the kit's converter "
                  "(inkling-lab convert).",
         generation=KIT, related=(), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K230", title="a shared-sink factor of a dtype a pool cannot hold", exc_type=ValueError,
+        message="{file}: tensor '{key}' is {dtype}: a LoRA factor is float16, bfloat16, float32 or float64 "
+                "(what sglang's pool and its kernels compute in): export the factors in one of those",
+        meaning="The pool holds every factor in one float dtype and folds the scaling into B. An integer or "
+                "boolean factor would be truncated data, a complex one has no place in a real GEMM, and "
+                "float8 has no arithmetic in torch: the scaling step would fail or write something else than "
+                "the adapter. The kit refuses the file and names the tensor.",
+        when="A quantized export (int8, float8), a tensor saved with the wrong dtype by a custom script, or a "
+             "mask saved under a factor's name.",
+        setup=ADAPTER,
+        trigger="Adapter.from_state(ad.config, {**ad.weights, key: ad.weights[key].to(torch.int32)})\n",
+        fix="Adapter.from_state(ad.config, {**ad.weights, key: ad.weights[key].to(torch.float32)})\n",
+        remedy="Export the factors in float16, bfloat16 or float32 (dequantize a quantized adapter first).",
+        upstream="sglang 0.5.23 multiplies B by the scaling and copies every factor into its bf16 buffers "
+                 "(sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer): integers are cast "
+                 "silently, float8 fails in the multiplication; the kit's doctor says it does not model which.",
+        generation=KIT, adapter_caused=True, related=("ISL-K231", "ISL-K205"), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K231", title="the factors of one module in different dtypes", exc_type=ValueError,
+        message="{file}: {module}: its factors have different dtypes ({dtypes}): cast the adapter to one dtype "
+                "before converting (the widest keeps every value)",
+        meaning="One module's four pool factors are stacked and scaled together, in one dtype. Factors saved in "
+                "different dtypes (a float16 gate next to float32 up and down) would be rounded to whichever "
+                "dtype came first, silently; the kit refuses and lists them.",
+        when="An adapter assembled from two exports, or edited factor by factor.",
+        setup=ADAPTER,
+        trigger="Adapter.from_state(ad.config, {**ad.weights, key: ad.weights[key].half()})\n",
+        fix="Adapter.from_state(ad.config, {k: v.float() for k, v in {**ad.weights, key: ad.weights[key].half()}"
+            ".items()})\n",
+        remedy="Save every factor in one dtype (PEFT does); convert --dtype then picks the pool's.",
+        upstream="sglang 0.5.23 casts each factor into its buffers separately (sglang/srt/lora/mem_pool.py: "
+                 "LoRAMemoryPool.load_lora_weight_to_buffer), without a word.",
+        generation=KIT, adapter_caused=True, related=("ISL-K230",), releases=EVERY_RELEASE),
 ]

@@ -122,4 +122,42 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang/srt/models/inkling_common/dense_mlp.py: InklingBatchDenseMLP._swiglu (silu_and_mul, "
                  "silu_and_mul_triton) and its LoRA subclasses in sglang/srt/models/inkling_common/lora.py.",
         generation=KIT, related=("ISL-K154",), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K161", title="the pool's dtype is not the sink's", exc_type=TypeError,
+        message="the LoRA pool's buffers are {pool} but the sink's weights are {sink}: build the pool in the "
+                "sink's dtype (LoRAPool(..., dtype=sink.dtype), convert --dtype)",
+        meaning="The forward adds the LoRA delta to the sink's own GEMMs, in the sink's dtype: the pool's "
+                "four buffers must have it too. torch would fail inside a matmul with words that name neither "
+                "(expected m1 and m2 to have the same dtype), a kernel would read the bytes as another type; "
+                "the kit refuses the forward first and names both dtypes.",
+        when="A float32 pool from LoRAPool's default next to a bfloat16 sink, or a pool file converted with "
+             "another --dtype than the model serves in.",
+        setup=SINK + "pool = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, dtype=torch.bfloat16)\n"
+              "sink.set_lora_info(*pool.buffers())\n"
+              "batch = il.SlotBatch.from_token_slots([0, 1], num_slots=3)\n",
+        trigger="sink(torch.randn(2, 8), torch.rand(2, 2), batch=batch)  # a float32 sink\n",
+        fix="sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4).buffers())\n"
+            "sink(torch.randn(2, 8), torch.rand(2, 2), batch=batch)\n",
+        remedy="Build (or convert) the pool in the dtype the sink serves in; sglang's pool takes the base "
+               "model's dtype.",
+        upstream="sglang allocates its LoRA buffers in the base model's dtype (sglang/srt/lora/mem_pool.py: "
+                 "LoRAMemoryPool.init_buffers), so they always match; the kit's pools are built by hand.",
+        generation=KIT, related=("ISL-K150", "ISL-K153"), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K162", title="a size past any model (a typo)", exc_type=ValueError,
+        message="{what} must be in {low}..{limit} (the kit's bound on one axis, 2**31 - 1), got {value}{about}",
+        meaning="Every size the kit takes (n, H, F, the ranks, the slots, the tokens) is one axis of a tensor it "
+                "would allocate. A size past 2**31 - 1 (what an int32 index holds) belongs to no model: it is a "
+                "typo, and allocating it would fail with torch's allocator text, or take the machine's memory. "
+                "The kit refuses it at once and, where an adapter is at hand, says that adapter's own sizes.",
+        when="--hidden 1000000000000 for a model of hidden size 1024, a count pasted twice, a seed given where a "
+             "size was meant.",
+        setup="",
+        trigger="il.Geometry(n=2, hidden=10 ** 12, intermediate=6)\n",
+        fix="il.Geometry(n=2, hidden=8, intermediate=6)\n",
+        remedy="Give the model's sizes from its config.json (hidden_size, the shared experts' intermediate size); "
+               "inkling-lab doctor says the adapter's own.",
+        upstream="sglang takes its sizes from the model's config (sglang/srt/lora/mem_pool.py: "
+                 "LoRAMemoryPool.init_buffers), never from a command line; the kit's arguments are typed by hand.",
+        generation=KIT, related=("ISL-E016",), releases=EVERY_RELEASE),
 ]

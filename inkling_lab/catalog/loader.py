@@ -271,4 +271,27 @@ ENTRIES: list[CatalogEntry] = [
                "factors to shared outer, exactly), or serve without --experts-shared-outer-loras.",
         upstream=_LOAD + " (the shared-outer branch, when the factor is a dict of experts).",
         generation=LOADER, adapter_caused=True, related=("ISL-E015", "ISL-E028"), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K160", title="a factor that would reach the pool as NaN or infinity", exc_type=ValueError,
+        message="{tensor}: {count} of {total} value(s) would be NaN or infinite in {dtype} ({how}); a slot holding "
+                "them makes every output of its adapter NaN: convert in a wider dtype (--dtype float32) or "
+                "re-export the factors",
+        meaning="The pool folds the scaling lora_alpha / r into B and holds every factor in its own dtype. A value "
+                "past float16's 65504 (B = 40000 at scaling 2, or a float32 factor cast to float16) becomes "
+                "infinity, and a NaN stays NaN: the slot would serve NaN without a word. The kit refuses the "
+                "load and names the factor; the slot stays as it was.",
+        when="An fp16 adapter with large B factors and lora_alpha / r > 1, a float32 adapter converted with "
+             "--dtype float16, or factors saved after the training diverged.",
+        setup=POOL.replace("max_rank=4)", "max_rank=4, dtype=torch.float16)") + FACTORS,
+        trigger="factors.gate_up_b[0, 0, 0] = 40000.0\n"
+                "pool.load(0, il.LoRAFactors(*factors.tensors().values(), lora_alpha=8.0))  # scaling 2\n",
+        fix="wide = il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, dtype=torch.float32)\n"
+            "wide.load(0, il.LoRAFactors(*factors.tensors().values(), lora_alpha=8.0))\n",
+        remedy="Build the pool (convert --dtype) in float32 or bfloat16, whose range holds the scaled factors; "
+               "if the adapter itself holds NaN or Inf, export it again from a checkpoint saved before the loss "
+               "diverged.",
+        upstream="sglang's loader scales B in the adapter's dtype and casts it into the pool without a check "
+                 "(sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer): the slot holds Inf "
+                 "and serves NaN.",
+        generation=KIT, adapter_caused=True, related=("ISL-K301", "ISL-K302"), releases=EVERY_RELEASE),
 ]

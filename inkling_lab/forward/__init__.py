@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from ..batch import SlotBatch
-from ..catalog import message
+from ..catalog import error, message
 from ..operands import SinkOperands
 from ..sink import check_tokens
 from .reference import reference_forward
@@ -83,6 +83,29 @@ def check_pool_fits(ops: SinkOperands) -> None:
                                  want_gate_up_b=[S, n, 2 * F, R], want_down_a=[S, n, R, F]))
 
 
+def check_pool_dtype(ops: SinkOperands) -> None:
+    """Refuse pool buffers of another dtype than the sink's weights (``ISL-K161``): every
+    backend would fail inside a matmul (torch's "expected m1 and m2 to have the same
+    dtype") or, in a kernel, read the bytes as the wrong type."""
+    dtypes = [b.dtype for b in ops.buffers]
+    if any(d != ops.dtype for d in dtypes):
+        raise TypeError(message("ISL-K161", pool=", ".join(str(d).removeprefix("torch.") for d in dtypes),
+                                sink=str(ops.dtype).removeprefix("torch.")))
+
+
+def check_batch_slots(batch: SlotBatch, slots: int) -> None:
+    """A host-resident batch's slot ids, checked again at the forward: a ``SlotBatch`` is
+    frozen but its tensors are not, and an id rewritten in place past the pool would
+    read another slot's memory in a kernel (or raise torch's raw ``IndexError``). A
+    device-resident batch is the caller's (checked when it was built: a CUDA graph
+    replay allows no sync)."""
+    ids = batch.weight_indices
+    if ids.device.type == "cpu" and ids.numel() and bool(((ids < -1) | (ids >= slots)).any()):
+        i = int(torch.nonzero((ids < -1) | (ids >= slots))[0])
+        raise error("ISL-K103", where="segment", index=i, slot=int(ids[i]), last=slots - 1,
+                    count=int(((ids < -1) | (ids >= slots)).sum()))
+
+
 def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
                 backend: str = "auto") -> torch.Tensor:
     """Base plus LoRA for ``x [T, H]`` (or ``[B, L, H]``) and ``gammas [T, n]``.
@@ -100,6 +123,8 @@ def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch:
             if batch.num_slots != ops.slots:
                 raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
             check_pool_fits(ops)
+            check_pool_dtype(ops)
+        check_batch_slots(batch, ops.slots if ops.buffers is not None else batch.num_slots)
     fn = BACKENDS.get(pick_backend(x2) if backend == "auto" else backend)
     if fn is None:
         raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['auto']}")
