@@ -229,6 +229,7 @@ class Adapter:
         _check_dtypes(factors, where_w)
         ranks = sorted({int(t.shape[fn.rank_axis]) for fn, t in factors.values() if t.dim() == 2 and t.numel()})
         _check_duplicates([fn for fn, _ in factors.values()], where_w)
+        _check_one_gate_up_form([fn for fn, _ in factors.values()], where_w)
         adapter._infer_rank(factors, ranks, where_cfg)
         wrong_rank = []  # every factor of the wrong rank is reported, in one error
         for key, (fn, t) in factors.items():
@@ -811,6 +812,19 @@ def _check_dtypes(factors: Mapping[str, tuple[FactorName, torch.Tensor]], where:
             raise ValueError(message("ISL-K231", file=where, module=module, dtypes=listed))
 
 
+def _check_one_gate_up_form(names: list[FactorName], where: str) -> None:
+    """A fused ``gate_up_proj`` next to a split ``gate_proj``/``up_proj`` of one module (and
+    expert): upstream's result depends on the keys' order, so the kit refuses (``ISL-K312``)."""
+    forms: dict[tuple[str, int | None], dict[bool, list[str]]] = {}
+    for fn in names:
+        if fn.canonical in ("gate_proj", "up_proj", "gate_up_proj"):
+            forms.setdefault((fn.module, fn.expert), {}).setdefault(fn.canonical == "gate_up_proj", []).append(fn.key)
+    for (module, expert), by in forms.items():
+        if len(by) == 2:
+            raise ValueError(message("ISL-K312", file=where, module=module + ("" if expert is None else f".{expert}"),
+                                     fused=", ".join(sorted(by[True])), split=", ".join(sorted(by[False]))))
+
+
 def _check_finite(key: str, t: torch.Tensor, where: str) -> None:
     if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
@@ -862,12 +876,29 @@ def _gather(normalized: dict[str, torch.Tensor], module: str, proj: str, ab: str
     return torch.stack([per[e] for e in range(n)])
 
 
+_DOWN_PARTS = (".w2.", ".down_proj.")
+_GATE_UP_PARTS = (".w1.", ".w3.", ".gate_proj.", ".up_proj.", ".gate_up_proj.")
+
+
+def _reshape_role(key: str) -> str | None:
+    """Which reshape of step 1 a tensor of this name gets, by upstream's own test of the
+    name (docs/reference.md#adapters-on-disk): ``"down"``, ``"gate_up"``, or ``None`` (not
+    under ``shared_experts.``, named per expert, or no sink projection: a ``router``, a
+    ``gate`` weight... stays exactly as it is)."""
+    if "shared_experts." not in key or re.search(r"shared_experts\.\d+\.", key):
+        return None
+    if any(part in key for part in _DOWN_PARTS):
+        return "down"
+    return "gate_up" if any(part in key for part in _GATE_UP_PARTS) else None
+
+
 def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts: int) -> dict[str, torch.Tensor]:
     """Upstream's normalization of shared-sink factors (docs/reference.md#adapters-on-disk), in its three steps.
 
     1. Reshape: flat down A ``[r, n*F] -> [n, r, F]``; flat gate, up or fused B
        ``[n*X, r] -> [n, X, r]``; gate, up or fused A ``[r, H] -> [1, r, H]`` and down B
-       ``[H, r] -> [1, H, r]``. Per-expert named factors stay as they are. A width
+       ``[H, r] -> [1, H, r]``. Per-expert named factors stay as they are, and so does
+       every other name under ``shared_experts.`` (``_reshape_role``). A width
        or height that does not split into ``n`` raises torch's own reshape
        ``RuntimeError``, as upstream does (``ISL-E012``).
     2. Rename ``w1``/``w3``/``w2`` to ``gate_proj``/``up_proj``/``down_proj`` (a renamed
@@ -885,11 +916,11 @@ def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts:
     n = n_shared_experts
     out = dict(weights)
     for key, t in out.items():  # 1. reshape in place: the keys and their order stay
-        fn = FactorName.parse(key)
-        if fn is not None and fn.expert is None and t.dim() == 2:  # at rank 0 too, silently
-            if not fn.is_outer and fn.ab == "A":  # down A: experts side by side
+        role = _reshape_role(key)
+        if role is not None and t.dim() == 2:  # at rank 0 too, silently
+            if role == "down" and "lora_A" in key:  # down A: experts side by side
                 out[key] = t.reshape(t.shape[0], n, t.shape[1] // n).transpose(0, 1)
-            elif not fn.is_outer:  # gate, up or fused B: experts stacked
+            elif role == "gate_up" and "lora_A" not in key:  # gate, up or fused B: experts stacked
                 out[key] = t.reshape(n, t.shape[0] // n, t.shape[1])
             else:
                 out[key] = t.unsqueeze(0)
@@ -897,22 +928,19 @@ def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts:
     # moves to the end, or takes the place of the key of that name, whose tensor it replaces
     renames = {}
     for key in out:
-        fn = FactorName.parse(key)
-        if fn is not None and fn.proj != fn.canonical:
-            renames[key] = key.replace(f".{fn.proj}.", f".{fn.canonical}.")
+        old = next((part for part in (".w1.", ".w3.", ".w2.") if part in key), None)
+        if old is not None:
+            renames[key] = key.replace(old, f".{RENAMES[old.strip('.')]}.")
     for old, new in renames.items():
         out[new] = out.pop(old)
     for key in list(out):  # 3. stack, walking the names as they stand after step 2 (upstream's order)
-        fn = FactorName.parse(key)
-        if fn is None:
-            continue
-        if fn.proj == "gate_proj":
+        if "gate_proj" in key:  # any name that holds it, a bias too, as upstream tests the name
             up, fused = key.replace("gate_proj", "up_proj"), key.replace("gate_proj", "gate_up_proj")
             if up not in out or out[up].numel() == 0:
                 out[up] = torch.zeros_like(out[key])
             out[fused] = torch.cat([out[key], out[up]], dim=out[key].dim() - 2)
             del out[key], out[up]
-        elif fn.proj == "gate_up_proj" and fn.ab == "A":  # one fused A serves both halves
+        elif "gate_up_proj" in key and "lora_A" in key:  # one fused A serves both halves
             repeat = [1] * out[key].dim()
             repeat[out[key].dim() - 2] = 2
             out[key] = out[key].repeat(*repeat)

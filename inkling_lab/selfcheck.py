@@ -388,6 +388,10 @@ def _check_normalization(adapter_cls: type, rng: random.Random) -> str:
                 weights[f"{stem}.lora_{ab}.weight"] = torch.randn(*shape, generator=gen).to(dtype)
     if rng.random() < 0.2:
         weights[_PREFIX + "router.weight"] = torch.randn(2, H, generator=gen).to(dtype)
+    if rng.random() < 0.2:  # LoRA-shaped neighbours under shared_experts.: upstream leaves them as they are
+        for name in rng.sample(("router.lora_A.weight", "gate.lora_B.weight", "gate_proj.lora_B.bias"), 2):
+            shape = (rng.randint(1, 4), H) if not name.endswith("bias") else (rng.randint(1, 4),)
+            weights[_PREFIX + name] = torch.randn(*shape, generator=gen).to(dtype)
     keys = list(weights)
     rng.shuffle(keys)  # upstream's result depends on the adapter's key order: both see the same
     weights = {k: weights[k] for k in keys}

@@ -227,3 +227,48 @@ def test_a_target_parameters_export_reads_back_to_the_same_per_expert_factors(tm
     assert is_target_parameters_export(back) and not is_target_parameters_export(kept)
     assert back.weights.keys() == kept.weights.keys()
     assert all(torch.equal(back.weights[k], kept.weights[k]) for k in kept.weights)
+
+
+def test_only_the_listed_projections_are_reshaped_their_neighbours_stay_as_they_are():
+    """docs/reference.md#adapters-on-disk step 1: a router, a gate weight or a bias under
+    shared_experts. is left exactly as it is, 2D or not; the sink's factors beside them are
+    reshaped (upstream's own test of the name: lora.py, _normalize_shared_expert_moe)."""
+    n, r, H, F = 2, 3, 4, 5
+    g = torch.Generator().manual_seed(1)
+    neighbours = {f"{M}.router.lora_A.weight": torch.randn(r, H, generator=g),
+                  f"{M}.gate.lora_B.weight": torch.randn(n * F, r, generator=g),
+                  f"{M}.gate.weight": torch.randn(n, H, generator=g),
+                  f"{M}.down_proj.lora_B.bias": torch.randn(H, generator=g)}
+    factors = {_key("down_proj", "A"): torch.randn(r, n * F, generator=g), _key("down_proj", "B"): torch.randn(H, r)}
+    out = normalize_shared_sink({**neighbours, **factors}, n)
+    for key, t in neighbours.items():
+        assert out[key] is t  # the same tensor: not even viewed
+    assert out[_key("down_proj", "A")].shape == (n, r, F) and out[_key("down_proj", "B")].shape == (1, H, r)
+
+
+@pytest.mark.parametrize("fused_first", [True, False])
+def test_a_fused_and_a_split_gate_up_follow_upstream_s_order_and_the_kit_refuses_them(fused_first):
+    """docs/reference.md#adapters-on-disk step 3, last paragraph: the result depends on the keys'
+    order (selfcheck compares it with the wheel's code); the converter refuses such an adapter
+    naming the keys (ISL-K312)."""
+    n, r, H, F = 2, 2, 4, 3
+    g = torch.Generator().manual_seed(2)
+    fused = {_key("gate_up_proj", "A"): torch.randn(r, H, generator=g),
+             _key("gate_up_proj", "B"): torch.randn(n * 2 * F, r, generator=g)}
+    split = {_key(p, ab): torch.randn(*((r, H) if ab == "A" else (n * F, r)), generator=g)
+             for p in ("gate_proj", "up_proj") for ab in "AB"}
+    weights = {**fused, **split} if fused_first else {**split, **fused}
+    out = normalize_shared_sink(weights, n)
+    a = out[_key("gate_up_proj", "A")]
+    stacked = torch.cat([split[_key("gate_proj", "A")], split[_key("up_proj", "A")]])
+    if fused_first:  # the fused A was repeated, then the split pair's stack wrote over it
+        assert torch.equal(a[0], stacked)
+    else:  # the split pair's stack wrote over the fused A, and the walk reached that name later: repeated
+        assert torch.equal(a[0], stacked.repeat(2, 1))
+    config = {"r": r, "lora_alpha": 4, "target_modules": ["gate_proj", "up_proj", "gate_up_proj", "down_proj"]}
+    with pytest.raises(ValueError) as caught:
+        Adapter.from_state(config, {**weights, _key("down_proj", "A"): torch.randn(r, n * F),
+                                    _key("down_proj", "B"): torch.randn(H, r)})
+    text = str(caught.value)
+    assert find_entry(caught.value).code == "ISL-K312"
+    assert all(k in text for k in weights) and "depends on the keys' order" in text

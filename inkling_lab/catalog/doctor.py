@@ -115,6 +115,25 @@ ENTRIES: list[CatalogEntry] = [
         remedy='Keep one key per factor: the one that was trained.',
         upstream='sglang/srt/lora/lora.py: LoRAAdapter._rename_expert_w_to_proj (the w-name wins) and sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer (the later expert key wins): sglang 0.5.23 keeps one silently', releases=EVERY_RELEASE),
     _refusal(
+        "ISL-K312", "a fused gate_up_proj and a split gate_proj/up_proj in one module",
+        "{file}: {module} holds a fused gate_up_proj ({fused}) and split factors ({split}): upstream's stacking "
+        "then gives a result that depends on the keys' order; keep one of the two forms",
+        "sglang 0.5.23 stacks gate and up by walking the adapter's keys in order (lora.py, "
+        "LoRAAdapter.normalize_gate_up_proj): a fused A is repeated along its rank axis, and a split gate_proj "
+        "and up_proj pair is concatenated into the same gate_up_proj name, overwriting it or being overwritten "
+        "depending on which comes first. What is served is then an accident of the file's order, not the "
+        "adapter's math. normalize_shared_sink reproduces that order exactly; the kit refuses to convert it.",
+        "Two exports of one layer merged into one file (one fused, one split); a script that fused the "
+        "factors and kept the originals.",
+        "fused = {k.replace('.gate_proj.', '.gate_up_proj.'): v for k, v in ad.weights.items() "
+        "if '.gate_proj.' in k}\n"
+        "Adapter.from_state(ad.config, {**ad.weights, **fused})\n",
+        "Adapter.from_state(ad.config, ad.weights)\n", related=("ISL-K307",),
+        remedy="Keep one form per module: the fused gate_up_proj or the split gate_proj and up_proj, whichever "
+               "was trained.",
+        upstream="sglang/srt/lora/lora.py: LoRAAdapter.normalize_gate_up_proj walks the keys in order and "
+                 "writes gate_up_proj over whatever the name held", releases=EVERY_RELEASE),
+    _refusal(
         "ISL-K309", "a down A with its expert axis folded into the rows",
         "{file}: tensor {key} is {shape} = [n*r, F] with r={r}: the expert axis of down A is folded into its rows "
         "({n} experts of {r} rows); a flat down A is [r, n*F] = {flat}: re-save it as {reshape} (--repair does "
