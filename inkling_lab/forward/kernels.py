@@ -39,6 +39,16 @@ import triton.language as tl
 
 
 @triton.jit
+def _prefetch_l2(ptrs, nbytes):
+    """Ask the L2 to fetch ``nbytes[i]`` bytes from ``ptrs[i]`` (sm_90's bulk prefetch, one
+    instruction per element, nothing where ``nbytes`` is 0; a hint: nothing waits on it).
+    Addresses and sizes are multiples of 16 bytes."""
+    tl.inline_asm_elementwise(
+        "{\n.reg .pred p;\nsetp.ne.u32 p, $2, 0;\n@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}",
+        "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _tile_slots(slot_ptr, rows, row_ok):
     """The tile's token slots and the range of real slots in it (empty when none)."""
     slot = tl.load(slot_ptr + rows, mask=row_ok, other=-1)
@@ -77,7 +87,7 @@ def _split_reduce(acc, ws, ok, cnt, SPLIT: tl.constexpr):
 def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
                   T, K, LDX, X_O_OFF, R, O, A_S, A_O, K_CHUNK,
                   HALVES: tl.constexpr, ZERO_MID: tl.constexpr,
-                  BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+                  BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
     """A LoRA shrink per slot: ``dst[t, o, h*R + r] += x[t, o*X_O_OFF + k] · A[s(t), o, h*R + r, k]``
     over ``k < K``, for ``HALVES`` blocks of ``R`` rows; ``A`` rows are ``K`` long, slot
     ``s`` and outer ``o`` start at row ``s*A_S + o*A_O``; ``x`` rows are ``LDX`` long.
@@ -90,7 +100,10 @@ def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
     Grid ``(cdiv(T, BM), O * S, SPLIT)``: program ``(m, o*S + s, k)`` adds slice ``k``
     of ``K`` for the tokens of slot ``s`` in tile ``m``; ``dst`` is zero on entry
     (``down_kernel`` re-zeroes ``sh``; ``ZERO_MID``, set on the gate/up shrink, zeroes
-    ``mid`` for the down shrink that follows)."""
+    ``mid`` for the down shrink that follows). ``PDL``: the up kernel, launched as its
+    programmatic dependent, may start at once (it streams ``w13`` while this runs)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid_m, pid_os, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     S = tl.num_programs(1) // O
     o, s_prog = pid_os // S, pid_os % S
@@ -128,7 +141,8 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr, ws_ptr, cnt_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
-              BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr):
+              BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
+              PDL: tl.constexpr = False, EVICT: tl.constexpr = ""):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
     up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F).
@@ -141,7 +155,15 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     a tile, each reducing one slice of ``H``; they add their partial sums into the
     float32 workspace ``ws [T, n*2F]`` (gate/up pair order) and count themselves in
     ``cnt[tile]``; the last to arrive reads the whole sum, leaves the workspace and the
-    counter zero again (for the next launch or graph replay) and runs the epilogue."""
+    counter zero again (for the next launch or graph replay) and runs the epilogue.
+
+    ``PDL`` (programmatic dependent launch, few tokens): the down kernel may launch at
+    once, and this kernel, launched as the shrink's dependent, streams ``w13`` before it
+    waits for the shrink (``gdc_wait``: everything the shrink wrote is visible after it;
+    ``x`` and the workspaces were complete before the shrink began). ``EVICT``: the
+    ``w13`` loads' L2 policy (``evict_first`` keeps the ``w2`` the down kernel prefetched)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0) // SPLIT
     pid_m, pid_f = _grouped_tile(tile, tl.cdiv(T, BM), N_EXP * tl.cdiv(F, BF), GROUP_M)
     fb_per_e = tl.cdiv(F, BF)
@@ -175,8 +197,10 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
             k_ok = kk < H
             xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :],
-                         other=0.0)
+                         other=0.0, eviction_policy=EVICT)
             acc = tl.dot(xt, tl.trans(wt), acc)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         if SPLIT > 1:
             acc, arrived = _split_reduce(acc, ws_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F + 2 * f0 + jj[None, :],
                                       row_ok[:, None] & w_ok[None, :], cnt_ptr + tile, SPLIT)
@@ -224,15 +248,34 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                 slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, ws_ptr, cnt_ptr,
                 T, H, F, R, O, N_EXP,
                 BASE: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                BR: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr):
+                BR: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
+                PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
     ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
     ``BASE=False``: only the LoRA term is written (cuBLAS adds ``act @ w2_lin`` to it).
     The first column of tiles then zeroes ``sh`` for the next forward. ``SPLIT > 1``:
     consecutive programs split the ``K`` steps of a tile and reduce through
-    ``ws [T, H]`` and ``cnt`` as ``up_kernel`` does; the last adds the LoRA term."""
+    ``ws [T, H]`` and ``cnt`` as ``up_kernel`` does; the last adds the LoRA term.
+
+    ``PDL``: launched as the up kernel's programmatic dependent, it starts while the up
+    kernel streams and waits for it (``gdc_wait``) before reading anything it wrote;
+    ``PREFETCH``: before that wait, each program asks the L2 for its own ``w2`` rows
+    (``BN`` rows of ``F`` per expert, contiguous; ``F`` a multiple of 8), so the down
+    GEMM reads them from L2 instead of starting its weight stream after the up kernel."""
     tile = tl.program_id(0) // SPLIT
     pid_m, pid_n = _grouped_tile(tile, tl.cdiv(T, BM), tl.cdiv(H, BN), GROUP_M)
+    if PREFETCH:
+        if pid_m == 0:
+            h0 = pid_n * BN
+            span = tl.minimum(BN, H - h0) * F  # elements of one expert's rows, contiguous
+            piece = tl.cdiv(tl.cdiv(span, 64), 8) * 8
+            at = tl.arange(0, 64) * piece
+            ELT: tl.constexpr = w2_ptr.dtype.element_ty.primitive_bitwidth // 8
+            for e in range(0, N_EXP):
+                nbytes = (tl.maximum(tl.minimum(span - at, piece), 0) * ELT // 16) * 16
+                _prefetch_l2(w2_ptr + e * H * F + h0 * F + at, nbytes.to(tl.int32))
+    if PDL:
+        tl.extra.cuda.gdc_wait()
 
     rows = pid_m * BM + tl.arange(0, BM)
     row_ok = rows < T

@@ -42,7 +42,11 @@ class Tiles:
     (its dot is ``2*bf`` wide: gate and up); ``bn`` hidden columns per down tile;
     ``bk`` the reduction step; ``k_chunk`` the shrink's slice of ``H``; ``cublas``:
     the two base GEMMs through cuBLAS, the kernels as their prologue and epilogues;
-    ``sbm``/``swarps``: the shrink's own token tile and warps (0: ``bm``, 4 warps)."""
+    ``sbm``/``swarps``: the shrink's own token tile and warps (0: ``bm``, 4 warps);
+    ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
+    of the launch before them, so each starts streaming its weights while that one runs;
+    ``prefetch`` (with ``pdl``): the down kernel asks the L2 for its ``w2`` rows before it
+    waits for the up kernel (``kernels.down_kernel``)."""
 
     bm: int
     bf: int
@@ -55,6 +59,8 @@ class Tiles:
     cublas: bool = False
     sbm: int = 0
     swarps: int = 4
+    pdl: bool = False
+    prefetch: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -236,6 +242,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+    pdl = t.pdl and not t.cublas
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
         _run(kernels.slots_kernel, (b.num_segments,),
@@ -251,7 +258,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         else:
             sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R, a_outer=2 * R,
-                    halves=2, br=br, zero_mid=True, key=("shrink_up", key))
+                    halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
         lora = Lora.none(x)
@@ -276,19 +283,29 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     return out
 
 
+def _pdl(on: bool) -> dict:
+    """The launch option of a programmatic dependent launch, where wanted (the
+    interpreter's launcher takes no such option, and never gets it)."""
+    return {"launch_pdl": True} if on else {}
+
+
 def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | None = None) -> None:
-    """One ``up_kernel`` launch (its docstring names the operands)."""
+    """One ``up_kernel`` launch (its docstring names the operands). With ``pdl`` it is
+    the shrink's programmatic dependent only when a shrink launch precedes it (else the
+    kernel before it may still be writing ``x``)."""
     T, H = x.shape
     n, F, t = ops.n, ops.intermediate, p.tiles
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     sp = p.split
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
+    pdl = t.pdl and not t.cublas
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=None if key is None else (p.fast, ("up", key)),
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, SPLIT=split, num_warps=t.warps, num_stages=t.stages)
+         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, EVICT="evict_first" if pdl and t.prefetch else "",
+         num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
 def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> None:
@@ -298,13 +315,16 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
     t, sp = p.tiles, p.split
     split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
     grid = triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn) * split
+    pdl = t.pdl and not t.cublas
+    # The prefetch's 16-byte pieces need rows of F starting 16-byte aligned, and one program per tile.
+    prefetch = pdl and t.prefetch and split == 1 and ops.intermediate % 8 == 0 and act.element_size() == 2
     # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
     _run(kernels.down_kernel, (grid,),
          (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,
           T, H, ops.intermediate, lora.R, lora.O, ops.n),
          fast=(p.fast, ("down", key)),
          BASE=not t.cublas, HAS_LORA=lora.on, BM=t.bm, BN=t.bn, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         SPLIT=split, num_warps=t.warps, num_stages=t.stages)
+         SPLIT=split, PDL=pdl, PREFETCH=prefetch, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
@@ -332,11 +352,12 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
 
 def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, *, k: int, ldx: int,
             x_o_off: int, rank: int, outer: int, a_slot: int, a_outer: int, halves: int, br: int, zero_mid: bool,
-            key: tuple) -> None:
+            key: tuple, pdl: bool = False) -> None:
     """One ``shrink_kernel`` launch over ``k`` of each row of ``x`` (rows ``ldx`` long,
     outer ``o`` from column ``o * x_o_off``) into ``dst``; ``a``'s rows of slot ``s`` and
     outer ``o`` start at ``s * a_slot + o * a_outer``; ``halves`` blocks of ``rank``
-    rows (the kernel's docstring names the rest)."""
+    rows (the kernel's docstring names the rest); ``pdl``: the up launch after it may
+    start at once."""
     T = x.shape[0]
     t = p.tiles
     bm = t.sbm or t.bm
@@ -346,7 +367,7 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
     S = p.scalings.numel()
     _run(kernels.shrink_kernel, (triton.cdiv(T, bm), outer * S, split),
          (x, p.slots, a, dst, mid, T, k, ldx, x_o_off, rank, outer, a_slot, a_outer, k_chunk),
-         fast=(p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=br, BK=bk,
+         fast=(p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=br, BK=bk, PDL=pdl,
          num_warps=t.swarps, num_stages=3)
 
 

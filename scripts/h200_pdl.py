@@ -1,0 +1,220 @@
+"""v13 on a CUDA GPU: the three weight-streaming launches chained by programmatic dependent
+launch (``Tiles.pdl``), with and without the down kernel's ``w2`` prefetch into L2
+(``Tiles.prefetch``), against the launches as they are (``v9``), sglang 0.5.23's no-LoRA
+base taken from its wheel, and the stream ceiling (``h200_stream_ceiling.json``), at every
+T <= 32 point of the side-by-side grid; then the host cost per call over time (target 4).
+
+1. Correctness first, each variant against the float64 reference (``profile.reference_f64``)
+   on fresh random inputs: bf16 and fp16, both gate/up layouts, both outer layouts, mixed /
+   base-only / rank-0 tokens, a batch with no adapter, a device-resident batch, and a graph
+   of the launches replayed twice; the output poisoned with NaN before each run.
+2. Timing: per point, CUDA graphs of every contender replayed in turns (``time_interleaved``,
+   read flush), medians.
+3. Host cost: ``sink(x, gammas, batch=..., backend="triton")`` timed in windows for
+   ``--host-seconds``, beside a fixed pure-Python loop, so a slow phase shows whether the
+   CPU itself was slow then (the loop slows too) or the call was.
+
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/h200_pdl.py --wheel WHEEL --out $OUT/h200_pdl.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from inkling_lab import profile as pr, records
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward import triton_backend as tb
+
+VARIANTS = {"v9": {}, "pdl": dict(pdl=True), "pdl_prefetch": dict(pdl=True, prefetch=True)}
+CEILING = {"A": "A", "B": "B", "Inkling": "inkling", "Inkling-TP8": "inkling-tp8"}
+
+
+def tiles(variant: str, T: int, ops) -> tb.Tiles:
+    return replace(tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden), **VARIANTS[variant])
+
+
+def run(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
+    """Two launches on one plan (the second is the repeat path), the second into NaN."""
+    p = tb.plan(ops, x.shape[0], batch, x.device, t)
+    tb.launch(ops, x, gammas, p, torch.empty_like(x))
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    torch.cuda.synchronize()
+    return out
+
+
+def graph_replays(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
+    p = tb.plan(ops, x.shape[0], batch, x.device, t)
+    out = torch.full_like(x, float("nan"))
+    graph = pr._capture(lambda: tb.launch(ops, x, gammas, p, out))
+    graph.replay()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
+def correctness() -> list[dict]:
+    rows = []
+    layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
+    for shape in pr.SHAPES:
+        for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
+            for T in (1, 9, 32):
+                c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
+                sink, x, gammas, _ = pr.build_case(c, "cuda", seed=T)
+                gen = torch.Generator().manual_seed(T + 7)
+                ids = torch.randint(-1, c.S, (T,), generator=gen)
+                ids[0] = 0
+                batch = SlotBatch.from_token_slots(ids, c.S, lora_ranks=[c.R, c.R, 0])  # slot 2: rank 0
+                ops = sink.operands()
+                ref = pr.reference_f64(ops, x, gammas, batch)
+                ref_base = pr.reference_f64(ops, x, gammas, None)
+                for v in ("pdl", "pdl_prefetch"):
+                    t = tiles(v, T, ops)
+                    try:
+                        errs = check(ops, x, gammas, batch, t, ref, ref_base, c)
+                    except Exception as exc:  # recorded, and the run goes on
+                        errs = {"failure": float("nan")}
+                        print(f"check {shape} T={T} {v} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    worst = max(errs.values(), key=lambda e: float("inf") if e != e else e)
+                    rows.append({**asdict(c), "variant": v, "rel_err": errs,
+                                 "ok": all(e == e and e < 1e-2 for e in errs.values())})
+                    print(f"check {shape} T={T} O={o} il={i} {d} {v}: worst {worst:.1e}", flush=True)
+    return rows
+
+
+def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
+    T = x.shape[0]
+    errs = {"mixed": records.relative_error(run(ops, x, gammas, batch, t), ref, "fro"),
+            "no_adapter": records.relative_error(run(ops, x, gammas, None, t), ref_base, "fro"),
+            "graph": records.relative_error(graph_replays(ops, x, gammas, batch, t), ref, "fro")}
+    if c.outer == 1 and c.dtype == "bfloat16":
+        errs["resident"] = records.relative_error(run(ops, x, gammas, batch.to("cuda"), t), ref, "fro")
+        errs["base_only"] = records.relative_error(
+            run(ops, x, gammas, SlotBatch.from_token_slots([-1] * T, c.S), t), ref_base, "fro")
+    return errs
+
+
+def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) -> list[dict]:
+    from inkling_lab.upstream_wheel import UpstreamSink, unpack
+
+    unpack(wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")
+    ceiling = {r["shape"]: r["us"]["stream"]
+               for r in json.loads(Path("data/profiles/h200_stream_ceiling.json").read_text())["rows"]}
+    flush = pr.L2Flush("cuda")
+    rows = []
+    for shape in shapes:
+        base = None
+        for R in ranks:
+            for S in slots:
+                for T in tokens:
+                    c = pr.Case.of(shape, R, S, T)
+                    sink, x, gammas, batch = pr.build_case(c, "cuda", base=base)
+                    base = sink
+                    ops = sink.operands()
+                    ref = pr.reference_f64(ops, x, gammas, batch)
+                    fns, errs = {}, {}
+                    for v in VARIANTS:
+                        p = tb.plan(ops, T, batch, x.device, tiles(v, T, ops))
+                        out = torch.empty_like(x)
+                        fns[v] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
+                    upstream = UpstreamSink(sink, batch, min_slots=2)
+                    fns["sglang_base"] = lambda: upstream.forward(x, gammas, lora=False)
+                    graphs = {}
+                    for k, fn in fns.items():
+                        try:
+                            fn()
+                            o = fn()
+                            torch.cuda.synchronize()
+                            errs[k] = records.relative_error(
+                                o, pr.reference_f64(ops, x, gammas, None) if k == "sglang_base" else ref, "fro")
+                            if errs[k] < 1e-2:
+                                graphs[k] = pr._capture(fn)
+                        except Exception as exc:  # recorded, and the run goes on
+                            errs[k] = float("nan")
+                            print(f"{shape} R{R} S{S} T{T} {k} FAILED: {type(exc).__name__}: {str(exc)[:300]}",
+                                  flush=True)
+                    times = {k: statistics.median(v) for k, v in pr.time_interleaved(graphs, flush, reps).items()}
+                    del graphs
+                    row = {"shape": shape, "R": R, "S": S, "T": T, "us": times, "rel_err": errs,
+                           "stream_ceiling_us": ceiling[CEILING[shape]],
+                           "roofline_us": pr.roofline(c, **ceilings).us}
+                    rows.append(row)
+                    best = min((v for v in VARIANTS if v in times), key=times.get)
+                    print(f"{shape:<11} R{R:<2} S{S} T{T:<2} " + " ".join(f"{k} {v:6.1f}" for k, v in times.items())
+                          + f"  best {best} {times['sglang_base'] / times[best]:.2f}x base", flush=True)
+    return rows
+
+
+def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
+    """Per window: median host µs of a user-level call (A, R 16, S 4, T 8, resident and host
+    batch) and of a fixed pure-Python loop."""
+    c = pr.Case.of("A", 16, 4, 8)
+    sink, x, gammas, batch = pr.build_case(c, "cuda")
+    resident = batch.to("cuda")
+    for b in (resident, batch):
+        for _ in range(3):
+            sink(x, gammas, batch=b, backend="triton")
+    torch.cuda.synchronize()
+    t_start, rows = time.perf_counter(), []
+    while time.perf_counter() - t_start < seconds:
+        row = {"t_s": round(time.perf_counter() - t_start, 3)}
+        for label, b in (("resident_us", resident), ("host_batch_us", batch)):
+            row[label] = pr._host_us(lambda: sink(x, gammas, batch=b, backend="triton"), 100)
+            torch.cuda.synchronize()
+        row["python_loop_us"] = pr._host_us(lambda: sum(range(200)), 100)
+        rows.append(row)
+        rest = window - (time.perf_counter() - t_start - row["t_s"])
+        if rest > 0:
+            time.sleep(rest)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--wheel", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--shapes", default=",".join(pr.SHAPES))
+    ap.add_argument("--tokens", default="1,8,32")
+    ap.add_argument("--host-seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    t0 = time.time()
+    env = records.environment("python3 " + " ".join(sys.argv))
+    hp = host_phases(args.host_seconds)  # first: the process's first seconds are one of the phases
+    ceilings = pr.measure_ceilings()
+    print(env, ceilings, flush=True)
+    rec = {"environment": env, "ceilings": ceilings, "variants": dict(VARIANTS), "host_phases": hp}
+    records.write_json(args.out, rec)
+    rec["correctness"] = correctness()
+    records.write_json(args.out, rec)
+    if not all(r["ok"] for r in rec["correctness"]):
+        print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
+    rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","), (16, 64), (1, 4, 8),
+                           [int(t) for t in args.tokens.split(",")])
+    rec["seconds"] = round(time.time() - t0, 1)
+    records.write_json(args.out, rec)
+    wins = {v: sum(1 for r in rec["points"] if v in r["us"] and r["us"][v] < r["us"]["sglang_base"])
+            for v in VARIANTS}
+    print("points faster than sglang's no-LoRA base:", wins, "of", len(rec["points"]))
+    for shape in args.shapes.split(","):
+        pts = [r for r in rec["points"] if r["shape"] == shape]
+        for v in VARIANTS:
+            fr = [r["stream_ceiling_us"] / r["us"][v] for r in pts if v in r["us"]]
+            print(f"{shape:<11} {v:<13} stream-ceiling fraction {min(fr):.2f}-{max(fr):.2f}")
+    hp = rec["host_phases"]
+    print("host µs (resident) min/median/max", min(r["resident_us"] for r in hp),
+          statistics.median(r["resident_us"] for r in hp), max(r["resident_us"] for r in hp))
+    print(f"{rec['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
