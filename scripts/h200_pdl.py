@@ -1,8 +1,9 @@
 """v13 on a CUDA GPU: the three weight-streaming launches chained by programmatic dependent
-launch (``Tiles.pdl``), with and without the down kernel's ``w2`` prefetch into L2
-(``Tiles.prefetch``), against the launches as they are (``v9``), sglang 0.5.23's no-LoRA
+launch (``Tiles.pdl``) against the launches without it (``v9``), sglang 0.5.23's no-LoRA
 base taken from its wheel, and the stream ceiling (``h200_stream_ceiling.json``), at every
 T <= 32 point of the side-by-side grid; then the host cost per call over time (target 4).
+(The recorded run, ``data/profiles/h200_pdl.json`` at 7456b20, also timed a ``w2`` prefetch
+into L2 before the down kernel's wait: no gain at A, 5-15 µs lost elsewhere, so it was removed.)
 
 1. Correctness first, each variant against the float64 reference (``profile.reference_f64``)
    on fresh random inputs: bf16 and fp16, both gate/up layouts, both outer layouts, mixed /
@@ -32,11 +33,12 @@ from inkling_lab import profile as pr, records
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 
-VARIANTS = {"v9": {}, "pdl": dict(pdl=True), "pdl_prefetch": dict(pdl=True, prefetch=True)}
+VARIANTS = {"v9": dict(pdl=False), "pdl": dict(pdl=True)}
 CEILING = {"A": "A", "B": "B", "Inkling": "inkling", "Inkling-TP8": "inkling-tp8"}
 
 
 def tiles(variant: str, T: int, ops) -> tb.Tiles:
+    """``pick_tiles``' choice with PDL forced on or off (``plan`` would apply ``use_pdl``)."""
     return replace(tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden), **VARIANTS[variant])
 
 
@@ -76,7 +78,7 @@ def correctness() -> list[dict]:
                 ops = sink.operands()
                 ref = pr.reference_f64(ops, x, gammas, batch)
                 ref_base = pr.reference_f64(ops, x, gammas, None)
-                for v in ("pdl", "pdl_prefetch"):
+                for v in ("pdl",):
                     t = tiles(v, T, ops)
                     try:
                         errs = check(ops, x, gammas, batch, t, ref, ref_base, c)

@@ -196,3 +196,17 @@ def test_gammas_of_another_floating_dtype_are_read_in_float32():
     want, _ = run(sink, x, gammas, batch)
     got, _ = run(sink, x, gammas.double(), batch)  # sglang passes the router's float32 weights
     assert rel(got, want.double()) < 1e-6
+
+
+def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
+    a, b = 2 * 768 * 1536, 2 * 2048 * 4096  # n*F*H of shapes A and B
+    with monkeypatch.context() as m:
+        m.setattr(tb, "interpreting", lambda: False)
+        assert tb.use_pdl(1, a, 1) and tb.use_pdl(32, a, 4)
+        assert not tb.use_pdl(32, a, 8)  # 8 slots: the waiting down programs cost more than the overlap gives
+        assert not tb.use_pdl(1, b, 1)   # B's grids do not fit beside each other
+        assert not tb.use_pdl(64, a, 1)  # not measured there
+        assert not tb.use_pdl(1, a, 0)   # no shrink to overlap
+    assert not tb.use_pdl(1, a, 1)       # the interpreter has no grid dependency control
+    sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 7, True, True, seed=4)
+    assert not tb.plan(sink.operands(), 7, batch, x.device).tiles.pdl

@@ -39,16 +39,6 @@ import triton.language as tl
 
 
 @triton.jit
-def _prefetch_l2(ptrs, nbytes):
-    """Ask the L2 to fetch ``nbytes[i]`` bytes from ``ptrs[i]`` (sm_90's bulk prefetch, one
-    instruction per element, nothing where ``nbytes`` is 0; a hint: nothing waits on it).
-    Addresses and sizes are multiples of 16 bytes."""
-    tl.inline_asm_elementwise(
-        "{\n.reg .pred p;\nsetp.ne.u32 p, $2, 0;\n@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}",
-        "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _tile_slots(slot_ptr, rows, row_ok):
     """The tile's token slots and the range of real slots in it (empty when none)."""
     slot = tl.load(slot_ptr + rows, mask=row_ok, other=-1)
@@ -142,7 +132,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
               BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
-              PDL: tl.constexpr = False, EVICT: tl.constexpr = ""):
+              PDL: tl.constexpr = False):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
     up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F).
@@ -160,8 +150,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     ``PDL`` (programmatic dependent launch, few tokens): the down kernel may launch at
     once, and this kernel, launched as the shrink's dependent, streams ``w13`` before it
     waits for the shrink (``gdc_wait``: everything the shrink wrote is visible after it;
-    ``x`` and the workspaces were complete before the shrink began). ``EVICT``: the
-    ``w13`` loads' L2 policy (``evict_first`` keeps the ``w2`` the down kernel prefetched)."""
+    ``x`` and the workspaces were complete before the shrink began)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0) // SPLIT
@@ -197,7 +186,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
             k_ok = kk < H
             xt = tl.load(x_ptr + rows[:, None] * H + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :],
-                         other=0.0, eviction_policy=EVICT)
+                         other=0.0)
             acc = tl.dot(xt, tl.trans(wt), acc)
         if PDL:
             tl.extra.cuda.gdc_wait()
@@ -249,7 +238,7 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                 T, H, F, R, O, N_EXP,
                 BASE: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BR: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-                PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                PDL: tl.constexpr = False):
     """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
     ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
     ``BASE=False``: only the LoRA term is written (cuBLAS adds ``act @ w2_lin`` to it).
@@ -258,22 +247,9 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
     ``ws [T, H]`` and ``cnt`` as ``up_kernel`` does; the last adds the LoRA term.
 
     ``PDL``: launched as the up kernel's programmatic dependent, it starts while the up
-    kernel streams and waits for it (``gdc_wait``) before reading anything it wrote;
-    ``PREFETCH``: before that wait, each program asks the L2 for its own ``w2`` rows
-    (``BN`` rows of ``F`` per expert, contiguous; ``F`` a multiple of 8), so the down
-    GEMM reads them from L2 instead of starting its weight stream after the up kernel."""
+    kernel streams and waits for it (``gdc_wait``) before reading anything it wrote."""
     tile = tl.program_id(0) // SPLIT
     pid_m, pid_n = _grouped_tile(tile, tl.cdiv(T, BM), tl.cdiv(H, BN), GROUP_M)
-    if PREFETCH:
-        if pid_m == 0:
-            h0 = pid_n * BN
-            span = tl.minimum(BN, H - h0) * F  # elements of one expert's rows, contiguous
-            piece = tl.cdiv(tl.cdiv(span, 64), 8) * 8
-            at = tl.arange(0, 64) * piece
-            ELT: tl.constexpr = w2_ptr.dtype.element_ty.primitive_bitwidth // 8
-            for e in range(0, N_EXP):
-                nbytes = (tl.maximum(tl.minimum(span - at, piece), 0) * ELT // 16) * 16
-                _prefetch_l2(w2_ptr + e * H * F + h0 * F + at, nbytes.to(tl.int32))
     if PDL:
         tl.extra.cuda.gdc_wait()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -44,9 +44,7 @@ class Tiles:
     the two base GEMMs through cuBLAS, the kernels as their prologue and epilogues;
     ``sbm``/``swarps``: the shrink's own token tile and warps (0: ``bm``, 4 warps);
     ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
-    of the launch before them, so each starts streaming its weights while that one runs;
-    ``prefetch`` (with ``pdl``): the down kernel asks the L2 for its ``w2`` rows before it
-    waits for the up kernel (``kernels.down_kernel``)."""
+    of the launch before them, so each starts while that one runs (``use_pdl``)."""
 
     bm: int
     bf: int
@@ -60,7 +58,6 @@ class Tiles:
     sbm: int = 0
     swarps: int = 4
     pdl: bool = False
-    prefetch: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -82,6 +79,26 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
     # multiprocessors busy than it costs in atomics (up to ~4096 tokens on the H200).
     k_chunk = 512 if num_tokens <= 4096 else 1 << 30
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
+
+
+PDL_TOKENS = 32
+PDL_SLOTS = 4
+
+
+def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
+    """Chain the three weight-streaming launches by programmatic dependent launch
+    (``Tiles.pdl``) for a batch of ``num_tokens`` whose LoRA tokens use up to ``slots``
+    slots, on weights of ``n*F*H = weight_elems``.
+
+    Measured on the H200 (``data/profiles/h200_pdl.json``, v13): for A-sized weights
+    (``n*F*H <= SMALL_WEIGHTS``: up and down grids of ~96 programs each, resident side by
+    side) it saves 3-5 µs at T <= 32 with up to 4 slots (A T=1: 24.0 -> 20.4 µs), the
+    shrink's time, which the up kernel's stream now covers; with 8 slots at 32 tokens it
+    costs 7-12 µs, and on B, Inkling and TP8 (256-576 programs per grid) it costs up to
+    30 µs: the waiting down programs take the multiprocessors the up kernel's stream needs.
+    Off under Triton's interpreter, which has no grid dependency control."""
+    return (0 < slots <= PDL_SLOTS and num_tokens <= PDL_TOKENS and weight_elems <= SMALL_WEIGHTS
+            and not interpreting())
 
 
 @dataclass(frozen=True)
@@ -159,7 +176,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     work, not capturable). A batch already on ``device`` (``SlotBatch.to``) is not
     read on the host at all: ``launch`` resolves its slots with one small kernel,
     so the plan can be made, and the forward captured, inside ``torch.cuda.graph``."""
-    tiles = tiles or pick_tiles(num_tokens, ops.n * ops.intermediate * ops.hidden)
+    weight_elems = ops.n * ops.intermediate * ops.hidden
+    explicit, tiles = tiles is not None, tiles or pick_tiles(num_tokens, weight_elems)
     T = max(num_tokens, 1)
     split = _splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device)
     if batch is None or ops.buffers is None or (not _resident(batch, device) and not batch.active_slots()):
@@ -167,13 +185,17 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         return Plan(empty, torch.ones(1, device=device), None, False, tiles, split=split)
     ga = ops.buffers[0]
     sh = torch.zeros(T, ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
-    if _resident(batch, device):
+    if _resident(batch, device):  # its slots are not read on the host: the pool's count bounds them
+        if not explicit and use_pdl(num_tokens, weight_elems, batch.num_slots):
+            tiles = replace(tiles, pdl=True)
         return Plan(torch.empty(T, dtype=torch.int32, device=device), batch.scalings.to(dtype=torch.float32),
                     sh, True, tiles, batch=batch, split=split)
     slots = batch.token_slots().clone()
     lora = slots >= 0
     slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
     active = batch.active_slots()
+    if not explicit and use_pdl(num_tokens, weight_elems, len(active)):
+        tiles = replace(tiles, pdl=True)
     single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
     return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
                 sh, True, tiles, single, float(batch.scalings[single]) if single >= 0 else 1.0, split=split)
@@ -304,8 +326,7 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=None if key is None else (p.fast, ("up", key)),
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, EVICT="evict_first" if pdl and t.prefetch else "",
-         num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
+         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
 def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> None:
@@ -316,15 +337,13 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
     split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
     grid = triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn) * split
     pdl = t.pdl and not t.cublas
-    # The prefetch's 16-byte pieces need rows of F starting 16-byte aligned, and one program per tile.
-    prefetch = pdl and t.prefetch and split == 1 and ops.intermediate % 8 == 0 and act.element_size() == 2
     # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
     _run(kernels.down_kernel, (grid,),
          (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,
           T, H, ops.intermediate, lora.R, lora.O, ops.n),
          fast=(p.fast, ("down", key)),
          BASE=not t.cublas, HAS_LORA=lora.on, BM=t.bm, BN=t.bn, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         SPLIT=split, PDL=pdl, PREFETCH=prefetch, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
+         SPLIT=split, PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
