@@ -15,7 +15,7 @@ into L2 before the down kernel's wait: no gain at A, 5-15 µs lost elsewhere, so
    ``--host-seconds``, beside a fixed pure-Python loop, so a slow phase shows whether the
    CPU itself was slow then (the loop slows too) or the call was.
 
-    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/h200_pdl.py --wheel WHEEL --out $OUT/h200_pdl.json
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_pdl.py --wheel WHEEL --out $OUT/h200_pdl.json
 """
 from __future__ import annotations
 
