@@ -202,8 +202,8 @@ def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
     a, b = 2 * 768 * 1536, 2 * 2048 * 4096  # n*F*H of shapes A and B
     with monkeypatch.context() as m:
         m.setattr(tb, "interpreting", lambda: False)
-        assert tb.use_pdl(1, a, 1) and tb.use_pdl(32, a, 4)
-        assert not tb.use_pdl(32, a, 8)  # 8 slots: the waiting down programs cost more than the overlap gives
+        assert tb.use_pdl(1, a, 1) and tb.use_pdl(32, a, 1) and tb.use_pdl(8, a, 4)
+        assert not tb.use_pdl(32, a, 4) and not tb.use_pdl(8, a, 8)  # more slots: the overlap cost more than it gave
         assert not tb.use_pdl(1, b, 1)   # B's grids do not fit beside each other
         assert not tb.use_pdl(64, a, 1)  # not measured there
         assert not tb.use_pdl(1, a, 0)   # no shrink to overlap

@@ -81,24 +81,22 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
 
 
-PDL_TOKENS = 32
-PDL_SLOTS = 4
-
-
 def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
     """Chain the three weight-streaming launches by programmatic dependent launch
-    (``Tiles.pdl``) for a batch of ``num_tokens`` whose LoRA tokens use up to ``slots``
-    slots, on weights of ``n*F*H = weight_elems``.
+    (``Tiles.pdl``) for a batch of ``num_tokens`` whose LoRA tokens use ``slots`` slots,
+    on weights of ``n*F*H = weight_elems``.
 
-    Measured on the H200 (``data/profiles/h200_pdl.json``, v13): for A-sized weights
-    (``n*F*H <= SMALL_WEIGHTS``: up and down grids of ~96 programs each, resident side by
-    side) it saves 3-5 µs at T <= 32 with up to 4 slots (A T=1: 24.0 -> 20.4 µs), the
-    shrink's time, which the up kernel's stream now covers; with 8 slots at 32 tokens it
-    costs 7-12 µs, and on B, Inkling and TP8 (256-576 programs per grid) it costs up to
-    30 µs: the waiting down programs take the multiprocessors the up kernel's stream needs.
-    Off under Triton's interpreter, which has no grid dependency control."""
-    return (0 < slots <= PDL_SLOTS and num_tokens <= PDL_TOKENS and weight_elems <= SMALL_WEIGHTS
-            and not interpreting())
+    Measured on the H200 (``data/profiles/h200_pdl.json`` and ``h200_side_by_side.json``,
+    v13): for A-sized weights (``n*F*H <= SMALL_WEIGHTS``: up and down grids of ~96
+    programs each, resident side by side) it saves 3-5 µs with one slot up to 32 tokens
+    and with up to 4 slots up to 8 tokens (A T=1: 24.5 -> 20.6 µs), the shrink's time,
+    which the up kernel's stream now covers; with 4 slots at 32 tokens it cost 0-2 µs,
+    with 8 slots at 8-32 tokens up to 12 µs, and on B, Inkling and TP8 (256-576 programs
+    per grid) up to 30 µs: the waiting down programs take the multiprocessors the up
+    kernel's stream needs. Off under Triton's interpreter (no grid dependency control)."""
+    if interpreting() or weight_elems > SMALL_WEIGHTS or slots < 1:
+        return False
+    return (num_tokens <= 32 and slots == 1) or (num_tokens <= 8 and slots <= 4)
 
 
 @dataclass(frozen=True)
