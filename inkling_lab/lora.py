@@ -171,6 +171,13 @@ class SharedSinkLoRA(SharedSink):
             if self.interleaved:
                 raise ValueError(MSG_V2_INTERLEAVED)
         self.backend, self.generation = backend, generation
+        self.clear_pool()
+
+    def clear_pool(self) -> None:
+        """Forget the pool and its derived operands, keeping the base weights: the next
+        ``set_lora_info`` starts afresh, of any slot count and rank (what
+        ``initialize_lora`` does after its checks; a benchmark reuses one sink's weights
+        for pools of several shapes)."""
         self.lora_buffers = self.layout = None
         self.w1_delta = self.a_cat = self.down_cat = None
 

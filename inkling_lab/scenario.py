@@ -34,13 +34,16 @@ class Scenario:
     def random(cls, geometry: Geometry, *, tokens: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32,
                device: torch.device | str | None = None, interleaved: bool = True,
                ranks: Sequence[int] | None = None, token_slots: Sequence[int] | torch.Tensor | None = None,
-               group: bool = False) -> "Scenario":
+               group: bool = False, sink: SharedSinkLoRA | None = None) -> "Scenario":
         """Seeded random weights; slot ``s`` holds an adapter of rank ``ranks[s]`` (``0``:
         empty; default: every slot at the pool's ``R``) drawn by ``LoRAFactors.random``
         (scaling ``lora_alpha / r = 1``) in the geometry's outer layout; ``x`` unit-normal,
         ``gammas`` in ``(0, 1)``; each token's slot ``token_slots[t]`` (default: drawn from
         ``-1..S-1``, ``-1`` meaning base only). ``group=True`` sorts the batch by slot.
         Everything lives on ``device`` in ``dtype``; the same seed gives the same scenario.
+        ``sink``: a sink of the geometry's ``n``, ``H``, ``F`` in this layout and dtype to
+        reuse: its base weights are kept and its pool replaced (``clear_pool``), so that a
+        grid of pools over one shape draws the weights once.
         """
         g = geometry
         if not isinstance(g, Geometry):
@@ -50,7 +53,14 @@ class Scenario:
         if len(ranks) != g.slots or any(not 0 <= r <= g.max_rank for r in ranks):
             raise ValueError(f"Scenario.random: ranks must give each of the {g.slots} slots a rank in "
                              f"0..{g.max_rank} (the pool's max_rank), got {ranks}")
-        sink = SharedSinkLoRA.from_geometry(g, interleaved, dtype, device, seed)
+        if sink is None:
+            sink = SharedSinkLoRA.from_geometry(g, interleaved, dtype, device, seed)
+        else:
+            have = (sink.n_shared_experts, sink.hidden_size, sink.intermediate_size, sink.interleaved, sink.dtype)
+            if have != (g.n, g.hidden, g.intermediate, interleaved, dtype):
+                raise ValueError(f"Scenario.random: the sink to reuse has (n, H, F, interleaved, dtype) {have}, "
+                                 f"the scenario wants {(g.n, g.hidden, g.intermediate, interleaved, dtype)}")
+            sink.clear_pool()
         pool = LoRAPool.from_geometry(g, dtype, device)
         for s, r in enumerate(ranks):
             if r:

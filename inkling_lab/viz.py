@@ -331,7 +331,7 @@ def roofline_figure(copy_TBps: float, matmul_TFLOPs: float, points: list[tuple[s
 def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4) -> Figure:
     """A recorded grid: median µs against tokens per backend, the roofline, the
     targets and upstream's recorded numbers (left); each backend over the roofline (right)."""
-    from .profile import TARGET_LARGE_T, TARGET_SMALL_T, UPSTREAM, UPSTREAM_SINGLE_SLOT
+    from .profile import TARGET_LARGE_T, TARGET_SMALL_T, issue4_upstream
 
     rows = [r for r in record["records"] if (r["case"]["shape"], r["case"]["R"], r["case"]["S"]) == (shape, R, S)]
     if not rows:
@@ -350,10 +350,11 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
     for T, us in ((T, us) for T, us in roof if T >= 2048):
         ax.plot(T, TARGET_LARGE_T * us, "_", color="green", ms=10)
     ax.plot([], [], "_", color="green", ms=10, label=f"target ({TARGET_SMALL_T:g}x / {TARGET_LARGE_T:g}x roofline)")
-    up = [(row[1], row[4]) for row in UPSTREAM if (row[0], row[2], row[3]) == (shape, S, R)]
+    issue4 = issue4_upstream()
+    up = [(row[1], row[4]) for row in issue4.rows if (row[0], row[2], row[3]) == (shape, S, R)]
     if up:
         ax.plot(*zip(*up), "*", color="purple", ms=12, label="upstream sglang 0.5.23, multi-slot")
-    single = [(T, us) for (sh, T), us in UPSTREAM_SINGLE_SLOT.items() if sh == shape]
+    single = [(T, us) for (sh, T), us in issue4.one_slot.items() if sh == shape]
     if single:
         ax.plot(*zip(*single), "P", color="purple", ms=9, mfc="none", label="upstream single-slot cuBLAS")
     ax.set_xlabel("tokens T")

@@ -318,7 +318,7 @@ def roofline_explorer(record: dict | None = None):
 
     from . import profile as pr
 
-    ceilings = record["ceilings"] if record else pr.UPSTREAM_CEILINGS
+    ceilings = record["ceilings"] if record else pr.issue4_upstream().ceilings
     shape = w.Dropdown(options=sorted(pr.SHAPES), value="B", description="shape")
     rank = w.Dropdown(options=list(pr.GRID_RANKS), value=64, description="rank R")
     slots = w.Dropdown(options=list(pr.GRID_SLOTS), value=4, description="slots S")
@@ -337,7 +337,7 @@ def roofline_explorer(record: dict | None = None):
                   f"{pr.target_ratio(c.T) or '-'} x roofline")
             for r in (record or {}).get("records", []):
                 k = r["case"]
-                if (k["shape"], k["R"], k["S"], k["T"]) == (c.shape, c.R, c.S, c.T):
+                if (k["shape"], k["R"], k["S"], k["T"]) == (c.shape, c.geometry.max_rank, c.geometry.slots, c.T):
                     print(f"  {r['backend']:<12} {r['median_us']:8.1f} µs  = {r['ratio']:.2f} x roofline")
 
     for widget in (shape, rank, slots, tokens):

@@ -1,20 +1,26 @@
 """The roofline arithmetic, the record format and the command line of ``profile``."""
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import torch
+
 from inkling_lab import profile as pr
+from inkling_lab import records
+from inkling_lab.geometry import PRESETS
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_grid.json"
 
 
-@pytest.mark.parametrize("shape,T,roof_us", [(row[0], row[1], row[5]) for row in pr.UPSTREAM])
+@pytest.mark.parametrize("shape,T,roof_us", [(row[0], row[1], row[5]) for row in pr.issue4_upstream().rows])
 def test_roofline_reproduces_the_issue_table(shape, T, roof_us):
     c = pr.Case.of(shape, R=64, S=4, T=T)
     # The issue prints µs to one decimal under 100 and whole µs above (179.5 -> 179).
-    assert pr.roofline(c, **pr.UPSTREAM_CEILINGS).us == pytest.approx(roof_us, abs=0.05, rel=0.005)
+    assert pr.roofline(c, **pr.issue4_upstream().ceilings).us == pytest.approx(roof_us, abs=0.05, rel=0.005)
 
 
 def test_bytes_and_flops_by_hand():
@@ -50,7 +56,7 @@ def test_segments_split_tokens_evenly_and_targets_follow_the_issue():
 
 
 def test_write_json_is_atomic_and_load_record_names_missing_keys(tmp_path):
-    path = pr.write_json(tmp_path / "sub" / "r.json", {"a": 1})
+    path = records.write_json(tmp_path / "sub" / "r.json", {"a": 1})
     assert json.loads(path.read_text()) == {"a": 1}
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temp file left behind
     with pytest.raises(ValueError, match=r"missing \['environment', 'ceilings', 'correctness', 'records'\]"):
@@ -79,7 +85,8 @@ def test_the_recorded_h200_grid_is_complete_and_consistent():
     triton = [r for r in rec["records"] if r["backend"] == "triton"]
     assert len(triton) == len(pr.grid())
     for r in triton:
-        c = pr.Case(**r["case"])
+        c = pr.Case.from_record(r["case"])
+        assert c.record() == r["case"]  # the fields a record has always had, in their order
         assert r["roofline_us"] == pytest.approx(pr.roofline(c, **rec["ceilings"]).us)
         assert r["ratio"] == pytest.approx(r["median_us"] / r["roofline_us"])
     assert rec["kernel_tables"] and all(t["kernels"] for t in rec["kernel_tables"])
@@ -92,7 +99,7 @@ def test_cli_registers_profile_and_refuses_without_cuda(capsys):
     assert args.ranks == [16] and args.tokens == [1, 8] and args.func is pr.profile_command
     with pytest.raises(SystemExit):
         parser.parse_args(["profile", "--tokens", "1,x"])
-    if not pr.torch.cuda.is_available():
+    if not torch.cuda.is_available():
         assert args.func(args) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
 
@@ -100,3 +107,27 @@ def test_cli_registers_profile_and_refuses_without_cuda(capsys):
 def test_l2_flush_mode_is_checked():
     with pytest.raises(ValueError, match="mode must be 'read' or 'write'"):
         pr.L2Flush("cpu", mode="evict")
+
+
+def test_a_case_is_a_geometry_plus_tokens_and_its_inputs_come_from_the_scenario_factory():
+    c = pr.Case.of("Inkling-TP8", R=16, S=3, T=7, outer=2, dtype="float32")
+    assert c.geometry == PRESETS["inkling-tp8"].with_(max_rank=16, slots=3, outer=2)
+    small = pr.Case("toy", PRESETS["toy"].with_(max_rank=2, slots=3), T=7, dtype="float64")
+    sc = small.scenario("cpu", seed=5)
+    assert sc.batch.token_slots().tolist() == [0, 0, 0, 1, 1, 2, 2]  # the even segments, slot i on segment i
+    assert sc.pool.lora_ranks == [2, 2, 2] and sc.x.dtype == torch.float64
+    again = pr.Case("toy", small.geometry.with_(max_rank=1, slots=1), T=2, dtype="float64").scenario("cpu", sink=sc.sink)
+    assert again.sink is sc.sink and again.sink.lora_buffers[1].shape[-1] == 1  # the weights kept, a new pool
+    with pytest.raises(ValueError, match="the sink to reuse"):
+        pr.Case("toy", small.geometry, T=2, dtype="float32").scenario("cpu", sink=sc.sink)
+
+
+def test_importing_profile_reads_no_file():
+    code = ("import builtins, io; opened = []; real = io.open\n"
+            "def spy(f, *a, **k): opened.append(str(f)); return real(f, *a, **k)\n"
+            "io.open = builtins.open = spy\n"
+            "import inkling_lab.profile\n"
+            "print([f for f in opened if f.endswith('.json')])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -1,18 +1,17 @@
-"""The side-by-side harness without a GPU: the wheel check, the float64 reference it
-times against, upstream's one-slot path through the stand-in layer, and the rows."""
+"""The side-by-side harness without a GPU: the wheel check, upstream's one-slot path
+through the stand-in layer against the float64 reference, and the rows."""
 import base64
 import hashlib
 import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 
 from inkling_lab import profile as pr
 from inkling_lab import records
 from inkling_lab import upstream_wheel as uw
-from inkling_lab.batch import SlotBatch
 from inkling_lab.forward.reference import reference_forward
+from inkling_lab.geometry import Geometry
 
 REAL_WHEEL = Path("/work/upstream") / uw.WHEEL_NAME
 SIDE_RECORD = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_side_by_side.json"
@@ -41,19 +40,7 @@ def test_unpack_checks_every_file_against_record(tmp_path, monkeypatch):
 
 
 def _case(S, T, outer=1, R=3):
-    return pr.Case(shape="toy", n=2, H=24, F=10, R=R, S=S, T=T, dtype="float32", outer=outer)
-
-
-@pytest.mark.parametrize("outer", [1, 2])
-def test_reference_f64_is_the_per_token_reference(outer):
-    sink, x, g, _ = pr.build_case(_case(3, 29, outer), "cpu", seed=4)
-    ids = torch.randint(-1, 3, (29,), generator=torch.Generator().manual_seed(outer))
-    batch = SlotBatch.from_token_slots(ids, 3, lora_ranks=[3, 0, 3], scalings=[1.0, 2.0, 0.5])
-    ops = sink.operands()
-    assert records.relative_error(pr.reference_f64(ops, x, g, batch), reference_forward(ops, x, g, batch),
-                                  "fro") < 1e-12
-    assert records.relative_error(pr.reference_f64(ops, x, g, None), reference_forward(ops, x, g, None),
-                                  "fro") < 1e-12
+    return pr.Case("toy", Geometry(2, 24, 10, R, S, outer), T, dtype="float32")
 
 
 @pytest.mark.skipif(not REAL_WHEEL.exists(), reason="needs the sglang 0.5.23 wheel (pip download --no-deps)")
@@ -61,12 +48,13 @@ def test_upstream_one_slot_path_matches_the_reference(tmp_path):
     from inkling_lab.sink import swiglu_sink
 
     uw.unpack(REAL_WHEEL, tmp_path)
-    sink, x, g, batch = pr.build_case(_case(1, 40), "cpu")
+    sc = _case(1, 40).scenario("cpu")
+    sink, x, g, batch = sc.sink, sc.x, sc.gammas, sc.batch
     up = uw.UpstreamSink(sink, batch)
     up.layer._swiglu = lambda y, gam: swiglu_sink(y, gam, True)  # upstream's activation needs CUDA
     ops = sink.operands()
-    assert records.relative_error(up.forward(x, g), pr.reference_f64(ops, x, g, batch), "fro") < 1e-5
-    assert records.relative_error(up.forward(x, g, lora=False), pr.reference_f64(ops, x, g, None), "fro") < 1e-5
+    assert records.relative_error(up.forward(x, g), reference_forward(ops, x, g, batch), "fro") < 1e-5
+    assert records.relative_error(up.forward(x, g, lora=False), reference_forward(ops, x, g, None), "fro") < 1e-5
 
 
 def _point(T, kit, multi, base, one=None):
@@ -75,7 +63,7 @@ def _point(T, kit, multi, base, one=None):
     times = {"kit_triton": kit, "sglang_multi": multi, "sglang_base": base}
     if one:
         times["sglang_one_slot"] = one
-    return {"case": vars(c) | {}, "roofline_us": roof.us, "bound": roof.bound, "rel_err": {},
+    return {"case": c.record(), "roofline_us": roof.us, "bound": roof.bound, "rel_err": {},
             "times": {"read": {k: {"median_us": v} for k, v in times.items()}}}
 
 

@@ -181,10 +181,10 @@ def grid_point(c, sink, x, g, batch, name: str, ceilings: dict, flush, reps: int
     """One grid point: ``single`` (candidate ``name``), ``triton`` and ``cublas_base``, each a CUDA
     graph timed after an L2 flush; ``single``'s output checked against ``triton``'s."""
     ops = sink.operands()
-    T = c.T
+    T, gm = c.T, c.geometry
     fn, out, ws = single_runner(ops, x, g, batch, config_for(ops, T, CANDIDATES[name]))
     fn()
-    finish_or_exit(f"{c.shape} R={c.R} S={c.S} T={T}", 120)
+    finish_or_exit(f"{c.shape} R={gm.max_rank} S={gm.slots} T={T}", 120)
     tri, _ = pr.backend_runner("triton", sink, x, g, batch)
     cub, _ = pr.backend_runner("cublas_base", sink, x, g, batch)
     us = {"single": median(pr.time_graph(fn, flush, reps)),
@@ -194,10 +194,10 @@ def grid_point(c, sink, x, g, batch, name: str, ceilings: dict, flush, reps: int
     expect = tri()
     agree = records.relative_error(out, expect)  # the graph's last replay vs the backend
     roof = pr.roofline(c, **ceilings)
-    return dict(shape=c.shape, n=c.n, H=c.H, F=c.F, R=c.R, S=c.S, T=T, config=name, us=us,
-                plan=sl.schedule(ops, ws, T, True, c.S),
+    return dict(shape=c.shape, n=gm.n, H=gm.hidden, F=gm.intermediate, R=gm.max_rank, S=gm.slots, T=T,
+                config=name, us=us, plan=sl.schedule(ops, ws, T, True, gm.slots),
                 roofline_us=roof.us, roofline_bytes=roof.bytes,
-                predicted_us=PREDICTED_US.get((c.shape, T)) if (c.R, c.S) == (64, 4) else None,
+                predicted_us=PREDICTED_US.get((c.shape, T)) if (gm.max_rank, gm.slots) == (64, 4) else None,
                 model_us=roof.bytes / (ceilings["copy_TBps"] * 1e12) * 1e6 + FIXED_US,
                 ratio_single=us["single"] / roof.us, speedup_vs_triton=us["triton"] / us["single"],
                 vs_cublas_base=us["cublas_base"] / us["single"], rel_vs_triton=agree,
@@ -223,8 +223,8 @@ def main() -> int:
         # 1. the sweep: the fastest correct candidate per token tile (T <= 16 and T <= 32 compile apart)
         winners = {}
         for T in (1, 32):
-            c = pr.Case(shape, n, H, F, R=64, S=4, T=T)
-            sink, x, g, batch = pr.build_case(c, DEVICE, base=base)
+            sc = pr.Case(shape, Geometry(n, H, F, 64, 4), T).scenario(DEVICE, sink=base)
+            sink, x, g, batch = sc.sink, sc.x, sc.gammas, sc.batch
             base = sink
             ops = sink.operands()
             tri, _ = pr.backend_runner("triton", sink, x, g, batch)
@@ -260,8 +260,9 @@ def main() -> int:
                     if time.time() - t0 > GRID_BUDGET_S:
                         truncated = True
                         continue
-                    c = pr.Case(shape, n, H, F, R=R, S=S, T=T)
-                    sink, x, g, batch = pr.build_case(c, DEVICE, base=base)
+                    c = pr.Case(shape, Geometry(n, H, F, R, S), T)
+                    sc = c.scenario(DEVICE, sink=base)
+                    sink, x, g, batch = sc.sink, sc.x, sc.gammas, sc.batch
                     base = sink
                     try:
                         points.append(grid_point(c, sink, x, g, batch, winners[1 if T <= 16 else 32], ceilings,

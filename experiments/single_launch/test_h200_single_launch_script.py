@@ -48,9 +48,9 @@ def script(monkeypatch):
 
     monkeypatch.setattr(pr, "backend_runner", runner)
     # float32 everywhere: the interpreter mishandles bf16 (the H200 run checks bf16 and fp16)
-    build = pr.build_case
-    monkeypatch.setattr(pr, "build_case", lambda c, device, seed=0, base=None:
-                        build(replace(c, dtype="float32"), device, seed, base))
+    case_scenario = pr.Case.scenario
+    monkeypatch.setattr(pr.Case, "scenario", lambda c, device, seed=0, sink=None:
+                        case_scenario(replace(c, dtype="float32"), device, seed, sink))
     draw = scenario.Scenario.random.__func__
     monkeypatch.setattr(h, "Scenario", type("Scenario", (), {
         "random": classmethod(lambda cls, g, **kw: draw(scenario.Scenario, g, **{**kw, "dtype": torch.float32}))}))

@@ -22,7 +22,8 @@ def main() -> None:
     flushes = {m: pr.L2Flush("cuda", m) for m in ("read", "write")}
     for shape, T in (("A", 1), ("A", 32), ("B", 1), ("A", 8192)):
         c = pr.Case.of(shape, 64, 4, T)
-        sink, x, g, batch = pr.build_case(c, "cuda")
+        sc = c.scenario("cuda")
+        sink, x, g, batch = sc.sink, sc.x, sc.gammas, sc.batch
         for b in ("triton", "cublas_base"):
             fn, cap = pr.backend_runner(b, sink, x, g, batch)
             for m, fl in flushes.items():
@@ -32,7 +33,7 @@ def main() -> None:
     for shape, T, tiles in (("A", 1, None), ("B", 1, None), ("A", 8192, None), ("B", 8192, None),
                             ("A", 8192, Tiles(128, 128, 128, 64, BIG, 8, 3)), ("A", 1024, None)):
         c = pr.Case.of(shape, 64, 4, T)
-        t = tiles or pick_tiles(T, c.n * c.F * c.H)
+        t = tiles or pick_tiles(T, c.geometry.n * c.geometry.intermediate * c.geometry.hidden)
         table = pr.kernel_table(c, "triton", tiles=t)
         rows["kernels"].append({"shape": shape, "T": T, "tiles": str(t), "kernels": table})
         print(shape, T, t)

@@ -10,8 +10,8 @@ from inkling_lab import profile as pr
 from inkling_lab.forward.triton_backend import launch, plan
 
 for c in (pr.Case.of("A", 16, 4, 1), pr.Case.of("A", 64, 4, 8192)):
-    sink, x, gammas, batch = pr.build_case(c, "cuda")
-    ops = sink.operands()
+    sc = c.scenario("cuda")
+    ops, x, gammas, batch = sc.operands(), sc.x, sc.gammas, sc.batch
     p = plan(ops, c.T, batch, x.device)
     for _ in range(4):
         launch(ops, x, gammas, p)

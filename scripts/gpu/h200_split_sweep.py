@@ -12,6 +12,7 @@ import torch
 
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
+from inkling_lab.forward.reference import reference_forward
 
 
 def main() -> None:
@@ -26,9 +27,9 @@ def main() -> None:
         for T in [int(v) for v in args.tokens.split(",")]:
             for R in (16, 64):
                 c = pr.Case.of(shape, R, 4, T)
-                sink, x, g, batch = pr.build_case(c, "cuda", seed=T)
-                ops = sink.operands()
-                ref = pr.reference_f64(ops, x, g, batch)
+                sc = c.scenario("cuda", seed=T)
+                ops, x, g, batch = sc.operands(), sc.x, sc.gammas, sc.batch
+                ref = reference_forward(ops, x, g, batch)
                 line = []
                 for target in [int(v) for v in args.targets.split(",")]:
                     tb.TARGET_PROGRAMS = target

@@ -67,7 +67,8 @@ def main() -> None:
         base = None
         for T in [int(v) for v in args.tokens.split(",")]:
             c = pr.Case.of(shape, 64, args.slots, T)
-            sink, x, g, batch = pr.build_case(c, "cuda", base=base)
+            sc = c.scenario("cuda", sink=base)
+            sink, x, g, batch = sc.sink, sc.x, sc.gammas, sc.batch
             base = sink
             roof = pr.roofline(c, **ceilings).us
             ops = sink.operands()
