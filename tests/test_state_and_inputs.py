@@ -467,7 +467,7 @@ def test_clear_error_number_answers_that_are_no_numbers_get_a_verdict(answer):
 
     case = pr.Case.of("A", 64, 4, 8)
     assert ex.forward_bytes(answer, case).right is False
-    assert ex.roofline_time(answer, "memory", case, pr.UPSTREAM_CEILINGS).right is False
+    assert ex.roofline_time(answer, "memory", case, pr.issue4_upstream().ceilings).right is False
 
 
 @pytest.mark.parametrize("draw, kwargs, name", [
