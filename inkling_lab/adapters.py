@@ -164,6 +164,9 @@ class Adapter:
     """The file's tensors for other modules (attention, routed experts...): named, never
     loaded, left out of the pool (``ISL-N202``)."""
     guess: bool = field(default=False, repr=False)
+    saved_shapes: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    """Every tensor's shape in the weights file as saved (before any repair), read with
+    its header by ``load_adapter``; empty for an adapter made in memory."""
 
     @property
     def peft(self) -> PeftConfig:
@@ -1002,6 +1005,7 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
         # does not split.
         with open_safetensors(weights_path) as f:
             keys = sorted(f.keys())
+            shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
             weights = {k: f.get_tensor(k) for k in keys if _is_sink_key(k)}
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
         raise _refuse(ValueError(
@@ -1009,10 +1013,12 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
             "truncated or corrupt: export or download it again"), folder) from None
     others = {k: _NOT_LOADED for k in keys if k not in weights}
     try:
-        return Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),
-                                  repair=repair, guess=guess)
+        adapter = Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),
+                                     repair=repair, guess=guess)
     except ValueError as exc:
         raise _refuse(exc, folder)
+    adapter.saved_shapes = shapes
+    return adapter
 
 
 _NOT_LOADED = torch.empty(0, device="meta")

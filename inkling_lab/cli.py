@@ -101,6 +101,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 def _convert(args: argparse.Namespace) -> int:
     from .adapters import load_adapter
     from .convert import convert_to_file
+    from .doctor import serving_findings
 
     outer = {"auto": None, "shared": 1, "per-expert": args.n_shared_experts}[args.outer]
     try:
@@ -111,17 +112,19 @@ def _convert(args: argparse.Namespace) -> int:
                                dtype=DTYPES[args.dtype] if args.dtype else None,
                                progress=False if args.quiet else None)
         written = args.output
+        # the converter writes the adapters' math; what sglang 0.5.23 would serve instead is the doctor's to say
+        findings = pool.findings + serving_findings(adapters, pool)
     except (OSError, ValueError, RuntimeError, AssertionError, MemoryError) as exc:
         return _fail("convert", exc)
     if args.json:
         print(json.dumps({"output": str(written), **pool.summary(),
-                          "findings": [asdict(f) for f in pool.findings]}, indent=2))
+                          "findings": [asdict(f) for f in findings]}, indent=2))
         return 0
     print(f"wrote {written}: {pool!r}")
     for s in pool.slots:
         print(f"  slot {s.slot}: {s.adapter} (r={s.rank}, scaling {s.scaling:g} folded into B, "
               f"sha256 {s.sha256[:12]}…)")
-    for f in pool.findings:
+    for f in findings:
         print(f)
     return 0
 

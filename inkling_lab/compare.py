@@ -33,7 +33,7 @@ import torch.nn.functional as Fn
 from .adapters import Adapter, FactorName, load_adapter
 from .convert import convert
 from .peft_reference import Deltas, PeftRefused, ReferenceDeltas, kit_reading, peft_reference
-from .sglang_path import _config_causes, _exc_text, run_sglang
+from .sglang_path import SglangRun, config_causes, exception_text, run_sglang
 from .upstream_defect import sglang_0_5_23_equivalent_buffers
 
 RTOL, ATOL = 1.3e-6, 1e-5
@@ -204,7 +204,7 @@ class CompareReport:
                 "sglang_relative_error": self.sglang_error, "rows": [asdict(r) for r in self.rows]}
 
 
-def _sglang_deltas(path: Any, module: str) -> Deltas | None:
+def _sglang_deltas(path: SglangRun, module: str) -> Deltas | None:
     """What the served sink adds for ``module``: the slot's factors as sglang loaded
     them, through the per-expert defect's equivalent buffers when ``O = n``."""
     if not path.wrapped:
@@ -238,7 +238,7 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
             adapter: Adapter | None = given if isinstance(given, Adapter) else load_adapter(folder, guess=repair)
             refused = ""
         except (OSError, ValueError) as exc:
-            adapter, refused = None, _exc_text(exc)
+            adapter, refused = None, exception_text(exc)
         in_memory = given if isinstance(given, Adapter) and not (folder / "adapter_config.json").is_file() else None
         path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules,
                           name=report.adapters[slot], state=in_memory)
@@ -256,7 +256,7 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
                 pool = convert([adapter], n, hidden=hidden, intermediate=intermediate)
                 report.status["kit"].append("computed")
             except (ValueError, RuntimeError, AssertionError) as exc:
-                report.status["kit"].append(f"not computed: the converter refuses it ({_exc_text(exc)})")
+                report.status["kit"].append(f"not computed: the converter refuses it ({exception_text(exc)})")
         report.status["peft"].append("computed")
         add_slot(report, slot, batch, path, adapter, pool, source=given)
     return report
@@ -279,7 +279,7 @@ def reference(source: str | os.PathLike[str] | Adapter, adapter: Adapter | None,
             raise exc from None  # it fits neither: PEFT's own words say why
 
 
-def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter: Adapter | None, pool: Any,
+def add_slot(report: CompareReport, slot: int, batch: Batch, path: SglangRun, adapter: Adapter | None, pool: Any,
              source: str | os.PathLike[str] | Adapter | None = None) -> None:
     """Compare one slot: PEFT's math of ``source`` (default ``adapter``; computed by PEFT
     where installed, ``reference``), what sglang serves (``path``, a finished
@@ -288,8 +288,8 @@ def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter:
     finding with it, from the stages it already ran). ``adapter``: the kit's reading,
     ``None`` when the kit refuses the folder (PEFT's column and sglang's still compare)."""
     n = report.n
-    causes = "; ".join(path.causes + _config_causes(path.config, [k for k in path.weights if FactorName.parse(k)],
-                                                    report.adapters[slot])[0])
+    causes = "; ".join([*path.causes, *config_causes(path.config, [k for k in path.weights if FactorName.parse(k)],
+                                                     report.adapters[slot])[0]])
     while len(report.peft_by) <= slot:
         report.peft_by.append("")
     try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)
@@ -300,7 +300,7 @@ def add_slot(report: CompareReport, slot: int, batch: Batch, path: Any, adapter:
         return
     except (RuntimeError, ValueError, IndexError, OSError) as exc:
         why = "the adapter does not fit this sink" if adapter is not None else "the kit cannot read it"
-        report.status["peft"][slot] = f"not computed: {why} ({_exc_text(exc)})"
+        report.status["peft"][slot] = f"not computed: {why} ({exception_text(exc)})"
         return
     report.peft_by[slot] = ref.label
     for module in peft:

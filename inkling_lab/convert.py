@@ -13,7 +13,9 @@ the source adapters' sha256 in its metadata, atomically, never over an input;
 ``convert_to_file`` does the same module by module without holding the pool (the
 command line's path: memory about the adapters' shared-sink factors plus one module).
 
-The doctor, which says what sglang would do with an adapter, is ``inkling_lab.doctor``.
+It converts, nothing else: what sglang 0.5.23 would do with the same adapters (their
+config's rsLoRA or patterns, a per-expert layout it computes wrongly) is the doctor's to
+say, ``inkling_lab.doctor.serving_findings``.
 """
 from __future__ import annotations
 
@@ -33,11 +35,9 @@ from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, open_safetensors
 from .atomic import atomic_writer
 from .catalog import Finding, message
 from .geometry import BUFFER_NAMES, Geometry, check_size
-from .sglang_path import config_findings
-from .shard import check_rank, check_tp, slice_lora_a, slice_lora_b
-from .pool import LoRAFactors, LoRAPool, check_finite
+from .shard import check_rank, check_tp, shard_factors
+from .pool import LoRAFactors, LoRAPool, check_finite, collapse_pool_outer
 from .records import dtype_name
-from .upstream_defect import collapse_pool_outer
 
 POOL_FORMAT = "inkling-lab shared-sink pool v1"
 PROGRESS_BYTES = 64 * 2 ** 20
@@ -235,17 +235,6 @@ def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
     return ConvertedPool(geometry, layers, slots, tp_rank, tp_size)
 
 
-def _shard(f: LoRAFactors, tp_rank: int, tp_size: int, n: int) -> LoRAFactors:
-    """Tensor-parallel rank ``tp_rank``'s share (docs/reference.md#tensor-parallelism), upstream's slicing: down A
-    cut along F, gate/up B to this rank's slice of each half, outer replicated."""
-    return LoRAFactors(
-        slice_lora_a(f.gate_up_a, tp_rank, "gate_up_proj", tp_size, n),
-        slice_lora_b(f.gate_up_b, tp_rank, "gate_up_proj", tp_size, n),
-        slice_lora_a(f.down_a, tp_rank, "down_proj", tp_size, n),
-        slice_lora_b(f.down_b, tp_rank, "down_proj", tp_size, n),
-        lora_alpha=f.lora_alpha, name=f.name)
-
-
 def _scaled(f: LoRAFactors, dtype: torch.dtype) -> LoRAFactors:
     """``f`` as sglang's loader writes it (``mem_pool.py``): B multiplied by the scaling
     in the adapter's stored dtype, then every factor cast to the pool's ``dtype``. The
@@ -278,14 +267,17 @@ class _Conversion:
 
     def __init__(self, adapters: Sequence[Adapter], n: int, hidden: int | None, intermediate: int | None,
                  max_rank: int | None, outer: int | None, tp_rank: int, tp_size: int,
-                 dtype: torch.dtype | None) -> None:
+                 dtype: torch.dtype | None, factors: Sequence[Mapping[str, LoRAFactors]] | None = None) -> None:
         if not adapters:
             raise ValueError("convert needs at least one adapter")
+        if factors is not None and len(factors) != len(adapters):
+            raise ValueError(f"convert got {len(factors)} adapters' factors for {len(adapters)} adapters")
         self.adapters, self.n, self.tp_rank, self.tp_size = list(adapters), n, tp_rank, tp_size
+        self.given = list(factors) if factors is not None else None
         self.names = [a.name for a in adapters]
         self.dtype = dtype or adapters_dtype(adapters)
         self.modules = list(dict.fromkeys(m for a in adapters for m in a.modules))
-        first = adapters[0].module_factors(adapters[0].modules[0], n)
+        first = self._normalized(0, adapters[0].modules[0])
         own = {"hidden": int(first.gate_up_a.shape[-1]), "intermediate": int(first.down_a.shape[-1]),
                "max_rank": first.rank}
         about = (f"; adapter {adapters[0].name!r} has H={own['hidden']}, F={own['intermediate']} (its first "
@@ -311,14 +303,19 @@ class _Conversion:
                                  outer=self.outer)
         self.findings: list[Finding] = []
 
+    def _normalized(self, i: int, module: str) -> LoRAFactors:
+        """Adapter ``i``'s normalized factors of ``module``: the caller's, else normalized
+        now (one module at a time, so that only one module's are held)."""
+        return self.given[i][module] if self.given is not None else self.adapters[i].module_factors(module, self.n)
+
     def _factors(self, module: str, collapse_to: int | None) -> list[LoRAFactors | None]:
         """Each adapter's sharded factors of ``module`` (``None`` where it has none), with
-        identical per-expert outer factors collapsed as ``collapse_pool_outer`` decides."""
-        fs = [_shard(a.module_factors(module, self.n), self.tp_rank, self.tp_size, self.n)
-              if module in a.modules else None for a in self.adapters]
+        identical per-expert outer factors collapsed as ``pool.collapse_pool_outer`` decides."""
+        fs = [shard_factors(self._normalized(i, module), self.tp_rank, self.tp_size, self.n)
+              if module in a.modules else None for i, a in enumerate(self.adapters)]
         present = [i for i, f in enumerate(fs) if f is not None]
         collapsed, notes = collapse_pool_outer([{module: fs[i]} for i in present], [self.names[i] for i in present],
-                                               collapse_to)  # ISL-W001
+                                               collapse_to)
         for i, c in zip(present, collapsed):
             fs[i] = c[module]
         if collapse_to is not None:
@@ -345,9 +342,7 @@ class _Conversion:
     def pool(self, layers: dict[str, Buffers]) -> ConvertedPool:
         slots = [SlotInfo(s, a.name, self.first_ranks.get(s, 0), a.lora_alpha, a.scaling, a.sha256, a.source)
                  for s, a in enumerate(self.adapters)]
-        # What sglang 0.5.23 would do otherwise with each adapter's config (rsLoRA, per-module
-        # alpha and rank, ...): the converter writes the adapter's math and says where they differ.
-        findings = [f for a in self.adapters for f in (*a.findings, *config_findings(a))] + self.findings
+        findings = [f for a in self.adapters for f in a.findings] + self.findings
         return ConvertedPool(self.geometry, layers, slots, self.tp_rank, self.tp_size, findings)
 
     def progress(self, progress: bool | None, total: int) -> tqdm:
@@ -359,7 +354,8 @@ class _Conversion:
 def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int | None = None,
             intermediate: int | None = None, max_rank: int | None = None, outer: int | None = None,
             tp_rank: int = 0, tp_size: int = 1, dtype: torch.dtype | None = None,
-            progress: bool | None = None) -> ConvertedPool:
+            progress: bool | None = None, factors: Sequence[Mapping[str, LoRAFactors]] | None = None
+            ) -> ConvertedPool:
     """Adapters in (slot ``i`` holds ``adapters[i]``), the pool buffers out.
 
     ``hidden``/``intermediate``: the model's ``H`` and full per-expert ``F`` (default:
@@ -369,14 +365,17 @@ def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int |
     expert: those collapse to shared outer, exactly, with a note). ``dtype``: the
     buffers' dtype, default the adapters' own (lossless); B is scaled in the adapters'
     dtype and then cast, as sglang does, so that the pool holds what sglang's would, bit
-    for bit. ``progress``: a bar on stderr (default: for inputs over 64 MiB).
+    for bit. ``progress``: a bar on stderr (default: for inputs over 64 MiB). ``factors``:
+    each adapter's normalized factors by module (``adapter.factors(n)``) where the
+    caller holds them already: then nothing is normalized again.
 
     Raises what upstream raises on the way: torch's reshape error for flat factors
     that do not split into ``n`` (``ISL-E012``), ``ISL-E015`` for a per-expert adapter
     in a shared-outer pool, ``ISL-E016`` for an adapter of larger rank or of another
     ``H`` or ``F``; and the kit's ``ISL-K101``/``K102`` for a bad tensor-parallel split.
     """
-    plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype)
+    plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype,
+                       factors)
     layers: dict[str, Buffers] = {}
     with plan.progress(progress, len(plan.modules)) as bar:
         for m in plan.modules:

@@ -33,7 +33,7 @@ import types
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from safetensors import safe_open
 
@@ -43,7 +43,9 @@ from .convert import ConvertedPool, convert
 from .errors import find_entry
 from .geometry import BUFFER_NAMES
 from .pool import LoRAFactors
-from .sglang_path import SINK_TARGETS, _config_causes, _exc_text, run_sglang
+from .shard import shard_factors
+from .sglang_path import SINK_TARGETS, config_causes, exception_text, run_sglang
+from .upstream_defect import doctor_finding
 from .validate import PRETTY
 
 
@@ -290,25 +292,24 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     report = DoctorReport(name if in_memory is not None else str(folder), n, hidden, intermediate, tp, max_rank)
     path = run_sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name, state=in_memory)
     raised = path.raised
+    sglang_findings = [*([raised.finding] if raised is not None and raised.finding is not None else []),
+                       *path.findings]
     if raised is not None:
         report.load = SglangLoad("raises", raised.text, raised.stage, raised.upstream)
-        if raised.finding is not None:
-            path.findings.insert(0, raised.finding)
     else:
         report.load = SglangLoad("skips" if path.skip_warning else "loads", path.skip_warning,
                                  upstream="mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer"
                                  if path.skip_warning else "")
     report.stages = path.stages
-    server = getattr(path, "server", None)
-    report.targets = sorted(server) if server is not None else []
+    report.targets = sorted(path.server)
     report.targets_from = ("--lora-target-modules" if target_modules is not None
                            else "the adapter's own target_modules (pass --lora-target-modules for the server's)")
 
     read = _kit(report, folder, adapter if isinstance(adapter, Adapter) else None, repair)
-    causes, config_findings = _config_causes(path.config, [k for k in path.weights
-                                                           if FactorName.parse(k) is not None], name)
-    report.findings = path.findings + config_findings + [f for f in report.findings if f not in path.findings]
-    causes = path.causes + causes
+    causes, config_findings = config_causes(path.config, [k for k in path.weights
+                                                          if FactorName.parse(k) is not None], name)
+    report.findings = sglang_findings + config_findings + [f for f in report.findings if f not in sglang_findings]
+    causes = [*path.causes, *causes]
     if report.load.outcome == "raises":
         report.computes = SglangCompute("nothing")
     elif path.unknown:
@@ -340,15 +341,17 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
 def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool) -> Adapter | None:
     """Verdict 3: the kit's converter on the same folder; the journey of the shapes.
     Returns the adapter as the kit read it (``None`` when it refuses to read it)."""
-    n, saved, rank = report.n, _saved_shapes(folder), 0
+    n, rank = report.n, 0
     try:
         adapter = given if given is not None else load_adapter(folder, guess=repair)
+        saved = adapter.saved_shapes
         report.about = (f"r={adapter.r}, lora_alpha={adapter.lora_alpha:g} (PEFT scaling {adapter.scaling:g}), "
                         f"{len(adapter.modules)} module(s)" + (f", sha256 {adapter.sha256[:12]}…" if adapter.sha256 else ""))
         factors = adapter.factors(n)
         rank = max(f.rank for f in factors.values())  # rank_pattern: a module may exceed r
         pool = convert([adapter], n, hidden=report.hidden, intermediate=report.intermediate,
-                       max_rank=report.max_rank if report.max_rank is not None else rank, tp_size=report.tp)
+                       max_rank=report.max_rank if report.max_rank is not None else rank, tp_size=report.tp,
+                       factors=[factors])
         if report.max_rank is None:
             report.max_rank = rank
     except (OSError, ValueError, RuntimeError, AssertionError, MemoryError) as exc:
@@ -358,24 +361,52 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
         if entry is not None and entry.code == "ISL-E016" and report.max_rank is not None and rank > report.max_rank:
             fix = f"convert with --max-rank {rank} or larger (sglang: --max-lora-rank {rank})"
         also = [note for note in getattr(exc, "__notes__", []) if note.startswith("also: ")]  # every bad factor
-        report.kit = KitVerdict("refuses", "\n    ".join([_exc_text(exc), *also]), entry.code if entry else None)
-        report.findings.append(Finding(entry.code if entry else "error", "adapter", _exc_text(exc),
+        report.kit = KitVerdict("refuses", "\n    ".join([exception_text(exc), *also]), entry.code if entry else None)
+        report.findings.append(Finding(entry.code if entry else "error", "adapter", exception_text(exc),
                                        fix + (f" (more: inkling-lab explain {entry.code})" if entry else ""),
                                        upstream=bool(entry and entry.by_upstream),
                                        consequence="inkling-lab convert refuses it"))
+        saved = _saved_shapes(folder)  # the kit refused to read it: its header, as saved
         for module in dict.fromkeys(fn.module for k in saved if (fn := FactorName.parse(k)) is not None):
             report.journey[module] = _journey(saved, module, None, None)
         return None
     report.pool = pool
     report.kit = KitVerdict("writes", repairs=[f"{f.code} {f.message}" for f in adapter.findings
                                                if f.code.startswith("ISL-K")] +
-                            [f"{f.code} {f.message}" for f in pool.findings if f.code == "ISL-W001"])
+                            [f"{f.code} {f.message}" for f in [*pool.findings, *_per_expert_defects(
+                                [(adapter, factors)], pool)] if f.code == "ISL-W001"])
     report.findings += [f for f in adapter.findings if f.code.startswith(("ISL-K", "ISL-N"))]
     for module in adapter.modules:
         shapes = {name: tuple(t.shape) for name, t in zip(BUFFER_NAMES, pool.buffers(module))}
         report.journey[module] = _journey(saved or {k: list(adapter.weights[k].shape) for k in adapter.factor_keys},
                                           module, factors.get(module), shapes)
     return adapter
+
+
+def _per_expert_defects(adapters: Sequence[tuple[Adapter, Mapping[str, LoRAFactors]]], pool: ConvertedPool
+                        ) -> list[Finding]:
+    """``ISL-W001`` for each adapter (and its normalized factors) a per-expert outer pool
+    holds, module by module: sglang 0.5.23 would serve its gate/up delta wrongly."""
+    if pool.geometry.shared_outer:
+        return []
+    n, found = pool.geometry.n, []
+    for module in pool.layers:
+        for adapter, factors in adapters:
+            if module in factors:
+                f = shard_factors(factors[module], pool.tp_rank, pool.tp_size, n)
+                defect = doctor_finding({module: f}, what=f"adapter {adapter.name!r}")
+                found += [defect] if defect is not None else []
+    return found
+
+
+def serving_findings(adapters: Sequence[Adapter], pool: ConvertedPool) -> list[Finding]:
+    """What sglang 0.5.23 would do otherwise with the adapters of a converted ``pool``:
+    each config as sglang reads it (rsLoRA, alpha and rank patterns, the fields it
+    ignores: ``ISL-W1xx``) and, where the pool stays per expert, the per-expert defect
+    (``ISL-W001``). For ``inkling-lab convert``, next to the converter's own findings."""
+    n = pool.geometry.n
+    config = [f for a in adapters for f in config_causes(a.config, a.factor_keys, a.name)[1]]
+    return config + _per_expert_defects([(a, a.factors(n)) for a in adapters], pool)
 
 
 def _kit_fix(exc: BaseException, entry: CatalogEntry | None, folder: Path) -> str:

@@ -4,16 +4,20 @@
 ``down_b [S, O, H, R]``. Loading an adapter of rank ``r <= R`` zeroes its slot,
 writes gate A to rows ``0..r-1`` and up A to rows ``R..R+r-1`` (halves at max-rank
 offsets), and folds the scaling ``lora_alpha / r`` into the B factors.
+``collapse_identical_outer`` turns per-expert outer factors that are the same for
+every expert into the shared outer layout (exact); ``collapse_pool_outer`` does it for
+the adapters of one pool, toward a shared outer pool only.
 """
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import torch
 
-from .catalog import error
+from .catalog import Finding, error
 from .geometry import Geometry, allocate, check_dtype
 
 
@@ -264,3 +268,65 @@ class LoRAPool:
         layout = "shared outer" if g.shared_outer else "per-expert outer"
         return (f"LoRAPool(n={g.n}, H={g.hidden}, F={g.intermediate}, S={g.slots}, R={g.max_rank}, "
                 f"{layout}, dtype={self.gate_up_a.dtype}, ranks={self.lora_ranks})")
+
+
+# -- identical per-expert outer factors ------------------------------------------------
+
+def collapse_identical_outer(gate_up_a: torch.Tensor, down_b: torch.Tensor, atol: float = 0.0
+                             ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Per-expert outer factors that are the same for every expert, as shared outer.
+
+    ``gate_up_a [..., O, 2R, H]`` and ``down_b [..., O, H, R]`` (one adapter's factors,
+    or pool buffers with a leading slot axis). When every expert's gate-up A *and*
+    down B equal expert 0's (within ``atol``; exactly by default), returns expert 0's
+    as ``[..., 1, 2R, H]`` and ``[..., 1, H, R]`` (copies) and ``True``: the shared
+    outer layout then computes the same function, and sglang 0.5.23 computes it right.
+    Otherwise (or when ``O`` is already 1) returns the inputs and ``False``.
+    """
+    if gate_up_a.dim() < 3 or down_b.dim() < 3:
+        raise ValueError(f"collapse_identical_outer needs gate-up A [..., O, 2R, H] and down B [..., O, H, R], "
+                         f"got shapes {tuple(gate_up_a.shape)} and {tuple(down_b.shape)}")
+    outer = gate_up_a.shape[-3]
+    if down_b.shape[-3] != outer:
+        raise ValueError(f"gate-up A has {outer} outer experts but down B has {down_b.shape[-3]} "
+                         f"(shapes {tuple(gate_up_a.shape)} and {tuple(down_b.shape)}): both outer factors "
+                         "must use one layout")
+    if outer == 1 or not (_same_for_every_expert(gate_up_a, atol) and _same_for_every_expert(down_b, atol)):
+        return gate_up_a, down_b, False
+    return gate_up_a[..., :1, :, :].clone(), down_b[..., :1, :, :].clone(), True
+
+
+def _same_for_every_expert(t: torch.Tensor, atol: float) -> bool:
+    first = t[..., :1, :, :]
+    if atol == 0.0:
+        return bool((t == first).all())
+    return bool(((t - first).abs() <= atol).all())
+
+
+def collapse_pool_outer(adapters: Sequence[Mapping[str, LoRAFactors]], names: Sequence[str], outer: int | None
+                        ) -> tuple[list[dict[str, LoRAFactors]], list[Finding]]:
+    """Each adapter's factors by module, with per-expert outer factors that are the same
+    for every expert collapsed to shared outer (exact), and a note for each collapse.
+
+    Collapses only toward a shared outer pool: when ``outer`` is 1, or ``None`` (auto)
+    and every per-expert factor collapses. Otherwise (``outer`` = n, or some experts'
+    outer factors differ, so the pool stays per expert) returns the factors unchanged
+    and no notes (what sglang 0.5.23 then serves is the doctor's to say).
+    """
+    collapsed, notes = [], []
+    for factors, name in zip(adapters, names):
+        out = dict(factors)
+        for module, f in factors.items():
+            ga, db, done = collapse_identical_outer(f.gate_up_a, f.down_b)
+            if done:
+                out[module] = LoRAFactors(ga, f.gate_up_b, f.down_a, db, f.lora_alpha, f.name)
+                notes.append(Finding(
+                    "ISL-W001", module, f"adapter {name!r}: {module}: its per-expert outer factors are the same "
+                    f"for all {f.outer} experts; collapsed to the shared outer layout (exact), which sglang 0.5.23 "
+                    "computes right", "none needed: the converter collapsed them",
+                    consequence="served per expert, sglang 0.5.23 would compute a wrong gate/up delta (ISL-W001)"))
+        collapsed.append(out)
+    shared = all(f.outer == 1 for fs in collapsed for f in fs.values())
+    if outer == 1 or (outer is None and shared):
+        return collapsed, notes
+    return [dict(fs) for fs in adapters], []

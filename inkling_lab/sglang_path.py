@@ -1,12 +1,13 @@
 """sglang 0.5.23's adapter path, modelled stage by stage, for one PEFT adapter.
 
 ``run_sglang(folder, n, H, F)`` follows the adapter down sglang's own loading path,
-each stage once and recorded (what it produced, or sglang's exact error): ``read``
+each stage once and recorded (what it produced, or sglang's exact error), and hands
+out one frozen ``SglangRun``: ``read``
 (``LoRAConfig``, ``LoRAAdapter.__init__``, ``validate_new_adapter``'s DoRA refusal,
 the weights files as ``DefaultModelLoader`` finds them), ``normalize`` (docs/reference.md#adapters-on-disk),
 ``targets`` (``init_lora_shapes``, ``init_lora_modules``: is the sink wrapped, which
 weights are skipped), ``shard`` (docs/reference.md#tensor-parallelism), ``pool`` (the buffer load with one
-``lora_alpha / r``), ``set_lora_info`` (docs/reference.md#validation-order) and ``forward``. ``_config_causes``
+``lora_alpha / r``), ``set_lora_info`` (docs/reference.md#validation-order) and ``forward``. ``config_causes``
 says where sglang's reading of a config differs from PEFT's.
 
 The doctor (``doctor.py``) turns a run into its report; ``compare.py`` computes the
@@ -18,8 +19,9 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from safetensors import safe_open
@@ -59,7 +61,8 @@ def server_target_modules(targets: Any) -> set[str]:
     return {_UPSTREAM_TARGET_NAMES.get(t.split(".")[-1], t.split(".")[-1]) for t in targets or ()}
 
 
-def _exc_text(exc: BaseException) -> str:
+def exception_text(exc: BaseException) -> str:
+    """An exception as Python prints its last line: ``Type: message`` (the type alone when empty)."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -80,12 +83,50 @@ def _skip_fix(skipped: list[str]) -> str:
 
 # -- the sglang path -------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class SglangRaise:
+    """Where sglang raises: ``text`` as it prints, in ``stage``, from ``upstream``
+    (its file and function); ``finding`` where the kit can say more."""
+
+    stage: str
+    text: str
+    upstream: str
+    finding: Finding | None = None
+
+
 class _Raised(Exception):
-    """sglang raises here: ``text`` as it prints, in ``stage``, from ``upstream``."""
+    """sglang raises here (carries the ``SglangRaise``)."""
 
     def __init__(self, stage: str, text: str, upstream: str, finding: Finding | None = None) -> None:
         super().__init__(text)
-        self.stage, self.text, self.upstream, self.finding = stage, text, upstream, finding
+        self.record = SglangRaise(stage, text, upstream, finding)
+
+
+@dataclass(frozen=True)
+class SglangRun:
+    """What sglang 0.5.23's loading path did with one adapter, stage by stage.
+
+    ``raised``: where it stopped with an error (``None``: it loads). ``unknown``: why
+    the kit cannot tell the rest (a pickle file, a factor it does not model). ``stages``:
+    each stage's record. ``config``/``weights``: what it read. ``server``: the target
+    modules as it normalizes them; ``wrapped``: whether it wraps the sink; ``base_only``:
+    the sink serves the base model. ``skip_warning``: its warning for weights it skips.
+    ``loaded``: per module, the factors the pool slot holds (float64, B times sglang's
+    scaling). ``findings``/``causes``: what it does other than the adapter's math.
+    """
+
+    stages: tuple[dict[str, Any], ...]
+    config: Mapping[str, Any]
+    weights: Mapping[str, torch.Tensor]
+    server: frozenset[str]
+    wrapped: bool
+    base_only: bool
+    skip_warning: str
+    unknown: str
+    loaded: Mapping[str, LoRAFactors]
+    findings: tuple[Finding, ...]
+    causes: tuple[str, ...]
+    raised: SglangRaise | None = None
 
 
 def _shapes_of(t: Any) -> Any:
@@ -118,10 +159,39 @@ class _Sglang:
         self.wrapped = True
         self.base_only = False
         self.unknown = ""
+        self.server: set[str] = set()
+        self.normalized: dict[str, torch.Tensor] = {}
         self.factors: dict[str, dict[tuple[str, str], Any]] = {}
         """Per module, (projection, A or B) -> the normalized factor: a tensor, a dict by expert, or None."""
+        self.loaded: dict[str, LoRAFactors] = {}
         self.scaling = 0.0
         self.r = 0
+
+    def run(self, state: Adapter | None) -> SglangRun:
+        """Every stage, each once, until one raises or the kit cannot tell the rest."""
+        raised = None
+        try:
+            if state is None:
+                self.read()
+            else:
+                self.config, self.weights = dict(state.config), dict(state.weights)
+                self.check_config()
+                self.record("read", config="in memory", tensors=len(self.weights), r=self.r, scaling=self.scaling)
+            for stage in (self.normalize, self.targets, self.assemble, self.shard, self.load_pool,
+                          self.check_and_forward):
+                if self.unknown:
+                    break
+                stage()
+            if self.unknown and not any(st["stage"] == "targets" for st in self.stages):
+                # stopped before the targets stage: the server's modules as they would be normalized
+                self.server = server_target_modules(self.cli_targets if self.cli_targets is not None
+                                                    else self.config.get("target_modules"))
+        except _Raised as exc:
+            raised = exc.record
+            self.record(raised.stage, error=raised.text, upstream=raised.upstream)
+        return SglangRun(tuple(self.stages), self.config, self.weights, frozenset(self.server), self.wrapped,
+                         self.base_only, self.skip_warning, self.unknown, dict(self.loaded), tuple(self.findings),
+                         tuple(self.causes), raised)
 
     def record(self, stage: str, **produced: Any) -> None:
         self.stages.append({"stage": stage, **produced})
@@ -143,7 +213,7 @@ class _Sglang:
         try:
             self.config = json.loads(config_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # sglang's json.load raises these
-            raise _Raised("read", _exc_text(exc), "lora_config.py: LoRAConfig.get_lora_config (json.load)") from None
+            raise _Raised("read", exception_text(exc), "lora_config.py: LoRAConfig.get_lora_config (json.load)") from None
         self.check_config()
         self.read_weights()
 
@@ -157,7 +227,7 @@ class _Sglang:
             for key in ("target_modules", "r", "lora_alpha"):  # LoRAConfig.__init__ reads these, in this order
                 cfg[key]  # noqa: B018
         except (KeyError, TypeError) as exc:
-            raise _Raised("read", _exc_text(exc), where) from None
+            raise _Raised("read", exception_text(exc), where) from None
         if cfg.get("use_dora", False):
             raise _Raised("read", "ValueError: " + message("ISL-E025", name=self.name),
                           "lora_manager.py: LoRAManager.validate_new_adapter")
@@ -165,7 +235,7 @@ class _Sglang:
             assert cfg["peft_type"].lower() == "lora"  # noqa: S101 - the exact upstream check
             self.scaling = cfg["lora_alpha"] / cfg["r"]
         except (AssertionError, KeyError, AttributeError, TypeError, ZeroDivisionError) as exc:
-            raise _Raised("read", _exc_text(exc), "lora.py: LoRAAdapter.__init__") from None
+            raise _Raised("read", exception_text(exc), "lora.py: LoRAAdapter.__init__") from None
         self.r = cfg["r"]
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
             # buffers sized by a rank that is no positive integer: torch's allocation, not modelled here
@@ -189,7 +259,7 @@ class _Sglang:
                     for key in f.keys():
                         self.weights[key] = f.get_tensor(key)
             except Exception as exc:  # noqa: BLE001 - the library's own error is the verdict
-                raise _Raised("read", _exc_text(exc),
+                raise _Raised("read", exception_text(exc),
                               "model_loader/weight_utils.py: safetensors_weights_iterator (safe_open)") from None
         biases = [k for k in self.weights if "shared_experts." in k and k.endswith("lora_B.bias")]
         if biases:
@@ -217,7 +287,7 @@ class _Sglang:
         try:
             self.normalized = {**normalize_shared_sink(sink, self.n), **others}
         except RuntimeError as exc:
-            raise _Raised("normalize", _exc_text(exc), "lora.py: LoRAAdapter._normalize_weights (_normalize_shared_expert_moe, "
+            raise _Raised("normalize", exception_text(exc), "lora.py: LoRAAdapter._normalize_weights (_normalize_shared_expert_moe, "
                           "normalize_gate_up_proj)") from None
         self.record("normalize", shapes={k: list(t.shape) for k, t in self.normalized.items()})
 
@@ -244,7 +314,7 @@ class _Sglang:
                 keys=" and ".join(fn.key for fn in names), kept=kept.key, how=how))
 
     # 3. targets --------------------------------------------------------------------
-    def targets(self) -> set[str]:
+    def targets(self) -> None:
         adapter_targets = self.config["target_modules"]
         where = "lora_manager.py: LoRAManager.init_lora_shapes"
         if isinstance(adapter_targets, str) and adapter_targets not in ("all", "all-linear"):
@@ -296,7 +366,6 @@ class _Sglang:
             if self.wrapped and not any("shared_experts" in k for k in self.normalized):
                 self.base_only = True  # every sink factor skipped: the wrapped sink's slot stays zero
         self.record("targets", server=sorted(server), wraps_sink=self.wrapped, skipped=skipped)
-        return server
 
     # 4. shard and 5. pool ----------------------------------------------------------
     def assemble(self) -> None:
@@ -478,43 +547,13 @@ class _Sglang:
 
 def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1, max_rank: int | None = None,
                target_modules: Sequence[str] | None = None, name: str | None = None,
-               state: Adapter | None = None) -> _Sglang:
+               state: Adapter | None = None) -> SglangRun:
     """Every stage of sglang's path, each once; ``.raised`` holds where it stopped, if it did.
     ``state``: an adapter held in memory, read from its config and tensors instead of files."""
-    path = _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name)
-    path.raised = None
-    try:
-        if state is None:
-            path.read()
-        else:
-            path.config, path.weights = dict(state.config), dict(state.weights)
-            path.check_config()
-            path.record("read", config="in memory", tensors=len(path.weights), r=path.r, scaling=path.scaling)
-        if path.unknown:
-            path.server = server_target_modules(target_modules if target_modules is not None
-                                                else path.config.get("target_modules"))
-            return path
-        path.normalize()
-        if path.unknown:
-            path.server = server_target_modules(target_modules if target_modules is not None
-                                                else path.config.get("target_modules"))
-            return path
-        path.targets()
-        path.assemble()
-        path.shard()
-        if path.unknown:
-            return path
-        path.load_pool()
-        if path.unknown:
-            return path
-        path.check_and_forward()
-    except _Raised as raised:
-        path.raised = raised
-        path.record(raised.stage, error=raised.text, upstream=raised.upstream)
-    return path
+    return _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name).run(state)
 
 
-def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str) -> tuple[list[str], list[Finding]]:
+def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str) -> tuple[list[str], list[Finding]]:
     """Where sglang's one ``lora_alpha / r`` is not PEFT's scaling (rsLoRA, alpha and rank
     patterns), and the fields sglang does not read (fan_in_fan_out, modules_to_save, init)."""
     try:
@@ -575,10 +614,3 @@ def _config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: st
             "ISL-W108", CONFIG_FILE, fix="merge the adapter into the base weights (PEFT merge_and_unload), or train "
             "with lora_bias=False", more=True))
     return causes, findings
-
-
-def config_findings(adapter: Adapter) -> list[Finding]:
-    """The config's findings about sglang 0.5.23 (``ISL-W101`` rsLoRA, ``W102``
-    alpha_pattern, ``W112`` rank_pattern, ``W109``, ``W111``...), for the converter to
-    print next to its own."""
-    return _config_causes(adapter.config, adapter.factor_keys, adapter.name)[1]

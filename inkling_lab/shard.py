@@ -23,6 +23,7 @@ import torch
 
 from .catalog import CATALOG
 from .geometry import check_tp  # re-exported: the cuts' one divisibility check
+from .pool import LoRAFactors
 
 Factor = Union[torch.Tensor, dict[int, torch.Tensor]]
 
@@ -198,3 +199,14 @@ def shard_pool(gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.T
     rows_first = gate_up_b.permute(2, 0, 1, 3)  # the 2F rows to the front, where cut_gate_up cuts
     gate_up_b = cut_gate_up(rows_first, tp_rank, tp_size).permute(1, 2, 0, 3).contiguous()
     return gate_up_a, gate_up_b, cut_features(down_a, tp_rank, tp_size), down_b
+
+
+def shard_factors(f: LoRAFactors, tp_rank: int, tp_size: int, n: int) -> LoRAFactors:
+    """Tensor-parallel rank ``tp_rank``'s share (docs/reference.md#tensor-parallelism), upstream's slicing: down A
+    cut along F, gate/up B to this rank's slice of each half, outer replicated."""
+    return LoRAFactors(
+        slice_lora_a(f.gate_up_a, tp_rank, "gate_up_proj", tp_size, n),
+        slice_lora_b(f.gate_up_b, tp_rank, "gate_up_proj", tp_size, n),
+        slice_lora_a(f.down_a, tp_rank, "down_proj", tp_size, n),
+        slice_lora_b(f.down_b, tp_rank, "down_proj", tp_size, n),
+        lora_alpha=f.lora_alpha, name=f.name)

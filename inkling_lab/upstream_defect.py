@@ -20,9 +20,9 @@ The down delta and the whole shared outer layout are right.
 
 The kit's own forward keeps computing the intended math (docs/reference.md#the-forward). This module shows
 the difference: ``sglang_0_5_23_per_expert_forward`` computes what upstream computes,
-``defect_report`` measures it for an adapter or pool, and ``collapse_identical_outer``
-turns per-expert outer factors that are the same for every expert into the shared
-outer layout, which is exact and sidesteps the defect.
+``defect_report`` measures it for an adapter or pool, and ``doctor_finding`` says it.
+Per-expert outer factors that are the same for every expert turn into the shared
+outer layout exactly, which sidesteps the defect: ``pool.collapse_identical_outer``.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from .batch import SlotBatch
 from .catalog import Finding, UpstreamDefectWarning, message
 from .forward import run_forward
 from .lora import SharedSinkLoRA
-from .pool import LoRAFactors, LoRAPool
+from .pool import LoRAFactors, LoRAPool, collapse_identical_outer
 from .sink import gate_up_rows
 
 WARNING_CODE = "ISL-W001"
@@ -117,37 +117,6 @@ def sglang_0_5_23_per_expert_forward(sink: SharedSinkLoRA, x: torch.Tensor, gamm
     ga, gb, da, db = sink.lora_buffers
     upstream = sink.operands_for(*sglang_0_5_23_equivalent_buffers(ga, gb, sink.interleaved), da, db)
     return run_forward(upstream, x, gammas, batch, backend)
-
-
-def collapse_identical_outer(gate_up_a: torch.Tensor, down_b: torch.Tensor, atol: float = 0.0
-                             ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Per-expert outer factors that are the same for every expert, as shared outer.
-
-    ``gate_up_a [..., O, 2R, H]`` and ``down_b [..., O, H, R]`` (one adapter's factors,
-    or pool buffers with a leading slot axis). When every expert's gate-up A *and*
-    down B equal expert 0's (within ``atol``; exactly by default), returns expert 0's
-    as ``[..., 1, 2R, H]`` and ``[..., 1, H, R]`` (copies) and ``True``: the shared
-    outer layout then computes the same function, and sglang 0.5.23 computes it right.
-    Otherwise (or when ``O`` is already 1) returns the inputs and ``False``.
-    """
-    if gate_up_a.dim() < 3 or down_b.dim() < 3:
-        raise ValueError(f"collapse_identical_outer needs gate-up A [..., O, 2R, H] and down B [..., O, H, R], "
-                         f"got shapes {tuple(gate_up_a.shape)} and {tuple(down_b.shape)}")
-    outer = gate_up_a.shape[-3]
-    if down_b.shape[-3] != outer:
-        raise ValueError(f"gate-up A has {outer} outer experts but down B has {down_b.shape[-3]} "
-                         f"(shapes {tuple(gate_up_a.shape)} and {tuple(down_b.shape)}): both outer factors "
-                         "must use one layout")
-    if outer == 1 or not (_same_for_every_expert(gate_up_a, atol) and _same_for_every_expert(down_b, atol)):
-        return gate_up_a, down_b, False
-    return gate_up_a[..., :1, :, :].clone(), down_b[..., :1, :, :].clone(), True
-
-
-def _same_for_every_expert(t: torch.Tensor, atol: float) -> bool:
-    first = t[..., :1, :, :]
-    if atol == 0.0:
-        return bool((t == first).all())
-    return bool(((t - first).abs() <= atol).all())
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -336,35 +305,3 @@ def doctor_finding(source: Source | Mapping[str, LoRAFactors], *, interleaved: b
                    consequence="sglang 0.5.23 loads it without an error and serves a wrong gate/up delta: the up "
                                "half of gate-up A is never read, and gate-up B's rows land on the wrong features; "
                                "the down delta is right")
-
-
-def collapse_pool_outer(adapters: Sequence[Mapping[str, LoRAFactors]], names: Sequence[str], outer: int | None
-                        ) -> tuple[list[dict[str, LoRAFactors]], list[Finding]]:
-    """For the converter: each adapter's factors by module, with per-expert outer factors
-    that are the same for every expert collapsed to shared outer (exact), and a note for
-    each collapse.
-
-    Collapses only toward a shared outer pool: when ``outer`` is 1, or ``None`` (auto)
-    and every per-expert factor collapses. Otherwise (``outer`` = n, or some experts'
-    outer factors differ, so the pool stays per expert) returns the factors unchanged,
-    with the doctor's ``ISL-W001`` finding for each adapter served per expert: the
-    converter writes the adapter's math, sglang 0.5.23 would not.
-    """
-    collapsed, notes = [], []
-    for factors, name in zip(adapters, names):
-        out = dict(factors)
-        for module, f in factors.items():
-            ga, db, done = collapse_identical_outer(f.gate_up_a, f.down_b)
-            if done:
-                out[module] = LoRAFactors(ga, f.gate_up_b, f.down_a, db, f.lora_alpha, f.name)
-                notes.append(Finding(
-                    WARNING_CODE, module, f"adapter {name!r}: {module}: its per-expert outer factors are the same "
-                    f"for all {f.outer} experts; collapsed to the shared outer layout (exact), which sglang 0.5.23 "
-                    "computes right", "none needed: the converter collapsed them",
-                    consequence="served per expert, sglang 0.5.23 would compute a wrong gate/up delta (ISL-W001)"))
-        collapsed.append(out)
-    shared = all(f.outer == 1 for fs in collapsed for f in fs.values())
-    if outer == 1 or (outer is None and shared):
-        return collapsed, notes
-    warned = [doctor_finding(dict(fs), what=f"adapter {name!r}") for fs, name in zip(adapters, names)]
-    return [dict(fs) for fs in adapters], [f for f in warned if f is not None]

@@ -289,14 +289,16 @@ def identical_outer_adapter():
 
 def test_the_converter_collapses_identical_outer_factors_and_says_so():
     from inkling_lab.convert import convert
+    from inkling_lab.doctor import serving_findings
 
     ad = identical_outer_adapter()
     pool = convert([ad], 2)
-    assert pool.geometry.outer == 1
+    assert pool.geometry.outer == 1 and not [f for f in serving_findings([ad], pool) if f.code == "ISL-W001"]
     notes = [f for f in pool.findings if f.code == "ISL-W001"]
     assert len(notes) == 1 and "collapsed to the shared outer layout (exact)" in notes[0].message
-    kept = convert([ad], 2, outer=2)  # asked for per expert: left alone, and served so sglang 0.5.23 errs
-    (warned,) = [f for f in kept.findings if f.code == "ISL-W001"]
+    kept = convert([ad], 2, outer=2)  # asked for per expert: left alone; the converter converts, the doctor warns
+    assert not [f for f in kept.findings if f.code == "ISL-W001"]
+    (warned,) = [f for f in serving_findings([ad], kept) if f.code == "ISL-W001"]
     assert kept.geometry.outer == 2 and "adapter 'same_outer'" in warned.message and "collapses" in warned.fix
     outputs = []
     for converted in (pool, kept):  # the same function, in the intended math
@@ -309,7 +311,7 @@ def test_the_converter_collapses_identical_outer_factors_and_says_so():
     from inkling_lab.adapters import synthetic_adapter
     differ = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True, seed=3)
     mixed = convert([ad, differ], 2)  # one adapter's experts differ: the pool stays per expert, nothing collapses
-    warned = [f for f in mixed.findings if f.code == "ISL-W001"]
+    warned = [f for f in serving_findings([ad, differ], mixed) if f.code == "ISL-W001"]
     assert mixed.geometry.outer == 2 and len(warned) == 2  # each adapter is served per expert, each is warned of
     assert not [f for f in warned if "collapsed to the shared outer layout" in f.message]
 
