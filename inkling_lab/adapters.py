@@ -201,14 +201,16 @@ class Adapter:
 
     @classmethod
     def from_state(cls, config: Mapping[str, Any], weights: Mapping[str, torch.Tensor], name: str = "",
-                   source: str = "", sha256: str = "", repair: bool = True, guess: bool = False) -> "Adapter":
+                   source: str = "", sha256: str = "", repair: bool = True, guess: bool = False,
+                   saved_shapes: Mapping[str, list[int]] | None = None) -> "Adapter":
         """Check a config and its tensors (what ``load_adapter`` does after reading).
 
         Raises ``ISL-K202``/``K301`` (config), ``K303``..``K305`` (what a pool cannot
         hold), ``ISL-K205``..``K209``, ``K214``, ``K302``, ``K307`` (tensors); repairs or,
         with ``repair=False``, refuses transposed factors (``ISL-K206``). Repairs that
         guess (``K309`` a folded down A, ``K310`` a rank read from the factors) need
-        ``guess=True`` and say what they assumed.
+        ``guess=True`` and say what they assumed. ``saved_shapes``: every tensor's shape
+        as the file holds it (``load_adapter`` passes its header's).
         """
         where_cfg, where_w = _where(source, CONFIG_FILE), _where(source, WEIGHTS_FILE)
         peft = read_peft_config(config, where_cfg)
@@ -226,7 +228,8 @@ class Adapter:
                 factors[key] = (fn, t)
         adapter = cls(name or Path(source).name, peft.r, peft.lora_alpha, peft.target_modules,
                       {k: t for k, (_, t) in factors.items()}, dict(config), source, sha256, repair, notes,
-                      target_parameter_keys=exported, other_keys=others, guess=guess)
+                      target_parameter_keys=exported, other_keys=others, guess=guess,
+                      saved_shapes=dict(saved_shapes or {}))
         # A factor reads as transposed only when others confirm the config's r: if none
         # has rank r, the config (or the whole export) is wrong, and nothing is repaired.
         _check_dtypes(factors, where_w)
@@ -1013,12 +1016,10 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
             "truncated or corrupt: export or download it again"), folder) from None
     others = {k: _NOT_LOADED for k in keys if k not in weights}
     try:
-        adapter = Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),
-                                     repair=repair, guess=guess)
+        return Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),
+                                  repair=repair, guess=guess, saved_shapes=shapes)
     except ValueError as exc:
         raise _refuse(exc, folder)
-    adapter.saved_shapes = shapes
-    return adapter
 
 
 _NOT_LOADED = torch.empty(0, device="meta")

@@ -13,7 +13,7 @@ without it) three ways, in float64:
   says so;
 * ``sglang``: what sglang 0.5.23 serves (``inkling_lab.sglang_path.run_sglang``): one
   ``lora_alpha / r``, weights it skips dropped, nothing when the sink is not wrapped,
-  the per-expert outer defect of docs/reference.md#per-expert-defect (``upstream_defect``) applied;
+  the per-expert outer defect of docs/reference.md#per-expert-defect applied (``SglangRun.served``);
 * ``kit``: the pool ``inkling-lab convert`` writes.
 
 The report reads like ``torch.testing.assert_close``'s mismatch report, per module,
@@ -34,7 +34,6 @@ from .adapters import Adapter, FactorName, load_adapter
 from .convert import convert
 from .peft_reference import Deltas, PeftRefused, ReferenceDeltas, kit_reading, peft_reference
 from .sglang_path import SglangRun, config_causes, exception_text, run_sglang
-from .upstream_defect import sglang_0_5_23_equivalent_buffers
 
 RTOL, ATOL = 1.3e-6, 1e-5
 """``torch.testing.assert_close``'s float32 tolerances: the adapters are float32."""
@@ -205,17 +204,10 @@ class CompareReport:
 
 
 def _sglang_deltas(path: SglangRun, module: str) -> Deltas | None:
-    """What the served sink adds for ``module``: the slot's factors as sglang loaded
-    them, through the per-expert defect's equivalent buffers when ``O = n``."""
-    if not path.wrapped:
-        return None
-    f = path.loaded.get(module)
-    if f is None:
-        return None
-    ga, gb = f.gate_up_a, f.gate_up_b
-    if f.outer > 1:
-        ga, gb = sglang_0_5_23_equivalent_buffers(ga, gb, interleaved=True)
-    return factor_deltas(ga, gb, f.down_a, f.down_b)
+    """What the served sink adds for ``module`` (``path.served``: the slot's factors as
+    sglang loaded them, the per-expert defect applied)."""
+    f = path.served.get(module)
+    return None if f is None else factor_deltas(f.gate_up_a, f.gate_up_b, f.down_a, f.down_b)
 
 
 def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_experts: int, hidden: int, intermediate: int, *,

@@ -32,7 +32,7 @@ from .catalog import Finding, finding, message
 from .geometry import WORKING_DTYPES
 from .pool import LoRAFactors
 from .shard import slice_lora_a, slice_lora_b
-from .upstream_defect import doctor_finding
+from .upstream_defect import doctor_finding, sglang_0_5_23_equivalent_buffers
 from .validate import diagnose_pool
 
 STAGES = ("read", "normalize", "targets", "shard", "pool", "set_lora_info", "forward")
@@ -112,7 +112,10 @@ class SglangRun:
     modules as it normalizes them; ``wrapped``: whether it wraps the sink; ``base_only``:
     the sink serves the base model. ``skip_warning``: its warning for weights it skips.
     ``loaded``: per module, the factors the pool slot holds (float64, B times sglang's
-    scaling). ``findings``/``causes``: what it does other than the adapter's math.
+    scaling); ``served``: per module of a wrapped sink, the factors whose intended math
+    is what sglang computes (``loaded``, through the per-expert defect's equivalent
+    buffers where ``O = n``). ``findings``/``causes``: what it does other than the
+    adapter's math.
     """
 
     stages: tuple[dict[str, Any], ...]
@@ -124,6 +127,7 @@ class SglangRun:
     skip_warning: str
     unknown: str
     loaded: Mapping[str, LoRAFactors]
+    served: Mapping[str, LoRAFactors]
     findings: tuple[Finding, ...]
     causes: tuple[str, ...]
     raised: SglangRaise | None = None
@@ -164,6 +168,7 @@ class _Sglang:
         self.factors: dict[str, dict[tuple[str, str], Any]] = {}
         """Per module, (projection, A or B) -> the normalized factor: a tensor, a dict by expert, or None."""
         self.loaded: dict[str, LoRAFactors] = {}
+        self.served: dict[str, LoRAFactors] = {}
         self.scaling = 0.0
         self.r = 0
 
@@ -190,7 +195,7 @@ class _Sglang:
             raised = exc.record
             self.record(raised.stage, error=raised.text, upstream=raised.upstream)
         return SglangRun(tuple(self.stages), self.config, self.weights, frozenset(self.server), self.wrapped,
-                         self.base_only, self.skip_warning, self.unknown, dict(self.loaded), tuple(self.findings),
+                         self.base_only, self.skip_warning, self.unknown, dict(self.loaded), dict(self.served), tuple(self.findings),
                          tuple(self.causes), raised)
 
     def record(self, stage: str, **produced: Any) -> None:
@@ -542,6 +547,11 @@ class _Sglang:
             if defect is not None:
                 self.findings.append(defect)
                 self.causes.append("the per-expert outer layout: sglang 0.5.23's gate/up delta is wrong (ISL-W001)")
+        for module, f in self.loaded.items() if self.wrapped else ():
+            ga, gb = f.gate_up_a, f.gate_up_b
+            if f.outer > 1:
+                ga, gb = sglang_0_5_23_equivalent_buffers(ga, gb, interleaved=True)
+            self.served[module] = LoRAFactors(ga, gb, f.down_a, f.down_b, f.lora_alpha, f.name)
         self.record("forward", wrapped=self.wrapped, per_expert_modules=sorted(per_expert), nan_modules=nan)
 
 
