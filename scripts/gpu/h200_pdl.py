@@ -34,6 +34,8 @@ from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 
 VARIANTS = {"v9": dict(pdl=False), "pdl": dict(pdl=True)}
+CHECK_TOKENS = (1, 9, 32)
+"""Token counts of the correctness pass: one token, one token tile, two."""
 CEILING = {"A": "A", "B": "B", "Inkling": "inkling", "Inkling-TP8": "inkling-tp8"}
 
 
@@ -68,7 +70,7 @@ def correctness() -> list[dict]:
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
     for shape in pr.SHAPES:
         for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
-            for T in (1, 9, 32):
+            for T in CHECK_TOKENS:
                 c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
                 sink, x, gammas, _ = pr.build_case(c, "cuda", seed=T)
                 gen = torch.Generator().manual_seed(T + 7)
