@@ -34,11 +34,13 @@ upstream's raw errors; ``Adapter.factors(n)`` assembles the result into one
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import json
 import math
 import os
 import re
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -547,6 +549,10 @@ def _split_target_parameters(peft: "PeftConfig", targets: Any, weights: Mapping[
     out = {k: t for k, t in weights.items() if not _NESTED_KEY.match(k)}
     notes = []
     for module, by_depth in groups.items():
+        classic = [k for k in out if (fn := FactorName.parse(k)) is not None and fn.module == module]
+        if classic:  # two readings of one module: which one was trained is not in the file (one would be dropped)
+            raise ValueError(message("ISL-K233", file=where, module=module, nested=len(by_depth), key=classic[0],
+                                     count=len(classic)))
         params = _targeted(module, targets)
         per_expert: dict[FactorName, torch.Tensor] = {}
         ranks: dict[str, int] = {}
@@ -976,6 +982,11 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
     folder = _adapter_folder(path)
     source = str(folder)
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    for path in (config_path, weights_path):  # a FIFO, a device or a folder under either name: said so, never opened
+        try:
+            check_regular(path)
+        except ValueError as exc:
+            raise _refuse(exc, folder) from None
     if not config_path.is_file():
         named = sorted(c.parent.name for c in folder.glob(f"*/{CONFIG_FILE}")) if folder.is_dir() else []
         if named:  # PEFT saves adapters other than "default" in subfolders named after them
@@ -987,7 +998,11 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
             f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE}{why}: a PEFT adapter is a folder with "
             f"{CONFIG_FILE} and {WEIGHTS_FILE}"), folder)
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        raw = read_regular(config_path)
+    except ValueError as exc:  # no regular file after all (swapped meanwhile), or far past any config's size
+        raise _refuse(exc, folder) from None
+    try:
+        config = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _refuse(ValueError(
             f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON ({exc})"), folder) from None
@@ -1026,24 +1041,119 @@ _NOT_LOADED = torch.empty(0, device="meta")
 """Stands for a tensor of another module: ``from_state`` only names those."""
 
 
+HEADER_LIMIT = 100_000_000
+"""safetensors' own limit on a header's declared size (bytes)."""
+TEXT_LIMIT = 64 * 2 ** 20
+"""The most bytes of a JSON file (a config, an index) the kit reads: real ones are kilobytes."""
+
+
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "not a regular file")
+
+
+def _not_regular(path: str | os.PathLike[str], kind: str) -> ValueError:
+    return ValueError(message("ISL-K232", file=Path(path).name or os.fspath(path), kind=kind))
+
+
+def check_regular(path: str | os.PathLike[str]) -> None:
+    """Refuse ``path`` (``ISL-K232``) when it exists (symlinks followed) but is no regular
+    file: a FIFO, a device, a socket or a directory. An absent path passes: the caller
+    says that in its own words."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, _kind(mode))
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only file descriptor of ``path`` (symlinks followed), only if it is a regular
+    file (else ``ISL-K232``). Opened non-blocking and checked on the descriptor itself, so
+    that neither a FIFO nor a name swapped for one after a check can block the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # what open() says for a socket
+            raise _not_regular(path, "a socket") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, _kind(mode))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_regular(path: str | os.PathLike[str], limit: int = TEXT_LIMIT) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (``ISL-K232`` for anything else
+    but a regular file; ``ValueError`` naming the file past the limit)."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ValueError(f"{Path(path).name}: {size} bytes, more than the {limit} a JSON file of this kind can "
+                             "need: is it the right file?")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)
+
+
+class HeaderError(ValueError):
+    """A safetensors header that cannot describe its file (``check_safetensors_header``)."""
+
+
+def check_safetensors_header(fd: int, name: str) -> None:
+    """Refuse a file whose safetensors header cannot be right, before anything is mapped or
+    allocated: its 8-byte length past the file (or past safetensors' 100 MB), a header that
+    is no JSON object, tensor data offsets past the file, or data that does not fill it."""
+    size = os.fstat(fd).st_size
+    if size < 8:
+        raise HeaderError(f"{name}: {size} bytes, shorter than the 8-byte header length")
+    declared = int.from_bytes(os.pread(fd, 8, 0), "little")
+    if declared > min(size - 8, HEADER_LIMIT):
+        raise HeaderError(f"{name}: its header declares {declared} bytes, but the file holds {size - 8} after the "
+                         f"length (and safetensors reads at most {HEADER_LIMIT})")
+    try:
+        header = json.loads(os.pread(fd, declared, 8))
+    except (ValueError, RecursionError) as exc:
+        raise HeaderError(f"{name}: its header is not JSON ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise HeaderError(f"{name}: its header is not a JSON object")
+    data, end = size - 8 - declared, 0
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= data for o in offsets)):
+            raise HeaderError(f"{name}: tensor {key!r} has data offsets {offsets!r} outside the file's {data} bytes "
+                             "of tensor data")
+        end = max(end, offsets[1])
+    if end != data:
+        raise HeaderError(f"{name}: its header describes {end} bytes of tensor data but the file holds {data}")
+
+
 @contextmanager
 def open_safetensors(path: str | os.PathLike[str]) -> Iterator[Any]:
-    """``safe_open(path)`` (lazy, per tensor), also for a path that is not UTF-8 (a
-    Linux file name may be any bytes; safetensors takes only UTF-8 paths): such a file
-    is opened by Python and handed over as ``/proc/self/fd/N``."""
+    """``safe_open(path)`` (lazy, per tensor), for a regular file only (``ISL-K232``: a FIFO
+    would block forever) whose header checks out against its size first
+    (``check_safetensors_header``: nothing is mapped for a damaged or huge sparse file).
+    The file is opened once, by Python, and handed over as ``/proc/self/fd/N`` where
+    Linux has it: the file checked is the file read, and a path that is not UTF-8 (a
+    Linux file name may be any bytes; safetensors takes only UTF-8 paths) works too."""
     name = os.fspath(path)
+    fd = open_regular(name)
     try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        fd = os.open(name, os.O_RDONLY)
-        try:
-            with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
-                yield f
-        finally:
-            os.close(fd)
-        return
-    with safe_open(name, framework="pt") as f:
-        yield f
+        check_safetensors_header(fd, Path(name).name)
+        handle = f"/proc/self/fd/{fd}" if os.path.exists(f"/proc/self/fd/{fd}") else name
+        with safe_open(handle, framework="pt") as f:
+            yield f
+    finally:
+        os.close(fd)
 
 
 def _is_sink_key(key: str) -> bool:
@@ -1053,7 +1163,7 @@ def _is_sink_key(key: str) -> bool:
 def file_sha256(path: str | os.PathLike[str], chunk: int = 2 ** 24) -> str:
     """The sha256 of a file, read in 16 MiB chunks (bounded memory for any size)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()

@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, open_safetensors
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, HeaderError, open_safetensors
 from .atomic import atomic_writer
 from .catalog import Finding, message
 from .geometry import BUFFER_NAMES, Geometry, check_size
@@ -225,7 +225,7 @@ def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
             tp_rank, tp_size = int(tp["rank"]), int(tp["size"])
     except FileNotFoundError:
         raise
-    except (SafetensorError, OSError) as exc:
+    except (SafetensorError, OSError, HeaderError) as exc:
         raise refuse(f"not a readable safetensors file: {exc}") from None
     except (KeyError, TypeError, ValueError, RecursionError) as exc:
         if isinstance(exc, ValueError) and str(exc).startswith(path.name):

@@ -35,9 +35,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from safetensors import safe_open
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, open_safetensors
 from .catalog import CatalogEntry, Finding, UpstreamDefectWarning
 from .convert import ConvertedPool, convert
 from .errors import find_entry
@@ -264,7 +263,7 @@ def shape_journey(adapter: Adapter, module: str, factors: LoRAFactors | None = N
 
 def _saved_shapes(folder: Path) -> dict[str, list[int]]:
     try:
-        with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
+        with open_safetensors(folder / WEIGHTS_FILE) as f:  # a regular file only: a FIFO would block
             return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception:  # noqa: BLE001 - unreadable: the verdicts say why
         return {}

@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 
 from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_shared_sink,
-                       peft_target_parameter_keys, read_peft_config)
+                       check_regular, peft_target_parameter_keys, read_peft_config)
 from .catalog import Finding, finding, message
 from .geometry import WORKING_DTYPES
 from .pool import LoRAFactors
@@ -204,6 +204,13 @@ class _Sglang:
     # 1. read -----------------------------------------------------------------------
     def read(self) -> None:
         config_path = self.folder / CONFIG_FILE
+        for path in (config_path, *sorted(self.folder.glob("*.safetensors"))):
+            try:  # never opened by the kit: a FIFO would block this read (and sglang's) forever
+                check_regular(path)
+            except ValueError as exc:
+                self.unknown = (f"{exc}; sglang 0.5.23 opens it as it is (a FIFO blocks its read until a writer "
+                                "appears)")
+                return
         if not config_path.is_file():
             subs = sorted(p.parent.name for p in self.folder.glob(f"*/{CONFIG_FILE}")) if self.folder.is_dir() else []
             text = f"FileNotFoundError: [Errno 2] No such file or directory: '{os.path.join(str(self.folder), CONFIG_FILE)}'"

@@ -30,8 +30,9 @@ from typing import Any, Iterable, Mapping
 import torch
 from safetensors import SafetensorError
 
-from .adapters import open_safetensors
-from .catalog import error
+from .adapters import HeaderError, check_regular, open_safetensors, read_regular
+from .catalog import error, message
+from .geometry import WORKING_DTYPES
 from .lora import SharedSinkLoRA
 from .sink import ACTIVATIONS, SharedSink, gate_up_rows
 
@@ -95,6 +96,12 @@ def _build(state: Mapping[str, torch.Tensor], where: str, interleaved: bool, dty
            cls: type[SharedSink], activation: str = "silu") -> SharedSink:
     n, H, F = _dims(state, where)
     gate, up, down = (state[p].detach() for p in PARAMETERS)
+    dtypes = {p: state[p].dtype for p in PARAMETERS}
+    odd = {p: d for p, d in dtypes.items() if d not in WORKING_DTYPES}
+    if odd or (dtype is None and len(set(dtypes.values())) > 1):
+        # an int32 gate would have made an int32 sink, an fp16 gate rounded float32 up and down silently
+        raise TypeError(message("ISL-K422", where=where, dtypes=", ".join(
+            f"{p} {str(d).removeprefix('torch.')}" for p, d in dtypes.items())))
     dtype = dtype or gate.dtype
     sink = cls(n, H, F, interleaved=interleaved, dtype=dtype, device=gate.device, activation=activation)
     gate_rows, up_rows = gate_up_rows(F, interleaved, gate.device)
@@ -133,25 +140,67 @@ def to_transformers(sink: SharedSink, config: Any = None) -> torch.nn.Module:
     return module
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: a key given twice is refused (``ISL-K421``),
+    never the last one kept silently."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(message("ISL-K421", file=INDEX_FILE, key=key, first=out[key], second=value))
+        out[key] = value
+    return out
+
+
+def _shard(folder: Path, name: Any) -> Path:
+    """The shard an index entry names: a relative path inside the checkpoint folder
+    (``ISL-K420`` for an absolute one, one that climbs out with ``..``, or no string). The
+    name is checked, not where a symlink leads: a hub cache links its shards to blobs."""
+    text = name if isinstance(name, str) else None
+    if (text is None or not text or os.path.isabs(text) or "\x00" in text
+            or ".." in Path(text).parts):
+        raise ValueError(message("ISL-K420", file=INDEX_FILE, shard=repr(name)))
+    return folder / text
+
+
 def _key_files(path: Path) -> dict[str, Path]:
     """Every tensor name of a checkpoint and the file that holds it: one safetensors
     file, a folder with ``model.safetensors``, or a sharded folder through its
-    ``model.safetensors.index.json``. Reads headers only."""
+    ``model.safetensors.index.json`` (each shard inside the folder, ``ISL-K420``; a key in
+    the index twice, or in two shards, ``ISL-K421``). Reads headers only; every file it
+    opens is a regular one (``ISL-K232``: a FIFO would block)."""
     index = path / INDEX_FILE
-    if path.is_dir() and index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            return {str(k): path / str(v) for k, v in weight_map.items()}
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+    if path.is_dir() and os.path.lexists(index):
+        raw = read_regular(index)  # ISL-K232 for a FIFO or a device under the index's name
+        try:  # a key given twice in the JSON is ISL-K421 (raised by the hook, passed through)
+            weight_map = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)["weight_map"]
+            entries = list(weight_map.items())
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError,
+                RecursionError) as exc:
             raise ValueError(f"{index.name}: not a safetensors index (no weight_map: {exc!r})") from None
+        files = {str(k): _shard(path, v) for k, v in entries}
+        seen: dict[str, Path] = {}
+        for shard in dict.fromkeys(files.values()):  # every shard's header: a key in two of them is refused
+            for key in _header_keys(shard):
+                if key in seen and seen[key] != shard:
+                    raise ValueError(message("ISL-K421", file=f"{seen[key].name} and {shard.name}", key=key,
+                                             first=seen[key].name, second=shard.name))
+                seen.setdefault(key, shard)
+        return files
     file = path / "model.safetensors" if path.is_dir() else path
+    check_regular(file)
     if not file.is_file():
         raise FileNotFoundError(f"{path.name}: neither a safetensors file nor a folder with model.safetensors or "
                                 f"{INDEX_FILE}")
+    return {k: file for k in _header_keys(file)}
+
+
+def _header_keys(file: Path) -> list[str]:
     try:
         with open_safetensors(file) as f:
-            return {k: file for k in f.keys()}
-    except (SafetensorError, OSError) as exc:
+            return list(f.keys())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{file.name}: a shard the index names is missing") from None
+    except (SafetensorError, OSError, HeaderError) as exc:
         raise ValueError(f"{file.name}: not a readable safetensors file ({exc})") from None
 
 
@@ -210,11 +259,12 @@ def _config_activation(path: Path) -> tuple[str, str]:
     """``config.hidden_act`` of the checkpoint's ``config.json`` (the text config's for the
     multimodal model), and where it was read."""
     config = (path if path.is_dir() else path.parent) / "config.json"
+    check_regular(config)
     if not config.is_file():
         return "silu", "no config.json beside it: InklingTextConfig's default"
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:
+        data = json.loads(read_regular(config).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"{config.name}: not a readable model config ({exc})") from None
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     if "hidden_act" in text:
@@ -251,7 +301,7 @@ def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix
         try:
             with open_safetensors(files[key]) as f:
                 raw[name] = f.get_tensor(key)
-        except (SafetensorError, OSError) as exc:
+        except (SafetensorError, OSError, HeaderError) as exc:
             raise ValueError(f"{files[key].name}: not a readable safetensors file ({exc})") from None
     where = f"{path.name}: {prefix} ({fmt} format)"
     state = _from_published(raw, where) if fmt == "published" else raw

@@ -344,3 +344,160 @@ def test_a_pasted_log_that_is_not_utf8_is_read_and_its_bytes_printed_escaped():
     result = _cli("explain", "-", input=b"ValueError: Inkling shared-sink LoRA requires four 4D MoE buffers \xff\x1b[2J\n")
     assert result.returncode == 0 and b"ISL-E001" in result.stdout
     assert b"Traceback" not in result.stderr and b"\x1b" not in result.stdout + result.stderr
+
+
+# -- issue 22: only regular files are opened, shards stay inside, nothing read twice ----------------
+
+import signal  # noqa: E402
+import socket  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+from inkling_lab.doctor import doctor  # noqa: E402
+from inkling_lab.transformers_interop import INDEX_FILE, sink_from_checkpoint  # noqa: E402
+
+SINK = "model.layers.0.mlp.shared_experts."
+
+
+@contextmanager
+def _no_hang(seconds: int = 120):
+    """A guard, not a measurement: a blocking open of a FIFO would wait forever; this turns
+    that into a failure instead of a stuck test run."""
+    def stuck(*_):
+        raise AssertionError("blocked (a FIFO opened for reading?)")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _special(path: Path, kind: str, tmp_path: Path) -> None:
+    """Put a FIFO, a socket, a folder, a character device or a symlink to a FIFO at ``path``."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink to a fifo":
+        os.mkfifo(tmp_path / "pipe")
+        os.symlink(tmp_path / "pipe", path)
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()
+    elif kind == "folder":
+        path.mkdir()
+    else:  # a character device made here (root only): never the machine's /dev/null
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+
+
+KINDS = ["fifo", "symlink to a fifo", "socket", "folder"] + (["device"] if os.geteuid() == 0 else [])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", [WEIGHTS_FILE, CONFIG_FILE])
+def test_no_hang_an_adapter_file_that_is_no_regular_file_is_refused_unopened(tmp_path, name, kind, capsys):
+    folder = _adapter_folder(tmp_path)
+    _special(folder / name, kind, tmp_path)
+    with _no_hang():
+        with expect_error("ISL-K232", show=False):
+            load_adapter(folder)
+        report = doctor(folder, 2, 8, 6)
+        assert report.kit.outcome == "refuses" and report.load.outcome == "unknown"
+        assert main(["convert", str(folder), "-n", "2", "-o", str(tmp_path / "p.safetensors"), "-q"]) == 1
+    assert "ISL-K232" in capsys.readouterr().err and not (tmp_path / "p.safetensors").exists()
+
+
+def _checkpoint(folder: Path, shards: dict[str, dict[str, torch.Tensor]]) -> None:
+    folder.mkdir(exist_ok=True)
+    for name, tensors in shards.items():
+        save_file(tensors, folder / name)
+
+
+def _sink_state(seed: int, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {SINK + "gate_proj": torch.randn(2, 6, 8, generator=g).to(dtype),
+            SINK + "up_proj": torch.randn(2, 6, 8, generator=g).to(dtype),
+            SINK + "down_proj": torch.randn(2, 8, 6, generator=g).to(dtype)}
+
+
+ENTRY = st.sampled_from(["good", "climbs out", "absolute", "not a string", "fifo", "missing"])
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entries=st.lists(ENTRY, min_size=3, max_size=3), json_twice=st.booleans(), shard_twice=st.booleans())
+def test_no_silent_read_a_sharded_index_is_read_as_saved_or_refused_by_its_fault(tmp_path_factory, entries,
+                                                                                 json_twice, shard_twice):
+    folder = tmp_path_factory.mktemp("ck")
+    state = _sink_state(0)
+    keys = list(state)
+    _checkpoint(folder, {f"s{i}.safetensors": {k: state[k]} for i, k in enumerate(keys)})
+    if shard_twice:  # the gate again, other values, in another shard: which one is meant?
+        save_file({keys[0]: state[keys[0]] + 1, "other": torch.zeros(1)}, folder / "dup.safetensors")
+    os.mkfifo(folder / "pipe.safetensors")
+    names = {"good": None, "climbs out": "../s{i}.safetensors", "absolute": str(folder) + "/s{i}.safetensors",
+             "not a string": 7, "fifo": "pipe.safetensors", "missing": "gone.safetensors"}
+    pairs = [(k, f"s{i}.safetensors" if e == "good" else names[e] if not isinstance(names[e], str)
+              else names[e].format(i=i)) for i, (k, e) in enumerate(zip(keys, entries))]
+    if shard_twice:
+        pairs.append(("other", "dup.safetensors"))
+    if json_twice:
+        pairs.append((keys[1], pairs[1][1]))
+    (folder / INDEX_FILE).write_text("{\"weight_map\": {" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}"
+                                                                       for k, v in pairs) + "}}")
+    faults = {"ISL-K420" for e in entries if e in ("climbs out", "absolute", "not a string")}
+    faults |= {"ISL-K421"} if json_twice or shard_twice else set()
+    faults |= {"ISL-K232"} if "fifo" in entries else set()
+    faults |= {"FileNotFoundError"} if "missing" in entries else set()
+    with _no_hang():
+        try:
+            sink = sink_from_checkpoint(folder)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            from inkling_lab.errors import find_entry
+
+            entry = find_entry(exc)
+            got = entry.code if entry is not None else type(exc).__name__
+            assert got in faults, (got, faults, exc)
+        else:
+            assert not faults
+            assert torch.equal(sink.w2, state[keys[2]])  # read as saved, nothing else
+
+
+@settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dtypes=st.lists(st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
+                                         torch.bool, torch.uint8]), min_size=3, max_size=3),
+       cast=st.sampled_from([None, torch.float32, torch.float64]))
+def test_no_silent_cast_a_checkpoint_sink_is_one_float_dtype_or_refused(tmp_path_factory, dtypes, cast):
+    folder = tmp_path_factory.mktemp("ck")
+    state = {k: v.to(d) for (k, v), d in zip(_sink_state(1).items(), dtypes)}
+    _checkpoint(folder, {"model.safetensors": state})
+    floats = all(d.is_floating_point for d in dtypes)
+    if not floats or (cast is None and len(set(dtypes)) > 1):
+        with expect_error("ISL-K422", show=False):
+            sink_from_checkpoint(folder, dtype=cast)
+        return
+    sink = sink_from_checkpoint(folder, dtype=cast)
+    assert sink.dtype == (cast or dtypes[0]) and torch.equal(sink.w2, state[SINK + "down_proj"].to(sink.dtype))
+
+
+@pytest.mark.parametrize("declared", [60 * 2 ** 30, 2 ** 63, 200_000_000, 9])
+def test_bounded_a_header_that_declares_more_than_the_file_is_refused_before_any_allocation(tmp_path, declared):
+    folder = _adapter_folder(tmp_path)
+    with open(folder / WEIGHTS_FILE, "r+b") as f:
+        f.write(declared.to_bytes(8, "little"))
+        f.truncate(64 * 2 ** 30)  # sparse
+    with _address_space_capped(2 << 30), expect_error("ISL-K204", show=False):
+        load_adapter(folder)
+
+
+def test_no_silent_drop_one_module_saved_two_ways_is_refused(tmp_path):
+    from safetensors.torch import load_file
+
+    ad = synthetic_adapter(2, 8, 6, 2, per_expert=True)
+    folder = save_adapter(ad, tmp_path / "peft", target_parameters=True)
+    classic = "base_model.model.model.layers.0.mlp.shared_experts.0.gate_proj.lora_A.weight"
+    save_file({**load_file(folder / WEIGHTS_FILE), classic: ad.weights[classic] + 1}, folder / WEIGHTS_FILE)
+    with expect_error("ISL-K233", show=False):
+        load_adapter(folder)

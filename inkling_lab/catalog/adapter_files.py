@@ -243,4 +243,24 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang 0.5.23 casts each factor into its buffers separately (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer), without a word.",
         generation=KIT, adapter_caused=True, related=("ISL-K230",), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K232", title="a FIFO, device, socket or folder where a file was expected", exc_type=ValueError,
+        message="{file}: not a regular file but {kind}: the kit reads only regular files (such a name could "
+                "block the read forever or change under it): point at the file itself",
+        meaning="An adapter's config and weights, a checkpoint's index and shards are regular files. A FIFO "
+                "under such a name would block the reader until something writes into it (forever, in a "
+                "batch job), a device or a socket is no file at all, and a folder is not the file. The kit "
+                "checks what each name is before it opens it, and again on the opened descriptor (opened "
+                "without blocking), so that a name swapped meanwhile cannot hang it either.",
+        when="A weights file that a download tool left as a named pipe, a symlink to one, or a folder named "
+             "adapter_model.safetensors.",
+        setup=FOLDER + "import os\nweights = folder / 'adapter_model.safetensors'\nkept = weights.read_bytes()\n"
+              "weights.unlink()\nos.mkfifo(weights)  # a named pipe under the weights' name\n",
+        trigger="load_adapter(folder)\n",
+        fix="weights.unlink()\nweights.write_bytes(kept)\nload_adapter(folder)\n",
+        remedy="Replace the name with the regular file (download or copy it again), or point at the folder "
+               "that holds the real files.",
+        upstream="sglang opens the files without such a check (sglang/srt/model_loader/weight_utils.py: "
+                 "safetensors_weights_iterator, safe_open): a FIFO blocks it until a writer appears.",
+        generation=KIT, adapter_caused=True, related=("ISL-K203", "ISL-K204"), releases=EVERY_RELEASE),
 ]
