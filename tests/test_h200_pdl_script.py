@@ -3,6 +3,7 @@ tiny shape, the CUDA-only steps stubbed (a graph replays by calling the launch a
 (the interpreter has no grid dependency control). So the H200 call cannot die of a typo or of
 a renamed profile helper, and the pass flags a forward that leaves its output unwritten."""
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from interpreted import import_interpreted
 from inkling_lab import profile as pr
+from inkling_lab.geometry import PRESETS
 from inkling_lab.batch import SlotBatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,11 +27,11 @@ def script(monkeypatch):
     monkeypatch.setattr(module, "tb", tb)
     monkeypatch.setitem(module.VARIANTS, "pdl", {"pdl": False})
     monkeypatch.setattr(module, "CHECK_TOKENS", (9,))  # the interpreter is slow: one token count
-    monkeypatch.setattr(pr, "SHAPES", {"A": (2, 32, 16)})
-    build = pr.build_case
-    monkeypatch.setattr(pr, "build_case", lambda c, device, **kw: build(
-        pr.Case(**{**c.__dict__, "dtype": "float32"}), "cpu", **kw))
-    monkeypatch.setattr(pr, "_capture", lambda fn: type("Graph", (), {"replay": staticmethod(fn)})())
+    monkeypatch.setattr(pr, "SHAPES", {"A": "A"})
+    monkeypatch.setitem(PRESETS, "A", PRESETS["A"].with_(n=2, hidden=32, intermediate=16))
+    scenario = pr.Case.scenario
+    monkeypatch.setattr(pr.Case, "scenario", lambda c, device, **kw: scenario(replace(c, dtype="float32"), "cpu", **kw))
+    monkeypatch.setattr(pr, "capture", lambda fn: type("Graph", (), {"replay": staticmethod(fn)})())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     to = SlotBatch.to
     monkeypatch.setattr(SlotBatch, "to", lambda self, device: to(self, "cpu"))

@@ -5,7 +5,7 @@ T <= 32 point of the side-by-side grid; then the host cost per call over time (t
 (The recorded run, ``data/profiles/h200_pdl.json`` at 7456b20, also timed a ``w2`` prefetch
 into L2 before the down kernel's wait: no gain at A, 5-15 µs lost elsewhere, so it was removed.)
 
-1. Correctness first, each variant against the float64 reference (``profile.reference_f64``)
+1. Correctness first, each variant against the float64 reference (``forward.reference``)
    on fresh random inputs: bf16 and fp16, both gate/up layouts, both outer layouts, mixed /
    base-only / rank-0 tokens, a batch with no adapter, a device-resident batch, and a graph
    of the launches replayed twice; the output poisoned with NaN before each run.
@@ -24,7 +24,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ import torch
 from inkling_lab import profile as pr, records
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
+from inkling_lab.forward.reference import reference_forward
 
 VARIANTS = {"v9": dict(pdl=False), "pdl": dict(pdl=True)}
 CHECK_TOKENS = (1, 9, 32)
@@ -57,7 +58,7 @@ def run(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
 def graph_replays(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
     p = tb.plan(ops, x.shape[0], batch, x.device, t)
     out = torch.full_like(x, float("nan"))
-    graph = pr._capture(lambda: tb.launch(ops, x, gammas, p, out))
+    graph = pr.capture(lambda: tb.launch(ops, x, gammas, p, out))
     graph.replay()
     out.fill_(float("nan"))
     graph.replay()
@@ -72,14 +73,16 @@ def correctness() -> list[dict]:
         for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
             for T in CHECK_TOKENS:
                 c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
-                sink, x, gammas, _ = pr.build_case(c, "cuda", seed=T)
+                sc = c.scenario("cuda", seed=T)
+                x, gammas = sc.x, sc.gammas
+                g = c.geometry
                 gen = torch.Generator().manual_seed(T + 7)
-                ids = torch.randint(-1, c.S, (T,), generator=gen)
+                ids = torch.randint(-1, g.slots, (T,), generator=gen)
                 ids[0] = 0
-                batch = SlotBatch.from_token_slots(ids, c.S, lora_ranks=[c.R, c.R, 0])  # slot 2: rank 0
-                ops = sink.operands()
-                ref = pr.reference_f64(ops, x, gammas, batch)
-                ref_base = pr.reference_f64(ops, x, gammas, None)
+                batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])  # slot 2: rank 0
+                ops = sc.sink.operands()
+                ref = reference_forward(ops, x, gammas, batch)
+                ref_base = reference_forward(ops, x, gammas, None)
                 for v in ("pdl",):
                     t = tiles(v, T, ops)
                     try:
@@ -88,7 +91,7 @@ def correctness() -> list[dict]:
                         errs = {"failure": float("nan")}
                         print(f"check {shape} T={T} {v} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                     worst = max(errs.values(), key=lambda e: float("inf") if e != e else e)
-                    rows.append({**asdict(c), "variant": v, "rel_err": errs,
+                    rows.append({**c.record(), "variant": v, "rel_err": errs,
                                  "ok": all(e == e and e < 1e-2 for e in errs.values())})
                     print(f"check {shape} T={T} O={o} il={i} {d} {v}: worst {worst:.1e}", flush=True)
     return rows
@@ -99,10 +102,10 @@ def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
     errs = {"mixed": records.relative_error(run(ops, x, gammas, batch, t), ref, "fro"),
             "no_adapter": records.relative_error(run(ops, x, gammas, None, t), ref_base, "fro"),
             "graph": records.relative_error(graph_replays(ops, x, gammas, batch, t), ref, "fro")}
-    if c.outer == 1 and c.dtype == "bfloat16":
+    if c.geometry.outer == 1 and c.dtype == "bfloat16":
         errs["resident"] = records.relative_error(run(ops, x, gammas, batch.to("cuda"), t), ref, "fro")
         errs["base_only"] = records.relative_error(
-            run(ops, x, gammas, SlotBatch.from_token_slots([-1] * T, c.S), t), ref_base, "fro")
+            run(ops, x, gammas, SlotBatch.from_token_slots([-1] * T, c.geometry.slots), t), ref_base, "fro")
     return errs
 
 
@@ -120,10 +123,11 @@ def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) 
             for S in slots:
                 for T in tokens:
                     c = pr.Case.of(shape, R, S, T)
-                    sink, x, gammas, batch = pr.build_case(c, "cuda", base=base)
+                    sc = c.scenario("cuda", sink=base)
+                    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
                     base = sink
                     ops = sink.operands()
-                    ref = pr.reference_f64(ops, x, gammas, batch)
+                    ref = reference_forward(ops, x, gammas, batch)
                     fns, errs = {}, {}
                     for v in VARIANTS:
                         p = tb.plan(ops, T, batch, x.device, tiles(v, T, ops))
@@ -138,9 +142,9 @@ def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) 
                             o = fn()
                             torch.cuda.synchronize()
                             errs[k] = records.relative_error(
-                                o, pr.reference_f64(ops, x, gammas, None) if k == "sglang_base" else ref, "fro")
+                                o, reference_forward(ops, x, gammas, None) if k == "sglang_base" else ref, "fro")
                             if errs[k] < 1e-2:
-                                graphs[k] = pr._capture(fn)
+                                graphs[k] = pr.capture(fn)
                         except Exception as exc:  # recorded, and the run goes on
                             errs[k] = float("nan")
                             print(f"{shape} R{R} S{S} T{T} {k} FAILED: {type(exc).__name__}: {str(exc)[:300]}",
@@ -160,8 +164,8 @@ def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) 
 def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
     """Per window: median host µs of a user-level call (A, R 16, S 4, T 8, resident and host
     batch) and of a fixed pure-Python loop."""
-    c = pr.Case.of("A", 16, 4, 8)
-    sink, x, gammas, batch = pr.build_case(c, "cuda")
+    sc = pr.Case.of("A", 16, 4, 8).scenario("cuda")
+    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
     resident = batch.to("cuda")
     for b in (resident, batch):
         for _ in range(3):
@@ -171,9 +175,9 @@ def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
     while time.perf_counter() - t_start < seconds:
         row = {"t_s": round(time.perf_counter() - t_start, 3)}
         for label, b in (("resident_us", resident), ("host_batch_us", batch)):
-            row[label] = pr._host_us(lambda: sink(x, gammas, batch=b, backend="triton"), 100)
+            row[label] = pr.host_us(lambda: sink(x, gammas, batch=b, backend="triton"), 100)
             torch.cuda.synchronize()
-        row["python_loop_us"] = pr._host_us(lambda: sum(range(200)), 100)
+        row["python_loop_us"] = pr.host_us(lambda: sum(range(200)), 100)
         rows.append(row)
         rest = window - (time.perf_counter() - t_start - row["t_s"])
         if rest > 0:
