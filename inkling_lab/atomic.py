@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from .catalog import message
+
 _STARTED = time.time()
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]+\.tmp$")
 
@@ -85,6 +87,82 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def file_kind(mode: int) -> str:
+    """What an ``st_mode`` is, in words (``"a FIFO (named pipe)"``, ``"a directory"``...)."""
+    return ("a regular file" if stat.S_ISREG(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a symbolic link" if stat.S_ISLNK(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "not a regular file")
+
+
+class OutputRefused(FileExistsError):
+    """``check_target``'s refusal of an existing name (``ISL-K213``): it says what the name is."""
+
+
+def _refusal(path: Path, text: str, reason: str, cls: type[Exception] = OutputRefused) -> Exception:
+    exc = cls(message("ISL-K213", file=path.name or repr(text), reason=reason))
+    exc.add_note(f"output path: {text!r}" if not text else f"output path: {path}")
+    return exc
+
+
+def check_target(path: str | os.PathLike[str], *, force: bool, folder: bool = False) -> Path:
+    """``path`` as an output the kit may write (``ISL-K213`` for everything else), checked
+    before any work: not empty, not a folder's name, its nearest existing parent a folder;
+    if it exists, never a symbolic link (not it, not what it points to), a FIFO, a socket
+    or a device, whatever ``force`` says; a regular file (``folder``: a directory) only
+    with ``force``."""
+    text = os.fspath(path)
+    target = Path(text)
+    if not text:
+        raise _refusal(target, text, "the output path is empty: give a file name, e.g. -o pool.safetensors",
+                       ValueError)
+    if not folder and (text.endswith(os.sep) or target.name in ("", ".", "..")):
+        raise _refusal(target, text, "it names a folder, not a file: add the file name, e.g. pool.safetensors",
+                       IsADirectoryError)
+    for parent in target.parents:
+        try:
+            mode = os.stat(parent).st_mode
+        except FileNotFoundError:
+            continue  # made when written (and removed again if the write fails)
+        except OSError as exc:
+            raise _refusal(target, text, f"its folder {parent} cannot be used ({exc.strerror})",
+                           NotADirectoryError) from None
+        if not stat.S_ISDIR(mode):
+            raise _refusal(target, text, f"its folder {parent} is {file_kind(mode)}, not a folder", NotADirectoryError)
+        break
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return target
+    wanted = stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)
+    if not wanted:
+        what = "a folder" if folder else "a regular file"
+        raise _refusal(target, text, f"it is {file_kind(mode)}, and --force (force=True) replaces only {what}: "
+                       "never a symbolic link or what it points to, a FIFO, a socket, a device"
+                       + ("" if folder else " or a folder"))
+    if not force:
+        raise _refusal(target, text, "it already exists; pass --force (force=True) to replace it")
+    return target
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """The folders that ``folder.mkdir(parents=True)`` would create, deepest first."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_folders(created: list[Path]) -> None:
+    """Remove the folders a failed write made (deepest first), each only while empty."""
+    for made in created:
+        try:
+            os.rmdir(made)
+        except OSError:
+            return
+
+
 @contextmanager
 def atomic_writer(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iterator[BinaryIO]:
     """A binary file to write ``path`` through, atomically (see the module's promises).
@@ -92,17 +170,20 @@ def atomic_writer(path: str | os.PathLike[str], *, exclusive: bool = False) -> I
     ``exclusive``: refuse (``FileExistsError``) when ``path`` exists, also when another
     writer creates it meanwhile. The folder is created if missing.
     """
-    path = Path(path)
+    path = check_target(path, force=not exclusive)
     folder = path.parent
+    created = _missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        _remove_folders(created)
         raise _named(exc, path) from None
     remove_stale_temporaries(folder, path.name)
     tmp = folder / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     except OSError as exc:
+        _remove_folders(created)
         raise _named(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
@@ -117,19 +198,27 @@ def atomic_writer(path: str | os.PathLike[str], *, exclusive: bool = False) -> I
         if exclusive:
             _link_new(tmp, path)
         else:
+            check_target(path, force=True)  # again at the last moment: what the name is now is what is replaced
             os.replace(tmp, path)
         _fsync_dir(folder)
+    except OutputRefused:
+        tmp.unlink(missing_ok=True)
+        _remove_folders(created)
+        raise
     except FileExistsError:
         tmp.unlink(missing_ok=True)
+        _remove_folders(created)
         exc = FileExistsError(f"refusing to write {path.name}: it already exists (it appeared while this write "
                               "ran, or was there before); pass --force (force=True) to replace it")
         exc.add_note(f"output path: {path}")
         raise exc from None
     except OSError as exc:
         tmp.unlink(missing_ok=True)
+        _remove_folders(created)
         raise _named(exc, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
+        _remove_folders(created)
         raise
 
 
@@ -184,6 +273,8 @@ def atomic_folder(path: str | os.PathLike[str], *, force: bool = False) -> Itera
     import shutil
 
     path = Path(path)
+    if os.path.lexists(path) or not os.fspath(path):
+        check_target(path, force=force, folder=True)  # a FIFO, a device, a link or a file is never replaced
     folder = path.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, HeaderError, open_safetensors
-from .atomic import atomic_writer
+from .atomic import atomic_writer, check_target
 from .catalog import Finding, message
 from .geometry import BUFFER_NAMES, Geometry, check_size
 from .shard import check_rank, check_tp, shard_factors
@@ -132,20 +132,17 @@ class ConvertedPool:
 
 
 def _check_output(path: str | os.PathLike[str], sources: Sequence[str], force: bool) -> Path:
-    """Refuse an output over an input adapter's file, or (without ``force``) over any file."""
-    path = Path(path)
+    """Refuse an output over an input adapter's file, and whatever ``atomic.check_target``
+    refuses (an existing file without ``force``; a link, FIFO, socket, device or folder
+    always; an empty path, a parent that is a file), early, before any work."""
+    text = os.fspath(path)
     inputs = {(Path(s) / f).resolve() for s in sources if s for f in (CONFIG_FILE, WEIGHTS_FILE)}
-    refusal = None
-    if path.resolve() in inputs:
-        refusal = ("it is one of the input adapters' files (inkling-lab never writes over its inputs); "
-                   "choose another output path")
-    elif path.exists() and not force:  # early, before any work; the write itself is the atomic guard
-        refusal = "it already exists; pass --force (force=True) to replace it"
-    if refusal:
-        exc = FileExistsError(f"refusing to write {path.name}: {refusal}")
+    if text and Path(text).resolve() in inputs:
+        exc = FileExistsError(f"refusing to write {Path(text).name}: it is one of the input adapters' files "
+                              "(inkling-lab never writes over its inputs); choose another output path")
         exc.add_note(f"output path: {path}")
         raise exc
-    return path
+    return check_target(text, force=force)
 
 
 _ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}

@@ -501,3 +501,81 @@ def test_no_silent_drop_one_module_saved_two_ways_is_refused(tmp_path):
     save_file({**load_file(folder / WEIGHTS_FILE), classic: ad.weights[classic] + 1}, folder / WEIGHTS_FILE)
     with expect_error("ISL-K233", show=False):
         load_adapter(folder)
+
+
+# -- issue 22: the writer replaces only a regular file, and cleans up after itself ---------------------
+
+from inkling_lab.atomic import check_target  # noqa: E402
+
+TARGETS = ["fifo", "socket", "folder", "symlink to a file", "symlink to a fifo", "dangling symlink"] + (
+    ["device"] if os.geteuid() == 0 else [])
+
+
+def _target(path: Path, kind: str, tmp_path: Path) -> None:
+    if kind == "symlink to a file":
+        (tmp_path / "kept").write_bytes(b"the link's target")
+        os.symlink(tmp_path / "kept", path)
+    elif kind == "dangling symlink":
+        os.symlink(tmp_path / "nowhere", path)
+    else:
+        _special(path, kind, tmp_path)
+
+
+def _what(path: Path) -> tuple:
+    st = os.lstat(path)
+    return stat.S_IFMT(st.st_mode), st.st_ino, (os.readlink(path) if stat.S_ISLNK(st.st_mode) else None)
+
+
+@pytest.mark.parametrize("force", [True, False])
+@pytest.mark.parametrize("kind", TARGETS)
+def test_safe_output_force_never_replaces_anything_but_a_regular_file(tmp_path, kind, force, capsys):
+    folder = _adapter_folder(tmp_path)
+    out = tmp_path / "out.safetensors"
+    _target(out, kind, tmp_path)
+    before = _what(out)
+    with _no_hang():
+        args = ["convert", str(folder), "-n", "2", "-o", str(out), "-q"] + (["--force"] if force else [])
+        assert main(args) == 1
+        for write in (lambda: atomic_write(out, b"x"), lambda: atomic_write(out, b"x", exclusive=True)):
+            with expect_error("ISL-K213", show=False):
+                write()
+    assert _what(out) == before  # the same node, untouched (a symlink still points where it did)
+    if kind == "symlink to a file":
+        assert (tmp_path / "kept").read_bytes() == b"the link's target"
+    assert "ISL-K213" in capsys.readouterr().err
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_safe_output_the_machines_dev_null_is_refused_like_a_device_made_here(tmp_path):
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        with expect_error("ISL-K213", show=False):
+            check_target(tmp_path / "null", force=True)
+        assert stat.S_ISCHR(os.lstat(tmp_path / "null").st_mode)
+    # proven on a device of our own; the check only looks at /dev/null, it writes nothing
+    with expect_error("ISL-K213", show=False) as caught:
+        check_target("/dev/null", force=True)
+    assert "character device" in str(caught.exception) and stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+
+
+@pytest.mark.parametrize("output, why", [("", "the output path is empty"), ("afile/pool.safetensors",
+                                          "its folder"), ("afile/deeper/pool.safetensors", "its folder"),
+                                         ("sub/", "names a folder")])
+def test_clear_error_an_output_path_that_cannot_be_a_file_says_why(tmp_path, output, why, capsys):
+    folder = _adapter_folder(tmp_path)
+    (tmp_path / "afile").write_bytes(b"x")
+    target = output if not output else str(tmp_path / output) + ("/" if output.endswith("/") else "")
+    assert main(["convert", str(folder), "-n", "2", "-o", target, "-q"]) == 1
+    err = capsys.readouterr().err
+    assert why in err and "ISL-K213" in err and "Errno" not in err
+
+
+def test_state_kept_a_convert_that_fails_while_writing_removes_the_folders_it_made(tmp_path):
+    ad = synthetic_adapter(2, 8, 6, 2, dtype=torch.float16)
+    big = {k: (torch.full_like(v, 40000.0) if k.endswith("lora_B.weight") else v) for k, v in ad.weights.items()}
+    folder = save_adapter(Adapter.from_state({**ad.config, "lora_alpha": 4.0}, big), tmp_path / "ad")
+    (tmp_path / "existing").mkdir()
+    out = tmp_path / "existing" / "new" / "deeper" / "pool.safetensors"
+    with expect_error("ISL-K160", show=False):  # the overflow is found while the module is built and written
+        convert_to_file([load_adapter(folder)], out, 2)
+    assert sorted(p.name for p in (tmp_path / "existing").iterdir()) == []  # new/deeper made, then removed
