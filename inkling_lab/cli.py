@@ -74,7 +74,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor
 
     report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
-                    max_rank=args.max_rank, tp=args.tp, target_modules=args.lora_target_modules, repair=args.repair)
+                    max_rank=args.max_rank, tp=args.tp, target_modules=args.lora_target_modules, repair=args.repair,
+                    hidden_act=args.hidden_act)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return report.exit_status
 
@@ -207,12 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "adapter_model.safetensors)")
     _add_sink_args(p, required=True)
     _add_server_args(p)
+    from .sink import ACTIVATIONS
+
+    p.add_argument("--hidden-act", default="silu", choices=sorted(ACTIVATIONS), metavar="ACT",
+                   help="the model's config.hidden_act (default silu; another is ISL-W113: sglang's sink "
+                        "computes SiLU)")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser(
         "compare", help="PEFT's math, what sglang 0.5.23 serves and the kit's pool, side by side",
         description="For a seeded random batch on a seeded random sink, each shared expert's LoRA delta three "
-                    "ways (float64): from the adapter alone with PEFT's scaling, as sglang 0.5.23 serves it, and "
+                    "ways (float64): PEFT's merged weights computed by PEFT itself (the kit's reading where PEFT is "
+                    "absent, and it says so), as sglang 0.5.23 serves it, and "
                     "from the pool inkling-lab convert writes. Reports, per module, slot and expert, the "
                     "mismatched elements and the greatest absolute and relative difference, where, and the cause. "
                     "Exit status 1 unless all three agree.")

@@ -37,12 +37,13 @@ from typing import Any, Mapping, Sequence
 
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, open_safetensors
-from .catalog import CatalogEntry, Finding, UpstreamDefectWarning
+from .catalog import CatalogEntry, Finding, UpstreamDefectWarning, finding
 from .convert import ConvertedPool, convert
 from .errors import find_entry
 from .geometry import BUFFER_NAMES
 from .pool import LoRAFactors
 from .shard import shard_factors
+from .sink import activation_fn
 from .sglang_path import SINK_TARGETS, config_causes, exception_text, run_sglang
 from .upstream_defect import doctor_finding
 from .validate import PRETTY
@@ -271,7 +272,7 @@ def _saved_shapes(folder: Path) -> dict[str, list[int]]:
 
 def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hidden: int, intermediate: int,
            max_rank: int | None = None, tp: int = 1, *, target_modules: Sequence[str] | None = None,
-           repair: bool = False, measure: bool = True) -> DoctorReport:
+           repair: bool = False, measure: bool = True, hidden_act: str = "silu") -> DoctorReport:
     """What sglang 0.5.23 does with one adapter folder for a sink of ``n``, ``H=hidden``
     and full per-expert ``F=intermediate`` over ``tp`` ranks; never raises on bad input.
 
@@ -279,8 +280,11 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     own ``target_modules``, and the report says so). ``max_rank``: the server's
     ``--max-lora-rank`` (default: the adapter's ``r``). ``repair``: let the kit's
     converter make repairs that guess (a folded down A, a rank read from the factors).
-    ``measure``: run ``compare`` to size a difference (skip it for speed).
+    ``measure``: run ``compare`` to size a difference (skip it for speed). ``hidden_act``:
+    the model's ``config.hidden_act`` (an ``ACT2FN`` name; ``ISL-K154`` for one the kit
+    does not know): another than ``silu`` is ``ISL-W113``, sglang's sink computing SiLU.
     """
+    activation_fn(hidden_act)
     n = n_shared_experts
     folder = Path(adapter.source) if isinstance(adapter, Adapter) else Path(adapter)
     if folder.name in (CONFIG_FILE, WEIGHTS_FILE):
@@ -309,6 +313,9 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
                                                           if FactorName.parse(k) is not None], name)
     report.findings = sglang_findings + config_findings + [f for f in report.findings if f not in sglang_findings]
     causes = [*path.causes, *causes]
+    if hidden_act != "silu":
+        report.findings.insert(0, finding("ISL-W113", "the model", more=True, activation=hidden_act))
+        causes.append(f"the model computes {hidden_act}(gate) * up, sglang's sink silu(gate) * up")
     if report.load.outcome == "raises":
         report.computes = SglangCompute("nothing")
     elif path.unknown:
@@ -328,7 +335,9 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
             "base": "and serves the base model", "nan": "and serves NaN", "unknown": ""}[report.computes.outcome]
     report.findings = [replace(f, consequence=f"sglang 0.5.23 {said} {then}".strip())
                        if f.consequence == "inkling-lab convert refuses it" else f for f in report.findings]
-    if measure and report.computes.outcome in ("different", "base") and read is not None and tp == 1:
+    # (the measure runs a SiLU sink: it sizes the adapter's part, not another activation's)
+    if measure and report.computes.outcome in ("different", "base") and read is not None and tp == 1 \
+            and hidden_act == "silu":
         from .compare import Batch, CompareReport, add_slot
 
         sized = CompareReport([name], n, hidden, intermediate, 8, 0, {"peft": ["computed"]})

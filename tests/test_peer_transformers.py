@@ -131,3 +131,18 @@ def test_the_text_model_saves_transformers_names_in_either_format(tmp_path):
         sink = sink_from_checkpoint(tmp_path / str(original), layer=1)
         assert sink.checkpoint.format == "transformers" and sink.activation == "gelu"
         assert torch.equal(sink.w2, model.model.layers[1].mlp.shared_experts.down_proj)
+
+
+def test_the_doctor_says_sglang_computes_silu_for_the_tester_s_gelu_model():
+    """The text tester's hidden_act: sglang's sink serves SiLU, so nothing it serves is the model's."""
+    from pathlib import Path
+
+    from inkling_lab.doctor import doctor
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "adapters" / "gate_up"
+    gelu = doctor(sample, 2, 8, 6, hidden_act=TEXT_TESTER["hidden_act"])
+    (w113,) = [f for f in gelu.findings if f.code == "ISL-W113"]
+    assert "gelu(gate) * up" in w113.message and "silu(gate) * up" in w113.message
+    assert gelu.computes.outcome == "different" and gelu.exit_status == 1
+    silu = doctor(sample, 2, 8, 6)
+    assert "ISL-W113" not in [f.code for f in silu.findings] and silu.exit_status == 0

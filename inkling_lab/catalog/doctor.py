@@ -302,4 +302,24 @@ ENTRIES: list[CatalogEntry] = [
         related=("ISL-W102",),
         remedy='Zero-pad every module to one rank R, fold its own scaling over lora_alpha/R into its lora_B and save r=R without rank_pattern (inkling-lab convert writes that math); never change r alone.',
         upstream="sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer cuts every view at the config's r (ISL-E016)", releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-W113", title="the model's activation is not SiLU: sglang's sink computes SiLU",
+        exc_type=UpstreamDefectWarning, kind="warning",
+        message="the model computes {activation}(gate) * up in its shared experts (config.hidden_act); sglang "
+                "0.5.23's shared sink computes silu(gate) * up whatever the model's hidden_act: every token's "
+                "sink output differs from the model's, with the adapter or without it",
+        meaning="transformers' InklingSharedExperts computes act_fn(gate) * up with act_fn = "
+                "ACT2FN[config.hidden_act] (transformers' own Inkling tests use gelu). sglang's InklingBatchDenseMLP "
+                "reads no activation: its _swiglu calls silu_and_mul (or its Triton kernel) always, and the LoRA "
+                "wrappers add their deltas around that same SwiGLU. For such a model no adapter, and no re-export, "
+                "makes sglang compute what the model computes. The kit computes the model's activation in its "
+                "base forward and refuses a LoRA forward on it (ISL-K155).",
+        when="A model trained or configured with hidden_act other than silu, served by sglang 0.5.23.",
+        setup=SAVED, trigger="il.doctor(saved(), 2, 8, 6, hidden_act='gelu').warn()\n",
+        fix="il.doctor(saved(), 2, 8, 6, hidden_act='silu').warn()  # the activation sglang computes\n",
+        remedy="Serve the model where its activation is computed (transformers, or an engine that reads "
+               "hidden_act); sglang 0.5.23's shared sink serves SiLU models only.",
+        upstream="sglang/srt/models/inkling_common/dense_mlp.py: InklingBatchDenseMLP._swiglu (silu_and_mul, "
+                 "silu_and_mul_triton), the same for its LoRA subclasses in inkling_common/lora.py",
+        generation=_SERVES, adapter_caused=False, related=("ISL-K155", "ISL-K154"), releases=EVERY_RELEASE),
 ]
