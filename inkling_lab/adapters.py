@@ -51,7 +51,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors_bytes
 
 from .atomic import atomic_write
-from .catalog import CATALOG, Finding, message
+from .catalog import CATALOG, Finding, error, finding, message
 from .geometry import WORKING_DTYPES
 from .pool import LoRAFactors
 
@@ -224,7 +224,7 @@ class Adapter:
             fn = FactorName.parse(key)
             if fn is None or fn.proj not in PROJECTIONS:
                 if "shared_experts" in key:
-                    raise ValueError(_unknown_name(where_w, key, fn))
+                    raise _unknown_name(where_w, key, fn)
                 others.append(key)
             else:
                 factors[key] = (fn, t)
@@ -255,16 +255,12 @@ class Adapter:
                 exc.add_note(f"also: {other.split(': ', 1)[-1]}")
             raise exc
         if not adapter.factor_keys:
-            raise ValueError(
-                f"{where_w}: no shared-sink LoRA factors: no tensor is named "
-                f"'<module>.mlp.shared_experts.<proj>.lora_A.weight' (or lora_B), <proj> one of "
-                f"{', '.join(PROJECTIONS)}; the file holds {len(others)} tensor(s) for other modules")
+            raise error("ISL-K208", file=where_w, projections=", ".join(PROJECTIONS), count=len(others))
         _check_pairs(adapter.factor_keys, where_w)
         _check_one_shape(adapter.weights, adapter.factor_keys, where_w)
         if others:
-            adapter.findings.append(Finding(
-                "ISL-N202", where_w, f"{len(others)} tensor(s) for other modules are not part of the shared sink "
-                "and are left out of its pool", "none needed: serve them with their own LoRA modules"))
+            adapter.findings.append(finding("ISL-N202", where_w, fix="none needed: serve them with their own LoRA "
+                                            "modules", count=len(others)))
         return adapter
 
     def _checked(self, fn: FactorName, t: torch.Tensor, where: str, ranks: list[int],
@@ -272,10 +268,9 @@ class Adapter:
         if t.numel() == 0 and fn.canonical == "up_proj":
             return t  # a zero-size placeholder (docs/reference.md#adapters-on-disk: an absent up)
         if t.dim() != 2:
-            raise ValueError(
-                f"{where}: tensor {fn.key!r} is {t.dim()}D {_shape(t)}; a shared-sink LoRA factor is a 2D "
-                f"matrix {fn.expected()}: export the plain PEFT factor, one per module (per expert: "
-                f"'{fn.module}.<e>.{fn.proj}...')")
+            raise error("ISL-K205", file=where, key=repr(fn.key), ndim=t.dim(), shape=_shape(t),
+                        expected=fn.expected(), advice="export the plain PEFT factor, one per module (per expert: "
+                        f"'{fn.module}.<e>.{fn.proj}...')")
         axis, r = fn.rank_axis, self.peft.rank_of(self.peft_name(fn))
         said = f"r={r}" + (" (rank_pattern)" if r != self.r else "")
         if t.shape[axis] == r:
@@ -291,9 +286,9 @@ class Adapter:
         folded = None if transposed else self._unfold_down_a(fn, t, r, where, factors)
         if folded is not None:
             return folded
-        raise ValueError(
-            f"{where}: tensor {fn.key!r} has shape {_shape(t)}: its rank axis (dim {axis}) is {t.shape[axis]}, "
-            f"but {CONFIG_FILE} says {said}; lora_{fn.ab} is {fn.expected()}"
+        raise error(
+            "ISL-K206", file=where, key=repr(fn.key), shape=_shape(t), axis=axis, size=t.shape[axis], r=said[2:],
+            advice=f"lora_{fn.ab} is {fn.expected()}"
             + (" (it is transposed: load with repair=True to transpose it)" if transposed
                else f"; no factor has rank {r} (their rank axes are {ranks}): fix r in {CONFIG_FILE} "
                "(--repair reads it from the factors when they all agree)" if r not in ranks
@@ -347,10 +342,8 @@ class Adapter:
             return None
         fix = f"A.reshape({n}, {r}, {cols}).permute(1, 0, 2).reshape({r}, {n * cols})"
         if not self.guess:
-            raise ValueError(
-                f"{where}: tensor {fn.key!r} is {_shape(t)} = [n*r, F] with r={r}: the expert axis of down A is "
-                f"folded into its rows ({n} experts of {r} rows); a flat down A is [r, n*F] = [{r}, {n * cols}]: "
-                f"re-save it as {fix} (--repair does it, assuming expert-major rows)")
+            raise error("ISL-K309", file=where, key=repr(fn.key), shape=_shape(t), r=r, n=n, flat=[r, n * cols],
+                        reshape=fix)
         self.findings.append(Finding(
             "ISL-K309", fn.key, f"{fn.key} is {_shape(t)} = [n*r, F]: its expert axis is folded into the rows; "
             f"read as {fix} -> [{r}, {n * cols}] (assumed: expert e holds rows {r}e..{r}e+{r - 1})",
@@ -386,8 +379,7 @@ class Adapter:
             if fn.module == module and fn.canonical == "gate_proj" and fn.ab == "A":
                 up = self.weights.get(fn.with_(proj={"gate_proj": "up_proj", "w1": "w3"}[fn.proj]).key)
                 if up is None or not up.numel():
-                    self._note(Finding("ISL-N203", key, f"{key} has no up_proj: its up half is zero",
-                                       "none needed: upstream does the same"))
+                    self._note(finding("ISL-N203", key, fix="none needed: upstream does the same", key=key))
         return self._assemble(normalized, module, n_shared_experts)
 
     def _note(self, finding: Finding) -> None:
@@ -406,9 +398,8 @@ class Adapter:
         r = ga.shape[-2] // 2 if ga is not None else da.shape[-2]  # the module's own rank (rank_pattern)
         if ga is None or da is None:
             missing = "gate/up" if ga is None else "down"
-            self._note(Finding(
-                "ISL-N201", module, f"{module}: the adapter has no {missing} factors; they are zero in the pool",
-                "none needed: a zero factor adds no delta"))
+            self._note(finding("ISL-N201", module, fix="none needed: a zero factor adds no delta", module=module,
+                               missing=missing))
             if ga is None:  # zeros in the other outer factor's layout
                 H, F = db.shape[-2], da.shape[-1]
                 ga, gb = torch.zeros(db.shape[0], 2 * r, H, dtype=dtype), torch.zeros(n, 2 * F, r, dtype=dtype)
@@ -460,10 +451,8 @@ class Adapter:
             if fn is None or fn.module != module or fn.proj != "up_proj":
                 continue
             if not self.repair:
-                raise ValueError(
-                    f"{_where(self.source, WEIGHTS_FILE)}: {module}: up_proj has no gate_proj, so upstream "
-                    "leaves it unstacked and never applies it; export gate_proj too (zeros if only up was "
-                    "trained), or load with repair=True")
+                raise error("ISL-K211", file=_where(self.source, WEIGHTS_FILE), module=module,
+                            advice="export gate_proj too (zeros if only up was trained), or load with repair=True")
             up = normalized.pop(key)
             normalized[fn.with_(proj="gate_up_proj").key] = torch.cat([torch.zeros_like(up), up], dim=-2)
             self._note(Finding(
@@ -477,10 +466,9 @@ class Adapter:
             return ga, db
         shared, per = ("gate-up A", "down B") if ga.shape[0] == 1 else ("down B", "gate-up A")
         if not self.repair:
-            raise ValueError(
-                f"{where}: {module}: {per} is given per expert but {shared} is shared; both outer factors must "
-                f"use one layout: name {shared} per expert too, or load with repair=True to give every expert "
-                "the shared one")
+            raise error("ISL-K212", file=where, module=module, per_expert=per, shared=shared,
+                        advice=f"name {shared} per expert too, or load with repair=True to give every expert the "
+                        "shared one")
         n = max(ga.shape[0], db.shape[0])
         self._note(Finding(
             "ISL-K212", module, f"{module}: {per} is per expert but {shared} is shared; the shared one now "
@@ -566,8 +554,7 @@ def _split_target_parameters(peft: "PeftConfig", targets: Any, weights: Mapping[
             if set(pair) != {"A", "B"}:
                 have = next(iter(pair.values()))
                 other = have.replace(".lora_A.", ".lora_B.") if "A" in pair else have.replace(".lora_B.", ".lora_A.")
-                raise ValueError(f"{where}: {have!r} has no matching {other!r}: every LoRA factor needs its A "
-                                 "and its B")
+                raise error("ISL-K209", file=where, key=repr(have), other=repr(other))
             a, b = weights[pair["A"]], weights[pair["B"]]
             r = ranks[proj] = peft.rank_of(f"{module_of(module)}.{proj}")
             said = f"{r} (rank_pattern)" if r != peft.r else repr(r)
@@ -671,9 +658,7 @@ def read_peft_config(config: Mapping[str, Any], where: str = CONFIG_FILE) -> Pef
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad(f'{what} must be a number, got {value!r}')
         if not math.isfinite(value):
-            raise ValueError(
-                f"{where}: {what} is {value!r}, not a finite number: every scaling would be {value!r} and every "
-                "output of the adapter NaN or infinite; set the lora_alpha the adapter was trained with")
+            raise error("ISL-K301", file=where, field=what, value=repr(value))
         return float(value)
 
     def rank(value: Any, what: str) -> int:
@@ -718,34 +703,24 @@ def _read_config(config: Mapping[str, Any], where: str) -> tuple[int, float, Any
 def _refuse_unrepresentable(peft: PeftConfig, where: str) -> None:
     """What a LoRA pool cannot hold, refused with the reason and the way out."""
     if peft.use_dora:
-        raise ValueError(
-            f"{where}: use_dora is set: a DoRA adapter rescales each output feature by a learned magnitude "
-            "(lora_magnitude_vector), which a LoRA pool cannot hold; merge it into the base weights "
-            "(PEFT merge_and_unload) or train a plain LoRA adapter")
+        raise error("ISL-K303", file=where)
     if peft.lora_bias:
-        raise ValueError(
-            f"{where}: lora_bias is set: the adapter adds a trained bias to every lora_B, which a LoRA pool "
-            "cannot hold; merge it into the base weights (PEFT merge_and_unload) or train with lora_bias=False")
+        raise error("ISL-K304", file=where)
     init = peft.base_changing_init
     if init is not None:
-        raise ValueError(
-            f"{where}: init_lora_weights is {peft.init_lora_weights!r}: PEFT changed the base weights too when it "
-            f"made this adapter ({init} initialisation), so its factors mean a delta on that residual base, not on "
-            "the model's own weights; "
-            + ("serve it on the LoftQ-quantized base it was made with, or merge it"
-               if init == "loftq" else
-               "convert it to plain LoRA when saving (PEFT save_pretrained(..., "
-               "path_initial_model_for_weight_conversion=<the initial adapter>)) and use that folder"))
+        raise error("ISL-K305", file=where, init=repr(peft.init_lora_weights), method=init, way_out=(
+            "serve it on the LoftQ-quantized base it was made with, or merge it" if init == "loftq" else
+            "convert it to plain LoRA when saving (PEFT save_pretrained(..., "
+            "path_initial_model_for_weight_conversion=<the initial adapter>)) and use that folder"))
 
 
-def _unknown_name(where: str, key: str, fn: FactorName | None) -> str:
+def _unknown_name(where: str, key: str, fn: FactorName | None) -> ValueError:
     known = ", ".join(PROJECTIONS)
     hint = ""
     if fn is not None:
         close = difflib.get_close_matches(fn.proj, PROJECTIONS, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-    return (f"{where}: tensor {key!r} is under shared_experts but is no shared-sink LoRA factor: expected "
-            f"'<module>.shared_experts[.<e>].<proj>.lora_A.weight' (or lora_B) with <proj> one of {known}{hint}")
+    return error("ISL-K207", file=where, key=repr(key), projections=known, hint=hint)
 
 
 def _check_pairs(keys: list[str], where: str) -> None:
@@ -754,7 +729,7 @@ def _check_pairs(keys: list[str], where: str) -> None:
         fn = FactorName.parse(key)
         other = fn.with_(ab="B" if fn.ab == "A" else "A").key
         if other not in present:
-            raise ValueError(f"{where}: {key!r} has no matching {other!r}: every LoRA factor needs its A and its B")
+            raise error("ISL-K209", file=where, key=repr(key), other=repr(other))
 
 
 def _one_rank(ga: torch.Tensor, gb: torch.Tensor, da: torch.Tensor, db: torch.Tensor
@@ -803,10 +778,8 @@ def _check_duplicates(names: list[FactorName], where: str) -> None:
     for fn in names:
         first = seen.setdefault((fn.module, fn.expert, fn.canonical, fn.ab), fn)
         if first is not fn:
-            raise ValueError(
-                f"{where}: {first.key!r} and {fn.key!r} are two keys for one factor ({fn.canonical}.lora_{fn.ab}"
-                + (f" of expert {fn.expert}" if fn.expert is not None else "") + "): keep one of the two "
-                "(which one was trained is not in the file)")
+            raise error("ISL-K307", file=where, key=repr(first.key), other=repr(fn.key), factor=f"{fn.canonical}.lora_"
+                        f"{fn.ab}" + (f" of expert {fn.expert}" if fn.expert is not None else ""))
 
 
 def _check_dtypes(factors: Mapping[str, tuple[FactorName, torch.Tensor]], where: str) -> None:
@@ -840,9 +813,7 @@ def _check_one_gate_up_form(names: list[FactorName], where: str) -> None:
 def _check_finite(key: str, t: torch.Tensor, where: str) -> None:
     if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
-        raise ValueError(
-            f"{where}: tensor {key!r} holds {bad} NaN/Inf value(s) of {t.numel()}: every output of this adapter "
-            "would be NaN; export the factors again from a checkpoint saved before the loss diverged")
+        raise error("ISL-K302", file=where, key=repr(key), k=bad, numel=t.numel())
 
 
 def _check_one_shape(weights: Mapping[str, torch.Tensor], keys: list[str], where: str) -> None:
@@ -859,10 +830,8 @@ def _check_one_shape(weights: Mapping[str, torch.Tensor], keys: list[str], where
         # their own): the other axis must agree
         other = 1 - fn.rank_axis
         if weights[key].dim() != weights[seen].dim() or weights[key].shape[other] != weights[seen].shape[other]:
-            raise ValueError(
-                f"{where}: {key!r} is {_shape(weights[key])} but {seen!r} is {_shape(weights[seen])}: the factors "
-                "of one projection must have one shape (gate and up alike, every expert alike); re-export the "
-                "adapter")
+            raise error("ISL-K214", file=where, key=repr(key), shape=_shape(weights[key]), other=repr(seen),
+                        other_shape=_shape(weights[seen]))
 
 
 def _gather(normalized: dict[str, torch.Tensor], module: str, proj: str, ab: str, n: int, where: str
@@ -880,11 +849,11 @@ def _gather(normalized: dict[str, torch.Tensor], module: str, proj: str, ab: str
         return shared
     label = f"{module}.<e>.{proj}.lora_{ab}"
     if shared is not None:
-        raise ValueError(f"{where}: per-expert factor {label} is given both per expert (experts {sorted(per)}) "
-                         f"and as one shared {name.key!r}: keep one of the two")
+        raise error("ISL-K210", file=where, factor=label, problem=f"both per expert (experts {sorted(per)}) and "
+                    f"as one shared {name.key!r}: keep one of the two")
     if sorted(per) != list(range(n)):
-        raise ValueError(f"{where}: per-expert factor {label} is given for experts {sorted(per)} but the sink "
-                         f"has n={n} shared experts (it needs experts 0..{n - 1})")
+        raise error("ISL-K210", file=where, factor=label, problem=f"for experts {sorted(per)} but the sink has "
+                    f"n={n} shared experts (it needs experts 0..{n - 1})")
     return torch.stack([per[e] for e in range(n)])
 
 
@@ -990,13 +959,10 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
     if not config_path.is_file():
         named = sorted(c.parent.name for c in folder.glob(f"*/{CONFIG_FILE}")) if folder.is_dir() else []
         if named:  # PEFT saves adapters other than "default" in subfolders named after them
-            raise _refuse(FileNotFoundError(
-                f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE} here, but this folder holds PEFT named adapters in "
-                f"subfolders: {', '.join(named)}; point at one of them, e.g. {folder.name}/{named[0]}"), folder)
+            raise _refuse(error("ISL-K311", file=_where(source, CONFIG_FILE), names=", ".join(named),
+                                folder=f"{folder.name}/{named[0]}"), folder)
         why = "" if folder.is_dir() else " (the folder does not exist)"
-        raise _refuse(FileNotFoundError(
-            f"{_where(source, CONFIG_FILE)}: no {CONFIG_FILE}{why}: a PEFT adapter is a folder with "
-            f"{CONFIG_FILE} and {WEIGHTS_FILE}"), folder)
+        raise _refuse(error("ISL-K201", folder=Path(source).name or source, why=why), folder)
     try:
         raw = read_regular(config_path)
     except ValueError as exc:  # no regular file after all (swapped meanwhile), or far past any config's size
@@ -1004,17 +970,16 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
     try:
         config = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _refuse(ValueError(
-            f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON ({exc})"), folder) from None
+        raise _refuse(error("ISL-K202", folder=Path(source).name or source, problem=f"not valid JSON ({exc})"),
+                      folder) from None
     except RecursionError:
-        raise _refuse(ValueError(
-            f"{_where(source, CONFIG_FILE)}: malformed adapter config: not valid JSON (nested too deeply "
-            "to read: a PEFT config is a flat object)"), folder) from None
+        raise _refuse(error("ISL-K202", folder=Path(source).name or source, problem="not valid JSON (nested too "
+                            "deeply to read: a PEFT config is a flat object)"), folder) from None
     if not weights_path.is_file():
         pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
         hint = (f" (found {', '.join(sorted(pickled))}: pickle checkpoints are never loaded, because "
                 "unpickling runs code; re-save it with safetensors.torch.save_file)") if pickled else ""
-        raise _refuse(FileNotFoundError(f"{_where(source, WEIGHTS_FILE)}: no {WEIGHTS_FILE}{hint}"), folder)
+        raise _refuse(error("ISL-K203", folder=Path(source).name or source, found=hint), folder)
     size = weights_path.stat().st_size
     try:
         # The header is parsed and checked against the file's size before any tensor
@@ -1026,9 +991,7 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
             shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
             weights = {k: f.get_tensor(k) for k in keys if _is_sink_key(k)}
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
-        raise _refuse(ValueError(
-            f"{_where(source, WEIGHTS_FILE)}: not a readable safetensors file ({size} bytes: {exc}); it is "
-            "truncated or corrupt: export or download it again"), folder) from None
+        raise _refuse(error("ISL-K204", folder=Path(source).name or source, size=size, reason=exc), folder) from None
     others = {k: _NOT_LOADED for k in keys if k not in weights}
     try:
         return Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, HeaderError, open_safetensors
 from .atomic import atomic_writer, check_target
-from .catalog import Finding, message
+from .catalog import Finding, error, message
 from .geometry import BUFFER_NAMES, Geometry, check_size
 from .shard import check_rank, check_tp, shard_factors
 from .pool import LoRAFactors, LoRAPool, check_finite, collapse_pool_outer
@@ -138,8 +138,8 @@ def _check_output(path: str | os.PathLike[str], sources: Sequence[str], force: b
     text = os.fspath(path)
     inputs = {(Path(s) / f).resolve() for s in sources if s for f in (CONFIG_FILE, WEIGHTS_FILE)}
     if text and Path(text).resolve() in inputs:
-        exc = FileExistsError(f"refusing to write {Path(text).name}: it is one of the input adapters' files "
-                              "(inkling-lab never writes over its inputs); choose another output path")
+        exc = error("ISL-K213", file=Path(text).name, reason="it is one of the input adapters' files (inkling-lab "
+                    "never writes over its inputs); choose another output path")
         exc.add_note(f"output path: {path}")
         raise exc
     return check_target(text, force=force)

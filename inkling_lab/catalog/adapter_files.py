@@ -12,7 +12,7 @@ _NAMES = ("sglang keeps every tensor whose name has a layer id (sglang/srt/lora/
 ENTRIES: list[CatalogEntry] = [
     CatalogEntry(
         code="ISL-K201", title="no adapter_config.json in the adapter folder", exc_type=FileNotFoundError,
-        message="{folder}/adapter_config.json: no adapter_config.json: a PEFT adapter is a folder with "
+        message="{folder}/adapter_config.json: no adapter_config.json{why}: a PEFT adapter is a folder with "
                 "adapter_config.json and adapter_model.safetensors",
         meaning="load_adapter (and inkling-lab doctor/convert) read a PEFT adapter folder: its config gives "
                 "the rank r and lora_alpha, without which the factors cannot be checked or scaled. The path "
@@ -98,7 +98,7 @@ ENTRIES: list[CatalogEntry] = [
         generation=KIT, related=("ISL-K203",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K205", title="a shared-sink factor that is not a 2D matrix", exc_type=ValueError,
-        message="{file}: tensor '{key}' is {ndim}D {shape}; a shared-sink LoRA factor is a 2D matrix "
+        message="{file}: tensor {key} is {ndim}D {shape}; a shared-sink LoRA factor is a 2D matrix "
                 "{expected}: {advice}",
         meaning="In a PEFT file every shared-sink factor is one plain matrix: A [r, in], B [out, r], with the "
                 "experts stacked (B) or side by side (down A) in the flat layout. The pool's expert and slot "
@@ -116,7 +116,7 @@ ENTRIES: list[CatalogEntry] = [
         generation=KIT, adapter_caused=True, related=("ISL-K206", "ISL-E001", "ISL-E016"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K206", title="a factor's rank axis does not match r", exc_type=ValueError,
-        message="{file}: tensor '{key}' has shape {shape}: its rank axis (dim {axis}) is {size}, but "
+        message="{file}: tensor {key} has shape {shape}: its rank axis (dim {axis}) is {size}, but "
                 "adapter_config.json says r={r}; {advice}",
         meaning="A is [r, in] (rank axis 0), B is [out, r] (rank axis 1), and r comes from the config. A "
                 "factor whose other axis is r is stored transposed: load_adapter transposes it and reports "
@@ -138,7 +138,7 @@ ENTRIES: list[CatalogEntry] = [
         generation=KIT, adapter_caused=True, related=("ISL-K202", "ISL-K205", "ISL-E016"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K207", title="a tensor under shared_experts names no shared-sink projection", exc_type=ValueError,
-        message="{file}: tensor '{key}' is under shared_experts but is no shared-sink LoRA factor: expected "
+        message="{file}: tensor {key} is under shared_experts but is no shared-sink LoRA factor: expected "
                 "'<module>.shared_experts[.<e>].<proj>.lora_A.weight' (or lora_B) with <proj> one of "
                 "{projections}{hint}",
         meaning="The shared sink's projections are gate_proj, up_proj, gate_up_proj and down_proj (or w1, "
@@ -177,7 +177,7 @@ ENTRIES: list[CatalogEntry] = [
         generation=KIT, adapter_caused=True, related=("ISL-K207",), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K209", title="a LoRA A without its B (or B without A)", exc_type=ValueError,
-        message="{file}: '{key}' has no matching '{other}': every LoRA factor needs its A and its B",
+        message="{file}: {key} has no matching {other}: every LoRA factor needs its A and its B",
         meaning="A LoRA delta is B @ A: one without the other is no delta at all, and usually means a tensor "
                 "was lost or renamed on export.",
         when="A filtered or merged state dict, a renamed key.",

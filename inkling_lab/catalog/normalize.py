@@ -69,7 +69,7 @@ ENTRIES: list[CatalogEntry] = [
         generation=KIT, adapter_caused=True, related=("ISL-E003", "ISL-E015", "ISL-K211"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K214", title="factors of one projection with different shapes", exc_type=ValueError,
-        message="{file}: '{key}' is {shape} but '{other}' is {other_shape}: the factors of one projection must "
+        message="{file}: {key} is {shape} but {other} is {other_shape}: the factors of one projection must "
                 "have one shape (gate and up alike, every expert alike); re-export the adapter",
         meaning="Normalization stacks gate and up (their A along the rank axis, their B along the feature "
                 "axis) and stacks per-expert factors along the expert axis: they must have one shape. "
