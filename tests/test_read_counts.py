@@ -31,7 +31,6 @@ def counts(monkeypatch):
     monkeypatch.setattr(adapters, "normalize_shared_sink", counting("normalize", "kit", normalize_shared_sink))
     monkeypatch.setattr(sglang_path, "normalize_shared_sink", counting("normalize", "sglang", normalize_shared_sink))
     monkeypatch.setattr(adapters, "safe_open", counting("header", "kit", safe_open))
-    monkeypatch.setattr(doctor_module, "safe_open", counting("header", "kit", safe_open))
     monkeypatch.setattr(sglang_path, "safe_open", counting("header", "sglang", safe_open))
     return seen
 
