@@ -42,11 +42,14 @@ def main() -> int:
     cases = pr.side_by_side_cases(tokens=[int(t) for t in args.tokens.split(",")])
     base = None
     for i, c in enumerate(cases):
+        if base is not None and i and cases[i - 1].shape != c.shape:
+            base = None  # a new shape draws its own base weights
         sc = c.scenario("cuda", sink=base)
         sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
         base = sink
         fns = pr.side_by_side_variants(sink, x, gammas, batch, c.geometry.slots)
-        fns["vllm_punica"] = upstream_vllm.VllmSink(sink, batch).forward
+        vllm = upstream_vllm.VllmSink(sink, batch)
+        fns["vllm_punica"] = lambda: vllm.forward(x, gammas)
         ops = sink.operands()
         ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
         errors, failures, graphs = {}, {}, {}
