@@ -1,4 +1,4 @@
-"""PEFT's own delta of an adapter's shared sink, computed by PEFT itself (SPEC §10).
+"""PEFT's own delta of an adapter's shared sink, computed by PEFT itself (docs/reference.md#peft-features).
 
 The kit's claims about an adapter ("the pool equals PEFT's math", "this export serves
 what was trained") are only worth something when "PEFT's math" is not the kit's own
@@ -11,7 +11,7 @@ stand-in of the module it was trained on and takes PEFT's merged weights:
 * a classic ``target_modules`` folder: a stand-in of plain ``nn.Linear`` modules under
   the adapter's own names, sized for the sink: flat ``gate_proj``/``up_proj``/``w1``/``w3``
   ``H -> n*F`` (experts stacked), ``gate_up_proj`` ``H -> n*2F`` (per-expert blocks
-  ``[gate_e ‖ up_e]``, as SPEC §6 reads a fused B), ``down_proj``/``w2`` ``n*F -> H``
+  ``[gate_e ‖ up_e]``, as docs/reference.md#adapters-on-disk reads a fused B), ``down_proj``/``w2`` ``n*F -> H``
   (experts side by side); per-expert ``shared_experts.<e>.<proj>`` ``H -> F`` / ``F -> H``.
 
 PEFT reads ``adapter_config.json`` and ``adapter_model.safetensors`` itself (``LoraConfig.
