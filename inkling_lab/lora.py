@@ -213,7 +213,6 @@ class SharedSinkLoRA(SharedSink):
             self.w1_delta = self.a_cat = None  # a later shared-outer call starts afresh
             return layout
         S, n, two_f, R = gate_up_b.shape
-        self._drop_derived_of_another_kind(gate_up_b)
         if self.w1_delta is None or self.a_cat is None:
             w1_delta, a_cat = derive_operands(gate_up_b, down_a, self.interleaved)
         else:
@@ -229,19 +228,9 @@ class SharedSinkLoRA(SharedSink):
         self.lora_buffers, self.layout = buffers, layout
         return layout
 
-    def _drop_derived_of_another_kind(self, gate_up_b: torch.Tensor) -> None:
-        """A pool of another dtype or device than the derived operands' storage: that storage
-        cannot hold it (a copy would cast it), so the derivation starts afresh."""
-        for name in ("w1_delta", "a_cat", "down_cat"):
-            t = getattr(self, name)
-            if t is not None and (t.dtype, t.device) != (gate_up_b.dtype, gate_up_b.device):
-                self.w1_delta = self.a_cat = self.down_cat = None
-                return
-
     def _set_lora_info_v2(self, buffers: tuple[torch.Tensor, ...], layout: PoolLayout) -> None:
         """The dense engine's ``set_lora_info`` after its checks (docs/reference.md#validation-order, second generation)."""
         gate_up_a, gate_up_b, down_a, down_b = buffers
-        self._drop_derived_of_another_kind(gate_up_b)
         n, S, R, shared = self.n_shared_experts, layout.slots, layout.rank, layout.shared_outer
         two_f, hidden = gate_up_b.shape[2], down_b.shape[2]
         F = two_f // 2

@@ -341,20 +341,3 @@ def test_slicing_errors():
         sink.slice_lora_b(torch.randn(24, 4), 0, "gate_up_proj", 4)
     with pytest.raises(ValueError, match="target_module must be one of"):
         sink.slice_lora_a(torch.randn(4, 12), 0, "o_proj", 1)
-
-
-def test_a_pool_of_another_dtype_derives_its_operands_afresh():
-    """A bfloat16 pool refused at the forward (ISL-K161), then the right float32 one: the
-    derived operands follow the new pool's dtype, never the old storage's."""
-    sink = SharedSinkLoRA(2, 8, 6)
-    sink.set_lora_info(*LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, dtype=torch.bfloat16).buffers())
-    pool = LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4)
-    pool.load(0, LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=4, seed=0))
-    sink.set_lora_info(*pool.buffers())
-    fresh = SharedSinkLoRA(2, 8, 6)
-    fresh.set_lora_info(*pool.buffers())
-    batch = SlotBatch.from_token_slots([0, 1], num_slots=3)
-    x, gammas = torch.randn(2, 8), torch.rand(2, 2)
-    assert sink.w1_delta.dtype == torch.float32
-    torch.testing.assert_close(sink(x, gammas, batch=batch, backend="torch"),
-                               fresh(x, gammas, batch=batch, backend="torch"), rtol=0, atol=0)
