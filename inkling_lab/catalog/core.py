@@ -136,8 +136,9 @@ ENTRIES: list[CatalogEntry] = [
               "sink.set_lora_info(*pool.buffers())\n"
               "batch = il.SlotBatch.from_token_slots([0, 1], num_slots=3)\n",
         trigger="sink(torch.randn(2, 8), torch.rand(2, 2), batch=batch)  # a float32 sink\n",
-        fix="sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4).buffers())\n"
-            "sink(torch.randn(2, 8), torch.rand(2, 2), batch=batch)\n",
+        fix=SINK + "sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4).buffers())\n"
+            "sink(torch.randn(2, 8), torch.rand(2, 2), batch=batch)  # a fresh sink: its derived operands keep "
+            "the first pool's dtype, as upstream's do\n",
         remedy="Build (or convert) the pool in the dtype the sink serves in; sglang's pool takes the base "
                "model's dtype.",
         upstream="sglang allocates its LoRA buffers in the base model's dtype (sglang/srt/lora/mem_pool.py: "
