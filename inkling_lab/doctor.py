@@ -117,6 +117,9 @@ class DoctorReport:
     about: str = ""
     error: BaseException | None = None
     """The kit's own refusal (its converter's error), if any."""
+    cure: str = ""
+    """Where sglang would not serve the adapter's math: whether ``inkling-lab export``
+    writes an adapter it serves as trained, or why it cannot be cured."""
 
     @property
     def exit_status(self) -> int:
@@ -187,6 +190,8 @@ class DoctorReport:
         lines = [f"1. sglang 0.5.23 {load}", f"2. sglang 0.5.23 then computes {computes}"]
         lines += [f"     because {cause}" for cause in c.causes if cause != self.load.why]
         lines.append(f"3. inkling-lab convert {kit}")
+        if self.cure:
+            lines.append(f"4. {self.cure}")
         return lines
 
     def __str__(self) -> str:
@@ -222,7 +227,7 @@ class DoctorReport:
                 "server": {"target_modules": self.targets, "from": self.targets_from,
                            "wraps_sink": all(t in self.targets for t in SINK_TARGETS) or "all" in self.targets},
                 "sglang": {"load": asdict(self.load), "computes": asdict(self.computes)},
-                "kit": asdict(self.kit), "error_code": self.error_code,
+                "kit": asdict(self.kit), "error_code": self.error_code, "export": self.cure,
                 "findings": [asdict(f) for f in self.findings], "stages": self.stages, "shapes": self.journey}
 
 
@@ -343,6 +348,10 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
         sized = CompareReport([name], n, hidden, intermediate, 8, 0, {"peft": ["computed"]})
         add_slot(sized, 0, Batch.random(n, hidden, intermediate), path, read, report.pool)  # the stages already run
         report.computes.relative_error = sized.sglang_error
+    if not report.ok:
+        from .export import cure
+
+        report.cure = cure(read, report.error, folder, n)
     return report
 
 

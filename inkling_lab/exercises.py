@@ -473,3 +473,56 @@ def collapses(answer: Any, factors) -> Verdict:
         return Verdict(name, True, "it collapses: the shared outer form is exact." if expected else
                        "it does not: the experts' outer factors differ, so no shared form is exact.")
     return Verdict(name, False, f"{got} is not what collapse_identical_outer finds", hint)
+
+
+# -- 09 · the cure: export ------------------------------------------------------------------
+
+def stacked_outer(shared_a: Any, inner_b: Any, factors) -> Verdict:
+    """09: the rank ``n·r`` block layout by hand, for the gate projection of per-expert
+    ``factors`` (``LoRAFactors``, ``O = n``): the shared gate A ``[n·r, H]`` and every
+    expert's inner gate B ``[n, F, n·r]``, such that ``inner_b[e] @ shared_a`` is expert
+    e's own ``B_e @ A_e``. Expected: ``export.shared_outer``'s gate half."""
+    from .export import shared_outer
+
+    stacked, _ = shared_outer(factors)
+    n, r, F = factors.n, factors.rank, factors.gate_up_b.shape[-2] // 2
+    want_a, want_b = stacked.gate_up_a[0, : n * r], stacked.gate_up_b[:, :F]
+    name = "the rank n·r block layout"
+    hint = ("stack the experts' gate A's along the rank axis (expert e: rows e·r .. e·r+r-1); give expert e's "
+            "inner B its own B in the same columns, zeros in the others")
+    if _unanswered(shared_a, inner_b):
+        return Verdict(name, None, "", hint)
+    if not isinstance(shared_a, torch.Tensor) or not isinstance(inner_b, torch.Tensor):
+        return Verdict(name, False, "give both as tensors", hint)
+    for what, got, want in (("shared gate A", shared_a, want_a), ("inner gate B", inner_b, want_b)):
+        if tuple(got.shape) != tuple(want.shape):
+            return Verdict(name, False, _shape_slip(what, got, tuple(want.shape)), hint)
+    own = factors.gate_up_b[:, :F].double() @ factors.gate_up_a[:, :r].double()  # [n, F, H]: B_e @ A_e
+    served = inner_b.double() @ shared_a.double()
+    bad = [e for e in range(n) if not torch.allclose(served[e], own[e], rtol=1e-9, atol=1e-12)]
+    if bad:
+        return Verdict(name, False, f"expert {bad[0]}'s inner B @ shared A is not its own B_e @ A_e", hint)
+    exact = torch.equal(shared_a, want_a) and torch.equal(inner_b, want_b)
+    return Verdict(name, True, "every expert's delta is its own, exactly" +
+                   ("" if exact else " (in another block order than export's: also right)") + ".")
+
+
+def folded_scaling(answer: Any, adapter) -> Verdict:
+    """09: the factor the export multiplies lora_B by (PEFT's own scaling of the adapter,
+    ``Adapter.scaling``: ``lora_alpha / sqrt(r)`` with rsLoRA), so that sglang's
+    ``lora_alpha / r`` of the export is 1."""
+    name = "the scaling folded into lora_B"
+    hint = "PEFT's scaling of this adapter, not sglang's: read use_rslora in its config"
+    if _unanswered(answer):
+        return Verdict(name, None, "", hint)
+    expected = float(adapter.scaling)
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        return Verdict(name, False, f"{answer!r} is no number", hint)
+    if abs(value - expected) <= 1e-9 * max(1.0, abs(expected)):
+        return Verdict(name, True, "B' = scaling · B, and the export's config says lora_alpha = r.")
+    sglang = adapter.lora_alpha / adapter.r
+    if abs(value - sglang) <= 1e-9 * max(1.0, abs(sglang)):
+        return Verdict(name, False, "that is sglang's lora_alpha / r, which ignores use_rslora", hint)
+    return Verdict(name, False, f"{value:g} is not PEFT's scaling of this adapter", hint)

@@ -310,7 +310,7 @@ class _Export:
         self.adapter, self.n, self.tp = adapter, n, tp
         self.where = f"{Path(adapter.source).name or adapter.name}/{WEIGHTS_FILE}"
         self.findings: list[Finding] = []
-        _refuse_saved_sink(adapter)
+        _refuse_saved_modules(adapter)
         self.dtype = adapters_dtype([adapter])
         self.sink: list[_Module] = []
         for m in adapter.modules:
@@ -398,7 +398,7 @@ class _Export:
         """What sglang reads plainly: r, lora_alpha = r (scaling 1), the targets; PEFT's
         bookkeeping fields kept (they change no math)."""
         kept = {k: self.adapter.config[k] for k in ("base_model_name_or_path", "task_type", "revision")
-                if k in self.adapter.config}
+                if self.adapter.config.get(k) is not None}
         return {**kept, "peft_type": "LORA", "r": self.rank, "lora_alpha": self.rank,
                 "target_modules": self.target_modules(), "bias": "none", "use_rslora": False, "use_dora": False}
 
@@ -457,13 +457,17 @@ def _covers(saved: str, module: str) -> bool:
     return any(p == saved or p.endswith("." + saved) for p in prefixes)
 
 
-def _refuse_saved_sink(adapter: Adapter) -> None:
-    saved = adapter.peft.modules_to_save
-    for module in adapter.modules:
-        covering = [s for s in saved if _covers(s, module)]
-        if covering:
-            raise ValueError(message("ISL-K504", file=f"{Path(adapter.source).name}/{CONFIG_FILE}",
-                                     modules=covering, module=module.removeprefix("base_model.model.")))
+def _refuse_saved_modules(adapter: Adapter) -> None:
+    """``modules_to_save``: full trained copies, which no LoRA folder serves (sglang 0.5.23
+    does not read the field); the sink's own copy named first."""
+    saved = list(adapter.peft.modules_to_save)
+    if not saved:
+        return
+    covering = next(((m, [s for s in saved if _covers(s, m)]) for m in adapter.modules
+                     if any(_covers(s, m) for s in saved)), None)
+    what = (f"the shared sink {covering[0].removeprefix('base_model.model.')}" if covering else
+            "modules outside the sink")
+    raise ValueError(message("ISL-K504", file=f"{Path(adapter.source).name}/{CONFIG_FILE}", modules=saved, what=what))
 
 
 # -- the proof ---------------------------------------------------------------------------------
@@ -693,14 +697,18 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
     return report
 
 
-def cure(adapter: Adapter | None, error: BaseException | None) -> str:
-    """The doctor's line about the cure: ``export`` writes an adapter sglang serves as
-    trained, or why it cannot (the kit refuses the adapter, or the sink is saved whole)."""
+def cure(adapter: Adapter | None, error: BaseException | None, folder: str | os.PathLike[str] = "ADAPTER",
+         n: int | None = None) -> str:
+    """The doctor's line about the cure, for an adapter sglang would not serve as trained:
+    ``export`` writes one it serves as trained (and the command), or why it cannot be
+    cured (the kit refuses the adapter, or it holds saved modules)."""
     if adapter is None:
         text = str(error).split(": ", 1)[-1] if error is not None else "the kit cannot read it"
-        return f"inkling-lab export cannot cure it because the kit refuses it: {text}"
+        return f"inkling-lab export: cannot be cured because the kit refuses the adapter: {text}"
     try:
-        _refuse_saved_sink(adapter)
+        _refuse_saved_modules(adapter)
     except ValueError as exc:
-        return f"inkling-lab export cannot cure it because {str(exc).split(': ', 1)[-1]}"
-    return "inkling-lab export writes an adapter sglang serves as trained"
+        return f"inkling-lab export: cannot be cured because {str(exc).split(': ', 1)[-1]}"
+    name = Path(folder).name or "ADAPTER"
+    return (f"`inkling-lab export` writes an adapter sglang serves as trained: inkling-lab export {name} "
+            f"-o {name}_for_sglang -n {n if n is not None else 'N'}")

@@ -158,3 +158,21 @@ def test_defect_checks():
                           shared.down_b.expand(2, -1, -1), shared.lora_alpha)
     _right(ex.collapses(True, same))
     _wrong(ex.collapses(False, same), "collapse_identical_outer")
+
+
+def test_export_checks():
+    per = il.LoRAFactors.random(2, 8, 6, rank=2, outer=2, seed=1)
+    r, F = 2, 6
+    shared_a = torch.cat([per.gate_up_a[0, :r], per.gate_up_a[1, :r]])
+    inner_b = torch.zeros(2, F, 2 * r)
+    inner_b[0, :, :r], inner_b[1, :, r:] = per.gate_up_b[0, :F], per.gate_up_b[1, :F]
+    _right(ex.stacked_outer(shared_a, inner_b, per))
+    swapped = inner_b.flip(0)  # each expert's B in the other's columns
+    _wrong(ex.stacked_outer(shared_a, swapped, per), "expert 0")
+    _wrong(ex.stacked_outer(shared_a, inner_b[:, :, :r], per), "axis 2")
+    from inkling_lab.adapters import synthetic_adapter
+
+    ad = synthetic_adapter(2, 8, 6, 4, lora_alpha=8.0)
+    ad.config["use_rslora"] = True
+    _right(ex.folded_scaling(4.0, ad))
+    _wrong(ex.folded_scaling(2.0, ad), "ignores use_rslora")

@@ -230,7 +230,8 @@ def _saved(tmp_path, **config):
 
 @pytest.mark.parametrize("config, code", [
     ({"use_dora": True}, "ISL-K303"), ({"lora_bias": True}, "ISL-K304"),
-    ({"modules_to_save": ["mlp"]}, "ISL-K504"), ({"init_lora_weights": "pissa"}, "ISL-K305")])
+    ({"modules_to_save": ["mlp"]}, "ISL-K504"), ({"modules_to_save": ["lm_head"]}, "ISL-K504"),
+    ({"init_lora_weights": "pissa"}, "ISL-K305")])
 def test_what_no_export_can_serve_is_refused(tmp_path, config, code):
     report = export_for_sglang(_saved(tmp_path, **config), tmp_path / "out", 2)
     assert (report.written, report.code) == (False, code)
@@ -294,3 +295,18 @@ def test_the_command_prints_json_and_the_server_flags(tmp_path, capsys):
     assert {f["code"] for f in out["findings"]} >= {"ISL-N501"}
     code = main(["export", str(folder), "-o", str(tmp_path / "out"), "-n", "2"])
     assert code == 1 and "refused, nothing written" in capsys.readouterr().err
+
+
+def test_the_doctor_says_where_export_cures(tmp_path):
+    from inkling_lab.doctor import doctor
+
+    rs = synthetic_adapter(2, 8, 6, 4)
+    rs.config["use_rslora"] = True
+    report = doctor(save_adapter(rs, tmp_path / "rslora"), 2, 8, 6)
+    assert "4. `inkling-lab export` writes an adapter sglang serves as trained" in str(report)
+    assert export_for_sglang(tmp_path / "rslora", tmp_path / "out", 2).written  # and it does
+    assert "4. " not in str(doctor(tmp_path / "out", 2, 8, 6))  # served as trained: nothing to cure
+    dora = doctor(_saved(tmp_path / "d", use_dora=True), 2, 8, 6)
+    assert "4. inkling-lab export: cannot be cured because" in str(dora) and "use_dora" in dora.cure
+    saved = doctor(_saved(tmp_path / "s", modules_to_save=["shared_experts"]), 2, 8, 6)
+    assert "cannot be cured because" in saved.cure and "shared sink" in saved.cure

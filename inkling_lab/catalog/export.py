@@ -84,19 +84,20 @@ ENTRIES: list[CatalogEntry] = [
                  "load_lora_weight_to_buffer, sglang/srt/models/inkling_common/lora.py: set_lora_info and the "
                  "forward).", related=("ISL-W101", "ISL-W001")),
     _refusal(
-        "ISL-K504", "modules_to_save covers the shared sink",
-        "{file}: modules_to_save {modules} covers the shared sink {module}: PEFT saved a full trained copy of "
-        "it, which no LoRA adapter can serve; nothing written",
-        "With modules_to_save, PEFT trains and saves a whole copy of the module instead of (or besides) a LoRA "
-        "delta. A copy of the sink is not a low-rank delta: no re-export of LoRA factors serves it, and sglang "
-        "0.5.23 does not read modules_to_save at all. The export refuses.",
-        "Training with modules_to_save naming the MLP or its shared experts.",
+        "ISL-K504", "modules_to_save: full trained copies no LoRA folder serves",
+        "{file}: modules_to_save {modules}: PEFT saved full trained copies of {what}, which no LoRA adapter can "
+        "serve; nothing written",
+        "With modules_to_save, PEFT trains and saves a whole copy of a module instead of (or besides) a LoRA "
+        "delta. A copy is not a low-rank delta: no re-export of LoRA factors serves it, and sglang 0.5.23 does "
+        "not read modules_to_save at all (it would serve the base module). Dropping the copy would not serve the "
+        "adapter as trained, so the export refuses; for the shared sink this is the case no re-export can cure.",
+        "Training with modules_to_save (a classifier head, lm_head, the MLP or its shared experts).",
         _PLAIN + "ad.config['modules_to_save'] = ['shared_experts']\nsave_adapter(ad, folder)\n",
         _EXPORT,
-        "del ad.config['modules_to_save']  # an adapter trained without a saved copy of the sink\n"
+        "del ad.config['modules_to_save']  # an adapter trained without saved copies\n"
         "export_for_sglang(save_adapter(ad, folder.parent / 'lora_only'), out, 2).raise_if_refused()\n",
         remedy="Merge the adapter into the base model (PEFT merge_and_unload) and serve the merged model, or "
-               "train without modules_to_save for the sink.",
+               "train without modules_to_save.",
         upstream="sglang 0.5.23's LoRAConfig does not read modules_to_save (sglang/srt/lora/lora_config.py: "
                  "LoRAConfig.__init__): the saved copy would not be served.", related=("ISL-W109", "ISL-K502")),
     _refusal(
