@@ -515,10 +515,8 @@ def folded_scaling(answer: Any, adapter) -> Verdict:
     hint = "PEFT's scaling of this adapter, not sglang's: read use_rslora in its config"
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
-    expected = float(adapter.scaling)
-    try:
-        value = float(answer)
-    except (TypeError, ValueError):
+    expected, value = float(adapter.scaling), _number(answer)
+    if value is None:
         return Verdict(name, False, f"{answer!r} is no number", hint)
     if abs(value - expected) <= 1e-9 * max(1.0, abs(expected)):
         return Verdict(name, True, "B' = scaling · B, and the export's config says lora_alpha = r.")

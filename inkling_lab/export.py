@@ -52,7 +52,7 @@ from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapt
 from .atomic import atomic_folder
 from .catalog import message
 from .catalog import Finding, finding
-from .compare import _sglang_deltas, factor_deltas, reference
+from .compare import factor_deltas, reference
 from .convert import PROGRESS_BYTES, adapters_dtype, stream_safetensors
 from .errors import find_entry
 from .geometry import check_tp
@@ -579,13 +579,13 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, h
                 proof.failure = f"sglang {SGLANG} raises loading {module}: {path.raised.text}"
             elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
                 proof.failure = f"sglang {SGLANG} does not serve {module} as trained: " + "; ".join(
-                    [path.unknown] * bool(path.unknown) + path.causes
+                    [path.unknown] * bool(path.unknown) + list(path.causes)
                     + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
             if proof.failure:
                 return proof
-            loaded = path.loaded[module]
-            served = _sglang_deltas(path, module)
-            bounds = factor_deltas(*(t.abs() for t in loaded.tensors().values()))
+            served_factors = path.served[module]  # what sglang computes: the slot's factors as it loaded them
+            served = factor_deltas(*served_factors.tensors().values())
+            bounds = factor_deltas(*(t.abs() for t in served_factors.tensors().values()))
             for part, got, peft, bound in zip(("gate", "up", "down"), served, want, bounds):
                 for e in range(n):
                     rows.append(_compare(module, part, e, got[e], peft[e], bound[e], dtype))
