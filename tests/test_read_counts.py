@@ -12,6 +12,8 @@ import pytest
 from safetensors import safe_open
 
 import inkling_lab.adapters as adapters
+import inkling_lab.adapters.adapter as adapter_module
+import inkling_lab.adapters.files as files_module
 import inkling_lab.doctor as doctor_module
 import inkling_lab.sglang_path as sglang_path
 from inkling_lab.adapters import normalize_shared_sink, save_adapter, synthetic_adapter
@@ -28,9 +30,9 @@ def counts(monkeypatch):
             return real(*args, **kwargs)
         return call
 
-    monkeypatch.setattr(adapters, "normalize_shared_sink", counting("normalize", "kit", normalize_shared_sink))
+    monkeypatch.setattr(adapter_module, "normalize_shared_sink", counting("normalize", "kit", normalize_shared_sink))
     monkeypatch.setattr(sglang_path, "normalize_shared_sink", counting("normalize", "sglang", normalize_shared_sink))
-    monkeypatch.setattr(adapters, "safe_open", counting("header", "kit", safe_open))
+    monkeypatch.setattr(files_module, "safe_open", counting("header", "kit", safe_open))
     monkeypatch.setattr(sglang_path, "safe_open", counting("header", "sglang", safe_open))
     return seen
 
