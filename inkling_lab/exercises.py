@@ -226,7 +226,8 @@ def fixed_gate_up_b(answer: Any, pool) -> Verdict:
 
     S, n, F2, R = pool.gate_up_b.shape
     name = "gate-up B reshaped"
-    hint = f"the flat export stacked the n experts along the rows: [S, 1, n*2F, R] -> reshape to [S, n, 2F, R] = {[S, n, F2, R]}"
+    hint = ("the flat export stacked the n experts along the rows of one expert entry: give them their own "
+            "axis back, in the pool's order [S, n, 2F, R], with a reshape")
     if _unanswered(answer):
         return Verdict(name, None, "", hint)
     if not isinstance(answer, torch.Tensor):

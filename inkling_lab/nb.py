@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 import traceback
 import warnings
@@ -36,14 +37,32 @@ def _ipython():
     return get_ipython()
 
 
-_last_cell: dict[str, str] = {}
-"""The source of the cell that finished last (kept by an IPython ``post_run_cell`` hook:
-IPython's own ``_i`` is empty when a runner executes cells without history, as nbval does)."""
+CHECKS = ("raised", "reported", "explained", "verify")
+_CHECK_CALL = re.compile(r"\bil\.nb\.(?:" + "|".join(CHECKS) + r")\(")
+FIX_MARK = "# the fix for {code}"
+"""The first line of a walkthrough's fix cell (notebook 03): ``verify(code)`` re-runs the
+cell that starts so, whatever ran in between."""
+_FIX_LINE = re.compile(r"# the fix for (ISL-[A-Z]\d+)\b")
+
+_last_cell: dict[str, object] = {}
+"""The last cell that is no check cell: its ``source`` and the ``error`` it raised (or
+``None``), kept by an IPython ``post_run_cell`` hook. A check judges the cell above it,
+never a check's own failure (IPython's ``sys.last_value`` would hold a failed verify's
+AssertionError), and IPython's ``_i`` is empty when a runner executes cells without
+history, as nbval does."""
+
+_fixes: dict[str, str] = {}
+"""{code: source} of every fix cell run in this kernel (see ``FIX_MARK``)."""
 
 
 def _remember(result) -> None:
-    if "il.nb.verify(" not in result.info.raw_cell:
-        _last_cell["source"] = result.info.raw_cell
+    source = result.info.raw_cell
+    if _CHECK_CALL.search(source):
+        return
+    fix = _FIX_LINE.match(source.lstrip())
+    if fix:
+        _fixes[fix.group(1)] = source
+    _last_cell.update(source=source, error=result.error_before_exec or result.error_in_exec)
 
 
 def _watch_cells() -> None:
@@ -52,7 +71,7 @@ def _watch_cells() -> None:
         shell.events.register("post_run_cell", _remember)
 
 
-_watch_cells()  # from the first il.nb call on, so that verify() can see the fix cell before it
+_watch_cells()  # from the first il.nb call on: the checks judge the cells run after it
 
 
 def _last_library_frame(exc: BaseException) -> str:
@@ -74,13 +93,25 @@ def _where_upstream(entry) -> str:
     return "  the kit's own check" + (f"; sglang: {upstream}" if upstream else "")
 
 
-def _check_last_error(code: str) -> BaseException:
-    """The exception the previous cell raised, if it is exactly catalog entry ``code``;
-    ``AssertionError`` otherwise. Consumed, so that no later check sees it again."""
-    exc = getattr(sys, "last_value", None)  # IPython's record of the last uncaught exception
+def _last_error() -> BaseException | None:
+    """What the last cell that is no check cell raised (``None``: nothing), consumed, so
+    that no later check sees it again. Outside IPython (a test, a script), or before the
+    hook saw such a cell, Python's record of the last uncaught exception."""
+    if "error" in _last_cell:
+        exc = _last_cell["error"]
+        _last_cell["error"] = None
+    else:
+        exc = getattr(sys, "last_value", None)
     sys.last_value = None
     if hasattr(sys, "last_exc"):
         sys.last_exc = None
+    return exc  # type: ignore[return-value]
+
+
+def _check_last_error(code: str) -> BaseException:
+    """The exception the cell above raised, if it is exactly catalog entry ``code``;
+    ``AssertionError`` otherwise (nothing raised, or something else)."""
+    exc = _last_error()
     check = expect_error(code, show=False)
     check.__enter__()
     if exc is None:
@@ -105,8 +136,8 @@ def _who(entry) -> str:
 
 
 def raised(code: str) -> None:
-    """Check that the cell run just before this one raised exactly catalog entry ``code``
-    (its type and its message), and say where the kit raised it and where sglang does.
+    """Check that the cell run last before this one (check cells like this one do not
+    count) raised exactly catalog entry ``code`` (its type and its message), and say where the kit raised it and where sglang does.
     For words the kit does not write itself, the cell must raise what the kit raises
     instead (the entry's ``kit_code``), and sglang's words must read as ``code``.
 
@@ -144,19 +175,29 @@ def explained(code: str) -> None:
     print(_explained(CATALOG[code]))
 
 
+def fix_cell(code: str) -> str:
+    """The source of catalog entry ``code``'s fix cell as notebook 03 ships it: its
+    ``FIX_MARK`` line, then the entry's setup and fix."""
+    entry = CATALOG[code]
+    return f"{FIX_MARK.format(code=code)}: edit it, run it, then the check below\n{entry.setup}{entry.fix}"
+
+
 def verify(code: str) -> None:
-    """Re-run the cell run just before this one (the fix) in a fresh namespace, with
-    catalog entry ``code``'s warning made an error, and say whether it runs clean.
+    """Re-run catalog entry ``code``'s fix cell (the cell that starts with ``FIX_MARK``,
+    as last run in this kernel; the fix as shipped when it has not run yet) in a fresh
+    namespace, with the entry's warning made an error, and say which it ran and whether
+    it runs clean.
 
     A finding's fix must not report it. Raises ``AssertionError`` with what still goes
     wrong. What the fix prints is not shown again.
     """
-    source = _last_cell.get("source", "")
-    if not source.strip():
-        raise RuntimeError("il.nb.verify re-runs the fix cell run just before it: run that cell first "
-                           "(in Jupyter or IPython)")
     entry = CATALOG[code]
-    first = next((line for line in source.splitlines() if line.strip() and not line.startswith("#")), "")
+    source = _fixes.get(code)
+    ran = f"re-ran the fix cell of {code} (the one starting {FIX_MARK.format(code=code)!r})"
+    if source is None:
+        source = fix_cell(code)
+        ran = (f"re-ran {code}'s fix as the notebook ships it: its fix cell has not run in this kernel "
+               "(run it first to check your own edit)")
     with warnings.catch_warnings():
         if isinstance(entry.exc_type, type) and issubclass(entry.exc_type, Warning):
             warnings.simplefilter("error", entry.exc_type)
@@ -164,12 +205,11 @@ def verify(code: str) -> None:
             with contextlib.redirect_stdout(io.StringIO()):
                 result = _run_snippet(SNIPPET_PRELUDE + source, f"<fix for {code}>")
         except Exception as exc:  # noqa: BLE001 - any failure is the verdict
-            raise AssertionError(f"the fix for {code} does not run clean in a fresh namespace: "
+            raise AssertionError(f"{ran}; it does not run clean in a fresh namespace: "
                                  f"{type(exc).__name__}: {exc}") from exc
     if entry.exc_type is None and result is not None:  # a finding: the fix must not report it
         from .errors import codes_of
 
         if code in codes_of(result):
-            raise AssertionError(f"the fix for {code} still reports {code}")
-    print(f"✓ verified: the fix runs clean on fresh objects, without {code} or any other error "
-          f"(re-ran the cell above, from {first.strip()[:60]!r})")
+            raise AssertionError(f"{ran}; it still reports {code}")
+    print(f"✓ verified: {ran}; on fresh objects it runs clean, without {code} or any other error")

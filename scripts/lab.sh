@@ -3,10 +3,52 @@
 # (tests/test_e2e_jupyterlab.py) both come through here, so the test proves the command
 # the README tells people to run. Extra arguments go to `jupyter lab` unchanged, e.g.
 #   scripts/lab.sh --no-browser --port=8890
-# VENV picks the virtual environment (default .venv, as in the Makefile).
+# VENV picks the virtual environment (default .venv, as in the Makefile), LAB_DIR the
+# working copies' folder (default lab).
+#
+# JupyterLab opens the learner's working copies in lab/ (git-ignored, made on the first
+# run by scripts/lab_copies.py), never the tracked notebooks: autosave writes there, and
+# a session leaves the clone as it was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+venv="${VENV:-.venv}"
+lab="${LAB_DIR:-lab}"  # the browser test keeps its own copies (LAB_DIR=lab-e2e), never yours
+"$venv/bin/python" scripts/lab_copies.py --lab "$lab"
+
+# JupyterLab's "would you like news?" toast and update check, off for the kit's own
+# environment (its app-wide overrides; a person's own settings are not touched).
+overrides="$venv/share/jupyter/lab/settings/overrides.json"
+"$venv/bin/python" - "$overrides" <<'PY'
+import json, sys
+from pathlib import Path
+from inkling_lab.atomic import atomic_write
+path = Path(sys.argv[1])
+settings = json.loads(path.read_text()) if path.exists() else {}
+want = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+merged = {**settings, **{k: {**settings.get(k, {}), **v} for k, v in want.items()}}
+if merged != settings:
+    atomic_write(path, (json.dumps(merged, indent=2) + "\n").encode())
+PY
+
+args=(--notebook-dir=. "$lab/00_start_here.ipynb")
 # Jupyter refuses to start as root unless told; containers and CI run as root.
-as_root=()
-if [ "$(id -u)" = 0 ]; then as_root=(--allow-root); fi
-exec "${VENV:-.venv}/bin/jupyter" lab --notebook-dir=. notebooks/00_start_here.ipynb "${as_root[@]}" "$@"
+if [ "$(id -u)" = 0 ]; then args+=(--allow-root); fi
+# Unless the caller picks them (the browser test does), the token and port are chosen
+# here, so that the address is printed once, below, instead of four times in the log.
+if [[ " $* " != *" --IdentityProvider.token="* && " $* " != *" --port="* ]]; then
+  token="$("$venv/bin/python" -c 'import secrets; print(secrets.token_hex(24))')"
+  port="$("$venv/bin/python" -c '
+import socket
+for port in range(8888, 8988):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        print(port)
+        break')"
+  args+=(--IdentityProvider.token="$token" --port="$port" --ServerApp.port_retries=0 --ServerApp.log_level=WARN)
+  echo "JupyterLab: http://localhost:$port/lab/tree/$lab/00_start_here.ipynb?token=$token"
+  echo "  (open it in your browser if no window opens by itself; Control-C here stops JupyterLab)"
+fi
+exec "$venv/bin/jupyter" lab "${args[@]}" "$@"

@@ -11,6 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+WALKTHROUGHS = sorted((ROOT / "notebooks" / "03_errors").glob("*.ipynb"))
+"""Notebook 03's walkthroughs, one notebook per origin (generated; no exercises of their own)."""
+EVERY_NOTEBOOK = NOTEBOOKS + WALKTHROUGHS
 REFERENCE = ROOT / "docs" / "reference.md"
 
 
@@ -56,7 +59,7 @@ def test_every_catalog_entry_is_walked_through_in_notebook_03():
     reported (a finding) or explained (words only sglang writes)."""
     import inkling_lab as il
 
-    cells = {c.get("id"): c for c in _cells(ROOT / "notebooks" / "03_error_walkthroughs.ipynb")}
+    cells = {c.get("id"): c for path in WALKTHROUGHS for c in _cells(path)}
     shown = lambda c: "".join("".join(o.get("text", "")) for o in c.get("outputs", []))  # noqa: E731
     for code in il.CATALOG:
         parts = {part: cells.get(f"{code}-{part}") for part in ("title", "trigger", "check", "why", "fix", "verify")}
@@ -71,7 +74,16 @@ def test_every_catalog_entry_is_walked_through_in_notebook_03():
         assert "✓ verified" in shown(parts["verify"]), f"{code}: its fix is not verified: re-execute notebook 03"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_03_is_an_index_of_small_notebooks_one_per_origin():
+    """The walkthroughs are split by origin so that JupyterLab scrolls and searches each
+    at ease: the index links every one, and none is long."""
+    index = "".join(_source(c) for c in _cells(ROOT / "notebooks" / "03_error_walkthroughs.ipynb"))
+    assert WALKTHROUGHS and all(f"](03_errors/{p.name})" in index for p in WALKTHROUGHS)
+    assert all(len(_cells(p)) <= 150 for p in WALKTHROUGHS), {p.name: len(_cells(p)) for p in WALKTHROUGHS}
+    assert len(_cells(ROOT / "notebooks" / "03_error_walkthroughs.ipynb")) <= 40
+
+
+@pytest.mark.parametrize("path", EVERY_NOTEBOOK, ids=lambda p: p.stem)
 def test_gpu_cells_skip_with_a_note_off_cuda(path):
     for cell in _cells(path):
         if "gpu" in cell["metadata"].get("tags", []):
@@ -83,7 +95,7 @@ LIBRARY = sorted((ROOT / "inkling_lab").rglob("*.py"))
 
 
 def test_no_notebook_readme_or_library_text_points_to_a_spec_the_kit_does_not_ship():
-    texts = {p.name: "".join(_source(c) for c in _cells(p)) for p in NOTEBOOKS}
+    texts = {p.name: "".join(_source(c) for c in _cells(p)) for p in EVERY_NOTEBOOK}
     texts["README.md"] = (ROOT / "README.md").read_text()
     texts.update({str(p.relative_to(ROOT)): p.read_text() for p in LIBRARY})  # docstrings and messages
     offenders = {name: re.findall(r".{0,30}\bSPEC\b.{0,30}|.{0,30}steering docs.{0,10}", text)
@@ -96,7 +108,7 @@ def test_links_into_the_reference_name_sections_that_exist():
     anchors = set(re.findall(r'<a id="([^"]+)"></a>', REFERENCE.read_text()))
     assert {"the-pool", "validation-order", "message-generations", "peft-features", "tensor-parallelism",
             "per-expert-defect"} <= anchors
-    texts = [(p.name, "".join(_source(c) for c in _cells(p))) for p in NOTEBOOKS]
+    texts = [(p.name, "".join(_source(c) for c in _cells(p))) for p in EVERY_NOTEBOOK]
     texts.append(("README.md", (ROOT / "README.md").read_text()))
     texts += [(str(p.relative_to(ROOT)), p.read_text()) for p in LIBRARY]
     for name, text in texts:
@@ -105,7 +117,7 @@ def test_links_into_the_reference_name_sections_that_exist():
     assert any("reference.md#" in text for _, text in texts)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", EVERY_NOTEBOOK, ids=lambda p: p.stem)
 def test_saving_a_notebook_changes_nothing(path):
     """One kernelspec, the one `make setup` installs; no widget state or views (their
     model ids are new on every run)."""

@@ -1,13 +1,19 @@
 """The kit as a person meets it: JupyterLab in a real browser.
 
 JupyterLab starts through scripts/lab.sh (what ``make lab`` runs) on loopback with a
-random token and a free port; Debian's Chromium, driven by Playwright, opens every
-notebook, saves it (which must not change a byte on disk: one kernelspec, no widget
-state), runs all its cells from the Run menu as a reader on a CPU laptop does, and checks
+random token and a free port, with its defaults (autosave on); Debian's Chromium, driven
+by Playwright, opens every notebook's working copy (the test's own, ``lab-e2e/``, made
+by lab.sh as a learner's ``lab/`` is), saves it (which must not change a byte against
+the tracked notebook: one kernelspec, no widget state), runs all its cells from the Run
+menu as a reader on a CPU laptop does, and checks
 that every cell ran, that no cell shows an error it is not tagged to raise, that no
 figure is blank, that every ipywidget is drawn as a widget rather than as its text
 fallback, and that moving the first slider or dropdown, and ticking every checkbox,
-changes what its cell shows without a traceback or a blank figure.
+changes what its cell shows without a traceback or a blank figure. Last, a learner's
+session: one trigger edited and re-run, then ``git status`` must read as it did before
+the browser started (the session changed nothing git tracks), and the edit must
+survive a restart. How long each notebook took to open and to run, and its cell count,
+go to artifacts/e2e/timings.json.
 
 Screenshots and the server's log go to artifacts/e2e/. With UPDATE_SCREENSHOT=1 the
 pictures of README_SCREENSHOTS also replace the ones the README shows.
@@ -19,7 +25,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,18 +36,23 @@ import pytest
 from playwright.sync_api import BrowserContext, Error as PlaywrightError
 
 from e2e.chromium import BrowserUnavailable, chromium_context
-from e2e.lab import LabServer, LabUnavailable
+from e2e.lab import LAB_DIR, LabServer, LabUnavailable
 from e2e.notebook import WIDGET_FALLBACKS, Cell, NotebookPage
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts" / "e2e"
-NOTEBOOKS = tuple(str(p.relative_to(REPO)) for p in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+# Every notebook of the course, by its path under notebooks/ (03's walkthroughs in their folder).
+NOTEBOOKS = tuple(p.relative_to(REPO / "notebooks").as_posix() for p in sorted((REPO / "notebooks").rglob("*.ipynb"))
+                  if ".ipynb_checkpoints" not in p.parts)
+EDITED = ("03_errors/06_set_lora_info.ipynb", "ISL-E001-trigger")
+"""The learner's edit of the session test: a walkthrough's trigger."""
+TIMINGS: dict[str, dict[str, float]] = {}
 # notebook: (which of its screenshots, the README's picture of it)
 README_SCREENSHOTS = {
-    "notebooks/00_start_here.ipynb": ("widget", REPO / "docs" / "screenshots" / "jupyterlab.png"),
-    "notebooks/03_error_walkthroughs.ipynb": ("walkthrough", REPO / "docs" / "screenshots" / "jupyterlab-03.png"),
+    "00_start_here.ipynb": ("widget", REPO / "docs" / "screenshots" / "jupyterlab.png"),
+    EDITED[0]: ("walkthrough", REPO / "docs" / "screenshots" / "jupyterlab-03.png"),
 }
 EXPECTED_ERROR_TAG = "raises-exception"
 
@@ -57,8 +71,20 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
+def _git_status() -> str:
+    """What git sees changed in the clone (tracked and untracked, not ignored)."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+
+
 @pytest.fixture(scope="module")
-def lab(scratch: Path, artifacts: Path) -> Iterator[LabServer]:
+def clone_before() -> str:
+    """``git status`` before the browser starts: the session must leave it so."""
+    return _git_status()
+
+
+@pytest.fixture(scope="module")
+def lab(scratch: Path, artifacts: Path, clone_before: str) -> Iterator[LabServer]:
     server = LabServer(REPO, scratch / "jupyter", artifacts / "jupyterlab.log")
     try:
         try:
@@ -68,6 +94,8 @@ def lab(scratch: Path, artifacts: Path) -> Iterator[LabServer]:
         yield server
     finally:
         server.stop()
+        (artifacts / "timings.json").write_text(json.dumps(TIMINGS, indent=1) + "\n")
+        shutil.rmtree(REPO / LAB_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +128,9 @@ def _assert_no_blank_figures(path: str, cells: list[Cell], after: str) -> None:
     assert not blank, f"{path}: blank figures {after}:\n" + "\n".join(blank)
 
 
-def _shows_widgets(path: str) -> bool:
+def _shows_widgets(tracked: Path) -> bool:
     """Whether the notebook displays an explorer (a cell calls into inkling_lab.widgets)."""
-    cells = json.loads((REPO / path).read_text())["cells"]
+    cells = json.loads(tracked.read_text())["cells"]
     return any(cell["cell_type"] == "code" and re.search(r"\bwidgets\.\w+\(|from inkling_lab\.widgets import",
                                                            "".join(cell["source"])) for cell in cells)
 
@@ -122,30 +150,33 @@ def _assert_no_widget_tracebacks(path: str, cells: list[Cell], moved: str) -> No
     assert not broken, f"{path}: widgets show tracebacks after the {moved} moved:\n" + "\n".join(broken)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS)
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
-        path: str, lab: LabServer, browser: BrowserContext) -> None:
-    assert (REPO / path).exists(), f"{path} is missing; the end-to-end test opens it"
-    original = (REPO / path).read_bytes()
-    stem = Path(path).stem
+        name: str, lab: LabServer, browser: BrowserContext) -> None:
+    tracked, path = REPO / "notebooks" / name, f"{LAB_DIR}/{name}"
+    assert (REPO / path).exists(), f"{path} is missing: scripts/lab.sh copies every notebook of notebooks/"
+    original = tracked.read_bytes()
+    stem = name.removesuffix(".ipynb").replace("/", "-")
     page = browser.new_page()
     console: list[str] = []
     page.on("console", lambda message: console.append(f"[{message.type}] {message.text}"))
     notebook = NotebookPage(page, lab, path)
     try:
+        started = time.monotonic()
         notebook.open()
+        opened = time.monotonic()
         notebook.save()
-        saved = (REPO / path).read_bytes()
-        if saved != original:  # never leave the repository changed, then fail
-            (REPO / path).write_bytes(original)
-        assert saved == original, (f"{path}: opening and saving it in JupyterLab changed the file "
-                                   "(kernelspec, metadata or widget state): git would show a diff")
+        assert (REPO / path).read_bytes() == original, (
+            f"{path}: opening and saving it in JupyterLab changed it against notebooks/{name} "
+            "(kernelspec, metadata or widget state): a learner's save would differ from the course")
         notebook.run_all()
+        TIMINGS[name] = {"open_s": round(opened - started, 1), "run_all_s": round(time.monotonic() - opened, 1)}
         notebook.screenshot(ARTIFACTS / f"{stem}.png")
         cells = [cell for cell in notebook.cells() if cell.kind == "code"]
+        TIMINGS[name]["cells"] = len(json.loads(original)["cells"])
         _assert_ran_cleanly(path, cells)
         _assert_no_blank_figures(path, cells, "after Run All")
-        if _shows_widgets(path):
+        if _shows_widgets(tracked):
             _assert_widgets_drawn(path, cells)
             moved = notebook.change_first_widget()
             notebook.screenshot(ARTIFACTS / f"{stem}-widget.png", at_first_widget=True)
@@ -154,10 +185,10 @@ def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
             shown = notebook.cells()
             _assert_no_widget_tracebacks(path, shown, after)
             _assert_no_blank_figures(path, shown, after)
-        if path == "notebooks/03_error_walkthroughs.ipynb":
-            notebook.screenshot(ARTIFACTS / f"{stem}-walkthrough.png", at_cell="ISL-E001-title")
-        if path in README_SCREENSHOTS and os.environ.get("UPDATE_SCREENSHOT") == "1":
-            which, target = README_SCREENSHOTS[path]
+        if name == EDITED[0]:
+            notebook.screenshot(ARTIFACTS / f"{stem}-walkthrough.png", at_cell=EDITED[1].replace("trigger", "title"))
+        if name in README_SCREENSHOTS and os.environ.get("UPDATE_SCREENSHOT") == "1":
+            which, target = README_SCREENSHOTS[name]
             _replace_atomically(ARTIFACTS / f"{stem}-{which}.png", target)
     except BaseException:
         with contextlib.suppress(PlaywrightError):  # the picture helps; the first error matters
@@ -168,4 +199,33 @@ def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
         with contextlib.suppress(PlaywrightError):
             notebook.shut_kernel_down()
         page.close()
-    assert (REPO / path).read_bytes() == original, f"{path} changed on disk while the browser ran it"
+    assert tracked.read_bytes() == original, f"notebooks/{name} changed on disk while the browser ran its copy"
+
+
+def test_a_learners_session_leaves_the_clone_clean_and_keeps_their_work(
+        lab: LabServer, browser: BrowserContext, clone_before: str) -> None:
+    """After every notebook ran (autosave on), a trigger edited, re-run and saved: git
+    sees nothing new, the edit is in the working copy, and a restart keeps it."""
+    name, cell = EDITED
+    page = browser.new_page()
+    notebook = NotebookPage(page, lab, f"{LAB_DIR}/{name}")
+    edit = "\n# my own try"
+    try:
+        notebook.open()
+        notebook.run_all()
+        notebook.edit_cell(cell, edit)
+        notebook.save()
+        assert notebook.cell_source(cell).endswith(edit)
+    finally:
+        with contextlib.suppress(PlaywrightError):
+            notebook.shut_kernel_down()
+        page.close()
+    assert _git_status() == clone_before, (
+        "a session in JupyterLab changed what git sees:\n" + _git_status() + "\nbefore:\n" + clone_before)
+    lab.stop()  # a restart: lab.sh copies only what is missing, never over the learner's copy
+    subprocess.run([sys.executable, str(REPO / "scripts" / "lab_copies.py"), "--lab", LAB_DIR], cwd=REPO,
+                   check=True, capture_output=True)
+    saved = json.loads((REPO / LAB_DIR / name).read_text())
+    sources = {c.get("id", ""): "".join(c["source"]) for c in saved["cells"]}
+    assert any(k.endswith(cell) and v.endswith(edit) for k, v in sources.items()), \
+        f"{LAB_DIR}/{name}: the learner's edit of {cell} did not survive a restart"

@@ -132,8 +132,9 @@ def test_tracebacks_show_no_machine_paths():
 
 
 def test_notebook_03_walks_every_code():
-    nb = json.loads((ROOT / "notebooks" / "03_error_walkthroughs.ipynb").read_text())
-    shown = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+    cells = [c for path in sorted((ROOT / "notebooks" / "03_errors").glob("*.ipynb"))
+             for c in json.loads(path.read_text())["cells"]]
+    shown = "".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
                     for o in c.get("outputs", []))
     markers = {code: (f"✓ raised as expected: {code}", f"✓ reported as expected: {code}", f"explain({code!r})")
                for code in CATALOG}

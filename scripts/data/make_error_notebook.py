@@ -1,7 +1,9 @@
 """Write notebook 03's walkthroughs from the error catalog (``inkling_lab.catalog``).
 
-Every catalog entry becomes six cells, grouped by where the error comes from, under a
-map of the groups:
+One notebook per origin (where the errors come from: the adapter files, the loader,
+normalization, ..., ``notebooks/03_errors/NN_<group>.ipynb``), so that each stays small
+enough for JupyterLab to scroll and search; the index, ``03_error_walkthroughs``, holds
+the map with a link to each. Every catalog entry becomes six cells:
 
 1. the entry's title, where it comes from, when it happens;
 2. the trigger: the entry's setup and trigger, a cell that really raises (tagged
@@ -14,13 +16,14 @@ map of the groups:
 6. ``il.nb.verify(code)``: the fix re-run on fresh objects raises nothing and, for a
    warning, does not warn.
 
-The hand-written opening (up to the cell holding ``MARKER``) and everything after the
-generated cells (the error lab) are kept as they are. Generated cells carry the cell
-metadata ``{"generated": "make_error_notebook"}`` and stable ids, so a re-run changes
-only what the catalog changed. Then execute the notebook:
+In the index, the hand-written opening (up to the cell holding ``MARKER``) and
+everything after the generated map (the error lab) are kept as they are. Generated
+cells carry the cell metadata ``{"generated": "make_error_notebook"}`` and stable ids;
+a notebook whose cells the catalog did not change is not rewritten (its outputs stay).
+Then execute what changed:
 
     PYTHONPATH=. .venv/bin/python scripts/data/make_error_notebook.py
-    PYTHONPATH=. .venv/bin/python scripts/data/execute_notebooks.py notebooks/03_error_walkthroughs.ipynb
+    PYTHONPATH=. .venv/bin/python scripts/data/execute_notebooks.py notebooks/03_error_walkthroughs.ipynb notebooks/03_errors/*.ipynb
 """
 from __future__ import annotations
 
@@ -37,8 +40,11 @@ import nbformat
 from inkling_lab import catalog
 from inkling_lab.atomic import atomic_write
 from inkling_lab.catalog import CatalogEntry
+from inkling_lab.nb import fix_cell
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "03_error_walkthroughs.ipynb"
+FOLDER = NOTEBOOK.parent / "03_errors"
+"""One notebook per origin, beside the index."""
 MARKER = "<!-- walkthroughs: generated from the catalog by scripts/data/make_error_notebook.py -->"
 GENERATED = {"generated": "make_error_notebook"}
 
@@ -209,68 +215,110 @@ def entry_cells(entry: CatalogEntry) -> list[nbformat.NotebookNode]:
         _code(_check_source(entry), _cell_id(code, "check")),
         _md("\n\n".join(why) + "\n\n**Fix** (edit it and re-run it, then the check below):", _cell_id(code, "why")),
         # What a fix shows may hold random numbers; the verify cell below is its check.
-        _code(entry.setup + entry.fix, _cell_id(code, "fix"), ("nbval-ignore-output",)),
+        _code(fix_cell(code), _cell_id(code, "fix"), ("nbval-ignore-output",)),
         _code(f'il.nb.verify("{code}")', _cell_id(code, "verify")),
     ]
 
 
-def generated_cells() -> list[nbformat.NotebookNode]:
-    """The map, then every group's walkthroughs."""
-    groups = grouped_entries()
-    rows = ["| group | where the errors come from | codes |", "|---|---|---|"]
-    by_heading: dict[str, str] = {}
-    for heading, where in GROUPS.values():
-        by_heading.setdefault(heading, where)
-    for heading, (_, entries) in groups.items():
-        rows.append(f"| {heading} | {by_heading.get(heading, '')} | {', '.join(e.code for e in entries)} |")
-    total = sum(len(entries) for _, entries in groups.values())
-    cells = [_md(f"## The map\n\n{total} catalog entries, in the order a load meets them: "
-                 "`ISL-E…` are sglang's own errors, `ISL-K…` the kit's refusals where sglang would fail later "
-                 "or compute something else, `ISL-W…` warnings, `ISL-D…`/`ISL-N…` diagnoses.\n\n"
-                 + "\n".join(rows), "map")]
-    for heading, (group, entries) in groups.items():
-        slug = heading.lower().replace(" ", "-").replace("_", "-")
-        where = by_heading.get(heading, "")
-        anchor = _REFERENCE.get(group)
-        link = f" ([reference](../docs/reference.md#{anchor}))" if anchor else ""
-        cells.append(_md(f"## {heading}\n\n{where[0].upper() + where[1:] if where else ''}{link}", f"group-{slug}"))
-        for entry in entries:
-            cells += entry_cells(entry)
-    return cells
+_SETUP = ("import torch\nimport inkling_lab as il\nimport inkling_lab.nb  # its checks judge the cells run after this one\n\n"
+          "%xmode Plain\n# ^ tracebacks as a server's log prints them: file, line, the line of code")
+
+
+def _where(heading: str) -> str:
+    where = next((w for h, w in GROUPS.values() if h == heading and w), "")
+    return where[0].upper() + where[1:] if where else ""
+
+
+def origins() -> list[tuple[str, str, str, list[CatalogEntry]]]:
+    """``(file name, heading, first group, entries)`` of every origin notebook, in a
+    load's order: ``01_adapter_files.ipynb``, ..."""
+    return [(f"{i:02d}_{group}.ipynb", heading, group, entries)
+            for i, (heading, (group, entries)) in enumerate(grouped_entries().items(), start=1)]
+
+
+def map_cell() -> nbformat.NotebookNode:
+    """The index's map: every origin, where its errors come from, its codes, a link."""
+    found = origins()
+    rows = ["| walkthroughs | where the errors come from | codes |", "|---|---|---|"]
+    for name, heading, _, entries in found:
+        rows.append(f"| [{heading}]({FOLDER.name}/{name}) | {_where(heading)} | {', '.join(e.code for e in entries)} |")
+    total = sum(len(entries) for *_, entries in found)
+    return _md(f"## The map\n\n{total} catalog entries in {len(found)} notebooks, one per origin, in the order a "
+               "load meets them: `ISL-E…` are sglang's own errors, `ISL-K…` the kit's refusals where sglang would "
+               "fail later or compute something else, `ISL-W…` warnings, `ISL-D…`/`ISL-N…` diagnoses. Each notebook "
+               "runs on its own (*Run All*); `il.explain(code)` finds any entry from here.\n\n" + "\n".join(rows),
+               "map")
+
+
+def origin_notebook(at: int, metadata: dict) -> nbformat.NotebookNode:
+    """The ``at``-th origin's notebook: where its errors come from, the setup, its walkthroughs."""
+    found = origins()
+    name, heading, group, entries = found[at]
+    anchor = _REFERENCE.get(group)
+    link = f" ([reference](../../docs/reference.md#{anchor}))" if anchor else ""
+    back = f"[the map](../{NOTEBOOK.name})"
+    steps = [f"[{found[i][1]}]({found[i][0]})" for i in (at - 1, at + 1) if 0 <= i < len(found)]
+    around = ("← " if at > 0 else "") + " · ".join(steps) + (" →" if at + 1 < len(found) else "")
+    cells = [_md(f"# 03 · {heading}\n\n{_where(heading)}{link}\n\n{len(entries)} walkthroughs: "
+                 f"{', '.join(e.code for e in entries)}. How a walkthrough goes, and the error lab, are in "
+                 f"{back}; {around}", "intro"),
+             _code(_SETUP, "setup")]
+    for entry in entries:
+        cells += entry_cells(entry)
+    nb = nbformat.v4.new_notebook(metadata=dict(metadata))
+    nb.cells = cells
+    return nb
 
 
 def rebuild(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """``nb`` with its generated cells replaced by today's, after the MARKER cell."""
+    """The index ``nb`` with its generated cells replaced by today's map, after the MARKER cell."""
     markers = [i for i, cell in enumerate(nb.cells) if MARKER in cell.source]
     if len(markers) != 1:
         raise SystemExit(f"{NOTEBOOK.name}: expected one cell holding {MARKER!r}, found {len(markers)}; "
-                         "the walkthroughs go right after it")
+                         "the map goes right after it")
     kept = [cell for cell in nb.cells if cell.metadata.get("generated") != GENERATED["generated"]]
     at = next(i for i, cell in enumerate(kept) if MARKER in cell.source) + 1
-    nb.cells = kept[:at] + generated_cells() + kept[at:]
+    nb.cells = kept[:at] + [map_cell()] + kept[at:]
     return nb
+
+
+def _cells(nb: nbformat.NotebookNode) -> list:
+    return [(c.cell_type, c.source, c.metadata) for c in nb.cells]
+
+
+def planned() -> dict[Path, nbformat.NotebookNode]:
+    """Every notebook the catalog gives today: the index and one per origin."""
+    index = rebuild(nbformat.read(NOTEBOOK, as_version=4))
+    metadata = {k: v for k, v in index.metadata.items() if k in ("kernelspec", "language_info")}
+    notebooks = {NOTEBOOK: index}
+    for at, (name, *_) in enumerate(origins()):
+        notebooks[FOLDER / name] = origin_notebook(at, metadata)
+    return notebooks
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 when the notebook's walkthroughs are not what the catalog gives today")
+                        help="exit 1 when the walkthrough notebooks are not what the catalog gives today")
     args = parser.parse_args(argv)
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    before = [(c.cell_type, c.source, c.metadata) for c in nb.cells]
-    after = [(c.cell_type, c.source, c.metadata) for c in rebuild(nb).cells]
+    wanted = planned()
+    stale = sorted(set(FOLDER.glob("*.ipynb")) - set(wanted))
+    changed = [path for path, nb in wanted.items()
+               if not path.exists() or _cells(nbformat.read(path, as_version=4)) != _cells(nb)]
     if args.check:
-        if before != after:
-            print(f"{NOTEBOOK}: the walkthroughs are out of date; run scripts/data/make_error_notebook.py and "
-                  "re-execute the notebook", file=sys.stderr)
+        if changed or stale:
+            print(f"out of date: {', '.join(str(p.relative_to(NOTEBOOK.parent)) for p in changed + stale)}; run "
+                  "scripts/data/make_error_notebook.py and re-execute those notebooks", file=sys.stderr)
             return 1
         return 0
-    if before == after:
-        print(f"{NOTEBOOK}: unchanged")
-        return 0
-    atomic_write(NOTEBOOK, (nbformat.writes(nb) + "\n").encode())
-    print(f"{NOTEBOOK}: {sum(1 for c in nb.cells if c.metadata.get('generated'))} generated cells; "
-          "now execute it (scripts/data/execute_notebooks.py)")
+    for path in stale:  # an origin the catalog no longer has
+        path.unlink()
+        print(f"{path}: removed (no catalog entries come from there any more)")
+    for path in changed:
+        atomic_write(path, (nbformat.writes(wanted[path]) + "\n").encode())
+        print(f"{path}: written; now execute it (scripts/data/execute_notebooks.py)")
+    if not changed and not stale:
+        print("the walkthroughs are unchanged")
     return 0
 
 

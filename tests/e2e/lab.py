@@ -2,14 +2,16 @@
 
 The server gets a random token, a free port and its own Jupyter config, data, runtime,
 settings and workspace directories (and IPython's), so neither the user's Jupyter setup nor an earlier run changes what the
-test sees, and the test changes nothing of theirs. Autosave is off: running cells in the
-browser must never rewrite the notebooks on disk.
+test sees, and the test changes nothing of theirs. Its working copies are its own
+(``LAB_DIR``, a git-ignored folder beside ``notebooks/``), never a learner's ``lab/``.
+JupyterLab runs with its defaults, autosave on, as a learner's does: the test proves
+that a session changes nothing git tracks.
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,13 +23,8 @@ from pathlib import Path
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 15.0
 
-# JupyterLab user settings for the run: {plugin id: settings}.
-SETTINGS = {
-    # Running cells dirties the notebook; nothing may write it back to the repository.
-    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
-    # No "would you like news?" toast over the screenshots, no calls home.
-    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
-}
+LAB_DIR = "lab-e2e"
+"""The test's working copies, beside notebooks/ (git-ignored); emptied before each run."""
 
 
 class LabUnavailable(RuntimeError):
@@ -102,11 +99,7 @@ class LabServer:
                           ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"), ("IPYTHONDIR", "ipython")):
             env[name] = str(self.state_dir / sub)
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        for plugin, values in SETTINGS.items():
-            package, name = plugin.split(":")
-            target = self.state_dir / "settings" / package / f"{name}.jupyterlab-settings"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(values))
+        env["LAB_DIR"] = LAB_DIR
         return env
 
     def url(self, path: str) -> str:
@@ -130,6 +123,7 @@ class LabServer:
             "--LabApp.expose_app_in_browser=True",
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.repo / LAB_DIR, ignore_errors=True)  # fresh copies, as on a first run
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(
                 command, cwd=self.repo, env=self._environment(), stdout=log,

@@ -338,6 +338,30 @@ class NotebookPage:
         self.page.wait_for_timeout(300)  # let the scroll settle before the picture
         self.page.screenshot(path=str(path))
 
+    def edit_cell(self, cell_id: str, text: str) -> None:
+        """Type ``text`` at the end of the cell whose id ends with ``cell_id``, as a person
+        does (click into it, type), then run it with Shift+Enter and wait until the
+        kernel is done. Raises AssertionError when no such cell exists."""
+        index = self.page.evaluate(f"""async path => {{ {_PANEL}
+            const index = panel.content.widgets.findIndex(c => c.model.id.endsWith({cell_id!r}));
+            if (index >= 0) {{ await panel.content.scrollToItem(index, 'center'); panel.content.activeCellIndex = index; }}
+            return index; }}""", self.path)
+        if index < 0:
+            raise AssertionError(f"{self.path}: no cell {cell_id!r} to edit")
+        editor = self.page.locator(".jp-Notebook .jp-Cell.jp-mod-active .cm-content").first
+        editor.click()
+        self.page.keyboard.press("Control+End")
+        self.page.keyboard.type(text)
+        self.page.keyboard.press("Shift+Enter")
+        self.page.wait_for_timeout(500)  # the run request reaches the kernel
+        self._until(_RUN_DONE, RUN_TIMEOUT_MS, "the edited cell ran")
+
+    def cell_source(self, cell_id: str) -> str:
+        """The source of the cell whose id ends with ``cell_id``, as JupyterLab holds it."""
+        return self.page.evaluate(f"""path => {{ {_PANEL}
+            const cell = panel.content.widgets.find(c => c.model.id.endsWith({cell_id!r}));
+            return cell ? cell.model.sharedModel.getSource() : null; }}""", self.path)
+
     def shut_kernel_down(self) -> None:
         """Stop this notebook's kernel, so the next notebook has the CPU."""
         self.page.evaluate(f"async path => {{ {_PANEL} if (panel) await panel.sessionContext.shutdown(); }}",
