@@ -137,11 +137,12 @@ def check_target(path: str | os.PathLike[str], *, force: bool, folder: bool = Fa
     wanted = stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)
     if not wanted:
         what = "a folder" if folder else "a regular file"
-        raise _refusal(target, text, f"it is {file_kind(mode)}, and --force (force=True) replaces only {what}: "
-                       "never a symbolic link or what it points to, a FIFO, a socket, a device"
+        raise _refusal(target, text, f"it is {file_kind(mode)}, and --force (force=True in Python) replaces only "
+                       f"{what}: never a symbolic link or what it points to, a FIFO, a socket, a device"
                        + ("" if folder else " or a folder"))
     if not force:
-        raise _refusal(target, text, "it already exists; pass --force (force=True) to replace it")
+        raise _refusal(target, text, "it already exists; to replace it, pass --force on the command line "
+                       "(force=True in Python)")
     return target
 
 
@@ -209,7 +210,8 @@ def atomic_writer(path: str | os.PathLike[str], *, exclusive: bool = False) -> I
         tmp.unlink(missing_ok=True)
         _remove_folders(created)
         exc = FileExistsError(f"refusing to write {path.name}: it already exists (it appeared while this write "
-                              "ran, or was there before); pass --force (force=True) to replace it")
+                              "ran, or was there before); to replace it, pass --force on the command line "
+                              "(force=True in Python)")
         exc.add_note(f"output path: {path}")
         raise exc from None
     except OSError as exc:
@@ -282,8 +284,8 @@ def atomic_folder(path: str | os.PathLike[str], *, force: bool = False) -> Itera
         raise _named(exc, path) from None
 
     def refuse() -> FileExistsError:
-        exc = FileExistsError(f"refusing to write {path.name}: it already exists; pass --force (force=True) to "
-                              "replace it")
+        exc = FileExistsError(f"refusing to write {path.name}: it already exists; to replace it, pass --force on "
+                              "the command line (force=True in Python)")
         exc.add_note(f"output path: {path}")
         return exc
 

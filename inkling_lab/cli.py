@@ -118,10 +118,12 @@ def _convert(args: argparse.Namespace) -> int:
     except (OSError, ValueError, RuntimeError, AssertionError, MemoryError) as exc:
         return _fail("convert", exc)
     if args.json:
-        print(json.dumps({"output": str(written), **pool.summary(),
+        print(json.dumps({"output": str(written), **pool.summary(), "inferred": pool.inferred,
                           "findings": [asdict(f) for f in findings]}, indent=2))
         return 0
     print(f"wrote {written}: {pool!r}")
+    for said in pool.inferred:
+        print(f"  inferred {said}")
     for s in pool.slots:
         print(f"  slot {s.slot}: {s.adapter} (r={s.rank}, scaling {s.scaling:g} folded into B, "
               f"sha256 {s.sha256[:12]}…)")

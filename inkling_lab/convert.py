@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, HeaderError, open_safetensors
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, HeaderError, open_safetensors
 from .atomic import atomic_writer, check_target
 from .catalog import Finding, error, message
 from .geometry import BUFFER_NAMES, Geometry, check_size
@@ -70,6 +70,8 @@ class ConvertedPool:
     tp_rank: int = 0
     tp_size: int = 1
     findings: list[Finding] = field(default_factory=list)
+    inferred: list[str] = field(default_factory=list)
+    """The sizes the converter was not given and read from the adapters, each with from what."""
 
     def buffers(self, module: str | None = None) -> Buffers:
         """``(gate_up_a, gate_up_b, down_a, down_b)`` of ``module`` (default: the only,
@@ -257,6 +259,68 @@ def adapters_dtype(adapters: Sequence[Adapter]) -> torch.dtype:
     return dtype or torch.float32
 
 
+MODEL_CONFIG = "config.json"
+_STATED = {"n": "n_shared_experts", "hidden": "hidden_size", "intermediate": "moe_intermediate_size"}
+"""What a model config states, by transformers' ``InklingTextConfig`` field names."""
+
+
+def stated_sizes(adapter: Adapter) -> dict[str, int]:
+    """``{"n": ..., "hidden": ..., "intermediate": ...}`` as far as a model ``config.json``
+    in the adapter's folder states them (some exports ship the base model's config;
+    Inkling's text config may sit under ``text_config``); ``{}`` without one."""
+    path = Path(adapter.source) / MODEL_CONFIG if adapter.source else None
+    try:
+        config = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except (OSError, ValueError):
+        return {}  # not a model config the kit can read: it states nothing
+    config = config.get("text_config", config) if isinstance(config, dict) else {}
+    stated = {k: config.get(key) for k, key in _STATED.items()} if isinstance(config, dict) else {}
+    return {k: v for k, v in stated.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _sizes(adapters: Sequence[Adapter], n: int, hidden: int | None, intermediate: int | None,
+           own: dict[str, int]) -> tuple[int, int, list[str]]:
+    """``(H, F, inferred)``: the sizes given, else those a model config beside the first
+    adapter states, else the first adapter's own (``own``), each inference said with
+    from what. Refuses (``ValueError``) a size that contradicts a model config beside
+    an adapter: ``-n 3`` for an adapter whose config says 2 shared experts."""
+    first = adapters[0]
+    for adapter in adapters:
+        stated = stated_sizes(adapter)
+        for name, value in (("n", n), ("hidden", hidden), ("intermediate", intermediate)):
+            if value is not None and name in stated and stated[name] != value:
+                flag = {"n": "-n", "hidden": "--hidden", "intermediate": "--intermediate"}[name]
+                raise ValueError(f"{adapter.name}/{MODEL_CONFIG}: the model this adapter was made for has "
+                                 f"{_STATED[name]}={stated[name]}, but the conversion was asked for {flag} {value}; "
+                                 f"pass {flag} {stated[name]} (or convert it for the model it belongs to)")
+    stated, inferred = stated_sizes(first), []
+    where = f"{first.name}/{MODEL_CONFIG}"
+    H, F = hidden, intermediate
+    if H is None:
+        H = stated.get("hidden", own["hidden"])
+        inferred.append(f"H = {H}, from {where} (hidden_size)" if "hidden" in stated else
+                        f"H = {H}, from the gate-up A of adapter {first.name!r} ({H} columns); pass --hidden to state it")
+    if F is None:
+        F = stated.get("intermediate", own["intermediate"])
+        if "intermediate" in stated:
+            inferred.append(f"F = {F}, from {where} (moe_intermediate_size)")
+        elif any((fn := FactorName.parse(k)) is not None and fn.expert is None and fn.canonical == "down_proj"
+                 for k in first.factor_keys):
+            inferred.append(f"F = {F}, from the flat down A of adapter {first.name!r}: its {n * F} columns split over the "
+                            f"n = {n} experts you gave (a flat PEFT factor holds n*F only, so another n gives another "
+                            "F); pass --intermediate to state the model's")
+        else:
+            inferred.append(f"F = {F}, from the per-expert down A of adapter {first.name!r} ({F} columns each)")
+    if own["hidden"] != H and "hidden" in stated and hidden is None:
+        raise ValueError(f"{where} states hidden_size={H}, but the factors of adapter {first.name!r} have H={own['hidden']}: "
+                         "the adapter does not belong to that model")
+    if own["intermediate"] != F and "intermediate" in stated and intermediate is None:
+        raise ValueError(f"{where} states moe_intermediate_size={F}, but the factors of adapter {first.name!r} split over "
+                         f"n = {n} give F={own['intermediate']}: the adapter does not belong to that model (or n is "
+                         "not its model's)")
+    return H, F, inferred
+
+
 class _Conversion:
     """The plan of one conversion (geometry, modules, slots, outer layout), made in a
     first pass over the modules that keeps no factors; ``buffers(module)`` then builds
@@ -282,8 +346,7 @@ class _Conversion:
         for name, value in (("hidden", hidden), ("intermediate", intermediate), ("max_rank", max_rank)):
             if value is not None:  # a typo (--hidden 10**12) is refused with the adapter's sizes, before any allocation
                 check_size(f"convert: {name}", value, 0 if name == "max_rank" else 1, about)
-        H = hidden if hidden is not None else own["hidden"]
-        F_full = intermediate if intermediate is not None else own["intermediate"]
+        H, F_full, self.inferred = _sizes(adapters, n, hidden, intermediate, own)
         check_tp(F_full, tp_size)
         check_rank(tp_rank, tp_size)
         ranks, shared, self.first_ranks = [], True, {}
@@ -340,7 +403,7 @@ class _Conversion:
         slots = [SlotInfo(s, a.name, self.first_ranks.get(s, 0), a.lora_alpha, a.scaling, a.sha256, a.source)
                  for s, a in enumerate(self.adapters)]
         findings = [f for a in self.adapters for f in a.findings] + self.findings
-        return ConvertedPool(self.geometry, layers, slots, self.tp_rank, self.tp_size, findings)
+        return ConvertedPool(self.geometry, layers, slots, self.tp_rank, self.tp_size, findings, self.inferred)
 
     def progress(self, progress: bool | None, total: int) -> tqdm:
         size = sum(t.numel() * t.element_size() for a in self.adapters for t in a.weights.values())

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, open_safetensors
+from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, open_safetensors,
+                       peft_target_parameter_keys)
 from .catalog import CatalogEntry, Finding, UpstreamDefectWarning, finding
 from .convert import ConvertedPool, convert
 from .errors import find_entry
@@ -204,12 +205,15 @@ class DoctorReport:
         for module, rows in self.journey.items():
             lines.append(f"Shapes, as saved -> normalized -> in the kit's pool ({module}):")
             for row in rows:
-                peft = " + ".join(f"{label} {_fmt(s)}" for label, s in row["peft"]) or "(none: zeros)"
+                peft = " + ".join(f"{label} {_fmt(s)}" for label, s in row["peft"]) or row.get("from", "")
                 norm = _fmt(row["normalized"]) if row["normalized"] else "?"
                 pool = _fmt(row["pool"]) if row["pool"] else "?"
                 lines.append(f"  {PRETTY[row['buffer']]:<10} {peft} -> {norm} -> {pool}")
         lines.append(f"Findings ({len(self.findings)}):" if self.findings else "Findings: none")
-        lines += [str(f) for f in self.findings]
+        quoted = self.load.text if self.load.outcome == "skips" else None
+        # the skip warning is quoted in full under verdict 1: its finding points there
+        lines += [str(f).replace(quoted, "the warning quoted under 1. above", 1) if quoted and f.message == quoted
+                  else str(f) for f in self.findings]
         lines.append(f"Exit status {self.exit_status}: " + (
             "sglang 0.5.23 loads it and serves the adapter's math" if self.ok else
             "sglang 0.5.23 fails to load it" if self.fails else
@@ -244,6 +248,9 @@ def _journey(saved: dict[str, list[int]], module: str, factors: LoRAFactors | No
     (``None`` where the kit stopped before)."""
     rows = []
     normalized = factors.tensors() if factors is not None else {}
+    exported = any(k.startswith(module + ".") for k in peft_target_parameter_keys(saved))
+    # what a buffer with no factor of its own in the file is made from
+    origin = "(PEFT target_parameters export, read per expert)" if exported else "(not in the adapter: zeros)"
     for name, (proj, ab) in {"gate_up_a": ("gate_up_proj", "A"), "gate_up_b": ("gate_up_proj", "B"),
                              "down_a": ("down_proj", "A"), "down_b": ("down_proj", "B")}.items():
         peft = []
@@ -255,6 +262,7 @@ def _journey(saved: dict[str, list[int]], module: str, factors: LoRAFactors | No
                 order = (fn.expert or 0, fn.canonical == "up_proj")  # gate before up, as stacked
                 peft.append((order, label, list(shape)))
         rows.append({"buffer": name, "peft": [(label, shape) for _, label, shape in sorted(peft)],
+                     "from": "" if peft else origin,
                      "normalized": list(normalized[name].shape) if name in normalized else None,
                      "pool": list(pool_shapes[name]) if pool_shapes else None})
     return rows
@@ -388,10 +396,9 @@ def _kit(report: DoctorReport, folder: Path, given: Adapter | None, repair: bool
             report.journey[module] = _journey(saved, module, None, None)
         return None
     report.pool = pool
+    # A repair changes what the file holds (ISL-K...); a warning (ISL-W001) says what sglang does with it.
     report.kit = KitVerdict("writes", repairs=[f"{f.code} {f.message}" for f in adapter.findings
-                                               if f.code.startswith("ISL-K")] +
-                            [f"{f.code} {f.message}" for f in [*pool.findings, *_per_expert_defects(
-                                [(adapter, factors)], pool)] if f.code == "ISL-W001"])
+                                               if f.code.startswith("ISL-K")])
     report.findings += [f for f in adapter.findings if f.code.startswith(("ISL-K", "ISL-N"))]
     for module in adapter.modules:
         shapes = {name: tuple(t.shape) for name, t in zip(BUFFER_NAMES, pool.buffers(module))}

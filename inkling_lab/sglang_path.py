@@ -66,6 +66,21 @@ def exception_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def _skipped_factors(keys: Sequence[str]) -> str:
+    """The factors that ``keys`` hold, as the subject of a sentence ending in "not
+    applied": "the down_proj and gate_up_proj factors are", "its PEFT target_parameters
+    factors are" (an export's nested ``base_layer`` keys name no projection)."""
+    exported = set(peft_target_parameter_keys(keys))
+    projections = sorted({fn.proj if (fn := FactorName.parse(k)) else "other" for k in keys if k not in exported})
+    named = [p for p in projections if p != "other"]
+    parts = [f"the {' and '.join(filter(None, (', '.join(named[:-1]), named[-1])))} factors"] if named else []
+    if exported:
+        parts.append("its PEFT target_parameters factors")
+    if "other" in projections:
+        parts.append("its other factors")
+    return " and ".join(parts) + " are"
+
+
 def _skip_fix(skipped: list[str]) -> str:
     """The way out for the weights sglang skips, by what they are."""
     fixes = []
@@ -362,7 +377,6 @@ class _Sglang:
                 consequence="requests with this adapter get the base model's sink output",
                 targets=sorted(server), missing=", ".join(missing)))
         names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
-        label = lambda k: (fn.proj if (fn := FactorName.parse(k)) else k.rsplit(".", 2)[0].rsplit(".", 1)[-1])  # noqa: E731
         skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
         if skipped:
             skip = finding("ISL-W002", "target_modules", fix=_skip_fix(skipped), more=True,
@@ -372,8 +386,8 @@ class _Sglang:
             self.skip_warning = skip.message
             for key in skipped:
                 self.normalized.pop(key)
-            self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module): "
-                               f"{', '.join(sorted({label(k) for k in skipped}))} is not applied")
+            self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module), so "
+                               f"{_skipped_factors(skipped)} not applied")
             self.findings.append(skip)
             if self.wrapped and not any("shared_experts" in k for k in self.normalized):
                 self.base_only = True  # every sink factor skipped: the wrapped sink's slot stays zero

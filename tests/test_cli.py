@@ -161,3 +161,36 @@ def test_convert_says_where_sglang_would_differ_as_the_doctor_does(tmp_path, cap
     assert printed.count(f"[{code}]") == 1                       # once, as the doctor words it
     assert main(["convert", str(folder), "-n", "2", "-o", str(tmp_path / "q.safetensors"), "--json"]) == 0
     assert code in [f["code"] for f in json.loads(capsys.readouterr().out)["findings"]]
+
+
+def test_convert_says_which_sizes_it_inferred_and_from_what(tmp_path, capsys):
+    """An n = 2 adapter converted with -n 3: its flat factors hold n*F = 12, so F = 4 is
+    what -n 3 implies; the converter says so instead of writing it silently."""
+    out = tmp_path / "p.safetensors"
+    code, said, _ = run(capsys, "convert", str(SAMPLES / "gate_up"), "-o", str(out), "-n", "3")
+    assert code == 0
+    assert "inferred F = 4, from the flat down A of adapter 'gate_up': its 12 columns split over the n = 3" in said
+    assert "inferred H = 8, from the gate-up A of adapter 'gate_up'" in said and "--intermediate" in said
+    code, said, _ = run(capsys, "convert", str(SAMPLES / "gate_up"), "-o", str(out), "-n", "2", "--force",
+                        "--hidden", "8", "--intermediate", "6")
+    assert code == 0 and "inferred" not in said  # given, not inferred
+    code, said, _ = run(capsys, "convert", str(SAMPLES / "per_expert"), "-o", str(out), "-n", "2", "--force", "--json")
+    assert code == 0 and json.loads(said)["inferred"] == [
+        "H = 8, from the gate-up A of adapter 'per_expert' (8 columns); pass --hidden to state it",
+        "F = 6, from the per-expert down A of adapter 'per_expert' (6 columns each)"]
+
+
+def test_convert_refuses_an_n_the_adapters_model_config_contradicts(tmp_path, capsys):
+    adapter = tmp_path / "gate_up"
+    shutil.copytree(SAMPLES / "gate_up", adapter)
+    (adapter / "config.json").write_text(json.dumps(
+        {"model_type": "inkling", "text_config": {"n_shared_experts": 2, "hidden_size": 8, "moe_intermediate_size": 6}}))
+    out = tmp_path / "p.safetensors"
+    code, _, err = run(capsys, "convert", str(adapter), "-o", str(out), "-n", "3")
+    assert code == 1 and "gate_up/config.json: the model this adapter was made for has n_shared_experts=2, but the " \
+                         "conversion was asked for -n 3; pass -n 2" in err
+    assert not out.exists()
+    code, said, _ = run(capsys, "convert", str(adapter), "-o", str(out), "-n", "2")
+    assert code == 0 and "inferred F = 6, from gate_up/config.json (moe_intermediate_size)" in said
+    code, _, err = run(capsys, "convert", str(adapter), "-o", str(out), "-n", "2", "--force", "--intermediate", "4")
+    assert code == 1 and "moe_intermediate_size=6, but the conversion was asked for --intermediate 4" in err

@@ -204,7 +204,7 @@ ENTRIES: list[CatalogEntry] = [
               "out = folder.parent / 'pool.safetensors'\npool.save(out)\n",
         trigger="pool.save(out)  # a second time\n",
         fix="pool.save(out, force=True)\n",
-        remedy="Pass --force (force=True) to replace the file, or choose another -o; an input adapter's file "
+        remedy="To replace the file, pass --force on the command line (force=True in Python), or choose another -o; an input adapter's file "
                "is never overwritten: write the pool elsewhere.",
         upstream="Nothing upstream: sglang writes no pool file; this is the kit's converter "
                  "(inkling-lab convert).",
