@@ -204,7 +204,8 @@ def test_adapter_caused_errors_lead_with_the_doctor():
     assert "run the doctor" not in explain("ISL-K105").explain()
     # the errors a user meets with an adapter in hand, the 4D check above all
     for code in ("ISL-E001", "ISL-E005", "ISL-E021"):
-        assert "inkling-lab doctor ADAPTER" in explain(code.lower()).explain(), code
+        text = explain(code.lower()).explain()
+        assert "inkling-lab doctor ADAPTER" in text and "inkling-lab export ADAPTER -o OUT" in text, code
 
 
 # -- bounded and safe -------------------------------------------------------------------------------

@@ -246,7 +246,9 @@ class CatalogEntry:
         if self.adapter_caused:
             parts.append(f"  With an adapter in hand, run the doctor on it first: {DOCTOR_COMMAND}")
             parts.append("  (N, H, F from the model's config.json: n_shared_experts, hidden_size and one shared "
-                         "expert's intermediate size.) It names the tensor at fault and what sglang does with it.")
+                         "expert's intermediate size.) It names the tensor at fault and what sglang does with it;")
+            parts.append("  inkling-lab export ADAPTER -o OUT with the same -n, --hidden and --intermediate writes a "
+                         "copy sglang serves as trained, or says why none can be.")
         parts.append(wrap(self.remedy))
         trigger = "Minimal trigger (in the kit):"
         if not self.reproduced:
