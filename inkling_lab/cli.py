@@ -75,7 +75,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
                     max_rank=args.max_rank, tp=args.tp, target_modules=args.lora_target_modules, repair=args.repair,
-                    hidden_act=args.hidden_act)
+                    hidden_act=args.hidden_act, sglang=args.sglang)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return report.exit_status
 
@@ -84,7 +84,8 @@ def _compare(args: argparse.Namespace) -> int:
     from .compare import compare
 
     report = compare(args.adapters, args.n_shared_experts, args.hidden, args.intermediate,
-                     target_modules=args.lora_target_modules, repair=args.repair, tokens=args.tokens, seed=args.seed)
+                     target_modules=args.lora_target_modules, repair=args.repair, tokens=args.tokens, seed=args.seed,
+                     sglang=args.sglang)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0 if report.agree else 1
 
@@ -97,6 +98,22 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
                    help="let the converter make repairs that guess (a folded down A, a rank read from the factors); "
                         "the report says what was assumed")
     p.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
+    _add_release_arg(p)
+
+
+def _release(text: str) -> str:
+    from .releases import release
+
+    try:
+        return release(text).version
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_release_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sglang", type=_release, default="0.5.23", metavar="VERSION",
+                   help="the sglang release the server runs, 0.5.16 ... 0.5.23 (default 0.5.23): the verdicts are "
+                        "that release's, and the first line names it")
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -137,7 +154,7 @@ def _export(args: argparse.Namespace) -> int:
 
     report = export_for_sglang(args.adapter, args.output, args.n_shared_experts, hidden=args.hidden,
                                intermediate=args.intermediate, tp=args.tp, force=args.force,
-                               progress=False if args.quiet else None)
+                               progress=False if args.quiet else None, sglang=args.sglang)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif report.written:
@@ -162,7 +179,7 @@ def _explain(args: argparse.Namespace) -> int:
     if note:
         print(f"inkling-lab explain: {note}", file=sys.stderr)
     try:
-        print(explain(text).explain())
+        entry = explain(text)
     except NoCatalogEntry as exc:
         print(f"inkling-lab explain: {exc.headline}", file=sys.stderr)
         if exc.closest:
@@ -173,6 +190,10 @@ def _explain(args: argparse.Namespace) -> int:
                   "or a code", file=sys.stderr)
         print("  every entry: inkling-lab explain --list", file=sys.stderr)
         return 1
+    from .releases import raised_line
+
+    print(raised_line(entry, args.sglang))
+    print(entry.explain())
     return 0
 
 
@@ -278,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_release_arg(p)
     p.set_defaults(func=_export)
 
     p = sub.add_parser(
@@ -288,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the error text (quote it) or a fragment of it, a code such as ISL-E005 (any case), "
                         "or - to read stdin")
     p.add_argument("--list", action="store_true", help="list every catalog entry, code and title")
+    _add_release_arg(p)
     p.set_defaults(func=_explain)
 
     p = sub.add_parser(

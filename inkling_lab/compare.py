@@ -33,6 +33,7 @@ import torch.nn.functional as Fn
 from .adapters import Adapter, FactorName, load_adapter
 from .convert import convert
 from .peft_reference import Deltas, PeftRefused, ReferenceDeltas, kit_reading, peft_reference
+from .releases import Release, release
 from .sglang_path import SglangRun, config_causes, exception_text, run_sglang
 
 RTOL, ATOL = 1.3e-6, 1e-5
@@ -147,6 +148,8 @@ class CompareReport:
     peft_by: list[str] = field(default_factory=list)
     """Per slot, who computed the PEFT column (``ReferenceDeltas.label``): PEFT itself, or
     the kit's own reading and why."""
+    release: Release = field(default_factory=release)
+    """The sglang release whose serving the ``sglang`` column is (``--sglang``; default 0.5.23)."""
 
     @property
     def sglang_error(self) -> float | None:
@@ -164,8 +167,8 @@ class CompareReport:
         return all(s == "computed" for ss in self.status.values() for s in ss) and all(r.close for r in self.rows)
 
     def __str__(self) -> str:
-        lines = [f"compare: {len(self.adapters)} adapter(s) on a random sink n={self.n}, H={self.hidden}, "
-                 f"F={self.intermediate}; {self.tokens} tokens, seed {self.seed}; each expert's LoRA delta [T, H], "
+        lines = [f"{self.release.label}, compare: {len(self.adapters)} adapter(s) on a random sink n={self.n}, "
+                 f"H={self.hidden}, F={self.intermediate}; {self.tokens} tokens, seed {self.seed}; each expert's LoRA delta [T, H], "
                  f"float64, against PEFT's math (rtol {RTOL}, atol {ATOL})"]
         by = set(filter(None, self.peft_by))
         if len(by) == 1:
@@ -182,12 +185,12 @@ class CompareReport:
             if not rows:
                 continue
             bad = [r for r in rows if not r.close]
-            lines.append(f"{got} 0.5.23 vs PEFT:" if got == "sglang" else "kit's pool vs PEFT:")
+            lines.append(f"{self.release.label} vs PEFT:" if got == "sglang" else "kit's pool vs PEFT:")
             lines += [("  " + str(r).replace("\n", "\n  ")) for r in (bad or [r for r in rows if r.expert is None])]
             if not bad:
                 lines.append("  every expert matches")
         if self.sglang_error is not None:
-            lines.append(f"sglang 0.5.23's sink LoRA delta is off by a relative error of {self.sglang_error:.4g} "
+            lines.append(f"{self.release.label}'s sink LoRA delta is off by a relative error of {self.sglang_error:.4g} "
                          "(Frobenius, all modules and slots)")
         return "\n".join(lines)
 
@@ -199,7 +202,8 @@ class CompareReport:
 
         return {"adapters": self.adapters, "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
                                                     "intermediate": self.intermediate},
-                "tokens": self.tokens, "seed": self.seed, "status": self.status, "peft_by": self.peft_by, "agree": self.agree,
+                "sglang": self.release.version, "tokens": self.tokens, "seed": self.seed, "status": self.status,
+                "peft_by": self.peft_by, "agree": self.agree,
                 "sglang_relative_error": self.sglang_error, "rows": [asdict(r) for r in self.rows]}
 
 
@@ -212,18 +216,21 @@ def _sglang_deltas(path: SglangRun, module: str) -> Deltas | None:
 
 def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_experts: int, hidden: int, intermediate: int, *,
             target_modules: Sequence[str] | None = None, repair: bool = False, tokens: int = 8,
-            seed: int = 0) -> CompareReport:
+            seed: int = 0, sglang: str | Release | None = None) -> CompareReport:
     """The three deltas of each adapter (slot ``i`` = ``adapters[i]``: a folder, or an
     ``Adapter`` in memory) on one seeded random batch of ``tokens`` tokens; never raises
     on a bad adapter (its column says why).
 
     ``target_modules``: the server's ``--lora-target-modules`` (default: each adapter's
-    own). ``repair``: let the converter make the repairs that guess.
+    own). ``repair``: let the converter make the repairs that guess. ``sglang``: the
+    release whose serving the ``sglang`` column is (default 0.5.23; the first line of the
+    report names it).
     """
     n = n_shared_experts
     folders = [Path(a.source) if isinstance(a, Adapter) else Path(a) for a in adapters]
     report = CompareReport([a.name if isinstance(a, Adapter) else f.name for a, f in zip(adapters, folders)], n,
-                           hidden, intermediate, tokens, seed, {"peft": [], "sglang": [], "kit": []})
+                           hidden, intermediate, tokens, seed, {"peft": [], "sglang": [], "kit": []},
+                           release=release(sglang))
     batch = Batch.random(n, hidden, intermediate, tokens, seed)
     for slot, (given, folder) in enumerate(zip(adapters, folders)):
         try:
@@ -233,7 +240,7 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
             adapter, refused = None, exception_text(exc)
         in_memory = given if isinstance(given, Adapter) and not (folder / "adapter_config.json").is_file() else None
         path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules,
-                          name=report.adapters[slot], state=in_memory)
+                          name=report.adapters[slot], state=in_memory, sglang=report.release)
         if path.raised is not None:
             report.status["sglang"].append(f"not served: it fails to load ({path.raised.text})")
         elif path.unknown:
@@ -281,7 +288,7 @@ def add_slot(report: CompareReport, slot: int, batch: Batch, path: SglangRun, ad
     ``None`` when the kit refuses the folder (PEFT's column and sglang's still compare)."""
     n = report.n
     causes = "; ".join([*path.causes, *config_causes(path.config, [k for k in path.weights if FactorName.parse(k)],
-                                                     report.adapters[slot])[0]])
+                                                     report.adapters[slot], report.release)[0]])
     while len(report.peft_by) <= slot:
         report.peft_by.append("")
     try:  # the adapter's math on this sink: it must fit (n experts of F features, hidden size H)

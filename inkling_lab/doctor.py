@@ -1,4 +1,4 @@
-"""The adapter doctor: what sglang 0.5.23 does with one PEFT adapter, next to what it means.
+"""The adapter doctor: what an sglang release (default 0.5.23) does with one PEFT adapter, next to what it means.
 
 ``doctor(folder, n, H, F)`` follows the adapter down sglang's own loading path, one
 stage at a time, each run once and recorded (what it produced, or the error it hit;
@@ -43,6 +43,7 @@ from .convert import ConvertedPool, convert
 from .errors import find_entry
 from .geometry import BUFFER_NAMES
 from .pool import LoRAFactors
+from .releases import Release, release
 from .shard import shard_factors
 from .sink import activation_fn
 from .sglang_path import SINK_TARGETS, config_causes, exception_text, run_sglang
@@ -121,6 +122,8 @@ class DoctorReport:
     cure: str = ""
     """Where sglang would not serve the adapter's math: whether ``inkling-lab export``
     writes an adapter it serves as trained, or why it cannot be cured."""
+    release: Release = field(default_factory=release)
+    """The sglang release whose verdicts these are (``--sglang``; default 0.5.23)."""
 
     @property
     def exit_status(self) -> int:
@@ -188,7 +191,8 @@ class DoctorReport:
         kit = ("writes the adapter's math" + (f", after {len(self.kit.repairs)} repair(s): "
                                                 + "; ".join(self.kit.repairs) if self.kit.repairs else "")
                if self.kit.outcome == "writes" else f"refuses it:\n    {self.kit.text}")
-        lines = [f"1. sglang 0.5.23 {load}", f"2. sglang 0.5.23 then computes {computes}"]
+        label = self.release.label
+        lines = [f"1. {label} {load}", f"2. {label} then computes {computes}"]
         lines += [f"     because {cause}" for cause in c.causes if cause != self.load.why]
         lines.append(f"3. inkling-lab convert {kit}")
         if self.cure:
@@ -196,7 +200,7 @@ class DoctorReport:
         return lines
 
     def __str__(self) -> str:
-        lines = [f"Adapter {self.adapter}" + (f": {self.about}" if self.about else ""),
+        lines = [f"{self.release.label}, adapter {self.adapter}" + (f": {self.about}" if self.about else ""),
                  f"Sink: n={self.n}, H={self.hidden}, F={self.intermediate}"
                  + (f" (tp={self.tp}: F={self.intermediate // self.tp} per rank)" if self.tp > 1 else "")
                  + (f", pool max rank R={self.max_rank}" if self.max_rank else ""),
@@ -215,9 +219,9 @@ class DoctorReport:
         lines += [str(f).replace(quoted, "the warning quoted under 1. above", 1) if quoted and f.message == quoted
                   else str(f) for f in self.findings]
         lines.append(f"Exit status {self.exit_status}: " + (
-            "sglang 0.5.23 loads it and serves the adapter's math" if self.ok else
-            "sglang 0.5.23 fails to load it" if self.fails else
-            "sglang 0.5.23 would not serve the adapter's math"))
+            f"{self.release.label} loads it and serves the adapter's math" if self.ok else
+            f"{self.release.label} fails to load it" if self.fails else
+            f"{self.release.label} would not serve the adapter's math"))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -230,7 +234,8 @@ class DoctorReport:
                          "tp": self.tp, "max_rank": self.max_rank},
                 "server": {"target_modules": self.targets, "from": self.targets_from,
                            "wraps_sink": all(t in self.targets for t in SINK_TARGETS) or "all" in self.targets},
-                "sglang": {"load": asdict(self.load), "computes": asdict(self.computes)},
+                "sglang": {"release": self.release.version, "load": asdict(self.load),
+                           "computes": asdict(self.computes)},
                 "kit": asdict(self.kit), "error_code": self.error_code, "export": self.cure,
                 "findings": [asdict(f) for f in self.findings], "stages": self.stages, "shapes": self.journey}
 
@@ -285,9 +290,13 @@ def _saved_shapes(folder: Path) -> dict[str, list[int]]:
 
 def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hidden: int, intermediate: int,
            max_rank: int | None = None, tp: int = 1, *, target_modules: Sequence[str] | None = None,
-           repair: bool = False, measure: bool = True, hidden_act: str = "silu") -> DoctorReport:
-    """What sglang 0.5.23 does with one adapter folder for a sink of ``n``, ``H=hidden``
-    and full per-expert ``F=intermediate`` over ``tp`` ranks; never raises on bad input.
+           repair: bool = False, measure: bool = True, hidden_act: str = "silu",
+           sglang: str | Release | None = None) -> DoctorReport:
+    """What sglang release ``sglang`` (default 0.5.23) does with one adapter folder for a
+    sink of ``n``, ``H=hidden`` and full per-expert ``F=intermediate`` over ``tp`` ranks;
+    never raises on bad input (an unknown release is a ``ValueError`` listing the known
+    ones: that is the caller's mistake, not the adapter's). The report's first line names
+    the release.
 
     ``target_modules``: the server's ``--lora-target-modules`` (default: the adapter's
     own ``target_modules``, and the report says so). ``max_rank``: the server's
@@ -305,8 +314,11 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     # An adapter in memory is read as it stands (its factors as the kit repaired them); from a folder, as saved.
     in_memory = adapter if isinstance(adapter, Adapter) and not (folder / CONFIG_FILE).is_file() else None
     name = (in_memory.name if in_memory is not None else folder.name) or str(folder)
-    report = DoctorReport(name if in_memory is not None else str(folder), n, hidden, intermediate, tp, max_rank)
-    path = run_sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name, state=in_memory)
+    sglang = release(sglang)
+    report = DoctorReport(name if in_memory is not None else str(folder), n, hidden, intermediate, tp, max_rank,
+                          release=sglang)
+    path = run_sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name, state=in_memory,
+                      sglang=sglang)
     raised = path.raised
     sglang_findings = [*([raised.finding] if raised is not None and raised.finding is not None else []),
                        *path.findings]
@@ -323,11 +335,12 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
 
     read = _kit(report, folder, adapter if isinstance(adapter, Adapter) else None, repair)
     causes, config_findings = config_causes(path.config, [k for k in path.weights
-                                                          if FactorName.parse(k) is not None], name)
+                                                          if FactorName.parse(k) is not None], name, sglang)
     report.findings = sglang_findings + config_findings + [f for f in report.findings if f not in sglang_findings]
     causes = [*path.causes, *causes]
     if hidden_act != "silu":
-        report.findings.insert(0, finding("ISL-W113", "the model", more=True, activation=hidden_act))
+        report.findings.insert(0, finding("ISL-W113", "the model", more=True, activation=hidden_act,
+                                          release=sglang.version))
         causes.append(f"the model computes {hidden_act}(gate) * up, sglang's sink silu(gate) * up")
     if report.load.outcome == "raises":
         report.computes = SglangCompute("nothing")
@@ -346,14 +359,14 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
             "raises": f"raises {report.load.text}"}[report.load.outcome]
     then = {"adapter": "and serves its math", "nothing": "", "different": "and serves something else (verdict 2)",
             "base": "and serves the base model", "nan": "and serves NaN", "unknown": ""}[report.computes.outcome]
-    report.findings = [replace(f, consequence=f"sglang 0.5.23 {said} {then}".strip())
+    report.findings = [replace(f, consequence=f"{sglang.label} {said} {then}".strip())
                        if f.consequence == "inkling-lab convert refuses it" else f for f in report.findings]
     # (the measure runs a SiLU sink: it sizes the adapter's part, not another activation's)
     if measure and report.computes.outcome in ("different", "base") and read is not None and tp == 1 \
             and hidden_act == "silu":
         from .compare import Batch, CompareReport, add_slot
 
-        sized = CompareReport([name], n, hidden, intermediate, 8, 0, {"peft": ["computed"]})
+        sized = CompareReport([name], n, hidden, intermediate, 8, 0, {"peft": ["computed"]}, release=sglang)
         add_slot(sized, 0, Batch.random(n, hidden, intermediate), path, read, report.pool)  # the stages already run
         report.computes.relative_error = sized.sglang_error
     if not report.ok:

@@ -58,6 +58,7 @@ from .errors import find_entry
 from .geometry import check_tp
 from .pool import LoRAFactors
 from .records import relative_error
+from .releases import Release, release
 from .sglang_path import run_sglang, server_target_modules
 from .upstream_defect import collapse_identical_outer
 
@@ -66,9 +67,6 @@ SINK_TARGET_MODULES = ("gate_proj", "up_proj", "down_proj")
 ``gate_proj``/``up_proj`` to ``gate_up_proj``, and ``init_lora_modules`` wraps the sink
 when both ``gate_up_proj`` and ``down_proj`` are targets."""
 
-SGLANG = "0.5.23"
-"""The release whose loading path the export is proven against (one place: every call
-into the kit's model of sglang goes through ``_served``)."""
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-6}
 """The proof's relative error (largest difference over the largest value) per output
@@ -167,6 +165,8 @@ class ExportReport:
     error: str = ""
     code: str | None = None
     exception: BaseException | None = field(default=None, repr=False)
+    release: Release = field(default_factory=release)
+    """The sglang release the export is proven against (``--sglang``; default 0.5.23)."""
 
     @property
     def exit_status(self) -> int:
@@ -184,23 +184,24 @@ class ExportReport:
 
     def __str__(self) -> str:
         if not self.written:
-            lines = [f"export {self.adapter} -> {self.output}: refused, nothing written",
+            lines = [f"{self.release.label}, export {self.adapter} -> {self.output}: refused, nothing written",
                      f"  {self.error}".replace("\n", "\n  ")]
             if self.code:
                 lines.append(f"  more: inkling-lab explain {self.code}")
         else:
-            lines = [f"export {self.adapter} -> {self.output}: written, r={self.rank} ({self.rank_reason}), "
+            lines = [f"{self.release.label}, export {self.adapter} -> {self.output}: written, r={self.rank} "
+                     f"({self.rank_reason}), "
                      f"{self.dtype}, {len(self.modules)} shared-sink module(s)"
                      + (f" and {len(self.other_modules)} other module(s)" if self.other_modules else ""),
                      f"  target_modules: {self.target_modules}"]
         if self.proof:
-            lines.append(f"proof: the export read back through sglang {SGLANG}'s loading path (the kit's model) "
+            lines.append(f"proof: the export read back through {self.release.label}'s loading path (the kit's model) "
                          f"against PEFT's delta computed by {self.reference}, each expert, float64 ({self.allowed}):")
             bad = [r for r in self.proof if not r.close]
             lines += [f"  {r}" for r in bad] or [f"  {max(self.proof, key=lambda r: r.max_rel)}",
                                                  f"  every module and expert matches ({len(self.proof)} comparisons)"]
         if self.written:
-            lines.append(f"serve it with sglang {SGLANG}: " + " ".join(self.server_flags))
+            lines.append(f"serve it with {self.release.label}: " + " ".join(self.server_flags))
             lines += [f"  {flag}: {SERVER_FACTS[flag]}" for flag in SERVER_FACTS]
             lines.append(f"tensor parallelism: one file for every --tp-size; the sink's F={self.intermediate} splits "
                          f"at --tp-size {', '.join(map(str, self.tp_sizes))}")
@@ -212,7 +213,8 @@ class ExportReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report for machines (``--json``)."""
-        return {"adapter": self.adapter, "output": self.output, "written": self.written, "rank": self.rank,
+        return {"sglang": self.release.version, "adapter": self.adapter, "output": self.output,
+                "written": self.written, "rank": self.rank,
                 "rank_reason": self.rank_reason, "dtype": self.dtype, "server_flags": self.server_flags,
                 "server_facts": SERVER_FACTS, "target_modules": self.target_modules, "tp": self.tp,
                 "tp_sizes": self.tp_sizes, "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
@@ -486,9 +488,12 @@ class _Readback:
     weights: dict[str, torch.Tensor]
 
 
-def _served(folder: Path, n: int, hidden: int, intermediate: int, max_rank: int, readback: _Readback) -> Any:
-    """The kit's model of sglang 0.5.23's loading path, on one module read back from ``folder``."""
-    return run_sglang(folder, n, hidden, intermediate, max_rank=max_rank, name=folder.name, state=readback)
+def _served(folder: Path, n: int, hidden: int, intermediate: int, max_rank: int, readback: _Readback,
+            sglang: Release) -> Any:
+    """The kit's model of release ``sglang``'s loading path, on one module read back from
+    ``folder`` (every call into the kit's model of sglang goes through here)."""
+    return run_sglang(folder, n, hidden, intermediate, max_rank=max_rank, name=folder.name, state=readback,
+                      sglang=sglang)
 
 
 def sink_sizes(adapter: Adapter, n: int) -> tuple[int, int]:
@@ -506,6 +511,7 @@ class Proof:
     rows: list[ProofRow]
     allowed: str
     failure: str = ""
+    release: Release = field(default_factory=release)
     reference: str = ""
     """Who computed PEFT's delta (``ReferenceDeltas.label``): PEFT itself, or the kit and why."""
 
@@ -520,7 +526,7 @@ class Proof:
         bad = next((r for r in self.rows if not r.close), None)
         what = self.failure or f"{bad.module} {bad.part}" + ("" if bad.expert is None else f" expert {bad.expert}") \
             + f" (relative error {bad.max_rel:.3g}; {self.allowed})"
-        raise ValueError(message("ISL-K503", sglang=SGLANG, what=what))
+        raise ValueError(message("ISL-K503", sglang=self.release.version, what=what))
 
 
 def _compare(module: str, part: str, expert: int | None, served: torch.Tensor, peft: torch.Tensor,
@@ -539,9 +545,9 @@ def _compare(module: str, part: str, expert: int | None, served: torch.Tensor, p
 
 
 def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, hidden: int | None = None,
-                  intermediate: int | None = None) -> Proof:
+                  intermediate: int | None = None, sglang: str | Release | None = None) -> Proof:
     """Read ``folder`` (an export of ``adapter``) back through the kit's model of sglang
-    0.5.23's loading path and forward, one module at a time, and compare each expert's
+    release ``sglang``'s (default 0.5.23) loading path and forward, one module at a time, and compare each expert's
     served LoRA delta with PEFT's delta of ``adapter`` (``module_reference``), and every
     other module's delta with PEFT's ``scaling * B @ A``. Never raises on a bad folder:
     ``Proof.failure`` says where sglang would stop or serve something else."""
@@ -552,7 +558,8 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, h
     files = sorted(p.name for p in folder.glob("*.safetensors"))
     rows: list[ProofRow] = []
     dtype = adapters_dtype([adapter])
-    proof = Proof(rows, _allowed(dtype))
+    proof = Proof(rows, _allowed(dtype), release=release(sglang))
+    label = proof.release.label
     if files != [WEIGHTS_FILE]:  # sglang reads every *.safetensors of the folder (safetensors_weights_iterator)
         proof.failure = f"the folder holds {files}; sglang would read every one"
         return proof
@@ -574,11 +581,11 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, h
                 proof.failure = f"PEFT's delta of {module} cannot be computed: {type(exc).__name__}: {exc}"
                 return proof
             weights = {k: f.get_tensor(k) for k in by_module[module]}
-            path = _served(folder, n, H, F, rank, _Readback(config, weights))
+            path = _served(folder, n, H, F, rank, _Readback(config, weights), proof.release)
             if path.raised is not None:
-                proof.failure = f"sglang {SGLANG} raises loading {module}: {path.raised.text}"
+                proof.failure = f"{label} raises loading {module}: {path.raised.text}"
             elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
-                proof.failure = f"sglang {SGLANG} does not serve {module} as trained: " + "; ".join(
+                proof.failure = f"{label} does not serve {module} as trained: " + "; ".join(
                     [path.unknown] * bool(path.unknown) + list(path.causes)
                     + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
             if proof.failure:
@@ -654,7 +661,8 @@ def server_flags(output: str | os.PathLike[str], rank: int, target_modules: Sequ
 
 def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | os.PathLike[str],
                       n_shared_experts: int, *, hidden: int | None = None, intermediate: int | None = None,
-                      tp: int = 1, force: bool = False, progress: bool | None = None) -> ExportReport:
+                      tp: int = 1, force: bool = False, progress: bool | None = None,
+                      sglang: str | Release | None = None) -> ExportReport:
     """Write ``output``, a PEFT folder sglang 0.5.23 serves as exactly ``adapter``'s math,
     proven on the way out; or refuse, writing nothing. Never raises on a bad adapter:
     the report says (``written``, ``error``, ``code``; ``raise_if_refused()`` raises it).
@@ -664,10 +672,12 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
     per-expert ``F`` (default the adapter's; a mismatch is refused). ``tp``: the server's
     tensor-parallel size, checked to split ``F``. ``force``: replace an existing
     ``output``. ``progress``: a bar on stderr (default: for exports over 64 MiB).
+    ``sglang``: the release the export is proven against (default 0.5.23; an unknown one
+    is a ``ValueError`` listing the known ones); the report's first line names it.
     """
     output = Path(output)
     name = adapter.name if isinstance(adapter, Adapter) else Path(adapter).name
-    report = ExportReport(name, str(output), n_shared_experts, hidden, intermediate, tp)
+    report = ExportReport(name, str(output), n_shared_experts, hidden, intermediate, tp, release=release(sglang))
     try:
         read = adapter if isinstance(adapter, Adapter) else load_adapter(adapter)
         _check_output(output, read.source, force)
@@ -682,7 +692,8 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
             (tmp / CONFIG_FILE).write_text(json.dumps(plan.config(), indent=2) + "\n", encoding="utf-8")
             stream_safetensors(tmp / WEIGHTS_FILE, plan.specs(), plan.tensors(progress),
                                {"format": "pt", "inkling_lab_export_of": read.sha256})
-            proof = verify_export(tmp, read, n_shared_experts, hidden=plan.hidden, intermediate=plan.intermediate)
+            proof = verify_export(tmp, read, n_shared_experts, hidden=plan.hidden, intermediate=plan.intermediate,
+                                  sglang=report.release)
             report.proof, report.allowed, report.reference = proof.rows, proof.allowed, proof.reference
             proof.check()
         report.findings = [*read.findings, *plan.findings]

@@ -1,4 +1,4 @@
-"""The sglang releases that have the shared-sink LoRA wrapper, as data (docs: SPEC §11).
+"""The sglang releases that have the shared-sink LoRA wrapper, as data (docs/reference.md#releases).
 
 Every fact here was read from the published wheel of that release (``pip download
 --no-deps sglang==0.5.X``, unpacked, compared file by file and function by function);
@@ -15,6 +15,7 @@ tell a wheel of this release from another one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .catalog import ENTRIES, RELEASES
 
@@ -100,8 +101,10 @@ _DOCTOR = {
     "ISL-W111": "lora_config.py LoRAConfig (reads no fan_in_fan_out)",
     "ISL-W112": "lora_config.py LoRAConfig (reads no rank_pattern)",
     "ISL-W002": "mem_pool.py load_lora_weight_to_buffer (the skip warning)",
+    "ISL-W113": ("models/inkling_common/dense_mlp.py InklingBatchDenseMLP._swiglu: silu_and_mul(_triton) in every "
+                 "release, whatever hidden_act"),
     "ISL-W001": ("srt/lora/trtllm_lora_temp/inkling_dense.py _apply_per_expert_lora, the same call in every release "
-                 "(0.5.22 changed only its import paths); measured on 0.5.23's kernels (SPEC §8), whose "
+                 "(0.5.22 changed only its import paths); measured on 0.5.23's kernels (docs/reference.md#per-expert-defect), whose "
                  "virtual_experts.py differs from 0.5.16's and from 0.5.17-0.5.22's"),
 }
 """What each of the doctor's findings about sglang rests on; every file named is the same
@@ -189,3 +192,37 @@ def closest(record: dict[str, str]) -> tuple[Release, list[str]]:
         return [f for f in FILES if record.get(f) != r.record[f]]
     best = min(reversed(list(TABLE.values())), key=lambda r: len(differing(r)))
     return best, differing(best)
+
+
+def span(versions: tuple[str, ...] | list[str]) -> str:
+    """``("0.5.16", ..., "0.5.23")`` -> ``"0.5.16 to 0.5.23"``; a gap lists them."""
+    order = list(TABLE)
+    at = [order.index(v) for v in versions]
+    if not at:
+        return "no release"
+    if len(at) == 1:
+        return versions[0]
+    if at == list(range(at[0], at[-1] + 1)):
+        return f"{versions[0]} to {versions[-1]}"
+    return ", ".join(versions)
+
+
+def raised_line(entry: Any, version: str | Release | None = None) -> str:
+    """One line on whether release ``version`` raises catalog ``entry`` (for ``explain``'s
+    first line): sglang's own words it writes or not, the kit's own ones whatever the release."""
+    r = release(version)
+    here = r.version in entry.releases
+    if not entry.by_upstream and entry.kind in ("warning", "finding"):
+        return (f"{r.label}: {entry.code} is the kit's {entry.kind} about what sglang {span(entry.releases)} does"
+                + ("" if here else f", not {r.version}"))
+    if not entry.by_upstream:
+        return (f"{r.label}: {entry.code} is the kit's own {entry.kind} (inkling_lab), the same whichever release "
+                "you serve with")
+    if here:
+        return f"{r.label} raises this ({entry.code} is raised by sglang {span(entry.releases)})"
+    if not entry.releases:
+        return (f"{r.label} does not raise this: no release from {RELEASES[0]} to {RELEASES[-1]} writes "
+                f"{entry.code}'s words (another revision of the file does)")
+    which = "that release" if len(entry.releases) == 1 else "one of those"
+    return (f"{r.label} does not raise this: {entry.code} is raised by sglang {span(entry.releases)} only; if your "
+            f"server printed it, it runs {which}, not {r.version}")

@@ -428,8 +428,9 @@ def _check_targets(fn: Callable[[Any], set[str]], names: Sequence[str], rng: ran
 
 @dataclass
 class AreaResult:
-    """One area: ``status`` ``agree``, ``disagree`` or ``absent`` (the wheel has no such
-    code); ``cases`` run; ``first``: the first disagreement, in words."""
+    """One area: ``status`` ``agree``, ``disagree``, ``absent`` (the wheel has no such code
+    and the release table says so: it agrees) or ``missing`` (the wheel lacks the code
+    the kit needs); ``cases`` run; ``first``: the first disagreement, in words."""
 
     area: str
     status: str
@@ -439,7 +440,7 @@ class AreaResult:
 
     @property
     def agrees(self) -> bool:
-        return self.status == "agree"
+        return self.status in ("agree", "absent")
 
     def line(self) -> str:
         text = f"  {self.area:<14} {self.status:<9}" + (f" {self.cases} cases" if self.cases else "")
@@ -529,7 +530,7 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
     report = SelfCheck(str(wheel), version, known, near.version, differs)
     files = read_checked(wheel, [SINK_FILE, ADAPTER_FILE, UTILS_FILE], missing_ok=True)
     if SINK_FILE not in files:
-        report.areas = [AreaResult(a, "absent", note=f"the wheel has no {SINK_FILE}") for a in AREAS]
+        report.areas = [AreaResult(a, "missing", note=f"the wheel has no {SINK_FILE}") for a in AREAS]
         return report
     expected: Release = TABLE[version] if version in TABLE else near
     _CODE.clear()
@@ -538,7 +539,7 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
     for gen, cls_name in (("v1", V1_CLASS), ("v2", V2_CLASS)):
         if cls_name not in sink:
             says = "has none either" if not expected.has(gen) else "has it: the table is wrong for this wheel"
-            report.areas.append(AreaResult(gen, "agree" if not expected.has(gen) else "disagree",
+            report.areas.append(AreaResult(gen, "absent" if not expected.has(gen) else "disagree",
                                            note=f"no {cls_name} in the wheel; the release table's "
                                                 f"sglang {expected.version} {says}"))
             continue
@@ -553,7 +554,7 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
         adapter = _CODE[ADAPTER_FILE].names["LoRAAdapter"]
         report.areas.append(_run("normalization", cases, seed, lambda rng: _check_normalization(adapter, rng)))
     else:
-        report.areas.append(AreaResult("normalization", "absent", note=f"the wheel has no {ADAPTER_FILE}"))
+        report.areas.append(AreaResult("normalization", "missing", note=f"the wheel has no {ADAPTER_FILE}"))
     if UTILS_FILE in files:
         _CODE[UTILS_FILE] = extract(files[UTILS_FILE], f"<{wheel.name}>/{UTILS_FILE}",
                                     ("get_normalized_target_modules",))
@@ -566,5 +567,5 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
                                                         "o_proj", "router", "experts"})
         report.areas.append(_run("targets", cases, seed, lambda rng: _check_targets(fn, names, rng)))
     else:
-        report.areas.append(AreaResult("targets", "absent", note=f"the wheel has no {UTILS_FILE}"))
+        report.areas.append(AreaResult("targets", "missing", note=f"the wheel has no {UTILS_FILE}"))
     return report

@@ -1,4 +1,4 @@
-"""sglang 0.5.23's adapter path, modelled stage by stage, for one PEFT adapter.
+"""sglang's adapter path for one release (default 0.5.23), modelled stage by stage, for one PEFT adapter.
 
 ``run_sglang(folder, n, H, F)`` follows the adapter down sglang's own loading path,
 each stage once and recorded (what it produced, or sglang's exact error), and hands
@@ -31,6 +31,7 @@ from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of,
 from .catalog import Finding, finding, message
 from .geometry import WORKING_DTYPES
 from .pool import LoRAFactors
+from .releases import Release, release
 from .shard import slice_lora_a, slice_lora_b
 from .upstream_defect import doctor_finding, sglang_0_5_23_equivalent_buffers
 from .validate import diagnose_pool
@@ -53,7 +54,7 @@ are *not* renamed."""
 
 
 def server_target_modules(targets: Any) -> set[str]:
-    """The target modules as sglang 0.5.23 normalizes them (``get_normalized_target_modules``,
+    """The target modules as sglang normalizes them (``get_normalized_target_modules``,
     utils.py): the last name part, ``gate_proj``/``up_proj`` -> ``gate_up_proj``;
     ``"all"``/``"all-linear"`` -> ``{"all"}``."""
     if isinstance(targets, str):
@@ -81,12 +82,12 @@ def _skipped_factors(keys: Sequence[str]) -> str:
     return " and ".join(parts) + " are"
 
 
-def _skip_fix(skipped: list[str]) -> str:
-    """The way out for the weights sglang skips, by what they are."""
+def _skip_fix(skipped: list[str], label: str) -> str:
+    """The way out for the weights sglang (``label``: ``"sglang 0.5.23"``) skips, by what they are."""
     fixes = []
     if any(".base_layer." in k or k.endswith(("shared_experts.lora_A.weight", "shared_experts.lora_B.weight"))
            for k in skipped):
-        fixes.append("a PEFT target_parameters export matches no module sglang 0.5.23 wraps: merge it into the base "
+        fixes.append(f"a PEFT target_parameters export matches no module {label} wraps: merge it into the base "
                      "weights (PEFT merge_and_unload) to serve it (ISL-N204)")
     if any(".up_proj." in k or ".w3." in k for k in skipped):
         fixes.append("an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate; "
@@ -119,7 +120,7 @@ class _Raised(Exception):
 
 @dataclass(frozen=True)
 class SglangRun:
-    """What sglang 0.5.23's loading path did with one adapter, stage by stage.
+    """What an sglang release's loading path did with one adapter, stage by stage.
 
     ``raised``: where it stopped with an error (``None``: it loads). ``unknown``: why
     the kit cannot tell the rest (a pickle file, a factor it does not model). ``stages``:
@@ -130,7 +131,7 @@ class SglangRun:
     scaling); ``served``: per module of a wrapped sink, the factors whose intended math
     is what sglang computes (``loaded``, through the per-expert defect's equivalent
     buffers where ``O = n``). ``findings``/``causes``: what it does other than the
-    adapter's math.
+    adapter's math. ``release``: the release modelled (``releases.Release``).
     """
 
     stages: tuple[dict[str, Any], ...]
@@ -146,6 +147,7 @@ class SglangRun:
     findings: tuple[Finding, ...]
     causes: tuple[str, ...]
     raised: SglangRaise | None = None
+    release: Release | None = None
 
 
 def _shapes_of(t: Any) -> Any:
@@ -162,11 +164,13 @@ def _torch_size(shape: Sequence[int]) -> str:
 
 
 class _Sglang:
-    """One adapter folder down sglang 0.5.23's loading path. Each stage method runs once,
-    appends its record to ``stages`` and raises ``_Raised`` where sglang raises."""
+    """One adapter folder down the loading path of sglang ``release`` (``releases.Release``).
+    Each stage method runs once, appends its record to ``stages`` and raises ``_Raised``
+    where sglang raises."""
 
     def __init__(self, folder: Path, n: int, hidden: int, intermediate: int, tp: int, max_rank: int | None,
-                 cli_targets: Sequence[str] | None, name: str) -> None:
+                 cli_targets: Sequence[str] | None, name: str, sglang: Release) -> None:
+        self.release, self.label = sglang, sglang.label
         self.folder, self.n, self.H, self.F, self.tp = folder, n, hidden, intermediate, tp
         self.max_rank, self.cli_targets, self.name = max_rank, cli_targets, name
         self.stages: list[dict[str, Any]] = []
@@ -210,8 +214,8 @@ class _Sglang:
             raised = exc.record
             self.record(raised.stage, error=raised.text, upstream=raised.upstream)
         return SglangRun(tuple(self.stages), self.config, self.weights, frozenset(self.server), self.wrapped,
-                         self.base_only, self.skip_warning, self.unknown, dict(self.loaded), dict(self.served), tuple(self.findings),
-                         tuple(self.causes), raised)
+                         self.base_only, self.skip_warning, self.unknown, dict(self.loaded), dict(self.served),
+                         tuple(self.findings), tuple(self.causes), raised, self.release)
 
     def record(self, stage: str, **produced: Any) -> None:
         self.stages.append({"stage": stage, **produced})
@@ -223,7 +227,7 @@ class _Sglang:
             try:  # never opened by the kit: a FIFO would block this read (and sglang's) forever
                 check_regular(path)
             except ValueError as exc:
-                self.unknown = (f"{exc}; sglang 0.5.23 opens it as it is (a FIFO blocks its read until a writer "
+                self.unknown = (f"{exc}; {self.label} opens it as it is (a FIFO blocks its read until a writer "
                                 "appears)")
                 return
         if not config_path.is_file():
@@ -266,7 +270,7 @@ class _Sglang:
         self.r = cfg["r"]
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
             # buffers sized by a rank that is no positive integer: torch's allocation, not modelled here
-            self.unknown = (f"r is {self.r!r}: the kit does not model what sglang 0.5.23's buffers of that rank do "
+            self.unknown = (f"r is {self.r!r}: the kit does not model what {self.label}'s buffers of that rank do "
                             "(the kit refuses it: ISL-K202)")
 
     def read_weights(self) -> None:
@@ -290,7 +294,7 @@ class _Sglang:
                               "model_loader/weight_utils.py: safetensors_weights_iterator (safe_open)") from None
         biases = [k for k in self.weights if "shared_experts." in k and k.endswith("lora_B.bias")]
         if biases:
-            self.unknown = (f"{len(biases)} lora_B.bias tensor(s) (lora_bias): sglang 0.5.23 has no LoRA bias and "
+            self.unknown = (f"{len(biases)} lora_B.bias tensor(s) (lora_bias): {self.label} has no LoRA bias and "
                             "routes them like B weights in load_lora_weight_to_buffer; the kit does not model where "
                             "they land")
         self.record("read", config=CONFIG_FILE, weights=[p.name for p in files], r=self.r,
@@ -304,7 +308,7 @@ class _Sglang:
         self._duplicates(sink)
         odd = sorted({str(t.dtype).removeprefix("torch.") for t in sink.values() if t.dtype not in WORKING_DTYPES})
         if odd:  # integers are cast by its buffer copies, float8 fails its scaling: not modelled (ISL-K230)
-            self.unknown = (f"factors of dtype {', '.join(odd)}: the kit does not model how sglang 0.5.23 scales "
+            self.unknown = (f"factors of dtype {', '.join(odd)}: the kit does not model how {self.label} scales "
                             "and casts them")
             return
         if any(t.dim() != 2 and FactorName.parse(k).canonical != "down_proj" for k, t in sink.items()):
@@ -338,7 +342,7 @@ class _Sglang:
             self.findings.append(finding(
                 "ISL-W106", kept.key, fix="keep one key per factor", more=True,
                 consequence="which factor was trained is not in the file",
-                keys=" and ".join(fn.key for fn in names), kept=kept.key, how=how))
+                keys=" and ".join(fn.key for fn in names), kept=kept.key, how=how, release=self.release.version))
 
     # 3. targets --------------------------------------------------------------------
     def targets(self) -> None:
@@ -369,17 +373,17 @@ class _Sglang:
             exported = bool(sink) and len(peft_target_parameter_keys(sink)) == len(sink)
             self.findings.append(finding(
                 "ISL-W103", "target_modules", fix=(
-                    "no --lora-target-modules makes sglang 0.5.23 serve it: a PEFT target_parameters export's keys "
+                    f"no --lora-target-modules makes {self.label} serve it: a PEFT target_parameters export's keys "
                     "match no module it wraps and are skipped whatever the flag (ISL-W002); merge it into the base "
                     "weights (PEFT merge_and_unload)" if exported else
                     "serve with --lora-target-modules gate_up_proj down_proj (or list gate_proj, up_proj and "
                     "down_proj in target_modules; w1/w3/w2 are not renamed there)"), more=True,
                 consequence="requests with this adapter get the base model's sink output",
-                targets=sorted(server), missing=", ".join(missing)))
+                targets=sorted(server), missing=", ".join(missing), release=self.release.version))
         names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
         skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
         if skipped:
-            skip = finding("ISL-W002", "target_modules", fix=_skip_fix(skipped), more=True,
+            skip = finding("ISL-W002", "target_modules", fix=_skip_fix(skipped, self.label), more=True,
                            consequence="sglang logs this warning and serves the adapter without these weights "
                                        "(with --lora-strict-loading the same text is a ValueError)",
                            uid="<lora id>", count=len(skipped), targets=sorted(server), names=skipped)
@@ -559,7 +563,7 @@ class _Sglang:
             self.causes.append(what + ": every output of the slot is NaN")
             self.findings.append(finding(
                 "ISL-W105", "adapter", fix="re-export the adapter from a finite checkpoint; inkling-lab convert "
-                "refuses it (ISL-K301/K302/K160)", more=True, what=what))
+                "refuses it (ISL-K301/K302/K160)", more=True, what=what, release=self.release.version))
         per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1 and f.gate_up_a.any()}
         if per_expert and self.wrapped:
             defect = doctor_finding({m: LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(),
@@ -567,7 +571,7 @@ class _Sglang:
                                      for m, f in per_expert.items()}, what=f"adapter {self.name!r}")
             if defect is not None:
                 self.findings.append(defect)
-                self.causes.append("the per-expert outer layout: sglang 0.5.23's gate/up delta is wrong (ISL-W001)")
+                self.causes.append(f"the per-expert outer layout: {self.label}'s gate/up delta is wrong (ISL-W001)")
         for module, f in self.loaded.items() if self.wrapped else ():
             ga, gb = f.gate_up_a, f.gate_up_b
             if f.outer > 1:
@@ -578,21 +582,27 @@ class _Sglang:
 
 def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1, max_rank: int | None = None,
                target_modules: Sequence[str] | None = None, name: str | None = None,
-               state: Adapter | None = None) -> SglangRun:
-    """Every stage of sglang's path, each once; ``.raised`` holds where it stopped, if it did.
-    ``state``: an adapter held in memory, read from its config and tensors instead of files."""
-    return _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name).run(state)
+               state: Adapter | None = None, sglang: str | Release | None = None) -> SglangRun:
+    """Every stage of the path of sglang release ``sglang`` (default 0.5.23; an unknown one
+    is a ``ValueError`` listing the known ones), each once; ``.raised`` holds where it
+    stopped, if it did. ``state``: an adapter held in memory, read from its config and
+    tensors instead of files."""
+    return _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name,
+                   release(sglang)).run(state)
 
 
-def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str) -> tuple[list[str], list[Finding]]:
+def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str, sglang: str | Release | None = None
+                  ) -> tuple[list[str], list[Finding]]:
     """Where sglang's one ``lora_alpha / r`` is not PEFT's scaling (rsLoRA, alpha and rank
-    patterns), and the fields sglang does not read (fan_in_fan_out, modules_to_save, init)."""
+    patterns), and the fields sglang does not read (fan_in_fan_out, modules_to_save, init);
+    the findings name release ``sglang`` (default 0.5.23: the same in every release)."""
+    version = release(sglang).version
     try:
         peft = read_peft_config(adapter_config, CONFIG_FILE)
     except ValueError:
         return [], []  # the kit refuses the config: its verdict says why; sglang's is read from the raw values
     causes, findings = [], []
-    sglang = peft.lora_alpha / peft.r
+    served = peft.lora_alpha / peft.r  # sglang's one scaling
     modules = sorted({module_of(k) for k in keys})
     if peft.use_rslora and peft.r > 1:
         factor = math.sqrt(peft.r)
@@ -602,9 +612,9 @@ def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str
             "ISL-W101", CONFIG_FILE, fix=f'for sglang, save it with "lora_alpha": {peft.lora_alpha * factor:.8g} and '
             f'"use_rslora": false (the same math: {peft.lora_alpha * factor:.8g}/{peft.r} = '
             f"{peft.lora_alpha / factor:.6g})", more=True, alpha=f"{peft.lora_alpha:g}", r=peft.r,
-            peft=f"{peft.lora_alpha / factor:.6g}", sglang=f"{sglang:.6g}", f=f"{factor:.4g}"))
+            peft=f"{peft.lora_alpha / factor:.6g}", sglang=f"{served:.6g}", f=f"{factor:.4g}", release=version))
     # each module's PEFT scaling over sglang's one: for the modules an alpha_pattern key gives their own alpha
-    off = {m: peft.scaling_of(m) / sglang for m in modules if peft.alpha_of(m) != peft.lora_alpha}
+    off = {m: peft.scaling_of(m) / served for m in modules if peft.alpha_of(m) != peft.lora_alpha}
     rank_off = {m: peft.rank_of(m) for m in modules if peft.rank_of(m) != peft.r}
     if off:
         detail = "; ".join(f"{m}: alpha {peft.alpha_of(m):g}, served " +
@@ -614,7 +624,7 @@ def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str
         findings.append(finding(
             "ISL-W102", CONFIG_FILE, fix="for sglang, fold each module's alpha/lora_alpha ratio into its lora_B and "
             "drop alpha_pattern (inkling-lab convert writes exactly that math into its pool), or split the adapter "
-            "by alpha", more=True, alpha=f"{peft.lora_alpha:g}", detail=detail))
+            "by alpha", more=True, alpha=f"{peft.lora_alpha:g}", detail=detail, release=version))
     if rank_off:
         detail = "; ".join(f"{m}: rank {k}" for m, k in rank_off.items())
         causes.append(f"rank_pattern is ignored by sglang (one r={peft.r} for every module): {detail}")
@@ -622,15 +632,15 @@ def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str
             "ISL-W112", CONFIG_FILE, fix="for sglang, zero-pad every module's factors to one rank R (exact: zero "
             "rows of A meet zero columns of B), fold each module's own scaling over lora_alpha/R into its lora_B, "
             "and save r=R without rank_pattern; inkling-lab convert writes that math into its pool", more=True,
-            modules=detail, r=peft.r))
+            modules=detail, r=peft.r, release=version))
     if peft.fan_in_fan_out:
         findings.append(finding("ISL-W111", CONFIG_FILE, fix="none needed for the sink (the field changes nothing here)",
-                                more=True))
+                                more=True, release=version))
     if peft.modules_to_save:
         causes.append(f"modules_to_save {list(peft.modules_to_save)}: sglang has no saved-module replacement")
         findings.append(finding(
             "ISL-W109", CONFIG_FILE, fix="merge the adapter into the base model to serve the saved modules, or train "
-            "without modules_to_save", more=True, modules=list(peft.modules_to_save)))
+            "without modules_to_save", more=True, modules=list(peft.modules_to_save), release=version))
     init = peft.base_changing_init
     if init is not None:
         causes.append(f"init_lora_weights={peft.init_lora_weights!r}: the factors are a delta on PEFT's residual base, "
@@ -638,10 +648,10 @@ def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str
         findings.append(finding(
             "ISL-W107", CONFIG_FILE, fix="re-save it with PEFT's path_initial_model_for_weight_conversion (PiSSA, "
             "OLoRA, CorDA), or serve it on the LoftQ base it was made with", more=True,
-            init=repr(peft.init_lora_weights), method=init))
+            init=repr(peft.init_lora_weights), method=init, release=version))
     if peft.lora_bias:
         causes.append("lora_bias: sglang has no LoRA bias, the trained biases are not served")
         findings.append(finding(
             "ISL-W108", CONFIG_FILE, fix="merge the adapter into the base weights (PEFT merge_and_unload), or train "
-            "with lora_bias=False", more=True))
+            "with lora_bias=False", more=True, release=version))
     return causes, findings

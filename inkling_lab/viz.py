@@ -664,4 +664,36 @@ def export_before_after_figure(report, module: str | None = None) -> Figure:
     ax.set_ylabel("‖sglang − peft‖ / ‖peft‖")
     ax.set_title("what sglang 0.5.23 serves, against PEFT's delta of the adapter as trained", fontsize=10)
     ax.legend(fontsize=8)
+
+
+_SELFCHECK_COLORS = {"agree": "#4caf50", "absent": "#bdbdbd", "disagree": "#e53935", "missing": "#e53935"}
+
+
+def release_table_figure(record: dict) -> Figure:
+    """A recorded selfcheck run (``data/releases/selfcheck.json``) as a table: one column
+    per sglang release, one row per area; green where the kit agrees with the code in
+    that release's wheel (the number: cases run), grey where the wheel has no such code
+    and the release table says so, red where they disagree (or the code is missing)."""
+    releases = list(record["releases"])
+    areas = list(next(iter(record["releases"].values()))["areas"])
+    fig, ax = _subplots(figsize=(1.0 + 0.85 * len(releases), 0.8 + 0.45 * len(areas)), constrained_layout=True)
+    for j, version in enumerate(releases):
+        for i, area in enumerate(areas):
+            cell = record["releases"][version]["areas"][area]
+            status = cell["status"]
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=_SELFCHECK_COLORS[status], edgecolor="white", lw=2))
+            ax.text(j + 0.5, i + 0.5, str(cell["cases"]) if status == "agree" else
+                    {"absent": "none", "disagree": "✗", "missing": "?"}[status], ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, len(releases))
+    ax.set_ylim(len(areas), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(releases))], releases, fontsize=8)
+    ax.set_yticks([i + 0.5 for i in range(len(areas))], areas, fontsize=9)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title("the kit against each sglang wheel (green: agrees, the number: cases; grey: no such code)",
+                 fontsize=9)
+    env = record["environment"]
+    ax.set_xlabel(f"sglang release (recorded {env['date'][:10]}, {record['cases_per_area']} cases per area)",
+                  fontsize=8)
     return fig

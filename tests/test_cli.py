@@ -80,11 +80,13 @@ def test_convert_reports_why_it_refuses(tmp_path, capsys):
 
 def test_explain(capsys):
     code, out, _ = run(capsys, "explain", "ValueError: Inkling shared-sink LoRA rank dimensions do not match")
-    assert code == 0 and out.startswith("ISL-E005: rank dimensions disagree")
+    first, entry = out.split("\n", 1)
+    assert code == 0 and entry.startswith("ISL-E005: rank dimensions disagree")
+    assert first == "sglang 0.5.23 raises this (ISL-E005 is raised by sglang 0.5.16 to 0.5.23)"
     code, out, _ = run(capsys, "explain", "ISL-K203")
     assert code == 0 and "pickle" in out
     code, out, err = run(capsys, "explain", "isl-k203")
-    assert code == 0 and out.startswith("ISL-K203")
+    assert code == 0 and out.split("\n", 1)[1].startswith("ISL-K203")
     code, out, err = run(capsys, "explain", "something", "unrelated")
     assert code == 1 and out == "" and "'something unrelated' is not a shared-sink LoRA error" in err
     assert "closest" not in err and "every entry: inkling-lab explain --list" in err
@@ -110,7 +112,7 @@ def test_explain_reads_a_traceback_from_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("Traceback (most recent call last):\n  ...\n"
                                                   "IndexError: Shared-sink LoRA slot out of range: [0, 9]\n"))
     code, out, _ = run(capsys, "explain", "-")
-    assert code == 0 and out.startswith("ISL-E008")
+    assert code == 0 and out.split("\n", 1)[1].startswith("ISL-E008")
 
 
 def test_usage(capsys):
@@ -194,3 +196,25 @@ def test_convert_refuses_an_n_the_adapters_model_config_contradicts(tmp_path, ca
     assert code == 0 and "inferred F = 6, from gate_up/config.json (moe_intermediate_size)" in said
     code, _, err = run(capsys, "convert", str(adapter), "-o", str(out), "-n", "2", "--force", "--intermediate", "4")
     assert code == 1 and "moe_intermediate_size=6, but the conversion was asked for --intermediate 4" in err
+
+
+def test_sglang_picks_the_release_whose_verdicts_are_given(capsys):
+    """0.5.22 has no second wrapper generation: its message is not that release's."""
+    v2 = "ValueError: The V2 shared sink must select contiguous W13 before loading"
+    code, out, _ = run(capsys, "explain", v2, "--sglang", "0.5.22")
+    assert code == 0 and out.startswith("sglang 0.5.22 does not raise this: ISL-E019 is raised by sglang 0.5.23 only")
+    code, out, _ = run(capsys, "explain", v2)
+    assert code == 0 and out.startswith("sglang 0.5.23 raises this (ISL-E019")
+    code, out, _ = run(capsys, "doctor", str(SAMPLES / "rslora"), "-n", "2", "--hidden", "8", "--intermediate", "6",
+                       "--sglang", "0.5.20")
+    assert code == 1 and out.startswith("sglang 0.5.20, adapter ") and "\n1. sglang 0.5.20 loads it" in out
+    assert "sglang 0.5.20 ignores use_rslora" in out and "0.5.23" not in out
+    code, out, _ = run(capsys, "compare", str(SAMPLES / "rslora"), "-n", "2", "--hidden", "8", "--intermediate", "6",
+                       "--sglang", "v0.5.18")
+    assert out.startswith("sglang 0.5.18, compare: ") and "0.5.23" not in out
+    for command in (["explain", "ISL-E001"], ["doctor", str(SAMPLES / "rslora"), "-n", "2", "--hidden", "8",
+                                              "--intermediate", "6"]):
+        with pytest.raises(SystemExit) as caught:
+            main([*command, "--sglang", "0.5.15"])
+        err = capsys.readouterr().err
+        assert caught.value.code == 2 and "0.5.15 has no shared-sink LoRA" in err and "0.5.16, 0.5.17" in err

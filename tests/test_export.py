@@ -310,3 +310,11 @@ def test_the_doctor_says_where_export_cures(tmp_path):
     assert "4. inkling-lab export: cannot be cured because" in str(dora) and "use_dora" in dora.cure
     saved = doctor(_saved(tmp_path / "s", modules_to_save=["shared_experts"]), 2, 8, 6)
     assert "cannot be cured because" in saved.cure and "shared sink" in saved.cure
+
+
+def test_the_export_is_proven_against_the_release_asked_for(tmp_path, capsys):
+    folder = save_adapter(synthetic_adapter(2, 8, 6, 4), tmp_path / "in")
+    code = main(["export", str(folder), "-o", str(tmp_path / "out"), "-n", "2", "--sglang", "0.5.19"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("sglang 0.5.19, export in -> ") and "0.5.23" not in out
+    assert "read back through sglang 0.5.19's loading path" in out

@@ -82,3 +82,17 @@ def test_the_record_hashes_are_the_wheels():
     for version, wheel in wheels.items():
         got = record_of(wheel, [f"sglang/{f}" for f in FILES])
         assert {f.removeprefix("sglang/"): h for f, h in got.items()} == TABLE[version].record, version
+
+
+def test_the_recorded_run_covers_every_release_and_agrees_with_the_table():
+    from pathlib import Path
+
+    from inkling_lab.records import load_record
+
+    record = load_record(Path(__file__).resolve().parents[1] / "data" / "releases" / "selfcheck.json",
+                         required=("environment", "releases"))
+    assert list(record["releases"]) == list(RELEASES)
+    for version, run in record["releases"].items():
+        assert run["agrees"] and run["known"], version
+        assert run["areas"]["v2"]["status"] == ("agree" if TABLE[version].has("v2") else "absent"), version
+        assert "record_selfcheck.py" in record["environment"]["command"]

@@ -184,7 +184,7 @@ ENTRIES: list[CatalogEntry] = [
     _warning(
         "ISL-W101", "rsLoRA: sglang serves the adapter sqrt(r) times too weak",
         "use_rslora is set: PEFT scales this adapter by lora_alpha/sqrt(r) = {alpha}/sqrt({r}) = {peft}; sglang "
-        "0.5.23 ignores use_rslora and scales by lora_alpha/r = {sglang}: the adapter is served sqrt(r) = {f} "
+        "{release} ignores use_rslora and scales by lora_alpha/r = {sglang}: the adapter is served sqrt(r) = {f} "
         "times too weak",
         "PEFT's rank-stabilised LoRA scales by lora_alpha/sqrt(r). sglang 0.5.23 computes "
         "scaling = lora_alpha / r (lora.py, LoRAAdapter.__init__) and never reads use_rslora, so every delta "
@@ -196,7 +196,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ (scaling = lora_alpha / r; use_rslora is never read)', releases=EVERY_RELEASE),
     _warning(
         "ISL-W102", "alpha_pattern: sglang serves one lora_alpha for all modules",
-        "alpha_pattern gives modules their own lora_alpha; sglang 0.5.23 reads one lora_alpha ({alpha}) for every "
+        "alpha_pattern gives modules their own lora_alpha; sglang {release} reads one lora_alpha ({alpha}) for every "
         "module and ignores alpha_pattern: {detail}",
         "PEFT gives each module matched by an alpha_pattern key its own alpha (and rank_pattern its own rank). "
         "sglang 0.5.23 reads lora_alpha and r once per adapter (lora_config.py, LoRAConfig.__init__; lora.py, "
@@ -209,7 +209,7 @@ ENTRIES: list[CatalogEntry] = [
     _warning(
         "ISL-W103", "the server never wraps the sink: its factors are loaded and never applied",
         "the server's target modules {targets} do not hold both gate_up_proj and down_proj (missing: {missing}): "
-        "sglang 0.5.23 does not wrap the shared sink, so the adapter's sink factors are loaded and never "
+        "sglang {release} does not wrap the shared sink, so the adapter's sink factors are loaded and never "
         "applied: the sink serves the base model",
         "sglang 0.5.23 wraps an InklingBatchDenseMLP only when the server's target modules contain both "
         "gate_up_proj and down_proj (lora_manager.py, LoRAManager.init_lora_modules). The target modules are "
@@ -224,7 +224,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream='sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules (wraps the sink only with gate_up_proj and down_proj); sglang/srt/lora/utils.py: get_normalized_target_modules (w1/w3/w2 not renamed)', releases=EVERY_RELEASE),
     _warning(
         "ISL-W105", "sglang serves NaN",
-        "{what}: sglang 0.5.23 loads it without a word and every output of a request that uses it is NaN (or "
+        "{what}: sglang {release} loads it without a word and every output of a request that uses it is NaN (or "
         "infinite)",
         "sglang 0.5.23 checks neither lora_alpha nor the factors' values (lora.py, LoRAAdapter.__init__; "
         "mem_pool.py, load_lora_weight_to_buffer): a NaN or infinite scaling, or one NaN in a factor, makes "
@@ -235,7 +235,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream='sglang/srt/lora/lora.py: LoRAAdapter.__init__ and sglang/srt/lora/mem_pool.py: load_lora_weight_to_buffer check no values', releases=EVERY_RELEASE),
     _warning(
         "ISL-W106", "two keys for one factor: sglang keeps one silently",
-        "{keys} are one factor: sglang 0.5.23 serves {kept} and silently drops the other ({how})",
+        "{keys} are one factor: sglang {release} serves {kept} and silently drops the other ({how})",
         "See ISL-K307: which of the two factors sglang 0.5.23 serves is decided by its renaming "
         "(lora.py, LoRAAdapter._rename_expert_w_to_proj: the w-name wins) or by key order "
         "(mem_pool.py, load_lora_weight_to_buffer: the later expert key wins), not by the adapter.",
@@ -247,7 +247,7 @@ ENTRIES: list[CatalogEntry] = [
     _warning(
         "ISL-W107", "PiSSA/OLoRA/CorDA/LoftQ: sglang applies the factors to the wrong base",
         "init_lora_weights is {init}: PEFT changed the base weights when it made this adapter ({method}), so the "
-        "factors mean a delta on that residual base; sglang 0.5.23 loads them as plain LoRA on the model's own "
+        "factors mean a delta on that residual base; sglang {release} loads them as plain LoRA on the model's own "
         "weights, which is right only for an adapter converted to plain LoRA when it was saved",
         "See ISL-K305. sglang 0.5.23 does not read init_lora_weights (lora_config.py, LoRAConfig.__init__): "
         "it adds the factors to the model's own weights, so an unconverted adapter computes something else.",
@@ -257,7 +257,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read init_lora_weights', releases=EVERY_RELEASE),
     _warning(
         "ISL-W108", "lora_bias: sglang serves no LoRA bias",
-        "lora_bias is set: PEFT adds a trained bias to each lora_B; sglang 0.5.23 has no LoRA bias (LoRAConfig "
+        "lora_bias is set: PEFT adds a trained bias to each lora_B; sglang {release} has no LoRA bias (LoRAConfig "
         "does not read lora_bias and no buffer holds one), so the adapter's biases are not served",
         "See ISL-K304 (lora_config.py, LoRAConfig.__init__ reads r, lora_alpha, target_modules and use_dora "
         "only; mem_pool.py has A and B buffers only).",
@@ -267,7 +267,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read lora_bias; sglang/srt/lora/mem_pool.py has A and B buffers only', releases=EVERY_RELEASE),
     _warning(
         "ISL-W109", "modules_to_save: sglang does not serve PEFT's saved modules",
-        "modules_to_save {modules}: PEFT saved full trained copies of these modules; sglang 0.5.23's LoRAConfig "
+        "modules_to_save {modules}: PEFT saved full trained copies of these modules; sglang {release}'s LoRAConfig "
         "does not read modules_to_save, so they are not served as replacements (the base modules are)",
         "PEFT's modules_to_save trains whole copies of the named modules (a classifier head, embeddings) and "
         "saves them with the adapter. sglang 0.5.23 has no such replacement (lora_config.py, "
@@ -280,7 +280,7 @@ ENTRIES: list[CatalogEntry] = [
         "ISL-W111", "fan_in_fan_out changes nothing for the sink",
         "fan_in_fan_out is set: PEFT uses it only to merge deltas into Conv1D-style [in, out] weights (for "
         "torch.nn.Linear it turns it off with a warning); the factors keep their [r, in] / [out, r] shapes and "
-        "read as usual, and sglang 0.5.23 does not read the field",
+        "read as usual, and sglang {release} does not read the field",
         "PEFT transposes the merged delta for Conv1D-style layers only; on a torch.nn.Linear target it warns "
         "and switches the field off (peft/tuners/lora/layer.py, where it dispatches the layer type). The shared "
         "sink's projections are linear layers; lora_A and lora_B are saved as usual. This note only says that the "
@@ -290,7 +290,7 @@ ENTRIES: list[CatalogEntry] = [
         upstream='sglang/srt/lora/lora_config.py: LoRAConfig.__init__ does not read fan_in_fan_out', releases=EVERY_RELEASE),
     _warning(
         "ISL-W112", "rank_pattern: sglang reads one r for every module",
-        "rank_pattern gives modules their own rank ({modules}); sglang 0.5.23 reads one r={r} for every module "
+        "rank_pattern gives modules their own rank ({modules}); sglang {release} reads one r={r} for every module "
         "and ignores rank_pattern",
         "PEFT gives each module matched by a rank_pattern key its own rank. sglang 0.5.23 cuts every buffer "
         "view at the config's r (mem_pool.py, load_lora_weight_to_buffer): a module of another rank fails the "
@@ -306,7 +306,7 @@ ENTRIES: list[CatalogEntry] = [
         code="ISL-W113", title="the model's activation is not SiLU: sglang's sink computes SiLU",
         exc_type=UpstreamDefectWarning, kind="warning",
         message="the model computes {activation}(gate) * up in its shared experts (config.hidden_act); sglang "
-                "0.5.23's shared sink computes silu(gate) * up whatever the model's hidden_act: every token's "
+                "{release}'s shared sink computes silu(gate) * up whatever the model's hidden_act: every token's "
                 "sink output differs from the model's, with the adapter or without it",
         meaning="transformers' InklingSharedExperts computes act_fn(gate) * up with act_fn = "
                 "ACT2FN[config.hidden_act] (transformers' own Inkling tests use gelu). sglang's InklingBatchDenseMLP "

@@ -2,7 +2,7 @@
 as trained, or refuses, writing nothing (``ISL-K501..K549``, ``ISL-N501..N549``)."""
 from __future__ import annotations
 
-from .entry import KIT, KIT_NOTE, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, KIT_NOTE, CatalogEntry
 
 _SETUP = ("import tempfile\nfrom pathlib import Path\n"
           "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
@@ -20,7 +20,7 @@ def _refusal(code: str, title: str, message: str, meaning: str, when: str, setup
              related: tuple[str, ...] = ()) -> CatalogEntry:
     return CatalogEntry(code=code, title=title, exc_type=exc_type, message=message, meaning=meaning, when=when,
                         setup=_SETUP + setup, trigger=trigger, fix=fix, remedy=remedy, upstream=upstream,
-                        generation=KIT, adapter_caused=True, related=related)
+                        generation=KIT, adapter_caused=True, related=related, releases=EVERY_RELEASE)
 
 
 ENTRIES: list[CatalogEntry] = [
@@ -149,5 +149,6 @@ ENTRIES: list[CatalogEntry] = [
             "--max-lora-rank 8\n",
         remedy="Nothing to do: start the server with --max-lora-rank at least the rank the export reports.",
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (the pool's max rank); the "
-                 "per-expert defect is ISL-W001.", generation=KIT_NOTE, related=("ISL-W001", "ISL-N204")),
+                 "per-expert defect is ISL-W001.", generation=KIT_NOTE, related=("ISL-W001", "ISL-N204"),
+        releases=EVERY_RELEASE),
 ]
