@@ -664,6 +664,7 @@ def export_before_after_figure(report, module: str | None = None) -> Figure:
     ax.set_ylabel("‖sglang − peft‖ / ‖peft‖")
     ax.set_title("what sglang 0.5.23 serves, against PEFT's delta of the adapter as trained", fontsize=10)
     ax.legend(fontsize=8)
+    return fig
 
 
 _SELFCHECK_COLORS = {"agree": "#4caf50", "absent": "#bdbdbd", "disagree": "#e53935", "missing": "#e53935"}
