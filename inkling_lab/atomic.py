@@ -209,11 +209,9 @@ def atomic_writer(path: str | os.PathLike[str], *, exclusive: bool = False) -> I
     except FileExistsError:
         tmp.unlink(missing_ok=True)
         _remove_folders(created)
-        exc = FileExistsError(f"refusing to write {path.name}: it already exists (it appeared while this write "
-                              "ran, or was there before); to replace it, pass --force on the command line "
-                              "(force=True in Python)")
-        exc.add_note(f"output path: {path}")
-        raise exc from None
+        raise _refusal(path, str(path), "it already exists (it appeared while this write ran, or was there "
+                       "before); to replace it, pass --force on the command line (force=True in Python)",
+                       FileExistsError) from None
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         _remove_folders(created)
@@ -283,11 +281,9 @@ def atomic_folder(path: str | os.PathLike[str], *, force: bool = False) -> Itera
     except OSError as exc:
         raise _named(exc, path) from None
 
-    def refuse() -> FileExistsError:
-        exc = FileExistsError(f"refusing to write {path.name}: it already exists; to replace it, pass --force on "
-                              "the command line (force=True in Python)")
-        exc.add_note(f"output path: {path}")
-        return exc
+    def refuse() -> Exception:
+        return _refusal(path, str(path), "it already exists; to replace it, pass --force on the command line "
+                        "(force=True in Python)", FileExistsError)
 
     if os.path.lexists(path) and not force:  # early, before any work; the rename is the real guard
         raise refuse()

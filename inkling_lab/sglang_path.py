@@ -564,7 +564,10 @@ class _Sglang:
             self.findings.append(finding(
                 "ISL-W105", "adapter", fix="re-export the adapter from a finite checkpoint; inkling-lab convert "
                 "refuses it (ISL-K301/K302/K160)", more=True, what=what, release=self.release.version))
-        per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1 and f.gate_up_a.any()}
+        # A module with NaN/Inf factors (in float32, where the defect is measured) is all NaN already
+        # (W105 above): there is no defect left to measure in it.
+        per_expert = {m: f for m, f in self.loaded.items() if f.outer > 1 and f.gate_up_a.any()
+                      and m not in nan and all(torch.isfinite(t.float()).all() for t in f.tensors().values())}
         if per_expert and self.wrapped:
             defect = doctor_finding({m: LoRAFactors(f.gate_up_a.float(), f.gate_up_b.float(), f.down_a.float(),
                                                     f.down_b.float(), f.lora_alpha, f.name)

@@ -12,7 +12,7 @@ with ``warning_once``/``info_once``, ``next_power_of_2``,
 take their own fallback, ``lora_shrink = _lora_shrink``). Only ``dest`` travels to the GPU
 machine; ``load(dest)`` checks every file against ``PROVENANCE.json`` again and imports them.
 
-vLLM has no shared-sink layer, so ``VllmSink`` is the kit's mapping of the SPEC §4 forward
+vLLM has no shared-sink layer, so ``VllmSink`` is the kit's mapping of the forward (docs/reference.md#the-forward)
 onto what vLLM's LoRA layers run, its punica ops called as vLLM's ``PunicaWrapperGPU`` calls
 them (``lora_shrink`` into a float32 buffer, ``lora_expand`` with ``add_inputs=True``):
 

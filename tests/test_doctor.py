@@ -312,6 +312,23 @@ def test_the_doctor_never_raises_on_a_damaged_adapter(data, n, r, config_r):
         assert all(r.close for r in result.rows if r.got == "kit")
 
 
+@pytest.mark.parametrize("naming", sorted(NAMINGS))
+def test_a_per_expert_adapter_with_a_nan_factor_gets_a_verdict_not_a_raise(naming, tmp_path):
+    # Found by the damaged-adapter property test: the per-expert defect measurement loaded the
+    # NaN factors into a pool, whose refusal (ISL-K160) escaped the doctor.
+    a = synthetic_adapter(2, 4, 3, 2, naming=naming, per_expert=True)
+    weights = dict(a.weights)
+    key = next(k for k in sorted(weights) if "lora_B" in k)
+    weights[key] = torch.full_like(weights[key], math.nan)
+    folder = save_adapter(Adapter(a.name, 2, a.lora_alpha, a.target_modules, weights, a.config), tmp_path / "d")
+    report = doctor(folder, 2, 4, 3, measure=False)
+    codes = [f.code for f in report.findings]
+    assert report.exit_status == 1 and str(report) and json.dumps(report.to_dict())
+    assert "ISL-W001" not in codes  # nothing left to measure in an all-NaN module
+    if report.computes.outcome != "base":  # a wrapped sink serves the NaN: the doctor says so
+        assert "ISL-W105" in codes
+
+
 def test_the_journey_figure_and_the_explorer_follow_the_doctor():
     import matplotlib.pyplot as plt
 
