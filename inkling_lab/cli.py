@@ -27,6 +27,7 @@ from typing import Sequence, TextIO
 import torch
 
 from .errors import NoCatalogEntry, explain, find_entry, read_pasted
+from .geometry import check_seed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -45,6 +46,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    try:
+        return check_seed("the seed", value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_sink_args(p: argparse.ArgumentParser, required: bool) -> None:
     g = p.add_argument_group("the sink", _SINK_HELP)
     g.add_argument("--n-shared-experts", "-n", type=_positive, required=True, metavar="N",
@@ -57,6 +69,14 @@ def _add_sink_args(p: argparse.ArgumentParser, required: bool) -> None:
                    help="the pool's max LoRA rank, sglang's --max-lora-rank (default: the largest adapter rank)")
     g.add_argument("--tp", type=_positive, default=1, metavar="T",
                    help="tensor-parallel size: each rank holds F/T features of every expert (default 1)")
+
+
+def _json(record: dict) -> str:
+    """A report as valid JSON: a NaN or infinity is ``null`` with a ``..._not_finite`` field
+    saying what it was (``records.json_ready``), never the bare ``NaN`` no JSON reader takes."""
+    from .records import json_ready
+
+    return json.dumps(json_ready(record), indent=2, allow_nan=False)
 
 
 def _fail(command: str, exc: BaseException) -> int:
@@ -73,20 +93,26 @@ def _fail(command: str, exc: BaseException) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor
 
-    report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
-                    max_rank=args.max_rank, tp=args.tp, target_modules=args.lora_target_modules, repair=args.repair,
-                    hidden_act=args.hidden_act, sglang=args.sglang)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    try:  # the doctor reports on any adapter; arguments it cannot take (sizes past any model) are refused
+        report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
+                        max_rank=args.max_rank, tp=args.tp, target_modules=args.lora_target_modules,
+                        repair=args.repair, hidden_act=args.hidden_act, sglang=args.sglang)
+    except (ValueError, TypeError, OSError, MemoryError) as exc:
+        return _fail("doctor", exc)
+    print(_json(report.to_dict()) if args.json else report)
     return report.exit_status
 
 
 def _compare(args: argparse.Namespace) -> int:
     from .compare import compare
 
-    report = compare(args.adapters, args.n_shared_experts, args.hidden, args.intermediate,
-                     target_modules=args.lora_target_modules, repair=args.repair, tokens=args.tokens, seed=args.seed,
-                     sglang=args.sglang)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    try:
+        report = compare(args.adapters, args.n_shared_experts, args.hidden, args.intermediate,
+                         target_modules=args.lora_target_modules, repair=args.repair, tokens=args.tokens,
+                         seed=args.seed, sglang=args.sglang)
+    except (ValueError, TypeError, OSError, MemoryError) as exc:  # sizes past any model (ISL-K162, K163)
+        return _fail("compare", exc)
+    print(_json(report.to_dict()) if args.json else report)
     return 0 if report.agree else 1
 
 
@@ -135,8 +161,8 @@ def _convert(args: argparse.Namespace) -> int:
     except (OSError, ValueError, RuntimeError, AssertionError, MemoryError) as exc:
         return _fail("convert", exc)
     if args.json:
-        print(json.dumps({"output": str(written), **pool.summary(), "inferred": pool.inferred,
-                          "findings": [asdict(f) for f in findings]}, indent=2))
+        print(_json({"output": str(written), **pool.summary(), "inferred": pool.inferred,
+                     "findings": [asdict(f) for f in findings]}))
         return 0
     print(f"wrote {written}: {pool!r}")
     for said in pool.inferred:
@@ -156,7 +182,7 @@ def _export(args: argparse.Namespace) -> int:
                                intermediate=args.intermediate, tp=args.tp, force=args.force,
                                progress=False if args.quiet else None, sglang=args.sglang)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(_json(report.to_dict()))
     elif report.written:
         print(report)
     else:
@@ -206,7 +232,7 @@ def _selfcheck(args: argparse.Namespace) -> int:
         report = selfcheck(wheel, cases=args.cases, seed=args.seed)
     except (OSError, ValueError, RuntimeError, subprocess.CalledProcessError, zipfile.BadZipFile) as exc:
         return _fail("selfcheck", exc)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    print(_json(report.to_dict()) if args.json else report)
     return report.exit_status
 
 
@@ -250,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sink_args(p, required=True)
     _add_server_args(p)
     p.add_argument("--tokens", type=_positive, default=8, metavar="T", help="tokens in the batch (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sink and the batch (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the sink and the batch (default 0)")
     p.set_defaults(func=_compare)
 
     p = sub.add_parser(
@@ -328,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", type=Path, metavar="DIR",
                    help="the wheel cache (default: $INKLING_LAB_WHEELS, else ~/.cache/inkling-lab/wheels)")
     p.add_argument("--cases", type=_positive, default=300, metavar="N", help="generated cases per area (default 300)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated cases (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the generated cases (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_selfcheck)
 

@@ -22,6 +22,7 @@ and where they are, and the cause by name.
 """
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,9 @@ import torch
 import torch.nn.functional as Fn
 
 from .adapters import Adapter, FactorName, load_adapter
+from .catalog import message
 from .convert import convert
+from .geometry import check_seed, check_size
 from .peft_reference import Deltas, PeftRefused, ReferenceDeltas, kit_reading, peft_reference
 from .releases import Release, release
 from .sglang_path import SglangRun, config_causes, exception_text, run_sglang
@@ -227,6 +230,12 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
     report names it).
     """
     n = n_shared_experts
+    sizes = (("n_shared_experts", n), ("hidden", hidden), ("intermediate", intermediate), ("tokens", tokens))
+    for name, value in sizes:  # whole numbers of at least 1 first; then the batch's size, with the adapters'
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            check_size(f"compare: {name}", value, minimum=1)
+    check_seed("compare: seed", seed)
+    _check_batch_size(n, hidden, intermediate, tokens, adapters)
     folders = [Path(a.source) if isinstance(a, Adapter) else Path(a) for a in adapters]
     report = CompareReport([a.name if isinstance(a, Adapter) else f.name for a, f in zip(adapters, folders)], n,
                            hidden, intermediate, tokens, seed, {"peft": [], "sglang": [], "kit": []},
@@ -259,6 +268,30 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
         report.status["peft"].append("computed")
         add_slot(report, slot, batch, path, adapter, pool, source=given)
     return report
+
+
+BATCH_LIMIT = 2 ** 28
+"""The most float64 values one tensor of ``compare``'s random sink or batch may hold (2 GiB):
+the real Inkling sink (n 2, H 6144, F 3072) needs a seventh of it."""
+
+
+def _check_batch_size(n: int, hidden: int, intermediate: int, tokens: int,
+                      adapters: Sequence[str | os.PathLike[str] | Adapter]) -> None:
+    """Refuse (``ISL-K163``) a random sink or batch too large to allocate, before anything is,
+    with the adapters' own sizes (a mistyped --hidden is the usual cause)."""
+    largest = max(n * intermediate * hidden, tokens * hidden)
+    if largest <= BATCH_LIMIT:
+        return
+    sizes = []
+    for given in adapters:
+        try:
+            adapter = given if isinstance(given, Adapter) else load_adapter(given)
+            f = adapter.module_factors(adapter.modules[0], n)
+            sizes.append(f"{adapter.name!r} has H={f.gate_up_a.shape[-1]}, F={f.down_a.shape[-1]}")
+        except (OSError, ValueError, RuntimeError):
+            continue  # its own column would have said why; here only the sizes matter
+    raise ValueError(message("ISL-K163", n=n, hidden=hidden, intermediate=intermediate, tokens=tokens,
+                             gib=f"{largest * 8 / 2 ** 30:.3g}", adapters="; ".join(sizes) or "no adapter is readable"))
 
 
 def reference(source: str | os.PathLike[str] | Adapter, adapter: Adapter | None, n: int, hidden: int,

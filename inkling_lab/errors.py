@@ -21,7 +21,7 @@ import traceback
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Iterator
 
 from .catalog import CATALOG, SNIPPET_PRELUDE, CatalogEntry, UpstreamDefectWarning  # noqa: F401  (re-exported)
 from .catalog import ENTRIES as _ENTRIES
@@ -62,9 +62,11 @@ def exception_chain(exc: BaseException, limit: int = CHAIN_LIMIT) -> list[BaseEx
     return chain[::-1]
 
 
-def _exception_text(exc: BaseException) -> str:
+def _exception_text(exc: BaseException, alone: bool = False) -> str:
+    """``exc`` as Python prints it: its chain (``alone``: ``exc`` only), each traceback's
+    innermost frames and its ``Type: message`` line."""
     lines = []
-    for link in exception_chain(exc):
+    for link in [exc] if alone else exception_chain(exc):
         lines.append("Traceback (most recent call last):")
         # the innermost frames decide (the frame rule), so those are the ones kept
         lines += [f'  File "{f.filename}", line {f.lineno}, in {f.name}'
@@ -131,7 +133,34 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
     code = _as_code(message_or_exception)
     if code is not None:
         return CATALOG[code], False
+    if isinstance(message_or_exception, BaseException):
+        # the chain object itself, outermost first (the error raised last decides, as in a pasted traceback),
+        # every link however deep: a shared-sink error at the root of 2000 wrappers is still found
+        for link in _links(message_or_exception):
+            entry = _read_lines(_bounded(_exception_text(link, alone=True))[0])
+            if entry is not None:
+                return entry, False
+        return None, False
     text, cut = _text_of(message_or_exception)
+    best = _read_lines(text)
+    if best is None and isinstance(message_or_exception, str):
+        holding = _holding_fragment(text)
+        return (holding[0] if len(holding) == 1 else None), cut
+    return best, cut
+
+
+def _links(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then the exceptions behind it (``__cause__``, else ``__context__``, as
+    Python prints them), every one once: iterative, a cycle ends the walk."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+
+
+def _read_lines(text: str) -> CatalogEntry | None:
+    """The entry of the last line of ``text`` that holds a catalogued message (``lookup``'s rule)."""
     # one pass per entry over the whole text leaves the few entries worth trying per line
     candidates = [e for e in _ENTRIES if e.key_literal in text]
     frames: list[tuple[str, str]] = []
@@ -159,10 +188,7 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
             best = on_line
         if not line[:1].isspace():
             frames = []  # the error line closes its traceback: later lines have no frames
-    if best is None and isinstance(message_or_exception, str):
-        holding = _holding_fragment(text)
-        return (holding[0] if len(holding) == 1 else None), cut
-    return (best[1] if best else None), cut
+    return best[1] if best else None
 
 
 _CODE = re.compile(r"\s*(?:ISL-?)?([EKWDN]\d{3})\s*", re.IGNORECASE)

@@ -24,6 +24,22 @@ SIZE_LIMIT = 2 ** 31 - 1
 what an int32 index holds, far past any real model; a larger one is a typo, refused
 before anything is allocated."""
 
+SEED_RANGE = (-2 ** 63, 2 ** 64 - 1)
+"""The seeds ``torch.Generator.manual_seed`` takes."""
+
+
+def check_seed(what: str, seed: object) -> int:
+    """``seed`` if it is a whole number ``torch.Generator.manual_seed`` takes, else
+    ``TypeError``/``ValueError`` naming ``what`` (torch's own words: "Overflow when
+    unpacking long long")."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{what} must be a whole number, got {seed!r}")
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(f"{what} must be in {SEED_RANGE[0]}..{SEED_RANGE[1]} (what torch's generator takes), "
+                         f"got {seed}")
+    return int(seed)
+
+
 BUFFER_NAMES = ("gate_up_a", "gate_up_b", "down_a", "down_b")
 """The four pool buffers, in ``set_lora_info`` order."""
 

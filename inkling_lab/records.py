@@ -4,15 +4,36 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .atomic import atomic_write
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` for ``json.dumps(..., allow_nan=False)``: every NaN or infinite float becomes
+    ``null``, and its mapping gains ``"<key>_not_finite"`` saying what it was (``"nan"``,
+    ``"inf"``, ``"-inf"``), so that a script reads valid JSON and still learns why the
+    number is missing. Lists keep their length (the reason of an element in a list is
+    ``null``'s own: look at the other fields of the record)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            out[k] = json_ready(v)
+            if isinstance(v, float) and not math.isfinite(v):
+                out[f"{k}_not_finite"] = repr(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -147,6 +147,8 @@ class Adapter:
                  factors: Mapping[str, tuple[FactorName, torch.Tensor]] = {}) -> torch.Tensor:
         if t.numel() == 0 and fn.canonical == "up_proj":
             return t  # a zero-size placeholder (docs/reference.md#adapters-on-disk: an absent up)
+        if t.numel() == 0:  # any other empty factor: torch's cat or stack would fail later, naming nothing
+            raise error("ISL-K234", file=where, key=fn.key, shape=_shape(t), expected=fn.expected())
         if t.dim() != 2:
             raise error("ISL-K205", file=where, key=repr(fn.key), ndim=t.dim(), shape=_shape(t),
                         expected=fn.expected(), advice="export the plain PEFT factor, one per module (per expert: "

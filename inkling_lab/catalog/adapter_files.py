@@ -263,4 +263,22 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang opens the files without such a check (sglang/srt/model_loader/weight_utils.py: "
                  "safetensors_weights_iterator, safe_open): a FIFO blocks it until a writer appears.",
         generation=KIT, adapter_caused=True, related=("ISL-K203", "ISL-K204"), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K234", title="a zero-size shared-sink factor", exc_type=ValueError,
+        message="{file}: tensor '{key}' is {shape}, empty: a shared-sink LoRA factor is {expected} with every "
+                "size at least 1 (only an absent up_proj may be a zero-size placeholder): export it again",
+        meaning="A factor with an axis of size 0 (a gate A [r, 0], a down A [r, 0]) holds nothing, and its "
+                "module's other factors cannot be stacked with it: torch's concatenation would fail with words "
+                "that name no tensor, or the pool's geometry would have H or F of 0. The kit refuses it by name. "
+                "An up_proj of zero size is the one placeholder PEFT-style exports use for an absent up: it "
+                "reads as a zero up (ISL-N203).",
+        when="A factor sliced to nothing by a script, or an export of a model whose hidden size was read as 0.",
+        setup=ADAPTER,
+        trigger="Adapter.from_state(ad.config, {**ad.weights, key: ad.weights[key][:, :0]})\n",
+        fix="Adapter.from_state(ad.config, ad.weights)\n",
+        remedy="Export the factor again with its real sizes (A [r, in], B [out, r]).",
+        upstream="sglang 0.5.23 concatenates such a factor with its partner in normalization "
+                 "(sglang/srt/lora/lora.py: LoRAAdapter.normalize_gate_up_proj) and fails with torch's "
+                 "RuntimeError there.",
+        generation=KIT, adapter_caused=True, related=("ISL-K205", "ISL-N203"), releases=EVERY_RELEASE),
 ]

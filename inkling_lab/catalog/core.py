@@ -1,7 +1,7 @@
 """The kit's own refusals at the forward's and the batch's inputs (codes ISL-K150..K179)."""
 from __future__ import annotations
 
-from ._snippets import SINK
+from ._snippets import FOLDER, SINK
 from .entry import EVERY_RELEASE, KIT, CatalogEntry
 
 _UPSTREAM_FORWARD = ("sglang/srt/models/inkling_common/lora.py: InklingBatchDenseMLPWithLoRA._forward_bf16_linearized "
@@ -161,4 +161,22 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang takes its sizes from the model's config (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.init_buffers), never from a command line; the kit's arguments are typed by hand.",
         generation=KIT, related=("ISL-E016",), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K163", title="compare's random sink would not fit in memory", exc_type=ValueError,
+        message="compare: a random sink of n={n}, H={hidden}, F={intermediate} with {tokens} tokens needs a "
+                "float64 tensor of {gib} GiB, past what compare allocates; the adapters: {adapters}: pass the "
+                "model's --hidden and --intermediate",
+        meaning="compare draws a seeded random sink (gate, up and down [n, F, H] in float64) and a batch [T, H] "
+                "to compare the three deltas on. Sizes that would make one of them larger than 2 GiB are a typo "
+                "(the real Inkling sink needs a seventh of it), and allocating them would fail or take the "
+                "machine's memory: compare refuses first and says the adapters' own sizes.",
+        when="--hidden 1000000000000, or --tokens 10000000000, given to inkling-lab compare.",
+        setup=FOLDER.replace("from inkling_lab.adapters", "from inkling_lab.compare import compare\nfrom inkling_lab.adapters"),
+        trigger="compare([folder], 2, hidden=10 ** 9, intermediate=6)\n",
+        fix="compare([folder], 2, hidden=8, intermediate=6)\n",
+        remedy="Give compare the model's sizes (config.json: hidden_size, the shared experts' intermediate size) "
+               "and a few tokens (the default 8 is enough to see a difference).",
+        upstream="Nothing upstream: compare is the kit's own check; sglang serves the sizes of the model it "
+                 "loaded (sglang/srt/lora/mem_pool.py: LoRAMemoryPool.init_buffers).",
+        generation=KIT, related=("ISL-K162",), releases=EVERY_RELEASE),
 ]

@@ -87,7 +87,8 @@ def check_pool_dtype(ops: SinkOperands) -> None:
     """Refuse pool buffers of another dtype than the sink's weights (``ISL-K161``): every
     backend would fail inside a matmul (torch's "expected m1 and m2 to have the same
     dtype") or, in a kernel, read the bytes as the wrong type."""
-    dtypes = [b.dtype for b in ops.buffers]
+    # the derived operands too: built once from the first pool, they keep its dtype (as upstream's do)
+    dtypes = [b.dtype for b in ops.buffers] + [t.dtype for t in (ops.w1_delta, ops.a_cat) if t is not None]
     if any(d != ops.dtype for d in dtypes):
         raise TypeError(message("ISL-K161", pool=", ".join(str(d).removeprefix("torch.") for d in dtypes),
                                 sink=str(ops.dtype).removeprefix("torch.")))
