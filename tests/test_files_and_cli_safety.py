@@ -579,3 +579,66 @@ def test_state_kept_a_convert_that_fails_while_writing_removes_the_folders_it_ma
     with expect_error("ISL-K160", show=False):  # the overflow is found while the module is built and written
         convert_to_file([load_adapter(folder)], out, 2)
     assert sorted(p.name for p in (tmp_path / "existing").iterdir()) == []  # new/deeper made, then removed
+
+
+# -- issue 22: sizes, JSON and zero-size factors -------------------------------------------------------
+
+import math  # noqa: E402
+
+from inkling_lab.compare import compare  # noqa: E402
+from inkling_lab.records import json_ready  # noqa: E402
+
+
+@pytest.mark.parametrize("extra", [["--hidden", str(10 ** 12), "--intermediate", "6"],
+                                   ["--hidden", "8", "--intermediate", "6", "--tokens", str(10 ** 10)],
+                                   ["--hidden", str(2 ** 20), "--intermediate", str(2 ** 20)]])
+def test_bounded_compare_refuses_sizes_past_its_batch_naming_the_adapters_sizes(tmp_path, extra, capsys):
+    folder = _adapter_folder(tmp_path)
+    with _address_space_capped(1 << 30):  # nothing of that size is even tried
+        assert main(["compare", str(folder), "-n", "2", *extra]) == 1
+    err = capsys.readouterr().err
+    assert "ISL-K163" in err and "'ad' has H=8, F=6" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("seed", [2 ** 70, -2 ** 70, 1.5, True])
+def test_clear_error_a_seed_torch_cannot_take_is_named(tmp_path, seed):
+    with pytest.raises((ValueError, TypeError), match="compare: seed must be"):
+        compare([_adapter_folder(tmp_path)], 2, 8, 6, seed=seed)
+
+
+JSONISH = st.recursive(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.text(max_size=3),
+                                 st.none(), st.booleans()),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                    max_size=3), max_leaves=12)
+
+
+@given(JSONISH)
+def test_safe_output_json_ready_is_strict_json_and_says_what_each_null_was(value):
+    ready = json_ready(value)
+    text = json.dumps(ready, allow_nan=False)  # no bare NaN: a strict reader takes it
+    assert json.loads(text) == ready
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                assert ready[k] is None and ready[f"{k}_not_finite"] == repr(v)
+
+
+def test_safe_output_compare_json_of_a_nan_adapter_is_valid_json(tmp_path, capsys):
+    folder = _adapter_folder(tmp_path)
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    (folder / CONFIG_FILE).write_text(json.dumps({**config, "lora_alpha": float("nan")}))
+    main(["compare", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6", "--json"])
+    report = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"bare {c} in --json"))
+    rows = [r for r in report["rows"] if r["max_abs"] is None]
+    assert rows and all(r["max_abs_not_finite"] == "nan" for r in rows)
+
+
+@pytest.mark.parametrize("factor", ["gate_proj.lora_A", "down_proj.lora_A", "down_proj.lora_B", "gate_proj.lora_B"])
+def test_clear_error_a_zero_size_factor_is_named(factor):
+    ad = synthetic_adapter(2, 8, 6, 2)
+    key = next(k for k in ad.weights if factor in k)
+    t = ad.weights[key]
+    empty = t[:, :0] if factor.endswith("A") else t[:0]
+    with expect_error("ISL-K234", show=False) as caught:
+        Adapter.from_state(ad.config, {**ad.weights, key: empty})
+    assert key in str(caught.exception)
