@@ -223,11 +223,11 @@ class TPCase:
                tokens: int = 16, seed: int = 0, name: str | None = None) -> "TPCase":
         """A seeded sink and pool of ``geometry``: slot ``s < S-1`` holds an adapter of
         rank ``max(1, R-s)``, the last slot of a multi-slot pool stays empty, and tokens
-        pick slots (or ``-1``, base only) at random: ``Scenario.random`` with those ranks,
-        on the CPU."""
+        pick slots (or ``-1``, base only) at random: ``Scenario.random`` with those ranks
+        as its adapters, on the CPU."""
         g = geometry
         ranks = [max(1, g.rank - s) for s in range(g.slots - 1)] + [0] if g.slots > 1 else [g.rank]
-        case = Scenario.random(g, tokens=tokens, seed=seed, dtype=dtype, interleaved=interleaved, ranks=ranks)
+        case = Scenario.random(g, tokens=tokens, seed=seed, dtype=dtype, interleaved=interleaved, adapters=ranks)
         layout = "interleaved" if interleaved else "contiguous"
         outer = "shared outer" if g.shared_outer else "per-expert outer"
         default = f"{outer}, {layout}, S={g.slots}, {dtype_name(dtype)}"

@@ -33,26 +33,37 @@ class Scenario:
     @classmethod
     def random(cls, geometry: Geometry, *, tokens: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32,
                device: torch.device | str | None = None, interleaved: bool = True,
-               ranks: Sequence[int] | None = None, token_slots: Sequence[int] | torch.Tensor | None = None,
-               group: bool = False, sink: SharedSinkLoRA | None = None) -> "Scenario":
-        """Seeded random weights; slot ``s`` holds an adapter of rank ``ranks[s]`` (``0``:
-        empty; default: every slot at the pool's ``R``) drawn by ``LoRAFactors.random``
-        (scaling ``lora_alpha / r = 1``) in the geometry's outer layout; ``x`` unit-normal,
-        ``gammas`` in ``(0, 1)``; each token's slot ``token_slots[t]`` (default: drawn from
-        ``-1..S-1``, ``-1`` meaning base only). ``group=True`` sorts the batch by slot.
-        Everything lives on ``device`` in ``dtype``; the same seed gives the same scenario.
+               adapters: Sequence[int | LoRAFactors] | None = None, names: Sequence[str | None] | None = None,
+               token_slots: Sequence[int] | torch.Tensor | None = None, group: bool = False,
+               sink: SharedSinkLoRA | None = None) -> "Scenario":
+        """Seeded random weights; slot ``s`` holds ``adapters[s]``: a rank (a random adapter
+        of that rank drawn by ``LoRAFactors.random`` in the geometry's outer layout, scaling
+        ``lora_alpha / r = 1``; ``0``: the slot stays empty) or ``LoRAFactors`` to load as
+        they are (default: a random adapter at the pool's ``R`` in every slot); ``names[s]``
+        names slot ``s``'s adapter (default: the factors' own name, ``adapter{s}`` for a
+        random one). ``x`` unit-normal, ``gammas`` in ``(0, 1)``; each token's slot
+        ``token_slots[t]`` (default: drawn from ``-1..S-1``, ``-1`` meaning base only).
+        ``group=True`` sorts the batch by slot. Everything lives on ``device`` in ``dtype``;
+        the same seed gives the same scenario, and the sink's weights, ``x`` and ``gammas``
+        do not depend on the adapters (two scenarios of one seed differ only in their pool).
         ``sink``: a sink of the geometry's ``n``, ``H``, ``F`` in this layout and dtype to
-        reuse: its base weights are kept and its pool replaced (``clear_pool``), so that a
-        grid of pools over one shape draws the weights once.
+        reuse: its base weights (and activation) are kept and its pool replaced
+        (``clear_pool``), so that a grid of pools over one shape draws the weights once.
         """
         g = geometry
         if not isinstance(g, Geometry):
             raise TypeError(f"Scenario.random: geometry must be a Geometry (il.PRESETS['toy'], say), got {g!r}")
         check_size("Scenario.random: tokens", tokens)
-        ranks = [g.max_rank] * g.slots if ranks is None else list(ranks)
-        if len(ranks) != g.slots or any(not 0 <= r <= g.max_rank for r in ranks):
-            raise ValueError(f"Scenario.random: ranks must give each of the {g.slots} slots a rank in "
-                             f"0..{g.max_rank} (the pool's max_rank), got {ranks}")
+        adapters = [g.max_rank] * g.slots if adapters is None else list(adapters)
+        if len(adapters) != g.slots or any(not isinstance(a, LoRAFactors) and not 0 <= a <= g.max_rank
+                                           for a in adapters):
+            shown = [f"LoRAFactors(r={a.rank})" if isinstance(a, LoRAFactors) else a for a in adapters]
+            raise ValueError(f"Scenario.random: adapters must give each of the {g.slots} slots a rank in "
+                             f"0..{g.max_rank} (the pool's max_rank) or LoRAFactors, got {shown}")
+        names = [None] * g.slots if names is None else list(names)
+        if len(names) != g.slots:
+            raise ValueError(f"Scenario.random: names must name each of the {g.slots} slots' adapter "
+                             f"(None: the default), got {len(names)} names")
         if sink is None:
             sink = SharedSinkLoRA.from_geometry(g, interleaved, dtype, device, seed)
         else:
@@ -62,10 +73,12 @@ class Scenario:
                                  f"the scenario wants {(g.n, g.hidden, g.intermediate, interleaved, dtype)}")
             sink.clear_pool()
         pool = LoRAPool.from_geometry(g, dtype, device)
-        for s, r in enumerate(ranks):
-            if r:
-                pool.load(s, LoRAFactors.random(g.n, g.hidden, g.intermediate, rank=r, outer=g.outer,
-                                                seed=seed + 1 + s, dtype=dtype, name=f"adapter{s}"))
+        for s, (a, name) in enumerate(zip(adapters, names)):
+            if isinstance(a, LoRAFactors):
+                pool.load(s, a, name=name)
+            elif a:
+                pool.load(s, LoRAFactors.random(g.n, g.hidden, g.intermediate, rank=a, outer=g.outer,
+                                                seed=seed + 1 + s, dtype=dtype, name=name or f"adapter{s}"))
         sink.set_lora_info(*pool.buffers())
         gen = torch.Generator().manual_seed(seed)
         x = allocate((tokens, g.hidden), "Scenario.random: x [T, H]", dtype, device, "randn", gen)

@@ -68,7 +68,7 @@ def test_torch_matches_reference_on_mixed_slots(scenario, outer, interleaved):
 
 
 def test_rank_zero_and_empty_slots_are_the_base_model(scenario):
-    sc = scenario(SMALL, tokens=6, seed=7, ranks=[3, 0, 3])                # slot 1: empty (all zeros)
+    sc = scenario(SMALL, tokens=6, seed=7, adapters=[3, 0, 3])                # slot 1: empty (all zeros)
     x, gammas = sc.x, sc.gammas
     # Slot 2 holds an adapter but the batch says rank 0: skipped although its buffers are not zero.
     batch = SlotBatch.from_token_slots([0, 1, 2, 1, 2, 0], 3, lora_ranks=[3, 3, 0])

@@ -30,7 +30,7 @@ def test_a_random_case_is_the_scenario_of_its_ranks_and_keeps_its_seeded_values(
     for g, ranks, total in ((SMALL, [3, 2, 0], -5.030527197614611),
                             (SMALL.with_(outer=2, slots=1), [3], 14.3825231718529)):
         case = TPCase.random(g, True, torch.float64, tokens=10, seed=3)
-        same = Scenario.random(g, tokens=10, seed=3, dtype=torch.float64, ranks=ranks)
+        same = Scenario.random(g, tokens=10, seed=3, dtype=torch.float64, adapters=ranks)
         assert case.batch.lora_ranks.tolist() == ranks
         assert torch.equal(case.x, same.x) and torch.equal(case.gammas, same.gammas)
         assert torch.equal(case.sink.w13, same.sink.w13) and torch.equal(case.sink.w2, same.sink.w2)
