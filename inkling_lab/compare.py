@@ -35,7 +35,8 @@ from .adapters import Adapter, FactorName, load_adapter
 from .catalog import message
 from .convert import convert
 from .geometry import check_seed, check_size
-from .peft_reference import Deltas, PeftRefused, ReferenceDeltas, kit_reading, peft_reference
+from .peft_reference import (Deltas, PeftRefused, ReferenceDeltas, ReferenceProbes, kit_reading, peft_probes,
+                             peft_reference, probe)
 from .releases import Release, release
 from .sglang_path import SglangRun, config_causes, exception_text, run_sglang
 
@@ -295,20 +296,27 @@ def _check_batch_size(n: int, hidden: int, intermediate: int, tokens: int,
 
 
 def reference(source: str | os.PathLike[str] | Adapter, adapter: Adapter | None, n: int, hidden: int,
-              intermediate: int) -> ReferenceDeltas:
+              intermediate: int, probes: tuple[torch.Tensor, torch.Tensor] | None = None) -> ReferenceDeltas:
     """PEFT's deltas of ``source`` by PEFT itself (``peft_reference``); where PEFT refuses
     the folder, the kit's reading of ``adapter`` labelled with PEFT's reason (e.g. a
     transposed factor that PEFT cannot load and the kit repairs). Raises when neither
-    can (``PeftRefused``, or the kit's own error)."""
+    can (``PeftRefused``, or the kit's own error). ``probes``: ``(x [H, k], u [n, F, k])``,
+    the deltas applied to them instead (``peft_probes``: a ``ReferenceProbes``, nothing
+    dense formed by PEFT's layers)."""
     try:
+        if probes is not None:
+            return peft_probes(source, n, hidden, intermediate, *probes)
         return peft_reference(source, n, hidden, intermediate)
     except PeftRefused as exc:
         if adapter is None:
             raise
         try:
-            return ReferenceDeltas({m: kit_reading(adapter, m, n) for m in adapter.modules}, "kit", str(exc))
+            deltas = {m: kit_reading(adapter, m, n) for m in adapter.modules}
         except (RuntimeError, ValueError, IndexError):
             raise exc from None  # it fits neither: PEFT's own words say why
+        if probes is not None:
+            return ReferenceProbes({m: probe(d, *probes) for m, d in deltas.items()}, "kit", str(exc))
+        return ReferenceDeltas(deltas, "kit", str(exc))
 
 
 def add_slot(report: CompareReport, slot: int, batch: Batch, path: SglangRun, adapter: Adapter | None, pool: Any,

@@ -26,13 +26,18 @@ loading path serves as exactly the adapter's math (docs/reference.md#the-cure):
 
 Then the proof, every time: the written folder is read back, module by module,
 through the kit's model of sglang 0.5.23's loading path and forward
-(``sglang_path.run_sglang``) and each expert's served LoRA delta is compared with
-PEFT's, computed by PEFT itself (``module_reference``); only a folder that passes gets its name. A refusal
-(``ExportReport.written`` false, exit status 1) leaves nothing behind.
+(``sglang_path.run_sglang``), for every tensor-parallel rank of ``tp`` (each rank's
+slicing, ``shard.slice_lora_*``), and the sum over ranks of each rank's served LoRA
+delta is compared, expert by expert, with PEFT's, computed by PEFT's own layers
+(``module_reference``, ``peft_reference.peft_probes``), both applied to seeded random
+probe inputs (``probes``): no dense ``[n*2F, H]`` delta is formed. Only a folder that
+passes gets its name. A refusal (``ExportReport.written`` false, exit status 1) leaves
+nothing behind.
 
-Peak memory: the adapter's shared-sink factors (``load_adapter`` reads them), one
-module's export being written, and one module's dense float64 deltas for the proof;
-other modules' tensors are read one at a time (data/benchmarks/export_memory.json).
+Peak memory: the input is read one sink module at a time (``ExportInput``), three
+times (plan, write, proof); one module's export is written at a time; the proof holds
+one module's factors, as read back and as PEFT loads them, and its probes
+(data/benchmarks/export_memory.json).
 """
 from __future__ import annotations
 
@@ -48,15 +53,20 @@ from typing import Any, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, module_of, open_safetensors
+from safetensors import SafetensorError
+
+from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, file_sha256, load_adapter, module_of,
+                       open_safetensors)
+from .adapters.files import sink_module_of, sink_modules
 from .atomic import atomic_folder
 from .catalog import message
 from .catalog import Finding, finding
-from .compare import factor_deltas, reference
+from .compare import reference
 from .convert import PROGRESS_BYTES, adapters_dtype, stream_safetensors
 from .errors import find_entry
 from .geometry import check_tp
 from .pool import LoRAFactors
+from .peft_reference import Probes
 from .records import relative_error
 from .releases import Release, release
 from .sglang_path import run_sglang, server_target_modules
@@ -86,31 +96,88 @@ SERVER_FACTS = {
 _LORA_PAIR = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 
 
-def module_reference(adapter: Adapter, module: str, n: int, hidden: int, intermediate: int) -> tuple[Any, str]:
-    """PEFT's delta of one sink module of ``adapter`` (gate, up ``[n, F, H]``, down ``[n, H,
-    F]``, float64), computed from the input alone, independently of the export, by PEFT
-    itself where installed (``compare.reference``, ``peft_reference``), and who computed it.
+PROBES = 8
+"""How many random probe inputs the proof sends through each served and PEFT delta."""
 
-    One module at a time, so that the proof holds one module's dense deltas: PEFT loads a
-    folder holding only that module's tensors of the input file (config unchanged, so its
-    patterns match as before)."""
+
+def probes(n: int, hidden: int, intermediate: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The proof's seeded random inputs, float64: ``x [H, k]`` for gate/up, ``u [n, F, k]``
+    (expert e's ``u[e]``) for down. A delta that differs anywhere moves ``Δ·x`` for almost
+    every random ``x``, so comparing them on the probes catches what comparing dense
+    deltas would, without forming ``[n*2F, H]``."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(hidden, PROBES, generator=gen, dtype=torch.float64),
+            torch.randn(n, intermediate, PROBES, generator=gen, dtype=torch.float64))
+
+
+def module_reference(adapter: Adapter, module: str, n: int, hidden: int, intermediate: int,
+                     x: torch.Tensor, u: torch.Tensor) -> tuple[Probes, str]:
+    """PEFT's delta of one sink module of ``adapter`` applied to the probes ``x``, ``u``
+    (``Probes``: gate, up ``[n, F, k]``, down ``[n, H, k]``, float64), computed from the
+    input alone, independently of the export, by PEFT itself where installed
+    (``compare.reference``, ``peft_probes``), and who computed it.
+
+    One module at a time: PEFT loads a folder holding only that module's tensors of the
+    input file (config unchanged, so its patterns match as before), on stand-ins of no
+    storage; ``adapter`` need hold only that module's factors (the kit's fallback reads them)."""
     import tempfile
 
     keys = [k for k in adapter.factor_keys if FactorName.parse(k).module == module]
     alone = dataclasses.replace(adapter, weights={k: adapter.weights[k] for k in keys}, findings=[], source="")
     source = Path(adapter.source) / WEIGHTS_FILE if adapter.source else None
     if source is None or not source.is_file():
-        ref = reference(alone, alone, n, hidden, intermediate)
+        ref = reference(alone, alone, n, hidden, intermediate, probes=(x, u))
         return ref.deltas[module], ref.label
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory(prefix="inkling-export-reference-") as tmp, open_safetensors(source) as f:
         folder = Path(tmp) / (Path(adapter.source).name or "adapter")
         folder.mkdir()
-        save_file({k: f.get_tensor(k) for k in f.keys() if k.startswith(module + ".")}, str(folder / WEIGHTS_FILE))
+        save_file({k: f.get_tensor(k) for k in f.keys() if sink_module_of(k) == module}, str(folder / WEIGHTS_FILE))
         (folder / CONFIG_FILE).write_text(json.dumps(adapter.config), encoding="utf-8")
-        ref = reference(folder, alone, n, hidden, intermediate)
+        ref = reference(folder, alone, n, hidden, intermediate, probes=(x, u))
         return ref.deltas[module], ref.label
+
+
+class ExportInput:
+    """The input adapter, one shared-sink module at a time (``module``): a folder is read
+    again for each module (``load_adapter(folder, module=...)``: only that module's
+    factors in memory, checked as the kit checks them); an ``Adapter`` held in memory is
+    cut into its modules. ``head`` carries the config, the other modules' names and the
+    findings (the first module's factors); ``modules`` every sink module, in file order."""
+
+    def __init__(self, adapter: Adapter | str | os.PathLike[str]) -> None:
+        if isinstance(adapter, Adapter):
+            self.held: Adapter | None = adapter
+            self.head, self.modules = adapter, adapter.modules
+            return
+        self.held = None
+        try:
+            self.modules = sink_modules(adapter)
+        except (OSError, ValueError, RuntimeError, SafetensorError):
+            self.modules = []  # unreadable: load_adapter's own refusal says why, next
+        self.head = load_adapter(adapter, module=self.modules[0] if self.modules else None)
+
+    @property
+    def source(self) -> str:
+        return self.head.source
+
+    @property
+    def sha256(self) -> str:
+        """The input file's sha256 (read once, in chunks, for a folder)."""
+        if self.held is not None or not self.head.source:
+            return self.head.sha256
+        return file_sha256(Path(self.head.source) / WEIGHTS_FILE)
+
+    def module(self, module: str) -> Adapter:
+        """The adapter holding ``module``'s factors alone (its findings included)."""
+        if self.held is not None:
+            a = self.held
+            return dataclasses.replace(a, weights={k: a.weights[k] for k in a.factor_keys
+                                                   if FactorName.parse(k).module == module}, findings=list(a.findings))
+        if module == self.modules[0]:
+            return self.head
+        return load_adapter(self.head.source, module=module)
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -195,8 +262,10 @@ class ExportReport:
                      + (f" and {len(self.other_modules)} other module(s)" if self.other_modules else ""),
                      f"  target_modules: {self.target_modules}"]
         if self.proof:
-            lines.append(f"proof: the export read back through {self.release.label}'s loading path (the kit's model) "
-                         f"against PEFT's delta computed by {self.reference}, each expert, float64 ({self.allowed}):")
+            ranks = f", every rank of --tp {self.tp} summed" if self.tp > 1 else ""
+            lines.append(f"proof: the export read back through {self.release.label}'s loading path (the kit's model"
+                         f"{ranks}) against PEFT's delta computed by {self.reference}, each expert, on {PROBES} "
+                         f"random inputs, float64 ({self.allowed}):")
             bad = [r for r in self.proof if not r.close]
             lines += [f"  {r}" for r in bad] or [f"  {max(self.proof, key=lambda r: r.max_rel)}",
                                                  f"  every module and expert matches ({len(self.proof)} comparisons)"]
@@ -308,14 +377,14 @@ class _Export:
     """The plan of one export (a first pass that keeps no factors), then its tensors,
     one module at a time."""
 
-    def __init__(self, adapter: Adapter, n: int, hidden: int | None, intermediate: int | None, tp: int) -> None:
-        self.adapter, self.n, self.tp = adapter, n, tp
-        self.where = f"{Path(adapter.source).name or adapter.name}/{WEIGHTS_FILE}"
+    def __init__(self, source: ExportInput, n: int, hidden: int | None, intermediate: int | None, tp: int) -> None:
+        self.input, self.adapter, self.n, self.tp = source, source.head, n, tp
+        self.where = f"{Path(self.adapter.source).name or self.adapter.name}/{WEIGHTS_FILE}"
         self.findings: list[Finding] = []
-        _refuse_saved_modules(adapter)
-        self.dtype = adapters_dtype([adapter])
+        _refuse_saved_modules(self.adapter, source.modules)
+        self.dtype = adapters_dtype([self.adapter])
         self.sink: list[_Module] = []
-        for m in adapter.modules:
+        for m in source.modules:  # the plan: every module read and checked once, none kept
             f, how = self.module_factors(m)
             self.sink.append(_Module(m, f.rank, how))
             self.hidden, self.intermediate = int(f.gate_up_a.shape[-1]), int(f.down_a.shape[-1])
@@ -330,12 +399,11 @@ class _Export:
     def module_factors(self, module: str) -> tuple[LoRAFactors, str]:
         """One module's factors in float64 (PEFT's per-projection scalings on the inner
         factors, exact), the scaling folded into B, in the shared-outer layout."""
-        a = self.adapter
-        keys = [k for k in a.factor_keys if FactorName.parse(k).module == module]
-        exact = dataclasses.replace(a, weights={k: a.weights[k].double() for k in keys}, findings=[])
+        a = self.input.module(module)
+        exact = dataclasses.replace(a, weights={k: t.double() for k, t in a.weights.items()}, findings=[])
         f = exact.module_factors(module, self.n)
-        for note in exact.findings:
-            if note not in self.findings and note not in a.findings:
+        for note in [*a.findings, *exact.findings]:
+            if note not in self.findings and note not in self.adapter.findings:
                 self.findings.append(note)
         f, how = shared_outer(f)
         return _folded(module, f), how
@@ -459,13 +527,14 @@ def _covers(saved: str, module: str) -> bool:
     return any(p == saved or p.endswith("." + saved) for p in prefixes)
 
 
-def _refuse_saved_modules(adapter: Adapter) -> None:
+def _refuse_saved_modules(adapter: Adapter, modules: Sequence[str] | None = None) -> None:
     """``modules_to_save``: full trained copies, which no LoRA folder serves (sglang 0.5.23
-    does not read the field); the sink's own copy named first."""
+    does not read the field); the sink's own copy named first (of ``modules``, default
+    the adapter's)."""
     saved = list(adapter.peft.modules_to_save)
     if not saved:
         return
-    covering = next(((m, [s for s in saved if _covers(s, m)]) for m in adapter.modules
+    covering = next(((m, [s for s in saved if _covers(s, m)]) for m in (modules or adapter.modules)
                      if any(_covers(s, m) for s in saved)), None)
     what = (f"the shared sink {covering[0].removeprefix('base_model.model.')}" if covering else
             "modules outside the sink")
@@ -489,11 +558,12 @@ class _Readback:
 
 
 def _served(folder: Path, n: int, hidden: int, intermediate: int, max_rank: int, readback: _Readback,
-            sglang: Release) -> Any:
+            sglang: Release, tp: int = 1, tp_rank: int = 0) -> Any:
     """The kit's model of release ``sglang``'s loading path, on one module read back from
-    ``folder`` (every call into the kit's model of sglang goes through here)."""
-    return run_sglang(folder, n, hidden, intermediate, max_rank=max_rank, name=folder.name, state=readback,
-                      sglang=sglang)
+    ``folder``, for tensor-parallel rank ``tp_rank`` of ``tp`` (every call into the kit's
+    model of sglang goes through here)."""
+    return run_sglang(folder, n, hidden, intermediate, tp, max_rank=max_rank, name=folder.name, state=readback,
+                      sglang=sglang, tp_rank=tp_rank)
 
 
 def sink_sizes(adapter: Adapter, n: int) -> tuple[int, int]:
@@ -502,6 +572,18 @@ def sink_sizes(adapter: Adapter, n: int) -> tuple[int, int]:
     keys = [k for k in adapter.factor_keys if FactorName.parse(k).module == module]
     f = dataclasses.replace(adapter, weights={k: adapter.weights[k] for k in keys}, findings=[]).module_factors(module, n)
     return int(f.gate_up_a.shape[-1]), int(f.down_a.shape[-1])
+
+
+def served_probes(f: LoRAFactors, x: torch.Tensor, u: torch.Tensor, absolute: bool = False) -> Probes:
+    """What one rank's slot computes from the probes, float64 (``[O, 2R, H]``, ``[n, 2F', R]``,
+    ``[n, R, F']``, ``[O, H, R]``; ``u`` the rank's ``[n, F', k]``): gate, up ``B (A x)``
+    ``[n, F', k]``, down ``B (A u)`` ``[n, H, k]``; with ``absolute``, the same of ``|B|``,
+    ``|A|``, ``|x|`` (what one rounding of the factors can move, the 16-bit bound)."""
+    ga, gb, da, db = (t.double().abs() if absolute else t.double() for t in f.tensors().values())
+    x, u = (x.abs(), u.abs()) if absolute else (x, u)
+    n, R, F = gb.shape[0], ga.shape[-2] // 2, gb.shape[-2] // 2
+    ga, db = ga.expand(n, -1, -1), db.expand(n, -1, -1)
+    return gb[:, :F] @ (ga[:, :R] @ x), gb[:, F:] @ (ga[:, R:] @ x), db @ (da @ u)
 
 
 @dataclass
@@ -514,6 +596,8 @@ class Proof:
     release: Release = field(default_factory=release)
     reference: str = ""
     """Who computed PEFT's delta (``ReferenceDeltas.label``): PEFT itself, or the kit and why."""
+    tp: int = 1
+    """The tensor-parallel size proven: every rank read back, their served deltas summed."""
 
     @property
     def ok(self) -> bool:
@@ -525,15 +609,15 @@ class Proof:
             return
         bad = next((r for r in self.rows if not r.close), None)
         what = self.failure or f"{bad.module} {bad.part}" + ("" if bad.expert is None else f" expert {bad.expert}") \
-            + f" (relative error {bad.max_rel:.3g}; {self.allowed})"
+            + (f" at --tp {self.tp}" if self.tp > 1 else "") + f" (relative error {bad.max_rel:.3g}; {self.allowed})"
         raise ValueError(message("ISL-K503", sglang=self.release.version, what=what))
 
 
 def _compare(module: str, part: str, expert: int | None, served: torch.Tensor, peft: torch.Tensor,
              bound: torch.Tensor | None, dtype: torch.dtype) -> ProofRow:
-    """Served against PEFT's delta: relative error for float64/float32; for a 16-bit
-    dtype, every element within two rounding steps of ``|B'| @ |A'|`` (the served
-    factors' absolute product, which bounds what one rounding of B can move)."""
+    """Served against PEFT's delta (on the probes): relative error for float64/float32; for
+    a 16-bit dtype, every element within two rounding steps of ``bound`` (``|B'| |A'| |x|``:
+    what one rounding of B can move)."""
     rel = relative_error(served, peft)
     if dtype in TOLERANCES:
         return ProofRow(module, part, expert, rel, rel <= TOLERANCES[dtype])
@@ -544,25 +628,33 @@ def _compare(module: str, part: str, expert: int | None, served: torch.Tensor, p
     return ProofRow(module, part, expert, rel, steps <= 2.0, steps)
 
 
-def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, hidden: int | None = None,
-                  intermediate: int | None = None, sglang: str | Release | None = None) -> Proof:
+def verify_export(folder: str | os.PathLike[str], adapter: Adapter | str | os.PathLike[str] | ExportInput, n: int,
+                  *, hidden: int | None = None, intermediate: int | None = None, sglang: str | Release | None = None,
+                  tp: int = 1) -> Proof:
     """Read ``folder`` (an export of ``adapter``) back through the kit's model of sglang
-    release ``sglang``'s (default 0.5.23) loading path and forward, one module at a time, and compare each expert's
-    served LoRA delta with PEFT's delta of ``adapter`` (``module_reference``), and every
-    other module's delta with PEFT's ``scaling * B @ A``. Never raises on a bad folder:
-    ``Proof.failure`` says where sglang would stop or serve something else."""
+    release ``sglang``'s (default 0.5.23) loading path and forward, one module at a time,
+    for every tensor-parallel rank of ``tp`` (each rank's slicing, ``shard.slice_lora_*``),
+    and compare the sum over ranks of each rank's served LoRA delta with PEFT's delta of
+    ``adapter`` (``module_reference``), expert by expert, on seeded random probe inputs
+    (``probes``): nothing of a module's dense ``[n*2F, H]`` size is formed. Every other
+    module's delta is compared with PEFT's ``scaling * B @ A`` the same way. ``adapter``:
+    the input (a folder, read one module at a time, or an ``Adapter``). Never raises on
+    a bad folder: ``Proof.failure`` says where sglang would stop or serve something else."""
     folder = Path(folder)
-    H, F = (hidden, intermediate) if hidden and intermediate else sink_sizes(adapter, n)
+    source = adapter if isinstance(adapter, ExportInput) else ExportInput(adapter)
+    H, F = (hidden, intermediate) if hidden and intermediate else sink_sizes(source.module(source.modules[0]), n)
     config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     rank = int(config["r"])
     files = sorted(p.name for p in folder.glob("*.safetensors"))
     rows: list[ProofRow] = []
-    dtype = adapters_dtype([adapter])
-    proof = Proof(rows, _allowed(dtype), release=release(sglang))
+    dtype = adapters_dtype([source.head])
+    proof = Proof(rows, _allowed(dtype), release=release(sglang), tp=tp)
     label = proof.release.label
     if files != [WEIGHTS_FILE]:  # sglang reads every *.safetensors of the folder (safetensors_weights_iterator)
         proof.failure = f"the folder holds {files}; sglang would read every one"
         return proof
+    x, u = probes(n, H, F)
+    width = check_tp(F, tp, "the shared sink's intermediate size")
     with open_safetensors(folder / WEIGHTS_FILE) as f:
         keys = list(f.keys())
         by_module: dict[str, list[str]] = {}
@@ -570,33 +662,41 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter, n: int, *, h
             fn = FactorName.parse(k)
             if fn is not None:
                 by_module.setdefault(fn.module, []).append(k)
-        missing = [m for m in adapter.modules if m not in by_module]
+        missing = [m for m in source.modules if m not in by_module]
         if missing:
             proof.failure = f"{missing[0]} is not in the export"
             return proof
-        for module in adapter.modules:
+        for module in source.modules:
             try:
-                want, proof.reference = module_reference(adapter, module, n, H, F)
+                want, proof.reference = module_reference(source.module(module), module, n, H, F, x, u)
             except (ValueError, RuntimeError, OSError) as exc:
                 proof.failure = f"PEFT's delta of {module} cannot be computed: {type(exc).__name__}: {exc}"
                 return proof
-            weights = {k: f.get_tensor(k) for k in by_module[module]}
-            path = _served(folder, n, H, F, rank, _Readback(config, weights), proof.release)
-            if path.raised is not None:
-                proof.failure = f"{label} raises loading {module}: {path.raised.text}"
-            elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
-                proof.failure = f"{label} does not serve {module} as trained: " + "; ".join(
-                    [path.unknown] * bool(path.unknown) + list(path.causes)
-                    + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
-            if proof.failure:
-                return proof
-            served_factors = path.served[module]  # what sglang computes: the slot's factors as it loaded them
-            served = factor_deltas(*served_factors.tensors().values())
-            bounds = factor_deltas(*(t.abs() for t in served_factors.tensors().values()))
-            for part, got, peft, bound in zip(("gate", "up", "down"), served, want, bounds):
+            readback = _Readback(config, {k: f.get_tensor(k) for k in by_module[module]})
+            got = [torch.zeros_like(w) for w in want]  # the sum over ranks of what each serves
+            bounds = [torch.zeros_like(w) for w in want]
+            for tp_rank in range(tp):
+                path = _served(folder, n, H, F, rank, readback, proof.release, tp, tp_rank)
+                at = f" (tensor-parallel rank {tp_rank} of {tp})" if tp > 1 else ""
+                if path.raised is not None:
+                    proof.failure = f"{label} raises loading {module}{at}: {path.raised.text}"
+                elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
+                    proof.failure = f"{label} does not serve {module}{at} as trained: " + "; ".join(
+                        [path.unknown] * bool(path.unknown) + list(path.causes)
+                        + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
+                if proof.failure:
+                    return proof
+                cols = slice(tp_rank * width, (tp_rank + 1) * width)  # the rank's features of every expert
+                served = path.served[module]  # what sglang computes: the slot's factors as this rank loaded them
+                for total, part in ((got, served_probes(served, x, u[:, cols])),
+                                    (bounds, served_probes(served, x, u[:, cols], absolute=True))):
+                    total[0][:, cols] += part[0]  # gate and up: the rank's own features
+                    total[1][:, cols] += part[1]
+                    total[2] += part[2]  # down: the all-reduce's sum of partial outputs
+            for part, s_, w_, b_ in zip(("gate", "up", "down"), got, want, bounds):
                 for e in range(n):
-                    rows.append(_compare(module, part, e, got[e], peft[e], bound[e], dtype))
-        _prove_others(f, keys, config, adapter, rows)
+                    rows.append(_compare(module, part, e, s_[e], w_[e], b_[e], dtype))
+        _prove_others(f, keys, config, source.head, rows)
     return proof
 
 
@@ -679,7 +779,7 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
     name = adapter.name if isinstance(adapter, Adapter) else Path(adapter).name
     report = ExportReport(name, str(output), n_shared_experts, hidden, intermediate, tp, release=release(sglang))
     try:
-        read = adapter if isinstance(adapter, Adapter) else load_adapter(adapter)
+        read = ExportInput(adapter)
         _check_output(output, read.source, force)
         plan = _Export(read, n_shared_experts, hidden, intermediate, tp)
         report.hidden, report.intermediate = plan.hidden, plan.intermediate
@@ -693,10 +793,10 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
             stream_safetensors(tmp / WEIGHTS_FILE, plan.specs(), plan.tensors(progress),
                                {"format": "pt", "inkling_lab_export_of": read.sha256})
             proof = verify_export(tmp, read, n_shared_experts, hidden=plan.hidden, intermediate=plan.intermediate,
-                                  sglang=report.release)
+                                  sglang=report.release, tp=tp)
             report.proof, report.allowed, report.reference = proof.rows, proof.allowed, proof.reference
             proof.check()
-        report.findings = [*read.findings, *plan.findings]
+        report.findings = [*read.head.findings, *plan.findings]
         report.server_flags = server_flags(output, plan.rank, report.target_modules, tp)
         report.tp_sizes = tp_sizes(plan.intermediate)
         report.written = True

@@ -78,6 +78,22 @@ class ReferenceDeltas:
         return f"PEFT {_peft_version()} itself (merged weights)" if self.by_peft else f"the kit's reading of the config ({self.why})"
 
 
+Probes = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""A module's LoRA deltas applied to probe inputs, float64: gate, up ``[n, F, k]`` (of
+``x [H, k]``), down ``[n, H, k]`` (expert e's delta of ``u[e]``, ``u [n, F, k]``)."""
+
+
+@dataclass(frozen=True)
+class ReferenceProbes(ReferenceDeltas):
+    """``peft_probes``' result: as ``ReferenceDeltas``, but ``deltas`` holds each module's
+    ``Probes``, never a dense delta."""
+
+    @property
+    def label(self) -> str:
+        return (f"PEFT {_peft_version()} itself (its LoRA layers)" if self.by_peft
+                else f"the kit's reading of the config ({self.why})")
+
+
 def _peft_version() -> str:
     from importlib.metadata import version
 
@@ -109,24 +125,109 @@ def peft_reference(source: str | os.PathLike[str] | Adapter, n: int, hidden: int
     if missing:
         adapter = source if isinstance(source, Adapter) else load_adapter(folder)
         return ReferenceDeltas({m: kit_reading(adapter, m, n) for m in adapter.modules}, "kit", missing)
-    if folder is not None:
-        from peft import LoraConfig
-        from peft.utils import load_peft_weights
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # PEFT's notes on fields it ignores: its math is what counts
-                config = LoraConfig.from_pretrained(str(folder))
-                state = load_peft_weights(str(folder), device="cpu")
-        except Exception as exc:  # noqa: BLE001 - PEFT's own refusal, whatever its type, is the answer
-            raise PeftRefused(f"PEFT cannot read {folder.name}: {_said(exc)}") from exc
-    else:
-        from peft import LoraConfig
-
-        config = LoraConfig(**_known_fields(LoraConfig, source.config))
-        state = dict(source.weights)
+    config, state = _read_by_peft(folder, source)
     return _merged_deltas(config, state, n, hidden, intermediate, hidden_act, seed,
                           folder.name if folder is not None else source.name)
+
+
+def peft_probes(source: str | os.PathLike[str] | Adapter, n: int, hidden: int, intermediate: int,
+                x: torch.Tensor, u: torch.Tensor, *, hidden_act: str = "silu") -> "ReferenceProbes":
+    """PEFT's LoRA delta of each shared-sink module of ``source`` applied to probe inputs,
+    computed by PEFT's own layers, never formed as a dense ``[n*2F, H]`` matrix of a
+    classic adapter: ``x [H, k]`` through each gate/up layer, ``u [n, F, k]`` (expert e's
+    inputs ``u[e]``) through each down layer, float64.
+
+    PEFT builds its ``lora.Linear`` layers on stand-ins of no storage (``_ZeroLinear``:
+    the output is PEFT's forward minus a zero base, i.e. ``lora_B(lora_A(x)) * scaling``
+    with PEFT's own scaling, patterns and key matching); a ``target_parameters`` export's
+    3D parameters go through PEFT's ``ParamWrapper.get_delta_weight``, one parameter at a
+    time (PEFT forms that delta itself). Where PEFT is absent, the kit's reading
+    (``kit_reading``), applied to the same probes, and the result says so. Arguments and
+    errors as for ``peft_reference``."""
+    folder = _folder_of(source)
+    missing = _missing_peers(folder, source)
+    if missing:
+        adapter = source if isinstance(source, Adapter) else load_adapter(folder)
+        return ReferenceProbes({m: probe(kit_reading(adapter, m, n), x, u) for m in adapter.modules}, "kit", missing)
+    config, state = _read_by_peft(folder, source)
+    where = folder.name if folder is not None else source.name
+    root, kinds = _build_standin(state, n, hidden, intermediate, hidden_act, None, probe=True)
+    if not kinds:
+        raise PeftRefused(f"{where}: no shared-sink factors for PEFT to load")
+    model = _peft_model(config, root, state, n, hidden, intermediate, where)
+    with torch.no_grad():
+        return ReferenceProbes({m: _probe_module(model, m, kind, n, hidden, intermediate, x, u)
+                                for m, kind in kinds.items()}, "peft")
+
+
+def probe(deltas: Deltas, x: torch.Tensor, u: torch.Tensor) -> Probes:
+    """Dense per-expert deltas applied to the probes: gate, up ``[n, F, H] @ x [H, k]``,
+    down ``[n, H, F] @ u [n, F, k]``."""
+    gate, up, down = deltas
+    return gate @ x, up @ x, down @ u
+
+
+def _probe_module(model: Any, module: str, kind: str, n: int, H: int, F: int, x: torch.Tensor,
+                  u: torch.Tensor) -> Probes:
+    """One sink module's PEFT layers on the probes (``peft_probes``), layer by layer."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import ParamWrapper
+
+    k = x.shape[1]
+    gate, up = torch.zeros(n, F, k, dtype=torch.float64), torch.zeros(n, F, k, dtype=torch.float64)
+    down = torch.zeros(n, H, k, dtype=torch.float64)
+    path = PEFT_PREFIX + module.removeprefix(PEFT_PREFIX)
+    for name, layer in model.named_modules():
+        if name != path and not name.startswith(path + "."):
+            continue
+        if kind == "params" and isinstance(layer, ParamWrapper):  # [n, F, H] or [n, H, F]: PEFT's own delta
+            delta = layer.get_delta_weight(model.active_adapter).double()
+            if layer.parameter_name == "down_proj":
+                down += delta @ u
+            else:
+                (gate if layer.parameter_name == "gate_proj" else up).add_(delta @ x)
+            del delta  # one parameter's delta at a time
+        elif kind == "linear" and isinstance(layer, LoraLinear):
+            *expert, proj = name[len(path) + 1:].split(".")
+            downs = proj in ("down_proj", "w2")
+            if expert:  # one expert's H -> F (2F fused) or F -> H
+                e = int(expert[0])
+                y = layer(u[e].T).T if downs else layer(x.T).T
+                if downs:
+                    down[e] += y
+                elif proj == "gate_up_proj":
+                    gate[e] += y[:F]
+                    up[e] += y[F:]
+                else:
+                    (gate if proj in ("gate_proj", "w1") else up)[e] += y
+            elif downs:  # n*F -> H, experts side by side: one expert's block of the input at a time
+                for e in range(n):
+                    inp = torch.zeros(k, n * F, dtype=torch.float64)
+                    inp[:, e * F:(e + 1) * F] = u[e].T
+                    down[e] += layer(inp).T
+            elif proj == "gate_up_proj":  # H -> n*2F, per expert [gate_e ‖ up_e]
+                y = layer(x.T).T.reshape(n, 2 * F, k)
+                gate += y[:, :F]
+                up += y[:, F:]
+            else:  # H -> n*F, experts stacked
+                (gate if proj in ("gate_proj", "w1") else up).add_(layer(x.T).T.reshape(n, F, k))
+    return gate, up, down
+
+
+def _read_by_peft(folder: Path | None, source: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The config and tensors as PEFT reads them from ``folder`` (or an ``Adapter``'s own)."""
+    from peft import LoraConfig
+
+    if folder is None:
+        return LoraConfig(**_known_fields(LoraConfig, source.config)), dict(source.weights)
+    from peft.utils import load_peft_weights
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PEFT's notes on fields it ignores: its math is what counts
+            return LoraConfig.from_pretrained(str(folder)), load_peft_weights(str(folder), device="cpu")
+    except Exception as exc:  # noqa: BLE001 - PEFT's own refusal, whatever its type, is the answer
+        raise PeftRefused(f"PEFT cannot read {folder.name}: {_said(exc)}") from exc
 
 
 def _said(exc: BaseException) -> str:
@@ -219,10 +320,32 @@ def _linear_shape(proj: str, per_expert: bool, n: int, H: int, F: int) -> tuple[
     return H, k * (2 * F if proj == "gate_up_proj" else F)
 
 
+class _ZeroLinear(torch.nn.Linear):
+    """A stand-in ``nn.Linear`` (PEFT wraps it as its own ``lora.Linear``) of no storage:
+    its weight is one zero expanded to ``[out, in]`` and its output is zero, so PEFT's
+    layer output on it is PEFT's LoRA delta applied to the input, and nothing of the
+    module's dense size is ever allocated."""
+
+    def __init__(self, fan_in: int, fan_out: int) -> None:
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features = fan_in, fan_out
+        self.weight = torch.nn.Parameter(_no_storage(fan_out, fan_in), requires_grad=False)
+        self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(*x.shape[:-1], self.out_features)
+
+
+def _no_storage(*shape: int) -> torch.Tensor:
+    """A float64 zero of ``shape`` that holds one element (a stride-0 view)."""
+    return torch.zeros((), dtype=torch.float64).expand(*shape)
+
+
 def _build_standin(state: Mapping[str, torch.Tensor], n: int, H: int, F: int, hidden_act: str,
-                   gen: torch.Generator | None) -> tuple[torch.nn.Module, dict[str, str]]:
+                   gen: torch.Generator | None, probe: bool = False) -> tuple[torch.nn.Module, dict[str, str]]:
     """The model PEFT loads the adapter onto: only the sink modules, at the adapter's own
-    paths; their weights zero, or seeded random from ``gen``."""
+    paths; their weights zero, or seeded random from ``gen``; with ``probe``, zeros of
+    no storage (``_ZeroLinear``, and expanded zeros for transformers' 3D parameters)."""
     root = torch.nn.Module()
     kinds = _sink_modules(state)
     def rnd(*shape: int) -> torch.Tensor:
@@ -236,11 +359,18 @@ def _build_standin(state: Mapping[str, torch.Tensor], n: int, H: int, F: int, hi
             from transformers import InklingTextConfig
             from transformers.models.inkling.modeling_inkling import InklingSharedExperts
 
-            experts = InklingSharedExperts(InklingTextConfig(hidden_size=H, moe_intermediate_size=F,
-                                                             n_shared_experts=n, hidden_act=hidden_act)).double()
-            with torch.no_grad():
+            text = InklingTextConfig(hidden_size=H, moe_intermediate_size=F, n_shared_experts=n, hidden_act=hidden_act)
+            if probe:  # the 3D parameters as zeros of no storage: PEFT's delta alone is computed from them
+                with torch.device("meta"):
+                    experts = InklingSharedExperts(text)
                 for p in ("gate_proj", "up_proj", "down_proj"):
-                    getattr(experts, p).copy_(rnd(*getattr(experts, p).shape))
+                    setattr(experts, p, torch.nn.Parameter(_no_storage(*getattr(experts, p).shape),
+                                                           requires_grad=False))
+            else:
+                experts = InklingSharedExperts(text).double()
+                with torch.no_grad():
+                    for p in ("gate_proj", "up_proj", "down_proj"):
+                        getattr(experts, p).copy_(rnd(*getattr(experts, p).shape))
             _place(root, path, experts)
             continue
         for key in state:
@@ -254,6 +384,9 @@ def _build_standin(state: Mapping[str, torch.Tensor], n: int, H: int, F: int, hi
             if fn.expert is not None and fn.expert >= n:
                 raise PeftRefused(f"{key}: expert {fn.expert} has no place on a sink of n={n} shared experts")
             fan_in, fan_out = _linear_shape(fn.proj, fn.expert is not None, n, H, F)
+            if probe:
+                _place(root, name, _ZeroLinear(fan_in, fan_out))
+                continue
             linear = torch.nn.Linear(fan_in, fan_out, bias=False, dtype=torch.float64)
             with torch.no_grad():
                 linear.weight.copy_(rnd(fan_out, fan_in))
@@ -261,18 +394,15 @@ def _build_standin(state: Mapping[str, torch.Tensor], n: int, H: int, F: int, hi
     return root, kinds
 
 
-def _merged_deltas(config: Any, state: Mapping[str, torch.Tensor], n: int, H: int, F: int, hidden_act: str,
-                   seed: int, where: str) -> ReferenceDeltas:
+def _peft_model(config: Any, root: torch.nn.Module, state: Mapping[str, torch.Tensor], n: int, H: int, F: int,
+                where: str) -> Any:
+    """PEFT's own model of the adapter on the stand-in ``root`` (``_build_standin``), its
+    factors loaded by PEFT (``set_peft_model_state_dict``), every key checked to have landed."""
     import copy
 
     from peft import PeftModel
     from peft.utils import set_peft_model_state_dict
 
-    gen = torch.Generator().manual_seed(seed) if getattr(config, "use_dora", False) else None
-    root, kinds = _build_standin(state, n, H, F, hidden_act, gen)
-    if not kinds:
-        raise PeftRefused(f"{where}: no shared-sink factors for PEFT to load")
-    base = {name: p.detach().clone() for name, p in root.named_parameters()}
     config = copy.copy(config)
     config.task_type = None  # a bare module tree, not a transformers model: PeftModel itself
     config.inference_mode = True
@@ -282,14 +412,30 @@ def _merged_deltas(config: Any, state: Mapping[str, torch.Tensor], n: int, H: in
             warnings.simplefilter("ignore")  # PEFT warns of target modules the stand-in does not have
             model = PeftModel(root, config)
             model.double()
+            model.eval()  # no dropout: the delta, not a training step
             result = set_peft_model_state_dict(model, sink)
             _check_loaded(result, where)
-            with torch.no_grad():
-                merged = model.merge_and_unload()
     except PeftRefused:
         raise
     except Exception as exc:  # noqa: BLE001 - PEFT's own refusal, whatever its type, is the answer
         raise PeftRefused(f"PEFT cannot load {where} onto a sink of n={n}, H={H}, F={F}: {_said(exc)}") from exc
+    return model
+
+
+def _merged_deltas(config: Any, state: Mapping[str, torch.Tensor], n: int, H: int, F: int, hidden_act: str,
+                   seed: int, where: str) -> ReferenceDeltas:
+    gen = torch.Generator().manual_seed(seed) if getattr(config, "use_dora", False) else None
+    root, kinds = _build_standin(state, n, H, F, hidden_act, gen)
+    if not kinds:
+        raise PeftRefused(f"{where}: no shared-sink factors for PEFT to load")
+    base = {name: p.detach().clone() for name, p in root.named_parameters()}
+    model = _peft_model(config, root, state, n, H, F, where)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            merged = model.merge_and_unload()
+    except Exception as exc:  # noqa: BLE001 - PEFT's own refusal, whatever its type, is the answer
+        raise PeftRefused(f"PEFT cannot merge {where} on a sink of n={n}, H={H}, F={F}: {_said(exc)}") from exc
     after = {name: p.detach().double() for name, p in merged.named_parameters()}
     out: dict[str, Deltas] = {}
     for module, kind in kinds.items():

@@ -169,9 +169,9 @@ class _Sglang:
     where sglang raises."""
 
     def __init__(self, folder: Path, n: int, hidden: int, intermediate: int, tp: int, max_rank: int | None,
-                 cli_targets: Sequence[str] | None, name: str, sglang: Release) -> None:
+                 cli_targets: Sequence[str] | None, name: str, sglang: Release, tp_rank: int = 0) -> None:
         self.release, self.label = sglang, sglang.label
-        self.folder, self.n, self.H, self.F, self.tp = folder, n, hidden, intermediate, tp
+        self.folder, self.n, self.H, self.F, self.tp, self.tp_rank = folder, n, hidden, intermediate, tp, tp_rank
         self.max_rank, self.cli_targets, self.name = max_rank, cli_targets, name
         self.stages: list[dict[str, Any]] = []
         self.findings: list[Finding] = []
@@ -426,19 +426,20 @@ class _Sglang:
         return shared if not per else per
 
     def shard(self) -> None:
-        """Tensor-parallel rank 0's share (``slice_moe_lora_{a,b}_weights``, docs/reference.md#tensor-parallelism), on
-        the dicts and 3D tensors as they stand."""
+        """Tensor-parallel rank ``tp_rank``'s share (``slice_moe_lora_{a,b}_weights``,
+        docs/reference.md#tensor-parallelism), on the dicts and 3D tensors as they stand."""
         for module, parts in self.factors.items():
             if self.tp > 1:
                 try:
                     for (proj, ab), cut in ((("gate_up_proj", "A"), slice_lora_a), (("gate_up_proj", "B"), slice_lora_b),
                                             (("down_proj", "A"), slice_lora_a), (("down_proj", "B"), slice_lora_b)):
                         if parts[proj, ab] is not None:
-                            parts[proj, ab] = cut(parts[proj, ab], 0, proj, self.tp, self.n, intermediate_size=self.F)
+                            parts[proj, ab] = cut(parts[proj, ab], self.tp_rank, proj, self.tp, self.n,
+                                                   intermediate_size=self.F)
                 except (ValueError, RuntimeError) as exc:  # the kit refuses what upstream cuts unchecked
                     self.unknown = f"tensor-parallel slicing of factors that do not split over tp={self.tp} ({exc})"
                     return
-        self.record("shard", tp=self.tp, rank=0, shapes={
+        self.record("shard", tp=self.tp, rank=self.tp_rank, shapes={
             m: {f"{proj}.lora_{ab}": _shapes_of(t) for (proj, ab), t in parts.items()} for m, parts in self.factors.items()})
 
     def load_pool(self) -> None:
@@ -585,13 +586,14 @@ class _Sglang:
 
 def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1, max_rank: int | None = None,
                target_modules: Sequence[str] | None = None, name: str | None = None,
-               state: Adapter | None = None, sglang: str | Release | None = None) -> SglangRun:
+               state: Adapter | None = None, sglang: str | Release | None = None, tp_rank: int = 0) -> SglangRun:
     """Every stage of the path of sglang release ``sglang`` (default 0.5.23; an unknown one
     is a ``ValueError`` listing the known ones), each once; ``.raised`` holds where it
     stopped, if it did. ``state``: an adapter held in memory, read from its config and
-    tensors instead of files."""
+    tensors instead of files. ``tp_rank``: the tensor-parallel rank (of ``tp``) whose
+    share is sliced, loaded and served (default 0)."""
     return _Sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name or folder.name,
-                   release(sglang)).run(state)
+                   release(sglang), tp_rank).run(state)
 
 
 def config_causes(adapter_config: dict[str, Any], keys: Iterable[str], name: str, sglang: str | Release | None = None

@@ -318,3 +318,106 @@ def test_the_export_is_proven_against_the_release_asked_for(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("sglang 0.5.19, export in -> ") and "0.5.23" not in out
     assert "read back through sglang 0.5.19's loading path" in out
+
+
+# -- the proof on probes, at every TP rank, streamed ---------------------------------------------------
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(2, 7), F=st.sampled_from([2, 4, 6]), r=st.integers(1, 3),
+       down_rank=st.integers(1, 4), alpha=st.floats(0.25, 40), rslora=st.booleans(), tp=st.sampled_from([1, 2]),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 99))
+def test_the_proof_on_probes_agrees_with_peft_s_dense_delta(tmp_path_factory, n, H, F, r, down_rank, alpha, rslora,
+                                                            tp, dtype, seed):
+    """PEFT's layers on the probes equal PEFT's own get_delta_weight applied to them; the export
+    proven at --tp sums every rank's served delta to that math."""
+    from inkling_lab.peft_reference import peft_probes, probe
+
+    tmp = tmp_path_factory.mktemp("probe")
+    deltas = peft_classic(tmp / "in", n, H, F, r, dtype=dtype, seed=seed, lora_alpha=alpha, use_rslora=rslora,
+                          rank_pattern={"down_proj": down_rank})
+    x, u = export_module.probes(n, H, F, seed)
+    ref = peft_probes(tmp / "in", n, H, F, x, u)
+    assert ref.by_peft
+    module = "base_model.model.model.layers.0.mlp.shared_experts"
+    for got, want in zip(ref.deltas[module], probe(per_expert(deltas, "model.layers.0.mlp.shared_experts", n, F),
+                                                   x, u)):
+        assert relative_error(got, want) < 1e-12
+    report = export_for_sglang(tmp / "in", tmp / "out", n, tp=tp)
+    assert report.written and report.tp == tp, report
+    assert len(report.proof) == 3 * n and all(row.close for row in report.proof)
+    assert (f"every rank of --tp {tp} summed" in str(report)) == (tp > 1)
+
+
+def test_a_target_parameters_proof_is_peft_s_own_delta_on_the_probes(tmp_path):
+    pytest.importorskip("transformers.models.inkling", reason="needs transformers >= 5.24 (the test extra)")
+    from inkling_lab.peft_reference import peft_probes, peft_reference, probe
+    from inkling_lab.transformers_interop import make_peft_sink_adapter
+
+    n, H, F = 3, 8, 4
+    made = make_peft_sink_adapter(tmp_path / "in", n, H, F, rank=2, lora_alpha=5.0,
+                                  lora_options={"use_rslora": True})
+    x, u = export_module.probes(n, H, F)
+    probes, dense = peft_probes(made.folder, n, H, F, x, u), peft_reference(made.folder, n, H, F)
+    assert probes.by_peft and dense.by_peft
+    (module,) = dense.deltas
+    for got, want in zip(probes.deltas[module], probe(dense.deltas[module], x, u)):
+        assert relative_error(got, want) < 1e-12
+    report = export_for_sglang(made.folder, tmp_path / "out", n, tp=2)
+    assert report.written and "PEFT" in report.reference and report.max_rel_error < 1e-9, report
+
+
+@pytest.mark.parametrize("where", ["gate", "down"])
+def test_one_wrong_element_of_the_export_is_caught_on_the_probes(tmp_path, monkeypatch, where):
+    folder = save_adapter(synthetic_adapter(2, 8, 6, 4, per_expert=True), tmp_path / "in")
+    right = export_module.flat_factors
+
+    def wrong(f, rank):
+        out = right(f, rank)
+        key = {"gate": "gate_proj.lora_B", "down": "down_proj.lora_A"}[where]
+        out[key] = out[key].clone()
+        out[key][-1, -1] += 1e-3  # the last expert's last element: a small, local error
+        return out
+
+    monkeypatch.setattr(export_module, "flat_factors", wrong)
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert not report.written and report.code == "ISL-K503"
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_tp_proof_catches_a_wrong_slicing(tmp_path, monkeypatch):
+    """The proof reads every rank through the kit's slicing: cut the gate/up B of the rank
+    without its halves (one block of [gate ‖ up] rows, as a naive row split would) and it fails."""
+    from inkling_lab import sglang_path, shard
+
+    folder = save_adapter(synthetic_adapter(2, 8, 6, 4), tmp_path / "in")
+    assert export_for_sglang(folder, tmp_path / "good", 2, tp=2).written
+
+    def rows_in_one_block(weights, tp_rank, target_module, tp_size, n, intermediate_size=None):
+        w = shard.split_gate_up_b(weights, n) if weights.dim() == 2 else weights
+        if shard.target_module_name(target_module) != shard.GATE_UP or tp_size == 1:
+            return shard.slice_lora_b(weights, tp_rank, target_module, tp_size, n, intermediate_size)
+        step = w.shape[1] // tp_size
+        return w[:, tp_rank * step:(tp_rank + 1) * step].contiguous()
+
+    monkeypatch.setattr(sglang_path, "slice_lora_b", rows_in_one_block)
+    report = export_for_sglang(folder, tmp_path / "out", 2, tp=2)
+    assert not report.written and report.code == "ISL-K503", report
+    assert "at --tp 2" in report.error and not (tmp_path / "out").exists()
+
+
+def test_the_input_is_streamed_one_module_at_a_time(tmp_path, monkeypatch):
+    from inkling_lab.adapters import files
+
+    folder = save_adapter(synthetic_adapter(2, 8, 6, 4, layers=tuple(range(5))), tmp_path / "in")
+    held = []
+    read = files.load_adapter
+
+    def counting(*args, **kwargs):
+        a = read(*args, **kwargs)
+        held.append(len(a.modules))
+        return a
+
+    monkeypatch.setattr(export_module, "load_adapter", counting)
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert report.written and len(report.modules) == 5
+    assert held and max(held) == 1  # never more than one module's factors read at once

@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +28,14 @@ def _adapter_folder(path: str | os.PathLike[str]) -> Path:
     return p.parent if p.name in (CONFIG_FILE, WEIGHTS_FILE) else p
 
 
-def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool = False) -> Adapter:
+def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool = False,
+                 module: str | None = None) -> Adapter:
     """Read a PEFT adapter folder (or its config or weights file) into an ``Adapter``.
+
+    ``module``: read only that shared-sink module's factors (an ``Adapter.modules`` name,
+    ``sink_modules`` lists them from the header), every other tensor named, not loaded,
+    and no sha256 computed: one module of a large adapter in memory at a time (the
+    export streams an adapter so); the checks are those of that module's factors.
 
     Safetensors only: a pickle checkpoint (``adapter_model.bin``) is refused, never
     opened. Errors name the file and tensor: ``ISL-K201`` no config, ``K202``
@@ -79,12 +86,15 @@ def load_adapter(path: str | os.PathLike[str], repair: bool = True, guess: bool 
         with open_safetensors(weights_path) as f:
             keys = sorted(f.keys())
             shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
-            weights = {k: f.get_tensor(k) for k in keys if _is_sink_key(k)}
+            weights = {k: f.get_tensor(k) for k in keys if _is_sink_key(k)
+                       and (module is None or sink_module_of(k) == module)}
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
         raise _refuse(error("ISL-K204", folder=Path(source).name or source, size=size, reason=exc), folder) from None
-    others = {k: _NOT_LOADED for k in keys if k not in weights}
+    # with ``module``, the other sink modules' tensors are not this adapter's to check
+    others = {k: _NOT_LOADED for k in keys if k not in weights and (module is None or not _is_sink_key(k))}
     try:
-        return Adapter.from_state(config, {**weights, **others}, source=source, sha256=file_sha256(weights_path),
+        return Adapter.from_state(config, {**weights, **others}, source=source,
+                                  sha256=file_sha256(weights_path) if module is None else "",
                                   repair=repair, guess=guess, saved_shapes=shapes)
     except ValueError as exc:
         raise _refuse(exc, folder)
@@ -213,6 +223,20 @@ def open_safetensors(path: str | os.PathLike[str]) -> Iterator[Any]:
 
 def _is_sink_key(key: str) -> bool:
     return "shared_experts" in key
+
+
+def sink_module_of(key: str) -> str | None:
+    """The shared-sink module a tensor belongs to (its key up to the last ``shared_experts``,
+    as ``FactorName.module`` names it), or None."""
+    m = re.match(r"^(.*shared_experts)\.", key)
+    return m[1] if m else None
+
+
+def sink_modules(path: str | os.PathLike[str]) -> list[str]:
+    """The shared-sink modules of an adapter folder's weights file, in the file's (sorted)
+    key order, read from its header alone."""
+    with open_safetensors(_adapter_folder(path) / WEIGHTS_FILE) as f:
+        return list(dict.fromkeys(m for k in sorted(f.keys()) if (m := sink_module_of(k)) is not None))
 
 
 def file_sha256(path: str | os.PathLike[str], chunk: int = 2 ** 24) -> str:
