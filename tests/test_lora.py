@@ -3,9 +3,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inkling_lab.batch import SlotBatch
+from inkling_lab.geometry import Geometry
 from inkling_lab.lora import LoRABackend, SharedSinkLoRA, derive_operands
 from inkling_lab.pool import LoRAFactors, LoRAPool
+from inkling_lab.scenario import Scenario
 
 
 def _sink(interleaved=True, **kw):
@@ -247,15 +248,12 @@ def test_v2_down_cat_is_a_cat_shared_and_down_b_per_expert():
 
 @pytest.mark.parametrize("outer", [1, 2])
 def test_v2_forwards_as_the_first_generation_on_the_same_weights(outer):
-    v2, plain = _v2_sink(), SharedSinkLoRA(2, 8, 6, interleaved=False, dtype=torch.bfloat16)
-    pool = LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, outer=outer, dtype=torch.bfloat16)
-    for s in range(2):
-        pool.load(s, LoRAFactors.random(2, 8, 6, rank=4, outer=outer, seed=s, dtype=torch.bfloat16))
-    v2.set_lora_info(*pool.buffers())
-    plain.set_lora_info(*pool.buffers())
-    x, gammas = torch.randn(5, 8).to(torch.bfloat16), torch.rand(5, 2).to(torch.bfloat16)
-    batch = SlotBatch.from_token_slots([0, 0, 1, 2, -1], num_slots=3)
-    assert torch.equal(v2(x, gammas, batch, backend="torch"), plain(x, gammas, batch, backend="torch"))
+    """One scenario (weights, pool, tokens, batch) on a first- and a second-generation sink."""
+    case = dict(tokens=5, dtype=torch.bfloat16, interleaved=False, adapters=[4, 4, 0], token_slots=[0, 0, 1, 2, -1])
+    g = Geometry(2, 8, 6, 4, 3, outer=outer)
+    plain, v2 = Scenario.random(g, **case), Scenario.random(g, **case, sink=_v2_sink())
+    assert v2.sink.generation == "v2" and v2.sink.down_cat is not None and torch.equal(v2.sink.w13, plain.sink.w13)
+    assert torch.equal(v2.forward("torch"), plain.forward("torch"))
 
 
 def test_v2_pool_shape_error_names_one_pair_and_a_per_expert_call_does_not_reset():

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import inkling_lab as il
 from inkling_lab.errors import UpstreamDefectWarning, expect_error
+from inkling_lab.scenario import Scenario
 from inkling_lab.sink import gate_up_rows
 from inkling_lab.upstream_defect import (GATE_SHRINK, UP_SHRINK, collapse_identical_outer, defect_report,
                                          doctor_finding, gate_up_routing, sglang_0_5_23_equivalent_buffers,
@@ -40,17 +41,13 @@ def spec_8_literally(sink, x, gammas, token_slots):
 
 
 def per_expert_setup(n=2, H=8, F=6, R=4, slots=2, interleaved=True, seed=0, ranks=None, tokens=None):
-    sink = il.SharedSinkLoRA(n, H, F, interleaved=interleaved, seed=seed)
-    pool = il.LoRAPool(n=n, hidden=H, intermediate=F, slots=slots, max_rank=R, outer=n)
-    for s, r in enumerate(ranks if ranks is not None else [R] * slots):
-        if r:
-            pool.load(s, il.LoRAFactors.random(n, H, F, rank=r, outer=n, seed=seed + 10 * s + 1))
-    sink.set_lora_info(*pool.buffers())
-    gen = torch.Generator().manual_seed(seed)
+    """A per-expert outer ``Scenario`` (the one factory), unpacked: slot ``s`` at rank
+    ``ranks[s]`` (default ``R``), each slot's tokens in a run of 3 and one base-only token
+    unless ``tokens`` are given."""
     tokens = tokens if tokens is not None else [s for s in range(slots) for _ in range(3)] + [-1]
-    x, gammas = torch.randn(len(tokens), H, generator=gen), torch.rand(len(tokens), n, generator=gen)
-    batch = il.SlotBatch.from_token_slots(tokens, num_slots=slots, lora_ranks=pool.lora_ranks)
-    return sink, pool, x, gammas, batch, tokens
+    sc = Scenario.random(il.Geometry(n, H, F, R, slots, outer=n), tokens=len(tokens), seed=seed,
+                         interleaved=interleaved, adapters=ranks, token_slots=tokens)
+    return sc.sink, sc.pool, sc.x, sc.gammas, sc.batch, tokens
 
 
 @settings(max_examples=25, deadline=None)
@@ -220,14 +217,8 @@ def test_the_collapse_computes_the_same_function_and_avoids_the_defect():
     ga, db, collapsed = collapse_identical_outer(per_expert.gate_up_a, per_expert.down_b)
     assert collapsed and ga.shape == (1, 6, 8) and db.shape == (1, 8, 3)
     shared = il.LoRAFactors(ga, per_expert.gate_up_b, per_expert.down_a, db, per_expert.lora_alpha)
-    outputs = []
-    for factors in (per_expert, shared):
-        sink = il.SharedSinkLoRA(2, 8, 6)
-        pool = il.LoRAPool(2, 8, 6, slots=1, max_rank=3, outer=factors.outer)
-        pool.load(0, factors)
-        sink.set_lora_info(*pool.buffers())
-        batch = il.SlotBatch.from_token_slots([0] * 4, num_slots=1)
-        outputs.append(sink(torch.ones(4, 8), torch.ones(4, 2), batch=batch, backend="reference"))
+    outputs = [Scenario.random(il.Geometry(2, 8, 6, 3, 1, outer=factors.outer), tokens=4, adapters=[factors],
+                               token_slots=[0] * 4).forward("reference") for factors in (per_expert, shared)]
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-12, atol=1e-12)
     report = defect_report(per_expert)
     assert report.relative_error > 0.1 and report.collapsible and "inkling-lab convert" in str(report)
