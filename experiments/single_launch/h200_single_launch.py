@@ -118,7 +118,7 @@ def check_case(shape: str, dtype: torch.dtype, interleaved: bool, outer: int, sc
     g = Geometry(n=n, hidden=H, intermediate=F, max_rank=16, slots=3, outer=outer)
     slots_t = [0, 0, 0, -1, -1, 2, 2, 2, 2, 1, 1, 0, -1]
     sc = Scenario.random(g, tokens=len(slots_t), seed=7, dtype=dtype, device=DEVICE,
-                         interleaved=interleaved, ranks=[16, 0, 9], token_slots=slots_t)
+                         interleaved=interleaved, adapters=[16, 0, 9], token_slots=slots_t)
     # The rank-0 slot keeps non-zero buffers: the kernel must skip it.
     ops = sc.operands()
     ops.buffers[0][1].normal_()
