@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .catalog import Finding, error
+from .catalog import Finding, error, finding
 from .geometry import Geometry, allocate, check_dtype
 
 
@@ -320,11 +320,7 @@ def collapse_pool_outer(adapters: Sequence[Mapping[str, LoRAFactors]], names: Se
             ga, db, done = collapse_identical_outer(f.gate_up_a, f.down_b)
             if done:
                 out[module] = LoRAFactors(ga, f.gate_up_b, f.down_a, db, f.lora_alpha, f.name)
-                notes.append(Finding(
-                    "ISL-W001", module, f"adapter {name!r}: {module}: its per-expert outer factors are the same "
-                    f"for all {f.outer} experts; collapsed to the shared outer layout (exact), which sglang 0.5.23 "
-                    "computes right", "none needed: the converter collapsed them",
-                    consequence="served per expert, sglang 0.5.23 would compute a wrong gate/up delta (ISL-W001)"))
+                notes.append(finding("ISL-N001", module, name=repr(name), module=module, n=f.outer))
         collapsed.append(out)
     shared = all(f.outer == 1 for fs in collapsed for f in fs.values())
     if outer == 1 or (outer is None and shared):

@@ -34,7 +34,7 @@ from typing import Literal, Mapping, Sequence
 import torch
 
 from .batch import SlotBatch
-from .catalog import Finding, UpstreamDefectWarning, message
+from .catalog import Finding, UpstreamDefectWarning, finding, message
 from .forward import run_forward
 from .lora import SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool, collapse_identical_outer
@@ -154,7 +154,10 @@ class DefectReport:
     @property
     def message(self) -> str:
         """The warning's words: catalog ``ISL-W001`` filled in."""
-        return message(WARNING_CODE, subject=self.what, n=self.outer, error=f"{self.relative_error:.2g}")
+        return message(WARNING_CODE, **self._fields())
+
+    def _fields(self) -> dict[str, object]:
+        return {"subject": self.what, "n": self.outer, "error": f"{self.relative_error:.2g}"}
 
     def warn(self, stacklevel: int = 2) -> None:
         """Emit ``UpstreamDefectWarning`` (ISL-W001) when affected; nothing otherwise."""
@@ -301,7 +304,4 @@ def doctor_finding(source: Source | Mapping[str, LoRAFactors], *, interleaved: b
         report = defect_report(source, interleaved=interleaved, what=what)
     if not report.affected:
         return None
-    return Finding(WARNING_CODE, "gate_up_a", report.message, report.fix, upstream=False,
-                   consequence="sglang 0.5.23 loads it without an error and serves a wrong gate/up delta: the up "
-                               "half of gate-up A is never read, and gate-up B's rows land on the wrong features; "
-                               "the down delta is right")
+    return finding(WARNING_CODE, "gate_up_a", fix=report.fix, **report._fields())

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .catalog import CATALOG, Finding, finding
+from .catalog import CATALOG, Finding, diagnosis, finding
 from .geometry import BUFFER_NAMES, Geometry
 
 PRETTY = {"gate_up_a": "gate-up A", "gate_up_b": "gate-up B", "down_a": "down A", "down_b": "down B"}
@@ -445,11 +445,10 @@ class _Diagnoser:
         an expert split): then its H/F are reported once, with that fix, not again."""
         return any(word in step[0] for step in self.moves[name] or () for word in ("transposed", "experts"))
 
-    def add(self, code: str, buffer: str, message: str | None, fix: str, consequence: str = "", /,
-            **fields: Any) -> None:
-        """One finding: an upstream check (``ISL-E…``) in the diagnosis' own words
-        (``message``: upstream's only names the check), else the catalog's message filled
-        from ``fields``."""
+    def add(self, code: str, buffer: str, fix: str, consequence: str = "", /, **fields: Any) -> None:
+        """One finding, filled from ``fields``: an upstream check (``ISL-E…``) in the
+        diagnosis' words (its entry's ``diagnosis``: upstream's message only names the
+        check), else the catalog's message."""
         # Shape findings share one plan, so that their fixes compose into four buffers
         # that validate; a buffer with no plain move keeps the finding's own advice.
         if code in _SHAPE_CODES and self.moves[buffer]:
@@ -457,7 +456,7 @@ class _Diagnoser:
         elif code in _SHAPE_CODES and self.moves[buffer] == [] and all(m is not None for m in self.moves.values()):
             # this buffer is right for the pool the others mean: the fix is elsewhere
             fix = "; ".join(f"{PRETTY[k]}: {_describe(m, self.targets[k])}" for k, m in self.moves.items() if m)
-        self.findings.append(Finding(code, buffer, message, fix, True, consequence) if message is not None
+        self.findings.append(diagnosis(code, buffer, fix=fix, **fields) if CATALOG[code].diagnosis
                              else finding(code, buffer, fix=fix, consequence=consequence, **fields))
 
     def run(self) -> list[Finding]:
@@ -465,8 +464,8 @@ class _Diagnoser:
         four_d = {k: len(v) == 4 for k, v in s.items()}
         for name, shape in s.items():
             if not four_d[name]:
-                self.add("ISL-E001", name, f"{PRETTY[name]} is {len(shape)}D {_fmt(shape)}; "
-                         f"the pool needs 4D {SYMBOLS[name]}", _fix_not_4d(name, shape, n))
+                self.add("ISL-E001", name, _fix_not_4d(name, shape, n), name=PRETTY[name], ndim=len(shape),
+                         shape=_fmt(shape), symbol=SYMBOLS[name])
         self._outer(four_d)
         self._experts(four_d)
         self._ranks(four_d)
@@ -481,19 +480,17 @@ class _Diagnoser:
             if four_d[name] and s[name][1] not in (1, n):
                 k = s[name][1]
                 self.add("ISL-E002", name,
-                         f"{PRETTY[name]} has outer expert dimension {k}; it must be 1 (shared) or n={n}",
                          f"if its {k} experts are one shared factor keep one: {name}[:, :1] -> "
                          f"{_fmt((s[name][0], 1) + s[name][2:])}; else re-export it for n={n} -> "
-                         f"{_fmt((s[name][0], n) + s[name][2:])}")
+                         f"{_fmt((s[name][0], n) + s[name][2:])}", name=PRETTY[name], k=k, n=n)
         if four_d["gate_up_a"] and four_d["down_b"]:
             oa, ob = s["gate_up_a"][1], s["down_b"][1]
             if oa in (1, n) and ob in (1, n) and oa != ob:
                 shared, other = ("gate_up_a", "down_b") if oa == 1 else ("down_b", "gate_up_a")
                 self.add("ISL-E003", shared,
-                         f"gate-up A has outer dimension {oa} but down B has {ob}: both outer factors "
-                         "must be shared (1) or both per expert (n)",
                          f"expand the shared one to every expert (exact): {shared}.expand(-1, {n}, -1, -1)"
-                         f" -> {_fmt((s[shared][0], n) + s[shared][2:])}, matching {PRETTY[other]}")
+                         f" -> {_fmt((s[shared][0], n) + s[shared][2:])}, matching {PRETTY[other]}",
+                         gate_up_a=oa, down_b=ob)
 
     def _experts(self, four_d: dict[str, bool]) -> None:
         s, n = self.shapes, self.n
@@ -512,7 +509,7 @@ class _Diagnoser:
                 else:
                     fix = (f"the sink has n={n} shared experts: export one factor per expert -> "
                            f"{_fmt(target)} (or build the sink with n_shared_experts={k})")
-                self.add("ISL-E004", name, f"{PRETTY[name]} has {k} experts; the sink has n={n}", fix)
+                self.add("ISL-E004", name, fix, name=PRETTY[name], k=k, n=n)
 
     def _ranks(self, four_d: dict[str, bool]) -> None:
         s = self.shapes
@@ -538,9 +535,7 @@ class _Diagnoser:
             else:
                 fix = (f"R is taken from gate-up B's last axis ({R}); pad gate-up B to the larger rank, "
                        f"or cut axis {axis} to {want} -> {_fmt(target)}")
-            self.add("ISL-E005", name,
-                     f"{PRETTY[name]} axis {axis} is {got}; with R={R} (gate-up B's last axis) it must be {want}",
-                     fix)
+            self.add("ISL-E005", name, fix, name=PRETTY[name], axis=axis, got=got, R=R, want=want)
 
     def _agree(self, code: str, symbol: str, values: dict[str, float], sink_value: int | None,
                sink_name: str, between_fix: str, sink_fix: str) -> None:
@@ -550,12 +545,12 @@ class _Diagnoser:
         values = {k: v for k, v in values.items() if not self.reread(k)}
         if len(set(values.values())) > 1:
             parts = ", ".join(f"{PRETTY[k]} has {symbol}={v:g}" for k, v in values.items())
-            self.add(code, list(values)[-1], None, between_fix, consequence, detail=parts)
+            self.add(code, list(values)[-1], between_fix, consequence, detail=parts)
         if sink_value is not None:
             for k, v in values.items():
                 if v != sink_value:
                     detail = f"{PRETTY[k]} has {symbol}={v:g}; the sink's {sink_name} is {sink_value}"
-                    self.add(code, k, None, sink_fix, consequence, detail=detail)
+                    self.add(code, k, sink_fix, consequence, detail=detail)
 
     def _sizes(self, four_d: dict[str, bool]) -> None:
         s = self.shapes
@@ -566,7 +561,7 @@ class _Diagnoser:
         two_f = s["gate_up_b"][2] if four_d["gate_up_b"] else None
         if two_f is not None and two_f % 2:
             F = self.targets["gate_up_b"][2] // 2
-            self.add("ISL-D103", "gate_up_b", None,
+            self.add("ISL-D103", "gate_up_b",
                      f"re-export gate and up B with F = {F} rows each (F as down A has it) -> "
                      f"{_fmt(self.targets['gate_up_b'])}",
                      D103_UPSTREAM, two_f=two_f)
@@ -585,14 +580,14 @@ class _Diagnoser:
             most = max(counts.values())
             detail = ", ".join(f"{PRETTY[k]} {v}" for k, v in counts.items())
             short = [k for k, v in counts.items() if v != most]
-            self.add("ISL-D104", short[0], None,
+            self.add("ISL-D104", short[0],
                      f"every buffer needs one entry per slot: give {', '.join(PRETTY[k] for k in short)} "
                      f"{most} slots (zero slots are 'no adapter')",
                      D104_UPSTREAM, detail=detail)
         if self.max_loras is not None and counts:
             most = max(counts.values())
             if most > self.max_loras:
-                self.add("ISL-D108", "gate_up_b", None,
+                self.add("ISL-D108", "gate_up_b",
                          f"keep {self.max_loras} slots (buf[:{self.max_loras}]) or raise max_loras_per_batch",
                          slots=most, max_loras=self.max_loras)
 
@@ -603,19 +598,19 @@ class _Diagnoser:
         dtypes = {k: v.dtype for k, v in tensors.items()}
         if len(set(dtypes.values())) > 1:
             first = next(iter(dtypes.values()))
-            self.add("ISL-D105", "gate_up_a", None, f"cast all four to the sink's dtype, e.g. .to({first})",
+            self.add("ISL-D105", "gate_up_a", f"cast all four to the sink's dtype, e.g. .to({first})",
                      "not checked; a matmul of mixed dtypes fails in the forward", detail=", ".join(
                          f"{PRETTY[k]} {str(d).replace('torch.', '')}" for k, d in dtypes.items()))
         devices = {k: v.device for k, v in tensors.items()}
         if len(set(devices.values())) > 1:
-            self.add("ISL-D106", "gate_up_a", None, "move all four to the sink's device with .to(device)",
+            self.add("ISL-D106", "gate_up_a", "move all four to the sink's device with .to(device)",
                      "not checked; the forward fails with a device mismatch",
                      detail=", ".join(f"{PRETTY[k]} {d}" for k, d in devices.items()))
         for k, v in tensors.items():
             if v.is_floating_point() and v.numel() and not v.device.type == "meta":
                 bad = _count_nonfinite(v)
                 if bad:
-                    self.add("ISL-D107", k, None,
+                    self.add("ISL-D107", k,
                              "reload the adapter: a finite checkpoint never gives NaN; check the export's dtype "
                              "range (fp16 overflows above 65504)", "not checked; every output of that slot is NaN",
                              buffer=PRETTY[k], count=bad)
@@ -650,13 +645,13 @@ class _Diagnoser:
                 over = {k: v for k, v in seen.items() if v > r_given}
                 if over:
                     parts = ", ".join(f"{k} up to rank {v}" for k, v in over.items())
-                    self.add("ISL-D109", "gate_up_b", None,
+                    self.add("ISL-D109", "gate_up_b",
                              f"zero ranks {r_given}..{R - 1} of slot {slot} (LoRAPool.load does this)",
                              "not checked; the padding adds a delta nobody trained",
                              slot=slot, detail=f"rank {r_given} but nonzero padding: {parts}")
             elif len({v for v in seen.values() if v}) > 1:
                 parts = ", ".join(f"{k} {v}" for k, v in seen.items())
-                self.add("ISL-D109", "gate_up_b", None,
+                self.add("ISL-D109", "gate_up_b",
                          f"pad every factor of slot {slot} to one rank with zeros past it "
                          "(gate A and up A each from their own half's start)",
                          "not checked; ranks that only one factor uses add nothing or a delta nobody trained",
@@ -699,8 +694,7 @@ def diagnose_pool(gate_up_a: Any, gate_up_b: Any, down_a: Any, down_b: Any, *, n
     try:
         shapes = _shapes(buffers)
     except Exception as exc:  # noqa: BLE001 - any object may come in; what cannot be read is a finding
-        bad = Finding("ISL-E001", "gate_up_a", f"could not read the buffers' shapes: {exc}",
-                      "pass four tensors (or four shape tuples)", True)
+        bad = finding("ISL-D110", "gate_up_a", upstream=True, error=exc)
         return Diagnosis({k: () for k in BUFFER_NAMES}, n_shared_experts, [bad], MSG_NOT_4D)
     failure = upstream_check(shapes, n_shared_experts)
     diagnoser = _Diagnoser(buffers, n_shared_experts, hidden_size, intermediate_size, max_loras, lora_ranks)

@@ -344,14 +344,42 @@ def test_groups_map_the_catalog_in_reading_order():
 
 
 def test_every_message_is_typed_once_in_the_catalog():
-    """No raiser retypes a message, sglang's or the kit's own: it formats the catalog's template."""
+    """No raiser retypes a message, sglang's or the kit's own: it formats the catalog's
+    template (its message, and its diagnosis, repair note and consequence)."""
     sources = {p: p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py") if "catalog" not in p.parts}
     for e in ENTRIES:
-        literal = max(template_parts(e.message)[0], key=len)
-        if len(literal) < 24:  # short generic words (torch's, Python's) say nothing about who typed them
-            continue
-        copies = [str(p.relative_to(ROOT)) for p, text in sources.items() if literal in text]
-        assert not copies, f"{e.code}'s words {literal!r} are typed again in {copies}"
+        for template in (e.message, *e.other_templates):
+            literal = max(template_parts(template)[0], key=len)
+            if len(literal) < 24:  # short generic words (torch's, Python's) say nothing about who typed them
+                continue
+            copies = [str(p.relative_to(ROOT)) for p, text in sources.items() if literal in text]
+            assert not copies, f"{e.code}'s words {literal!r} are typed again in {copies}"
+
+
+FINDING_BUILT_BY_HAND = {"doctor.py": 1}
+"""Where a ``Finding`` is built outside the catalog, and how often: the doctor's verdict
+on a refusal, which carries the raised exception's own text (its entry formatted it
+where it was raised, ``error(code, ...)``) rather than formatting an entry again."""
+
+
+def test_findings_are_built_from_their_catalog_entries():
+    """Every finding, note and repair note comes from its entry (``finding``,
+    ``diagnosis``, ``repair_note``), never typed beside it with ``Finding(...)``."""
+    built = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if "catalog" not in p.parts
+             if (n := len(re.findall(r"\bFinding\(", p.read_text(encoding="utf-8"))))}
+    assert built == FINDING_BUILT_BY_HAND
+
+
+def test_every_diagnosis_and_repair_note_fills_its_entry():
+    """The entries' other words name their fields (the loader refuses any other), and the
+    kit writes each of them: every upstream check diagnose_pool explains has its
+    diagnosis, every repair note its fix."""
+    assert {e.code for e in ENTRIES if e.diagnosis} == {f"ISL-E00{i}" for i in range(1, 6)}
+    assert {e.code for e in ENTRIES if e.repaired} == {"ISL-K206", "ISL-K211", "ISL-K212", "ISL-K309", "ISL-K310"}
+    assert all(e.repaired.fix for e in ENTRIES if e.repaired)
+    with pytest.raises(ValueError, match="plain identifier"):
+        from dataclasses import replace
+        replace(CATALOG["ISL-E004"], diagnosis="{name!r} has {k} experts")
 
 
 _RAISERS = {  # code -> a call of the kit that writes that entry's words
@@ -379,3 +407,41 @@ def test_the_raiser_formats_the_catalogs_template_not_its_own_copy(code, monkeyp
     except Exception as exc:  # noqa: BLE001 - the raised message is the point
         text = str(exc)
     assert text.startswith("reworded: "), text
+
+
+def _up_only_notes():
+    from inkling_lab.adapters import Adapter, synthetic_adapter
+
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)
+    repaired = Adapter.from_state(ad.config, {k: v for k, v in ad.weights.items() if ".gate_proj." not in k})
+    repaired.factors(2)
+    return repaired.findings
+
+
+_OTHER_WORDS = {  # (code, which words) -> (a call of the kit giving its findings, the Finding field they fill)
+    ("ISL-E004", "diagnosis"): (lambda: il.diagnose_pool((3, 1, 8, 8), (3, 1, 12, 4), (3, 2, 4, 6), (3, 1, 8, 4),
+                                                         n_shared_experts=2).findings, "message"),
+    ("ISL-K211", "repaired"): (_up_only_notes, "message"),
+    ("ISL-N001", "consequence"): (lambda: _run_snippet(CATALOG["ISL-N001"].trigger_source(), "<n001>"), "consequence"),
+}
+
+
+@pytest.mark.parametrize("code, words", sorted(_OTHER_WORDS))
+def test_a_diagnosis_repair_note_or_consequence_is_the_catalogs_words(code, words, monkeypatch):
+    """The same for an entry's other words: reworded in the catalog, the kit's finding
+    says the new words."""
+    from dataclasses import replace
+
+    entry = CATALOG[code]
+
+    def reworded(template: str) -> str:
+        return "reworded: " + " ".join(f"{{{f}}}" for f in template_parts(template)[1])
+
+    if words == "repaired":
+        changed = replace(entry, repaired=replace(entry.repaired, message=reworded(entry.repaired.message)))
+    else:
+        changed = replace(entry, **{words: reworded(getattr(entry, words))})
+    monkeypatch.setitem(CATALOG, code, changed)
+    call, field = _OTHER_WORDS[code, words]
+    (said,) = [getattr(f, field) for f in call() if f.code == code]
+    assert said.startswith("reworded: "), said

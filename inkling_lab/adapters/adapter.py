@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from ..catalog import Finding, error, finding
+from ..catalog import Finding, error, finding, repair_note
 from ..pool import LoRAFactors
 from .names import CONFIG_FILE, FactorName, PROJECTIONS, WEIGHTS_FILE, _NESTED_KEY, _shape, _where, module_of
 from .config import PeftConfig, _refuse_unrepresentable, read_peft_config
@@ -159,11 +159,8 @@ class Adapter:
             return t
         transposed = t.shape[1 - axis] == r and r in ranks and self._fits_transposed(fn, t, factors)
         if transposed and self.repair:
-            self.findings.append(Finding(
-                "ISL-K206", fn.key, f"{fn.key} is stored transposed {_shape(t)}; read as {_shape(t.T)} "
-                f"{fn.expected()} ({said})",
-                f"none needed: the converter transposes it; re-export it as {fn.expected()} to silence this",
-                consequence="sglang 0.5.23 reads it as stored (the doctor's verdict says what that gives)"))
+            self.findings.append(repair_note("ISL-K206", fn.key, key=fn.key, shape=_shape(t), transposed=_shape(t.T),
+                                             expected=fn.expected(), said=said))
             return t.T.contiguous()
         folded = None if transposed else self._unfold_down_a(fn, t, r, where, factors)
         if folded is not None:
@@ -200,11 +197,9 @@ class Adapter:
             return
         if any(t.dim() == 2 and t.numel() and t.shape[fn.rank_axis] != ranks[0] for fn, t in factors.values()):
             return
-        self.findings.append(Finding(
-            "ISL-K310", where, f"{where} says r={self.r} but every factor has rank {ranks[0]}: assumed "
-            f"r={ranks[0]} and lora_alpha={self.lora_alpha:g} as written (scaling "
-            f"{self.lora_alpha:g}/{ranks[0]}{'' if not self.peft.use_rslora else ' under sqrt'})",
-            f"set \"r\": {ranks[0]} in {CONFIG_FILE} if that is what it was trained with (--repair assumed it)"))
+        self.findings.append(repair_note("ISL-K310", where, file=where, r=self.r, k=ranks[0],
+                                         alpha=f"{self.lora_alpha:g}", config=CONFIG_FILE,
+                                         rslora=" under sqrt" if self.peft.use_rslora else ""))
         self.r = ranks[0]
 
     def _unfold_down_a(self, fn: FactorName, t: torch.Tensor, r: int, where: str,
@@ -226,11 +221,8 @@ class Adapter:
         if not self.guess:
             raise error("ISL-K309", file=where, key=repr(fn.key), shape=_shape(t), r=r, n=n, flat=[r, n * cols],
                         reshape=fix)
-        self.findings.append(Finding(
-            "ISL-K309", fn.key, f"{fn.key} is {_shape(t)} = [n*r, F]: its expert axis is folded into the rows; "
-            f"read as {fix} -> [{r}, {n * cols}] (assumed: expert e holds rows {r}e..{r}e+{r - 1})",
-            f"re-save it as {fix} to silence this (--repair assumed the row order)",
-            consequence="sglang 0.5.23 reshapes it as stored (the doctor's verdict says what that gives)"))
+        self.findings.append(repair_note("ISL-K309", fn.key, key=fn.key, shape=_shape(t), reshape=fix,
+                                         flat=[r, n * cols], r=r, last=r - 1))
         return t.reshape(n, r, cols).permute(1, 0, 2).reshape(r, n * cols).contiguous()
 
     def normalized(self, n_shared_experts: int, module: str | None = None) -> dict[str, torch.Tensor]:
@@ -337,10 +329,7 @@ class Adapter:
                             advice="export gate_proj too (zeros if only up was trained), or load with repair=True")
             up = normalized.pop(key)
             normalized[fn.with_(proj="gate_up_proj").key] = torch.cat([torch.zeros_like(up), up], dim=-2)
-            self._note(Finding(
-                "ISL-K211", module, f"{module}: up_proj has no gate_proj; stacked with a zero gate",
-                "none needed: the converter stacks it; export gate_proj too to silence this",
-                consequence="sglang leaves it unstacked and silently serves the base model for up"))
+            self._note(repair_note("ISL-K211", module, module=module))
 
     def _one_outer_layout(self, module: str, ga: torch.Tensor, db: torch.Tensor, where: str
                           ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -352,10 +341,7 @@ class Adapter:
                         advice=f"name {shared} per expert too, or load with repair=True to give every expert the "
                         "shared one")
         n = max(ga.shape[0], db.shape[0])
-        self._note(Finding(
-            "ISL-K212", module, f"{module}: {per} is per expert but {shared} is shared; the shared one now "
-            f"serves each of the {n} experts (exact)", f"none needed: the converter expands {shared}; "
-            f"name it per expert to silence this"))
+        self._note(repair_note("ISL-K212", module, module=module, per_expert=per, shared=shared, n=n))
         return ga.expand(n, -1, -1).contiguous(), db.expand(n, -1, -1).contiguous()
 
 

@@ -6,7 +6,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from ..catalog import CATALOG, Finding, error, message
+from ..catalog import CATALOG, Finding, error, finding, message
 from .names import FactorName, TRANSFORMERS_PARAMETERS, _NESTED_KEY, _shape, module_of
 from .config import PeftConfig
 
@@ -97,10 +97,9 @@ def _split_target_parameters(peft: "PeftConfig", targets: Any, weights: Mapping[
         order = {p: i for i, p in enumerate(TRANSFORMERS_PARAMETERS)}
         out.update((fn.key, t) for fn, t in sorted(per_expert.items(), key=lambda i: (i[0].expert, order[i[0].proj],
                                                                                       i[0].ab)))
-        note = CATALOG["ISL-N204"]
-        notes.append(Finding("ISL-N204", module, note.format(module=module, parameters=", ".join(params), n=n, r=(
-            str(r) if len(set(ranks.values())) == 1 else ", ".join(f"{k} {v}" for k, v in ranks.items()))),
-                             note.remedy, consequence=note.upstream))
+        notes.append(finding("ISL-N204", module, consequence=CATALOG["ISL-N204"].upstream, module=module,
+                             parameters=", ".join(params), n=n, r=str(r) if len(set(ranks.values())) == 1
+                             else ", ".join(f"{k} {v}" for k, v in ranks.items())))
     return out, [k for k in weights if _NESTED_KEY.match(k)], notes
 
 

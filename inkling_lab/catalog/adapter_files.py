@@ -3,7 +3,7 @@ and shapes (the kit's reader, ``inkling_lab.adapters``), and the converter's out
 from __future__ import annotations
 
 from ._snippets import ADAPTER, FOLDER
-from .entry import EVERY_RELEASE, KIT, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, CatalogEntry, Repair
 
 _READ = "sglang/srt/lora/lora_config.py: LoRAConfig.get_lora_config"
 _NAMES = ("sglang keeps every tensor whose name has a layer id (sglang/srt/lora/lora.py: "
@@ -135,6 +135,9 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang sizes each slot's buffer view by the config's r (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer) and never transposes: such a factor fails the "
                  "shape assertion there (ISL-E016).",
+        repaired=Repair("{key} is stored transposed {shape}; read as {transposed} {expected} ({said})",
+                        "none needed: the converter transposes it; re-export it as {expected} to silence this",
+                        "sglang 0.5.23 reads it as stored (the doctor's verdict says what that gives)"),
         generation=KIT, adapter_caused=True, related=("ISL-K202", "ISL-K205", "ISL-E016"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K207", title="a tensor under shared_experts names no shared-sink projection", exc_type=ValueError,

@@ -3,7 +3,7 @@ and users trip over later (a raw torch error, or silently wrong output)."""
 from __future__ import annotations
 
 from ._snippets import BUFFERS, POOL
-from .entry import EVERY_RELEASE, KIT_FINDING, CatalogEntry
+from .entry import EVERY_RELEASE, INKLING_LORA, KIT_FINDING, CatalogEntry
 
 _D = "il.diagnose_pool"
 _LOADED = POOL + "pool.load(0, il.LoRAFactors.random(n=2, hidden=8, intermediate=6, rank=2, seed=0))\n" + BUFFERS
@@ -97,4 +97,20 @@ ENTRIES: list[CatalogEntry] = [
              f"{_D}(ga, gb, da, db, n_shared_experts=2, lora_ranks=[2, 0, 0])\n",
              "Zero ranks r..R-1 of the slot (LoRAPool.load and sglang's pool load do this).",
              "the padding adds a delta nobody trained.", releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-D110", title="a buffer whose shape cannot be read", exc_type=None, kind="finding",
+        message="could not read the buffers' shapes: {error}",
+        meaning="diagnose_pool reads the four buffers' shapes first (a tensor's or array's shape, or a bare shape "
+                "tuple of whole numbers). One of them is neither, so nothing else can be checked.",
+        when="A buffer passed as something else: a string, a list of tensors, a shape with a size that is no "
+             "whole number.",
+        setup=POOL + BUFFERS,
+        trigger=f"{_D}(ga, gb, da, 'db', n_shared_experts=2)  # a name, not the tensor\n",
+        fix=f"{_D}(ga, gb, da, db, n_shared_experts=2)\n",
+        remedy="pass four tensors (or four shape tuples)",
+        upstream=f"{INKLING_LORA}: InklingBatchDenseMLPWithLoRA.set_lora_info reads every buffer's `weight.ndim` "
+                 "in its first check; an object without one fails there with Python's own AttributeError, before "
+                 "any of its messages.",
+        generation="inkling_lab diagnose_pool (a finding; sglang 0.5.23 has no message of its own for it)",
+        related=("ISL-E001",), releases=EVERY_RELEASE),
 ]

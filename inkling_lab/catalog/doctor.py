@@ -5,7 +5,7 @@ function it was read from (``sglang/srt/...`` of the 0.5.23 wheel)."""
 from __future__ import annotations
 
 from ._snippets import DOCTOR_ADAPTER, SAVED
-from .entry import EVERY_RELEASE, KIT, CatalogEntry, UpstreamDefectWarning
+from .entry import EVERY_RELEASE, KIT, CatalogEntry, Repair, UpstreamDefectWarning
 
 _SERVES = ("inkling_lab doctor (a warning: sglang 0.5.23 raises nothing here and serves something other than "
            "the adapter's math)")
@@ -13,10 +13,11 @@ _SERVES = ("inkling_lab doctor (a warning: sglang 0.5.23 raises nothing here and
 
 def _refusal(code: str, title: str, message: str, meaning: str, when: str, trigger: str, fix: str, *,
              remedy: str, upstream: str, setup: str = DOCTOR_ADAPTER, related: tuple[str, ...] = (),
-             exc_type: type[BaseException] = ValueError, releases: tuple[str, ...] | None = None) -> CatalogEntry:
+             exc_type: type[BaseException] = ValueError, releases: tuple[str, ...] | None = None,
+             repaired: Repair | None = None) -> CatalogEntry:
     return CatalogEntry(code=code, title=title, exc_type=exc_type, message=message, meaning=meaning, when=when,
                         setup=setup, trigger=trigger, fix=fix, remedy=remedy, upstream=upstream, generation=KIT,
-                        adapter_caused=True, related=related, releases=releases)
+                        adapter_caused=True, related=related, releases=releases, repaired=repaired)
 
 
 def _warning(code: str, title: str, message: str, meaning: str, when: str, trigger: str, fix: str, *,
@@ -150,7 +151,11 @@ ENTRIES: list[CatalogEntry] = [
         "fixed = Adapter.from_state(ad.config, folded, guess=True)  # --repair\n"
         "assert torch.equal(fixed.weights[key], ad.weights[key])\n", related=("ISL-K206",),
         remedy='Re-save down A with the reshape in the message, or let --repair apply it (it assumes expert-major rows).',
-        upstream='sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe reshapes it as saved; the buffer load then fails (ISL-E016)', releases=EVERY_RELEASE),
+        upstream='sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe reshapes it as saved; the buffer load then fails (ISL-E016)', releases=EVERY_RELEASE,
+        repaired=Repair("{key} is {shape} = [n*r, F]: its expert axis is folded into the rows; read as {reshape} -> "
+                        "{flat} (assumed: expert e holds rows {r}e..{r}e+{last})",
+                        "re-save it as {reshape} to silence this (--repair assumed the row order)",
+                        "sglang 0.5.23 reshapes it as stored (the doctor's verdict says what that gives)")),
     _refusal(
         "ISL-K310", "the config's r matches no factor",
         "{file}: tensor {key} has shape {shape}: its rank axis (dim {axis}) is {k}, but adapter_config.json says "
@@ -165,7 +170,10 @@ ENTRIES: list[CatalogEntry] = [
         "fixed = Adapter.from_state({**ad.config, 'r': 8}, ad.weights, guess=True)  # --repair: assumes r=4\n"
         "assert fixed.r == 4\n", related=("ISL-K206",),
         remedy="Correct r in adapter_config.json to the factors' rank, or let --repair read it from them.",
-        upstream="sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer cuts its views at the config's r and fails (ISL-E016)", releases=EVERY_RELEASE),
+        upstream="sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer cuts its views at the config's r and fails (ISL-E016)", releases=EVERY_RELEASE,
+        repaired=Repair("{file} says r={r} but every factor has rank {k}: assumed r={k} and lora_alpha={alpha} as "
+                        "written (scaling {alpha}/{k}{rslora})",
+                        'set "r": {k} in {config} if that is what it was trained with (--repair assumed it)')),
     _refusal(
         "ISL-K311", "PEFT named adapters in subfolders",
         "{file}: no adapter_config.json here, but this folder holds PEFT named adapters in subfolders: {names}; "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import string
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,29 @@ class Finding:
     def __str__(self) -> str:
         head = f"[{self.code}] {self.message}"
         return f"{head}\n    fix: {self.fix}" + (f"\n    upstream: {self.consequence}" if self.consequence else "")
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What the kit says instead of refusing, when it repairs what an entry refuses
+    (``load_adapter(repair=True)``, ``guess=True``): a note in the entry's own code.
+    Each part is a template like the entry's ``message``; the fields of all three are
+    filled from one set (``catalog.repair_note(code, where, **fields)``)."""
+
+    message: str
+    fix: str
+    consequence: str = ""
+
+
+def fill(code: str, templates: tuple[str, ...], fields: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each of ``templates`` filled from ``fields``, which must be exactly the fields
+    they name together (a template takes the ones it names)."""
+    names = list(dict.fromkeys(f for t in templates for f in template_parts(t)[1]))
+    missing = [f for f in names if f not in fields]
+    extra = [f for f in fields if f not in names]
+    if missing or extra:
+        raise TypeError(f"{code} message needs fields {names}; missing {missing}, unexpected {extra}")
+    return tuple(t.format(**fields) for t in templates)
 
 
 def template_parts(template: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -144,6 +168,13 @@ class CatalogEntry:
     whichever release it models); ``()`` for a message of no release (another
     revision's). ``None`` only while an entry is being written: tests refuse it.
     ``group`` is the catalog module the entry lives in (set by the loader).
+
+    The same code may be written in other words where the kit says more than the
+    message: ``diagnosis``, ``diagnose_pool``'s words for one of upstream's checks (whose
+    message names only the check: the diagnosis names the buffer and its sizes);
+    ``repaired``, the note the kit writes when it repairs what the entry refuses;
+    ``consequence``, what upstream does with a finding or note that does not stop it
+    (the ``Finding``'s ``consequence``). All are templates, like ``message``.
     """
 
     code: str
@@ -169,6 +200,9 @@ class CatalogEntry:
     releases: tuple[str, ...] | None = None
     group: str = ""
     pattern: str = ""
+    diagnosis: str = ""
+    repaired: Repair | None = None
+    consequence: str = ""
 
     def __post_init__(self) -> None:
         if not self.kind:  # from the type: a raised warning, an error; a finding or note must say so
@@ -181,18 +215,21 @@ class CatalogEntry:
         literals, fields = template_parts(self.message)
         object.__setattr__(self, "_literals", literals)
         object.__setattr__(self, "fields", fields)
+        for other in self.other_templates:  # each names its fields too (raises otherwise)
+            template_parts(other)
         if not self.pattern:  # a given pattern is only checked (tests/test_catalog.py), never used
             object.__setattr__(self, "pattern", pattern_of(self.message))
 
     # -- the message ---------------------------------------------------------------------
     def format(self, **fields: Any) -> str:
         """The message with its fields filled in; exactly the template's fields."""
-        missing = [f for f in self.fields if f not in fields]
-        extra = [f for f in fields if f not in self.fields]
-        if missing or extra:
-            raise TypeError(f"{self.code} message needs fields {list(self.fields)}; "
-                            f"missing {missing}, unexpected {extra}")
-        return self.message.format(**fields)
+        return fill(self.code, (self.message,), fields)[0]
+
+    @property
+    def other_templates(self) -> tuple[str, ...]:
+        """The entry's words beside its message: diagnosis, repair note, consequence."""
+        repaired = (self.repaired.message, self.repaired.fix, self.repaired.consequence) if self.repaired else ()
+        return tuple(t for t in (self.diagnosis, *repaired, self.consequence) if t)
 
     def error(self, **fields: Any) -> BaseException:
         """The exception this entry describes, with its message (``raise entry.error(n=2)``)."""

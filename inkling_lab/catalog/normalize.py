@@ -3,7 +3,7 @@ splitting flat factors per expert, per-expert names; refusals and notes."""
 from __future__ import annotations
 
 from ._snippets import ADAPTER
-from .entry import EVERY_RELEASE, KIT, KIT_NOTE, CatalogEntry
+from .entry import EVERY_RELEASE, KIT, KIT_NOTE, CatalogEntry, Repair
 
 _NORMALIZE = "sglang/srt/lora/lora.py: LoRAAdapter._normalize_shared_expert_moe"
 _STACK = "sglang/srt/lora/lora.py: LoRAAdapter.normalize_gate_up_proj"
@@ -46,6 +46,9 @@ ENTRIES: list[CatalogEntry] = [
                  "orphan up_proj as it is; the server's target modules name it gate_up_proj "
                  "(sglang/srt/lora/utils.py: get_normalized_target_modules), so the pool load skips the "
                  "orphan with ISL-W002's warning and it is never applied.",
+        repaired=Repair("{module}: up_proj has no gate_proj; stacked with a zero gate",
+                        "none needed: the converter stacks it; export gate_proj too to silence this",
+                        "sglang leaves it unstacked and silently serves the base model for up"),
         generation=KIT, adapter_caused=True, related=("ISL-K212", "ISL-N203"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K212", title="one outer factor per expert, the other shared", exc_type=ValueError,
@@ -66,6 +69,9 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang decides the pool's outer layout from gate-up A alone (sglang/srt/lora/"
                  "lora_manager.py: LoRAManager._detect_shared_outer_loras); with a shared gate-up A and a "
                  "per-expert down B the pool load then raises ISL-E015's message for down_proj_moe lora_B.",
+        repaired=Repair("{module}: {per_expert} is per expert but {shared} is shared; the shared one now serves "
+                        "each of the {n} experts (exact)",
+                        "none needed: the converter expands {shared}; name it per expert to silence this"),
         generation=KIT, adapter_caused=True, related=("ISL-E003", "ISL-E015", "ISL-K211"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K214", title="factors of one projection with different shapes", exc_type=ValueError,

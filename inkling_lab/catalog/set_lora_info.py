@@ -23,6 +23,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give set_lora_info the pool's own four buffers, each [S, ...]; il.diagnose_pool on the same "
                "tensors names the buffer and the reshape that gives it four axes.",
         upstream=f"{_SET}: its first check, `any(weight.ndim != 4 ...)`.",
+        diagnosis="{name} is {ndim}D {shape}; the pool needs 4D {symbol}",
         generation=V1, adapter_caused=True, related=("ISL-E006", "ISL-E021"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E002", title="an outer factor's expert dimension is neither 1 nor n", exc_type=ValueError,
@@ -39,6 +40,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Build the pool for the model's n_shared_experts (the n in the message); an adapter exported "
                "for another n belongs to another model.",
         upstream=f"{_SET}: second check, gate-up A's and down B's dim 1 against (1, n_shared_experts).",
+        diagnosis="{name} has outer expert dimension {k}; it must be 1 (shared) or n={n}",
         generation=V1, adapter_caused=True, related=("ISL-E003", "ISL-E004"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E003", title="gate-up A and down B use different outer layouts", exc_type=ValueError,
@@ -53,6 +55,8 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Give both outer factors one layout: expand the shared one to every expert (exact), or keep "
                "both shared.",
         upstream=f"{_SET}: third check, gate-up A's dim 1 against down B's.",
+        diagnosis="gate-up A has outer dimension {gate_up_a} but down B has {down_b}: both outer factors must be "
+                  "shared (1) or both per expert (n)",
         generation=V1, adapter_caused=True, related=("ISL-E002", "ISL-K212"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E004", title="an inner factor's expert count is not n", exc_type=ValueError,
@@ -69,6 +73,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Split the stacked experts of gate-up B / down A into an expert axis of n (il.diagnose_pool "
                "prints the reshape), or use the adapter with the model it was trained for.",
         upstream=f"{_SET}: fourth check, gate-up B's and down A's dim 1 against n_shared_experts.",
+        diagnosis="{name} has {k} experts; the sink has n={n}",
         generation=V1, adapter_caused=True, related=("ISL-E001", "ISL-E002"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E005", title="rank dimensions disagree", exc_type=ValueError,
@@ -84,6 +89,7 @@ ENTRIES: list[CatalogEntry] = [
                "A's 2R rows); a factor whose other axis is R is transposed.",
         upstream=f"{_SET}: fifth check, R = gate-up B's last axis against gate-up A's dim 2 (2R), down A's "
                  "dim 2 and down B's last axis.",
+        diagnosis="{name} axis {axis} is {got}; with R={R} (gate-up B's last axis) it must be {want}",
         generation=V1, adapter_caused=True, related=("ISL-E016", "ISL-E006"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E007", title="the pool's shape changed after initialization", exc_type=RuntimeError,
