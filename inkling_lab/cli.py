@@ -96,7 +96,7 @@ def _doctor(args: argparse.Namespace) -> int:
     try:  # the doctor reports on any adapter; arguments it cannot take (sizes past any model) are refused
         report = doctor(args.adapter, args.n_shared_experts, args.hidden, args.intermediate,
                         max_rank=args.max_rank, tp=args.tp, target_modules=args.lora_target_modules,
-                        repair=args.repair, hidden_act=args.hidden_act, sglang=args.sglang)
+                        repair=args.repair, hidden_act=args.hidden_act, config=args.config, sglang=args.sglang)
     except (ValueError, TypeError, OSError, MemoryError) as exc:
         return _fail("doctor", exc)
     print(_json(report.to_dict()) if args.json else report)
@@ -125,6 +125,17 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
                         "the report says what was assumed")
     p.add_argument("--json", action="store_true", help="print the report as JSON, for scripts")
     _add_release_arg(p)
+
+
+def _add_activation_args(p: argparse.ArgumentParser, other: str) -> None:
+    from .sink import ACTIVATIONS
+
+    p.add_argument("--hidden-act", default=None, choices=sorted(ACTIVATIONS), metavar="ACT",
+                   help=f"the model's config.hidden_act ({other}); default: read from --config, else from a "
+                        "config.json in the adapter folder or of the local base model its adapter_config.json "
+                        "names, else silu (the report says where it came from)")
+    p.add_argument("--config", metavar="CONFIG_JSON",
+                   help="the base model's config.json (or its folder), read for hidden_act")
 
 
 def _release(text: str) -> str:
@@ -180,7 +191,8 @@ def _export(args: argparse.Namespace) -> int:
 
     report = export_for_sglang(args.adapter, args.output, args.n_shared_experts, hidden=args.hidden,
                                intermediate=args.intermediate, tp=args.tp, force=args.force,
-                               progress=False if args.quiet else None, sglang=args.sglang)
+                               progress=False if args.quiet else None, sglang=args.sglang,
+                               hidden_act=args.hidden_act, config=args.config)
     if args.json:
         print(_json(report.to_dict()))
     elif report.written:
@@ -257,11 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "adapter_model.safetensors)")
     _add_sink_args(p, required=True)
     _add_server_args(p)
-    from .sink import ACTIVATIONS
-
-    p.add_argument("--hidden-act", default="silu", choices=sorted(ACTIVATIONS), metavar="ACT",
-                   help="the model's config.hidden_act (default silu; another is ISL-W113: sglang's sink "
-                        "computes SiLU)")
+    _add_activation_args(p, "another is ISL-W113: sglang's sink computes SiLU")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser(
@@ -322,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="intermediate size F of one expert (default: the adapter's)")
     g.add_argument("--tp", type=_positive, default=1, metavar="T",
                    help="the server's tensor-parallel size, checked to split F (default 1)")
+    _add_activation_args(p, "another is refused, ISL-K507: sglang's sink computes SiLU")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

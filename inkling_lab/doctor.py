@@ -45,7 +45,6 @@ from .geometry import BUFFER_NAMES
 from .pool import LoRAFactors
 from .releases import Release, release
 from .shard import shard_factors
-from .sink import activation_fn
 from .sglang_path import SINK_TARGETS, config_causes, exception_text, run_sglang
 from .upstream_defect import doctor_finding
 from .validate import PRETTY
@@ -124,6 +123,9 @@ class DoctorReport:
     writes an adapter it serves as trained, or why it cannot be cured."""
     release: Release = field(default_factory=release)
     """The sglang release whose verdicts these are (``--sglang``; default 0.5.23)."""
+    activation: str = "silu"
+    activation_from: str = ""
+    """The model's ``hidden_act`` and where the doctor learnt it (``model_activation``)."""
 
     @property
     def exit_status(self) -> int:
@@ -236,6 +238,7 @@ class DoctorReport:
                            "wraps_sink": all(t in self.targets for t in SINK_TARGETS) or "all" in self.targets},
                 "sglang": {"release": self.release.version, "load": asdict(self.load),
                            "computes": asdict(self.computes)},
+                "model": {"hidden_act": self.activation, "from": self.activation_from},
                 "kit": asdict(self.kit), "error_code": self.error_code, "export": self.cure,
                 "findings": [asdict(f) for f in self.findings], "stages": self.stages, "shapes": self.journey}
 
@@ -290,8 +293,8 @@ def _saved_shapes(folder: Path) -> dict[str, list[int]]:
 
 def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hidden: int, intermediate: int,
            max_rank: int | None = None, tp: int = 1, *, target_modules: Sequence[str] | None = None,
-           repair: bool = False, measure: bool = True, hidden_act: str = "silu",
-           sglang: str | Release | None = None) -> DoctorReport:
+           repair: bool = False, measure: bool = True, hidden_act: str | None = None,
+           config: str | os.PathLike[str] | None = None, sglang: str | Release | None = None) -> DoctorReport:
     """What sglang release ``sglang`` (default 0.5.23) does with one adapter folder for a
     sink of ``n``, ``H=hidden`` and full per-expert ``F=intermediate`` over ``tp`` ranks;
     never raises on bad input (an unknown release is a ``ValueError`` listing the known
@@ -304,19 +307,25 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     converter make repairs that guess (a folded down A, a rank read from the factors).
     ``measure``: run ``compare`` to size a difference (skip it for speed). ``hidden_act``:
     the model's ``config.hidden_act`` (an ``ACT2FN`` name; ``ISL-K154`` for one the kit
-    does not know): another than ``silu`` is ``ISL-W113``, sglang's sink computing SiLU.
+    does not know); default: read from ``config`` (the base model's ``config.json`` or its
+    folder), else a ``config.json`` in the adapter folder or of its local base model, else
+    ``silu`` (``transformers_interop.model_activation``; ``activation_from`` says where).
+    Another than ``silu`` is ``ISL-W113``, sglang's sink computing SiLU.
     """
-    activation_fn(hidden_act)
+    from .transformers_interop import model_activation
+
     n = n_shared_experts
     folder = Path(adapter.source) if isinstance(adapter, Adapter) else Path(adapter)
     if folder.name in (CONFIG_FILE, WEIGHTS_FILE):
         folder = folder.parent
+    held = isinstance(adapter, Adapter) and not adapter.source
+    hidden_act, activation_from = model_activation(None if held else folder, config, hidden_act)
     # An adapter in memory is read as it stands (its factors as the kit repaired them); from a folder, as saved.
     in_memory = adapter if isinstance(adapter, Adapter) and not (folder / CONFIG_FILE).is_file() else None
     name = (in_memory.name if in_memory is not None else folder.name) or str(folder)
     sglang = release(sglang)
     report = DoctorReport(name if in_memory is not None else str(folder), n, hidden, intermediate, tp, max_rank,
-                          release=sglang)
+                          release=sglang, activation=hidden_act, activation_from=activation_from)
     path = run_sglang(folder, n, hidden, intermediate, tp, max_rank, target_modules, name, state=in_memory,
                       sglang=sglang)
     raised = path.raised
@@ -341,7 +350,7 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     if hidden_act != "silu":
         report.findings.insert(0, finding("ISL-W113", "the model", more=True, activation=hidden_act,
                                           release=sglang.version))
-        causes.append(f"the model computes {hidden_act}(gate) * up, sglang's sink silu(gate) * up")
+        causes.append(f"the model computes {hidden_act}(gate) * up ({activation_from}), sglang's sink silu(gate) * up")
     if report.load.outcome == "raises":
         report.computes = SglangCompute("nothing")
     elif path.unknown:
@@ -372,7 +381,8 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     if not report.ok:
         from .export import cure
 
-        report.cure = cure(read, report.error, folder, n)
+        report.cure = cure(read, report.error, folder, n, tp=tp, activation=(hidden_act, activation_from),
+                           config=config, sglang=sglang)
     return report
 
 

@@ -225,6 +225,9 @@ class ExportReport:
     target_modules: list[str] = field(default_factory=list)
     server_flags: list[str] = field(default_factory=list)
     tp_sizes: list[int] = field(default_factory=list)
+    hidden_act: str = ""
+    hidden_act_from: str = ""
+    """The model's activation and where the export learnt it (``model_activation``)."""
     proof: list[ProofRow] = field(default_factory=list)
     allowed: str = ""
     reference: str = ""
@@ -260,7 +263,9 @@ class ExportReport:
                      f"({self.rank_reason}), "
                      f"{self.dtype}, {len(self.modules)} shared-sink module(s)"
                      + (f" and {len(self.other_modules)} other module(s)" if self.other_modules else ""),
-                     f"  target_modules: {self.target_modules}"]
+                     f"  target_modules: {self.target_modules}",
+                     f"  the model's activation: {self.hidden_act} ({self.hidden_act_from}), the SiLU sglang's "
+                     f"sink computes"]
         if self.proof:
             ranks = f", every rank of --tp {self.tp} summed" if self.tp > 1 else ""
             lines.append(f"proof: the export read back through {self.release.label}'s loading path (the kit's model"
@@ -272,8 +277,10 @@ class ExportReport:
         if self.written:
             lines.append(f"serve it with {self.release.label}: " + " ".join(self.server_flags))
             lines += [f"  {flag}: {SERVER_FACTS[flag]}" for flag in SERVER_FACTS]
-            lines.append(f"tensor parallelism: one file for every --tp-size; the sink's F={self.intermediate} splits "
-                         f"at --tp-size {', '.join(map(str, self.tp_sizes))}")
+            lines.append(f"tensor parallelism: one file for every --tp-size; proven at --tp-size {self.tp}"
+                         + (" (every rank read back, the ranks' deltas summed)" if self.tp > 1 else "")
+                         + f"; the sink's F={self.intermediate} splits at --tp-size "
+                         f"{', '.join(map(str, self.tp_sizes))}")
         lines += [str(f) for f in self.findings]
         return "\n".join(lines)
 
@@ -286,7 +293,8 @@ class ExportReport:
                 "written": self.written, "rank": self.rank,
                 "rank_reason": self.rank_reason, "dtype": self.dtype, "server_flags": self.server_flags,
                 "server_facts": SERVER_FACTS, "target_modules": self.target_modules, "tp": self.tp,
-                "tp_sizes": self.tp_sizes, "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
+                "tp_sizes": self.tp_sizes, "hidden_act": self.hidden_act, "hidden_act_from": self.hidden_act_from,
+                "sink": {"n_shared_experts": self.n, "hidden": self.hidden,
                                                     "intermediate": self.intermediate},
                 "modules": self.modules, "other_modules": self.other_modules,
                 "max_rel_error": self.max_rel_error, "allowed": self.allowed, "reference": self.reference,
@@ -386,6 +394,8 @@ class _Export:
         self.sink: list[_Module] = []
         for m in source.modules:  # the plan: every module read and checked once, none kept
             f, how = self.module_factors(m)
+            for k, t in flat_factors(f, f.rank).items():  # a fold the dtype cannot hold: refused before writing
+                _cast(t, self.dtype, f"{m}.{k}.weight", self.where)
             self.sink.append(_Module(m, f.rank, how))
             self.hidden, self.intermediate = int(f.gate_up_a.shape[-1]), int(f.down_a.shape[-1])
         for given, have, what in ((hidden, self.hidden, "hidden"), (intermediate, self.intermediate, "intermediate")):
@@ -762,7 +772,8 @@ def server_flags(output: str | os.PathLike[str], rank: int, target_modules: Sequ
 def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | os.PathLike[str],
                       n_shared_experts: int, *, hidden: int | None = None, intermediate: int | None = None,
                       tp: int = 1, force: bool = False, progress: bool | None = None,
-                      sglang: str | Release | None = None) -> ExportReport:
+                      sglang: str | Release | None = None, hidden_act: str | None = None,
+                      config: str | os.PathLike[str] | None = None) -> ExportReport:
     """Write ``output``, a PEFT folder sglang 0.5.23 serves as exactly ``adapter``'s math,
     proven on the way out; or refuse, writing nothing. Never raises on a bad adapter:
     the report says (``written``, ``error``, ``code``; ``raise_if_refused()`` raises it).
@@ -774,6 +785,10 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
     ``output``. ``progress``: a bar on stderr (default: for exports over 64 MiB).
     ``sglang``: the release the export is proven against (default 0.5.23; an unknown one
     is a ``ValueError`` listing the known ones); the report's first line names it.
+    ``hidden_act``/``config``: the model's activation, or its ``config.json`` (or folder);
+    default a ``config.json`` in the adapter folder or of its local base model
+    (``transformers_interop.model_activation``, the report says where); another than
+    SiLU is refused (``ISL-K507``: sglang's sink computes SiLU only).
     """
     output = Path(output)
     name = adapter.name if isinstance(adapter, Adapter) else Path(adapter).name
@@ -781,6 +796,12 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
     try:
         read = ExportInput(adapter)
         _check_output(output, read.source, force)
+        from .transformers_interop import model_activation
+
+        report.hidden_act, report.hidden_act_from = model_activation(read.source or None, config, hidden_act)
+        if report.hidden_act != "silu":
+            raise ValueError(message("ISL-K507", activation=report.hidden_act, where=report.hidden_act_from,
+                                     release=report.release.version))
         plan = _Export(read, n_shared_experts, hidden, intermediate, tp)
         report.hidden, report.intermediate = plan.hidden, plan.intermediate
         report.rank, report.rank_reason = plan.rank, plan.rank_reason
@@ -809,17 +830,29 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
 
 
 def cure(adapter: Adapter | None, error: BaseException | None, folder: str | os.PathLike[str] = "ADAPTER",
-         n: int | None = None) -> str:
+         n: int | None = None, *, tp: int = 1, activation: tuple[str, str] = ("silu", ""),
+         config: str | os.PathLike[str] | None = None, sglang: str | Release | None = None) -> str:
     """The doctor's line about the cure, for an adapter sglang would not serve as trained:
     ``export`` writes one it serves as trained (and the command), or why it cannot be
-    cured (the kit refuses the adapter, or it holds saved modules)."""
+    cured: the kit refuses the adapter, the model's ``activation`` (name, where learnt)
+    is not SiLU (``ISL-K507``), or the export's own plan refuses it (saved modules,
+    tensors it cannot carry, a ``tp`` that does not split F, a fold that overflows):
+    the plan the export would run, without writing anything."""
     if adapter is None:
         text = str(error).split(": ", 1)[-1] if error is not None else "the kit cannot read it"
         return f"inkling-lab export: cannot be cured because the kit refuses the adapter: {text}"
-    try:
-        _refuse_saved_modules(adapter)
-    except ValueError as exc:
-        return f"inkling-lab export: cannot be cured because {str(exc).split(': ', 1)[-1]}"
+    act, where = activation
+    if act != "silu":
+        return (f"inkling-lab export: cannot be cured because the model computes {act}(gate) * up ({where}) and "
+                f"sglang {release(sglang).version}'s shared sink computes SiLU only (ISL-K507)")
+    if n is not None:
+        try:
+            _Export(ExportInput(adapter), n, None, None, tp)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            entry = find_entry(exc)
+            code = f" ({entry.code})" if entry is not None else ""
+            return f"inkling-lab export: cannot be cured because {str(exc).split(': ', 1)[-1]}{code}"
     name = Path(folder).name or "ADAPTER"
+    flags = (f" --tp {tp}" if tp > 1 else "") + (f" --config {config}" if config is not None else "")
     return (f"`inkling-lab export` writes an adapter sglang serves as trained: inkling-lab export {name} "
-            f"-o {name}_for_sglang -n {n if n is not None else 'N'}")
+            f"-o {name}_for_sglang -n {n if n is not None else 'N'}{flags}")

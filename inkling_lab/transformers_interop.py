@@ -272,6 +272,54 @@ def _config_activation(path: Path) -> tuple[str, str]:
     return "silu", f"{config.name} names no hidden_act: InklingTextConfig's default"
 
 
+def model_activation(adapter: str | os.PathLike[str] | None = None, config: str | os.PathLike[str] | None = None,
+                     hidden_act: str | None = None) -> tuple[str, str]:
+    """The model's ``config.hidden_act`` (what transformers' ``InklingSharedExperts``
+    computes, ``act_fn(gate) * up``) and where it was learnt, from the first of:
+    ``hidden_act`` given (``--hidden-act``); ``config``, the base model's ``config.json``
+    (or the folder holding it); a ``config.json`` in the ``adapter`` folder; the
+    ``config.json`` of the folder its ``adapter_config.json`` names as
+    ``base_model_name_or_path``, when that is a local folder. Else ``silu``,
+    InklingTextConfig's default, saying that no config was found. An activation the kit
+    does not know is ``ISL-K154``; a ``config`` without a ``config.json`` is refused."""
+    from .sink import activation_fn
+
+    if hidden_act is not None:
+        activation_fn(hidden_act)
+        return hidden_act, "--hidden-act"
+    candidates: list[Path] = []
+    if config is not None:
+        given = Path(config)
+        candidates.append(given if given.name == "config.json" else given / "config.json")
+        if not candidates[0].is_file():
+            raise FileNotFoundError(f"{given}: no config.json (give the base model's config.json, or its folder)")
+    elif adapter is not None:
+        folder = Path(adapter) if Path(adapter).is_dir() else Path(adapter).parent
+        candidates.append(folder / "config.json")
+        base = _base_model_path(folder)
+        if base is not None:
+            candidates.append(base / "config.json")
+    for path in candidates:
+        if path.is_file():
+            act, where = _config_activation(path)
+            activation_fn(act)
+            return act, f"{path}" + where.removeprefix(path.name)
+    return "silu", "no config.json given or found: InklingTextConfig's default"
+
+
+def _base_model_path(adapter_folder: Path) -> Path | None:
+    """The local folder an adapter's ``adapter_config.json`` names as its base model, if any."""
+    try:
+        data = json.loads(read_regular(adapter_folder / "adapter_config.json").decode("utf-8"))
+    except (OSError, ValueError):
+        return None  # no readable adapter config: the adapter's own readers say why
+    base = data.get("base_model_name_or_path") if isinstance(data, dict) else None
+    if not isinstance(base, str) or not base:
+        return None
+    path = Path(base) if Path(base).is_absolute() else adapter_folder / base
+    return path if path.is_dir() else (Path(base) if Path(base).is_dir() else None)
+
+
 def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix: str | None = None,
                          interleaved: bool = True, dtype: torch.dtype | None = None,
                          cls: type[SharedSink] = SharedSink, activation: str | None = None) -> SharedSink:

@@ -421,3 +421,86 @@ def test_the_input_is_streamed_one_module_at_a_time(tmp_path, monkeypatch):
     report = export_for_sglang(folder, tmp_path / "out", 2)
     assert report.written and len(report.modules) == 5
     assert held and max(held) == 1  # never more than one module's factors read at once
+
+
+# -- the model's activation: SiLU only -----------------------------------------------------------------
+
+def _base_config(folder, act):
+    """transformers' own Inkling config, saved as the base model's config.json."""
+    pytest.importorskip("transformers.models.inkling", reason="needs transformers >= 5.24 (the test extra)")
+    from transformers import InklingTextConfig
+
+    InklingTextConfig(hidden_size=8, moe_intermediate_size=6, n_shared_experts=2, hidden_act=act).save_pretrained(
+        str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("where", ["--hidden-act", "--config", "adapter folder", "base_model_name_or_path"])
+def test_a_model_of_another_activation_is_refused_saying_where_it_was_read(tmp_path, capsys, where):
+    folder = _saved(tmp_path)
+    args = ["export", str(folder), "-o", str(tmp_path / "out"), "-n", "2", "--json"]
+    if where == "--hidden-act":
+        args += ["--hidden-act", "gelu"]
+    elif where == "--config":
+        args += ["--config", str(_base_config(tmp_path / "base", "gelu") / "config.json")]
+    elif where == "adapter folder":
+        _base_config(folder, "gelu")
+    else:
+        _base_config(tmp_path / "base", "gelu")
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        (folder / CONFIG_FILE).write_text(json.dumps({**config, "base_model_name_or_path": str(tmp_path / "base")}))
+    assert main(args) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["code"] == "ISL-K507" and not out["written"] and "gelu(gate) * up" in out["error"]
+    assert ("--hidden-act" if where == "--hidden-act" else "config.json: hidden_act") in out["error"]
+    assert not (tmp_path / "out").exists()
+    from inkling_lab.doctor import doctor
+
+    report = doctor(folder, 2, 8, 6, hidden_act="gelu" if where == "--hidden-act" else None,
+                    config=tmp_path / "base" if where == "--config" else None)
+    assert any(f.code == "ISL-W113" for f in report.findings) and report.activation == "gelu"
+    assert "cannot be cured because the model computes gelu(gate) * up" in report.cure and "ISL-K507" in report.cure
+
+
+def test_a_silu_config_is_read_and_named(tmp_path):
+    folder = _saved(tmp_path)
+    _base_config(folder, "silu")
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert report.written and report.hidden_act == "silu"
+    assert report.hidden_act_from == f"{folder / 'config.json'}: hidden_act"
+    assert f"the model's activation: silu ({folder / 'config.json'}: hidden_act)" in str(report)
+    bare = export_for_sglang(_saved(tmp_path / "b"), tmp_path / "out_b", 2)
+    assert bare.written and "InklingTextConfig's default" in bare.hidden_act_from
+
+
+# -- the doctor's line about the cure is true in every case -----------------------------------------------
+
+def _embedding(tmp_path):
+    folder = _saved(tmp_path, use_rslora=True)
+    weights = load_file(folder / WEIGHTS_FILE)
+    weights["base_model.model.model.embed_tokens.lora_embedding_A"] = torch.zeros(4, 10)
+    save_file(weights, folder / WEIGHTS_FILE)
+    return folder
+
+
+@pytest.mark.parametrize("make, tp", [
+    (lambda p: _saved(p, use_rslora=True), 1), (lambda p: _saved(p, use_rslora=True), 2),
+    (lambda p: save_adapter(synthetic_adapter(2, 8, 6, 4, per_expert=True), p / "in"), 3),
+    (lambda p: _saved(p, use_rslora=True, modules_to_save=["lm_head"]), 1), (_embedding, 1),
+    (lambda p: save_adapter(synthetic_adapter(2, 8, 6, 4, dtype=torch.float16, lora_alpha=1e6), p / "in"), 1),
+    (lambda p: _base_config(_saved(p, use_rslora=True), "gelu_pytorch_tanh"), 1),
+])
+def test_the_doctor_s_cure_line_says_what_export_does(tmp_path, make, tp):
+    from inkling_lab.doctor import doctor
+
+    folder = make(tmp_path)
+    report = doctor(folder, 2, 8, 6, tp=tp)
+    assert not report.ok
+    exported = export_for_sglang(folder, tmp_path / "out", 2, tp=tp)
+    assert report.cure.startswith("`inkling-lab export` writes") == exported.written, (report.cure, exported.error)
+    if exported.written:
+        assert (f"--tp {tp}" in report.cure) == (tp > 1)
+        assert doctor(tmp_path / "out", 2, 8, 6, tp=tp).ok
+    else:
+        assert "cannot be cured because" in report.cure
+        assert exported.code in report.cure or "the kit refuses the adapter" in report.cure

@@ -128,6 +128,29 @@ ENTRIES: list[CatalogEntry] = [
                "for (or leave them out: the export reads them from the factors).",
         upstream="sglang 0.5.23 asserts each factor's shape against its buffer (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer) and fails with ISL-E016.", related=("ISL-E016",)),
+    _refusal(
+        "ISL-K507", "the model's activation is not SiLU: no export serves it",
+        "the model computes {activation}(gate) * up in its shared experts ({where}); sglang {release}'s shared "
+        "sink computes silu(gate) * up whatever the model's hidden_act, so no re-export of the adapter serves "
+        "it as trained: nothing written",
+        "transformers' InklingSharedExperts computes act_fn(gate) * up with act_fn = ACT2FN[config.hidden_act]; "
+        "sglang's sink reads no activation and always computes SiLU (ISL-W113). The export's promise is an "
+        "adapter sglang serves as trained; for a model of another activation even the base sink's output "
+        "differs, with any LoRA factors. The export learns the activation from --hidden-act, from a given "
+        "config.json (--config), from a config.json in the adapter folder, or from the one of the local base "
+        "model its adapter_config.json names, and says which; without any it assumes InklingTextConfig's "
+        "default, silu.",
+        "Exporting an adapter of a model whose config.json says hidden_act gelu (transformers' own Inkling "
+        "tests use gelu), or passing --hidden-act gelu.",
+        _PLAIN + "save_adapter(ad, folder)\n",
+        "export_for_sglang(folder, out, 2, hidden_act='gelu').raise_if_refused()\n",
+        "export_for_sglang(folder, out, 2, hidden_act='silu').raise_if_refused()  # a SiLU model's adapter\n",
+        remedy="Serve the model where its activation is computed (transformers, or an engine that reads "
+               "hidden_act); sglang 0.5.23's shared sink serves SiLU models only. If the config is wrong, pass "
+               "the model's real activation with --hidden-act.",
+        upstream="sglang/srt/models/inkling_common/dense_mlp.py: InklingBatchDenseMLP._swiglu (silu_and_mul, "
+                 "silu_and_mul_triton), the same for its LoRA subclasses in inkling_common/lora.py",
+        related=("ISL-W113", "ISL-K154")),
     CatalogEntry(
         code="ISL-N501", title="per-expert outer factors exported at rank n·r", exc_type=None, kind="note",
         message="{module}: per-expert outer factors re-expressed as shared outer at rank n·r = {n}·{r} = {rank}, "
