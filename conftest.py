@@ -6,6 +6,10 @@
 * stderr is not compared: torch and matplotlib warnings differ across versions.
 * Tests assert behaviour, never elapsed time: no hypothesis example has a deadline, and
   slow data generation on a busy machine is no failure (the ``kit`` profile).
+* Under ``-n 2 --dist loadscope`` (``make test``) the browser test's module, by far the
+  longest scope (every notebook, one after the other, in one JupyterLab), starts first:
+  the other worker runs the unit tests and the notebooks meanwhile, instead of the
+  browser test starting late and running alone at the end.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ settings.register_profile("kit", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("kit")
 
 _NB_STATS: dict[str, dict[str, int]] = {}
+_FIRST_SCOPES = ("tests/test_e2e_jupyterlab.py",)
 
 
 def _cuda() -> bool:
@@ -73,3 +78,20 @@ def pytest_terminal_summary(terminalreporter):
         ran = stats["cells"] - stats["gpu_skipped"]
         terminalreporter.write_line(
             f"{name}: {ran} of {stats['cells']} code cells run, {stats['gpu_skipped']} gpu cells skipped (no CUDA)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirst(LoadScopeScheduling):
+        """loadscope, with the scopes of ``_FIRST_SCOPES`` handed out before the others."""
+
+        def _assign_work_unit(self, node):
+            for scope in [s for s in self.workqueue if s in _FIRST_SCOPES][::-1]:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
