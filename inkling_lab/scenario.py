@@ -6,6 +6,7 @@ the same thing everywhere.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -16,6 +17,11 @@ from .geometry import Geometry, allocate, check_size
 from .lora import SharedSinkLoRA
 from .operands import SinkOperands
 from .pool import LoRAFactors, LoRAPool
+
+
+def _is_rank(value: object, max_rank: int) -> bool:
+    """``value`` is a whole number (not a bool) in ``0..max_rank``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value <= max_rank
 
 
 @dataclass
@@ -55,8 +61,8 @@ class Scenario:
             raise TypeError(f"Scenario.random: geometry must be a Geometry (il.PRESETS['toy'], say), got {g!r}")
         check_size("Scenario.random: tokens", tokens)
         adapters = [g.max_rank] * g.slots if adapters is None else list(adapters)
-        if len(adapters) != g.slots or any(not isinstance(a, LoRAFactors) and not 0 <= a <= g.max_rank
-                                           for a in adapters):
+        if len(adapters) != g.slots or not all(isinstance(a, LoRAFactors) or _is_rank(a, g.max_rank)
+                                               for a in adapters):
             shown = [f"LoRAFactors(r={a.rank})" if isinstance(a, LoRAFactors) else a for a in adapters]
             raise ValueError(f"Scenario.random: adapters must give each of the {g.slots} slots a rank in "
                              f"0..{g.max_rank} (the pool's max_rank) or LoRAFactors, got {shown}")

@@ -43,6 +43,7 @@ def test_given_factors_are_loaded_as_they_are_and_names_name_the_slots(scenario)
 @pytest.mark.parametrize("kw, message", [
     (dict(adapters=[2, 3, 1]), r"adapters must give each of the 3 slots a rank in 0..2 .*got \[2, 3, 1\]"),
     (dict(adapters=[2]), r"adapters must give each of the 3 slots"),
+    (dict(adapters=[2, "1", True]), r"adapters must give each of the 3 slots a rank .*got \[2, '1', True\]"),
     (dict(names=["a"]), r"names must name each of the 3 slots' adapter \(None: the default\), got 1 names"),
     (dict(tokens=3, token_slots=[0, 1]), r"token_slots names 2 tokens but tokens=3"),
 ])
