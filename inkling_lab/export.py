@@ -130,10 +130,12 @@ def module_reference(adapter: Adapter, module: str, n: int, hidden: int, interme
         return ref.deltas[module], ref.label
     from safetensors.torch import save_file
 
-    with tempfile.TemporaryDirectory(prefix="inkling-export-reference-") as tmp, open_safetensors(source) as f:
+    with open_safetensors(source) as f:
+        keys = [k for k in f.keys() if sink_module_of(k) == module]
+    with tempfile.TemporaryDirectory(prefix="inkling-export-reference-") as tmp:
         folder = Path(tmp) / (Path(adapter.source).name or "adapter")
         folder.mkdir()
-        save_file({k: f.get_tensor(k) for k in f.keys() if sink_module_of(k) == module}, str(folder / WEIGHTS_FILE))
+        save_file(_read(source, keys), str(folder / WEIGHTS_FILE))
         (folder / CONFIG_FILE).write_text(json.dumps(adapter.config), encoding="utf-8")
         ref = reference(folder, alone, n, hidden, intermediate, probes=(x, u))
         return ref.deltas[module], ref.label
@@ -504,17 +506,25 @@ class _Export:
                 bar.update()
             if not self.others:
                 return
-            with open_safetensors(Path(self.adapter.source) / WEIGHTS_FILE) as file:
-                for o in self.others:
-                    a, b = file.get_tensor(o.key_a), file.get_tensor(o.key_b)
-                    for key, t in ((o.key_a, a), (o.key_b, b)):
-                        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                            bad = int((~torch.isfinite(t)).sum())
-                            raise ValueError(message("ISL-K302", file=self.where, key=repr(key), k=bad,
-                                                     numel=t.numel()))
-                    yield {o.key_a: _pad(a, 0, self.rank),
-                           o.key_b: _cast(_pad(b.double() * o.scaling, 1, self.rank), o.dtype_b, o.key_b, self.where)}
-                    bar.update()
+            for o in self.others:
+                pair = _read(Path(self.adapter.source) / WEIGHTS_FILE, (o.key_a, o.key_b))
+                a, b = pair[o.key_a], pair[o.key_b]
+                for key, t in ((o.key_a, a), (o.key_b, b)):
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        bad = int((~torch.isfinite(t)).sum())
+                        raise ValueError(message("ISL-K302", file=self.where, key=repr(key), k=bad,
+                                                 numel=t.numel()))
+                yield {o.key_a: _pad(a, 0, self.rank),
+                       o.key_b: _cast(_pad(b.double() * o.scaling, 1, self.rank), o.dtype_b, o.key_b, self.where)}
+                bar.update()
+
+
+def _read(path: Path, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``keys`` of a safetensors file, the file opened for them alone: its mapping (whose
+    touched pages count as resident) is closed before the next read, so reading a large
+    file piece by piece never holds more than the piece."""
+    with open_safetensors(path) as f:
+        return {k: f.get_tensor(k) for k in keys}
 
 
 _ST_TORCH = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -667,50 +677,51 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter | str | os.Pa
     width = check_tp(F, tp, "the shared sink's intermediate size")
     with open_safetensors(folder / WEIGHTS_FILE) as f:
         keys = list(f.keys())
-        by_module: dict[str, list[str]] = {}
-        for k in keys:
-            fn = FactorName.parse(k)
-            if fn is not None:
-                by_module.setdefault(fn.module, []).append(k)
-        missing = [m for m in source.modules if m not in by_module]
-        if missing:
-            proof.failure = f"{missing[0]} is not in the export"
+    by_module: dict[str, list[str]] = {}
+    for k in keys:
+        fn = FactorName.parse(k)
+        if fn is not None:
+            by_module.setdefault(fn.module, []).append(k)
+    missing = [m for m in source.modules if m not in by_module]
+    if missing:
+        proof.failure = f"{missing[0]} is not in the export"
+        return proof
+    for module in source.modules:
+        try:
+            want, proof.reference = module_reference(source.module(module), module, n, H, F, x, u)
+        except (ValueError, RuntimeError, OSError) as exc:
+            proof.failure = f"PEFT's delta of {module} cannot be computed: {type(exc).__name__}: {exc}"
             return proof
-        for module in source.modules:
-            try:
-                want, proof.reference = module_reference(source.module(module), module, n, H, F, x, u)
-            except (ValueError, RuntimeError, OSError) as exc:
-                proof.failure = f"PEFT's delta of {module} cannot be computed: {type(exc).__name__}: {exc}"
+        readback = _Readback(config, _read(folder / WEIGHTS_FILE, by_module[module]))
+        got = [torch.zeros_like(w) for w in want]  # the sum over ranks of what each serves
+        bounds = [torch.zeros_like(w) for w in want]
+        for tp_rank in range(tp):
+            path = _served(folder, n, H, F, rank, readback, proof.release, tp, tp_rank)
+            at = f" (tensor-parallel rank {tp_rank} of {tp})" if tp > 1 else ""
+            if path.raised is not None:
+                proof.failure = f"{label} raises loading {module}{at}: {path.raised.text}"
+            elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
+                proof.failure = f"{label} does not serve {module}{at} as trained: " + "; ".join(
+                    [path.unknown] * bool(path.unknown) + list(path.causes)
+                    + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
+            if proof.failure:
                 return proof
-            readback = _Readback(config, {k: f.get_tensor(k) for k in by_module[module]})
-            got = [torch.zeros_like(w) for w in want]  # the sum over ranks of what each serves
-            bounds = [torch.zeros_like(w) for w in want]
-            for tp_rank in range(tp):
-                path = _served(folder, n, H, F, rank, readback, proof.release, tp, tp_rank)
-                at = f" (tensor-parallel rank {tp_rank} of {tp})" if tp > 1 else ""
-                if path.raised is not None:
-                    proof.failure = f"{label} raises loading {module}{at}: {path.raised.text}"
-                elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
-                    proof.failure = f"{label} does not serve {module}{at} as trained: " + "; ".join(
-                        [path.unknown] * bool(path.unknown) + list(path.causes)
-                        + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
-                if proof.failure:
-                    return proof
-                cols = slice(tp_rank * width, (tp_rank + 1) * width)  # the rank's features of every expert
-                served = path.served[module]  # what sglang computes: the slot's factors as this rank loaded them
-                for total, part in ((got, served_probes(served, x, u[:, cols])),
-                                    (bounds, served_probes(served, x, u[:, cols], absolute=True))):
-                    total[0][:, cols] += part[0]  # gate and up: the rank's own features
-                    total[1][:, cols] += part[1]
-                    total[2] += part[2]  # down: the all-reduce's sum of partial outputs
-            for part, s_, w_, b_ in zip(("gate", "up", "down"), got, want, bounds):
-                for e in range(n):
-                    rows.append(_compare(module, part, e, s_[e], w_[e], b_[e], dtype))
-        _prove_others(f, keys, config, source.head, rows)
+            cols = slice(tp_rank * width, (tp_rank + 1) * width)  # the rank's features of every expert
+            served = path.served[module]  # what sglang computes: the slot's factors as this rank loaded them
+            for total, part in ((got, served_probes(served, x, u[:, cols])),
+                                (bounds, served_probes(served, x, u[:, cols], absolute=True))):
+                total[0][:, cols] += part[0]  # gate and up: the rank's own features
+                total[1][:, cols] += part[1]
+                total[2] += part[2]  # down: the all-reduce's sum of partial outputs
+        for part, s_, w_, b_ in zip(("gate", "up", "down"), got, want, bounds):
+            for e in range(n):
+                rows.append(_compare(module, part, e, s_[e], w_[e], b_[e], dtype))
+    _prove_others(folder / WEIGHTS_FILE, keys, config, source.head, rows)
     return proof
 
 
-def _prove_others(f: Any, keys: Sequence[str], config: dict[str, Any], adapter: Adapter, rows: list[ProofRow]) -> None:
+def _prove_others(written: Path, keys: Sequence[str], config: dict[str, Any], adapter: Adapter,
+                  rows: list[ProofRow]) -> None:
     """Every other module: sglang's one ``lora_alpha / r`` of the export times ``B' @ A'``
     against the input's PEFT ``scaling * B @ A``, on seeded random inputs (a delta of
     any size, never formed densely)."""
@@ -719,26 +730,26 @@ def _prove_others(f: Any, keys: Sequence[str], config: dict[str, Any], adapter: 
     served_scaling = config["lora_alpha"] / config["r"]  # lora.py: LoRAAdapter.__init__
     peft = adapter.peft
     gen = torch.Generator().manual_seed(0)
-    with open_safetensors(Path(adapter.source) / WEIGHTS_FILE) as source:
-        for key in adapter.other_keys:
-            m = _LORA_PAIR.match(key)
-            if m is None or m["ab"] != "A":
-                continue
-            key_b = f"{m['module']}.lora_B.weight"
-            if key not in keys or key_b not in keys:
-                rows.append(ProofRow(m["module"], "missing from the export", None, math.inf, False))
-                continue
-            a_in, b_in = source.get_tensor(key).double(), source.get_tensor(key_b).double()
-            a_out, b_out = f.get_tensor(key).double(), f.get_tensor(key_b).double()
-            if a_out.shape[0] != config["r"] or b_out.shape[1] != config["r"]:
-                rows.append(ProofRow(m["module"], f"rank {a_out.shape[0]} is not the file's r", None, math.inf, False))
-                continue
-            x = torch.randn(a_in.shape[1], 8, generator=gen, dtype=torch.float64)
-            want = peft.scaling_of(module_of(key)) * (b_in @ (a_in @ x))
-            got = served_scaling * (b_out @ (a_out @ x))
-            dtype = source.get_slice(key_b).get_dtype()
-            bound = b_out.abs() @ (a_out.abs() @ x.abs())
-            rows.append(_compare(m["module"], "LoRA delta", None, got, want, bound, _ST_TORCH[dtype]))
+    source = Path(adapter.source) / WEIGHTS_FILE
+    for key in adapter.other_keys:
+        m = _LORA_PAIR.match(key)
+        if m is None or m["ab"] != "A":
+            continue
+        key_b = f"{m['module']}.lora_B.weight"
+        if key not in keys or key_b not in keys:
+            rows.append(ProofRow(m["module"], "missing from the export", None, math.inf, False))
+            continue
+        given, out = _read(source, (key, key_b)), _read(written, (key, key_b))  # one pair at a time
+        a_in, b_in = given[key].double(), given[key_b].double()
+        a_out, b_out = out[key].double(), out[key_b].double()
+        if a_out.shape[0] != config["r"] or b_out.shape[1] != config["r"]:
+            rows.append(ProofRow(m["module"], f"rank {a_out.shape[0]} is not the file's r", None, math.inf, False))
+            continue
+        x = torch.randn(a_in.shape[1], PROBES, generator=gen, dtype=torch.float64)
+        want = peft.scaling_of(module_of(key)) * (b_in @ (a_in @ x))
+        got = served_scaling * (b_out @ (a_out @ x))
+        bound = b_out.abs() @ (a_out.abs() @ x.abs())
+        rows.append(_compare(m["module"], "LoRA delta", None, got, want, bound, given[key_b].dtype))
 
 
 # -- the export -------------------------------------------------------------------------------
