@@ -9,15 +9,15 @@ the path itself is ``sglang_path.run_sglang``):
    ``DefaultModelLoader`` finds them (every ``*.safetensors``, else ``*.bin``);
 2. ``normalize``: upstream's three steps (docs/reference.md#adapters-on-disk), with its raw errors;
 3. ``targets``: the server's target modules decide whether the sink is wrapped at
-   all and which weights are skipped (``init_lora_modules``, ``load_lora_weight_to_buffer``);
+   all and which weights match no target module (``init_lora_modules``, ``load_lora_weight_to_buffer``);
 4. ``shard``: tensor-parallel rank 0's slice (docs/reference.md#tensor-parallelism);
 5. ``pool``: the buffer load with sglang's one ``lora_alpha / r`` and its shape asserts;
 6. ``set_lora_info``: the five checks (docs/reference.md#validation-order) on the pool sglang built;
 7. ``forward``: what the served sink then computes (the per-expert defect, NaN).
 
 The report carries three verdicts that are never mixed: what sglang does when it
-loads the adapter (loads / raises, with the exact text / skips weights, with the
-exact warning), what sglang then computes (the adapter's math, something else and
+loads the adapter (loads / raises, with the exact text, and the exact warning it
+logs first for weights that match no target module), what sglang then computes (the adapter's math, something else and
 why, or the base model only), and what the kit's converter does (writes the
 adapter's math, with its repairs, or refuses, with the reason). Exit status 1
 whenever sglang fails or serves something other than the adapter's math.
@@ -56,14 +56,16 @@ from .validate import PRETTY
 @dataclass
 class SglangLoad:
     """Verdict 1, what sglang 0.5.23 does when it loads the adapter. ``outcome``:
-    ``loads``, ``raises`` (``text``: the exact ``Type: message``), ``skips`` (``text``:
-    the exact warning; the rest loads), or ``unknown`` (the kit cannot see; ``why``)."""
+    ``loads``, ``raises`` (``text``: the exact ``Type: message``), or ``unknown`` (the kit
+    cannot see; ``why``). ``warning``: the exact warning it logs first for weights that
+    match no target module (``ISL-W002``; its buffer load then raises on them)."""
 
     outcome: str
     text: str = ""
     stage: str = ""
     upstream: str = ""
     why: str = ""
+    warning: str = ""
 
 
 @dataclass
@@ -177,9 +179,11 @@ class DoctorReport:
         wrapped = ("\n    (with the adapter in --lora-paths, at startup, as RuntimeError: Failed to load LoRA adapter "
                    f"{Path(self.adapter).name}: {self.load.text.split(': ', 1)[-1] if ': ' in self.load.text else ''})"
                    if self.load.stage in ("read", "normalize") else "")
+        warned = (f"loads it; when a batch first uses it, logs this warning (mem_pool.py: "
+                  f"LoRAMemoryPool.load_lora_weight_to_buffer):\n    {self.load.warning}\n  then "
+                  if self.load.warning else "")
         load = {"loads": "loads it" + (f" ({self.load.why})" if self.load.why else ""),
-                "raises": f"raises (in {self.load.stage}; {self.load.upstream}):\n    {self.load.text}{wrapped}",
-                "skips": f"loads it and skips weights, with this warning ({self.load.upstream}):\n    {self.load.text}",
+                "raises": f"{warned}raises (in {self.load.stage}; {self.load.upstream}):\n    {self.load.text}{wrapped}",
                 "unknown": f"may load it; the kit cannot tell: {self.load.why}"}[self.load.outcome]
         c = self.computes
         computes = {"adapter": "the adapter's math",
@@ -216,7 +220,7 @@ class DoctorReport:
                 pool = _fmt(row["pool"]) if row["pool"] else "?"
                 lines.append(f"  {PRETTY[row['buffer']]:<10} {peft} -> {norm} -> {pool}")
         lines.append(f"Findings ({len(self.findings)}):" if self.findings else "Findings: none")
-        quoted = self.load.text if self.load.outcome == "skips" else None
+        quoted = self.load.warning or None
         # the skip warning is quoted in full under verdict 1: its finding points there
         lines += [str(f).replace(quoted, "the warning quoted under 1. above", 1) if quoted and f.message == quoted
                   else str(f) for f in self.findings]
@@ -332,11 +336,10 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     sglang_findings = [*([raised.finding] if raised is not None and raised.finding is not None else []),
                        *path.findings]
     if raised is not None:
-        report.load = SglangLoad("raises", raised.text, raised.stage, raised.upstream)
+        report.load = SglangLoad("raises", raised.text, raised.stage, raised.upstream,
+                                 warning=path.skip_warning if raised.upstream.startswith("mem_pool.py") else "")
     else:
-        report.load = SglangLoad("skips" if path.skip_warning else "loads", path.skip_warning,
-                                 upstream="mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer"
-                                 if path.skip_warning else "")
+        report.load = SglangLoad("loads")
     report.stages = path.stages
     report.targets = sorted(path.server)
     report.targets_from = ("--lora-target-modules" if target_modules is not None
@@ -364,7 +367,7 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
         report.computes = SglangCompute("different", causes)
     else:
         report.computes = SglangCompute("adapter")
-    said = {"loads": "loads it", "skips": "loads it, skipping weights", "unknown": "may load it",
+    said = {"loads": "loads it", "unknown": "may load it",
             "raises": f"raises {report.load.text}"}[report.load.outcome]
     then = {"adapter": "and serves its math", "nothing": "", "different": "and serves something else (verdict 2)",
             "base": "and serves the base model", "nan": "and serves NaN", "unknown": ""}[report.computes.outcome]

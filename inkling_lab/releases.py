@@ -84,7 +84,8 @@ _WRAP = ("lora_manager.py: LoRAManager.init_lora_modules wraps the InklingBatchD
          "target modules hold gate_up_proj and down_proj (the same condition in every release)")
 _POOL = ("mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer: one lora_alpha / r, B times the scaling in the "
          "adapter's dtype, the buffer views asserted against the weights, the skip warning (--lora-strict-loading: "
-         "ValueError), flat sink factors to the shared-MoE buffers, named per-expert ones as dicts; the sink's "
+         "ValueError) whose weights stay in the layers, so that its per-layer loop then raises get_target_module_name's "
+         "ValueError (utils.py) on the first of them, flat sink factors to the shared-MoE buffers, named per-expert ones as dicts; the sink's "
          "slice_moe_lora_a/b_weights get the MoE tp rank")
 _POOL_0_5_23 = (_POOL + "; new in 0.5.23: an indexed shared-expert weight (shared_experts.<e>.) on a layer whose sink "
                 "is not wrapped is a ValueError ('... has no matching target for indexed shared-expert weights'); "
@@ -100,7 +101,8 @@ _DOCTOR = {
     "ISL-W109": "lora_config.py LoRAConfig (reads no modules_to_save)",
     "ISL-W111": "lora_config.py LoRAConfig (reads no fan_in_fan_out)",
     "ISL-W112": "lora_config.py LoRAConfig (reads no rank_pattern)",
-    "ISL-W002": "mem_pool.py load_lora_weight_to_buffer (the skip warning)",
+    "ISL-W002": ("mem_pool.py load_lora_weight_to_buffer (the skip warning; the weights it names stay, and its "
+                 "per-layer loop raises ISL-E036 on the first of them), the same in every release"),
     "ISL-W113": ("models/inkling_common/dense_mlp.py InklingBatchDenseMLP._swiglu: silu_and_mul(_triton) in every "
                  "release, whatever hidden_act"),
     "ISL-W001": ("srt/lora/trtllm_lora_temp/inkling_dense.py _apply_per_expert_lora, the same call in every release "

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 from safetensors import safe_open
 
-from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_shared_sink,
+from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_layer,
                        check_regular, peft_target_parameter_keys, read_peft_config)
 from .catalog import Finding, finding, message
 from .geometry import WORKING_DTYPES
@@ -67,34 +67,111 @@ def exception_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _skipped_factors(keys: Sequence[str]) -> str:
-    """The factors that ``keys`` hold, as the subject of a sentence ending in "not
-    applied": "the down_proj and gate_up_proj factors are", "its PEFT target_parameters
-    factors are" (an export's nested ``base_layer`` keys name no projection)."""
-    exported = set(peft_target_parameter_keys(keys))
-    projections = sorted({fn.proj if (fn := FactorName.parse(k)) else "other" for k in keys if k not in exported})
-    named = [p for p in projections if p != "other"]
-    parts = [f"the {' and '.join(filter(None, (', '.join(named[:-1]), named[-1])))} factors"] if named else []
-    if exported:
-        parts.append("its PEFT target_parameters factors")
-    if "other" in projections:
-        parts.append("its other factors")
-    return " and ".join(parts) + " are"
-
-
 def _skip_fix(skipped: list[str], label: str) -> str:
-    """The way out for the weights sglang (``label``: ``"sglang 0.5.23"``) skips, by what they are."""
+    """The way out for the weights that match no target module of sglang (``label``: ``"sglang 0.5.23"``),
+    by what they are."""
     fixes = []
     if any(".base_layer." in k or k.endswith(("shared_experts.lora_A.weight", "shared_experts.lora_B.weight"))
            for k in skipped):
-        fixes.append(f"a PEFT target_parameters export matches no module {label} wraps: merge it into the base "
-                     "weights (PEFT merge_and_unload) to serve it (ISL-N204)")
+        fixes.append(f"a PEFT target_parameters export matches no target module of {label}, whatever "
+                     "--lora-target-modules says: inkling-lab export writes its math as an adapter it serves, or "
+                     "merge it into the base weights (PEFT merge_and_unload) (ISL-N204)")
     if any(".up_proj." in k or ".w3." in k for k in skipped):
         fixes.append("an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate; "
                      "inkling-lab convert stacks a lone up with a zero gate)")
     if set(skipped) - set(peft_target_parameter_keys(skipped)):  # no flag makes sglang take an export's keys
         fixes.append("start the server with every module the adapter trains in --lora-target-modules")
     return "; ".join(fixes)
+
+
+_LAYER_ID = re.compile(r"layers\.(\d+)\.")
+_EXPERT_INDEX = re.compile(r"experts\.(\d+)\.")
+_EMBEDDINGS = ("embed_tokens", "lm_head")
+
+_UNMODELLED_NAMES = ("wq_du", "qkvr", "x_proj", "in_proj_q", "q_a_proj")
+"""Name parts that ``LoRAAdapter._normalize_weights`` (lora.py) renames or stacks in steps the
+kit does not model (``normalize_inkling_qkvr_proj``, ``_normalize_in_proj``,
+``_normalize_in_proj_qkvz``, ``normalize_fused_qkv_a_proj``): a weight so named leaves the
+buffer load's names unknown to the kit."""
+
+
+def layer_id(name: str) -> int | None:
+    """``get_layer_id`` (layers/utils/common.py): the ``N`` of ``layers.N.``, else ``None``."""
+    m = _LAYER_ID.search(name)
+    return int(m.group(1)) if m else None
+
+
+def target_module_of(name: str, targets: Iterable[str]) -> str | None:
+    """``get_target_module_name`` (utils.py): the longest target module that is a substring
+    of ``name``; ``None`` where upstream raises (no target module is)."""
+    best = None
+    for t in sorted(targets):
+        if t in name and (best is None or len(t) > len(best)):
+            best = t
+    return best
+
+
+def targets_text(targets: Iterable[str]) -> str:
+    """A set of target modules as Python prints it, its members **sorted** (sglang prints
+    its own set in Python's string-hash order, which changes from process to process)."""
+    members = sorted(targets)
+    return "{" + ", ".join(map(repr, members)) + "}" if members else "set()"
+
+
+@dataclass(frozen=True)
+class NameCheck:
+    """How ``load_lora_weight_to_buffer``'s loop over the weight names of each layer (then
+    of the embedding weights) ends: ``text`` (``Type: message``) of its first error, its
+    catalog ``code`` and the weight ``name`` it names, in ``layer`` (``None``: among the
+    embedding weights), or ``unknown`` (why the kit cannot tell); ``text == unknown == ""``:
+    every name passes."""
+
+    text: str = ""
+    layer: int | None = None
+    unknown: str = ""
+    code: str = ""
+    name: str = ""
+
+
+def check_buffer_names(layers: Mapping[int, Mapping[str, torch.Tensor]], embedding: Sequence[str],
+                       targets: Iterable[str], wrapped: bool, sglang: str | Release | None = None) -> NameCheck:
+    """The name checks of ``LoRAMemoryPool.load_lora_weight_to_buffer`` (mem_pool.py), in its
+    order: ``layers`` (layer id -> the adapter's normalized weights of that layer, in
+    ``LoRALayer.weights`` order) from layer 0 up, each name through ``get_target_module_name``
+    (utils.py), which raises for a name that holds no target module (``ISL-E036``: the
+    weights the skip warning, ``ISL-W002``, counted are still there); in 0.5.23 an indexed
+    shared-expert weight (``shared_experts.<e>.``) that is not 3D, on a layer whose sink is
+    not wrapped (``wrapped`` false: no shared-MoE buffer), raises ``ISL-E037``, where older
+    releases file it with the routed experts (``experts.<e>.`` matches), which are then not
+    wrapped either; then the ``embedding`` weights (``embed_tokens``/``lm_head``, in order).
+    ``targets``: the pool's target modules (``"all"`` is not modelled: resolve it first).
+    The error texts print the target set sorted (see ``targets_text``)."""
+    targets = set(targets)
+    indexed_refused = release(sglang).raises_code("ISL-E037")
+    for lid in sorted(layers):
+        for name, t in layers[lid].items():
+            target = target_module_of(name, targets)
+            if target is None:
+                return NameCheck("ValueError: " + message("ISL-E036", name=name, targets=targets_text(targets)), lid,
+                                 code="ISL-E036", name=name)
+            if "shared_experts." not in name or t.dim() == 3 or (wrapped and target in SINK_TARGETS):
+                continue  # the sink's own branch, or not a shared-expert weight
+            if _EXPERT_INDEX.search(name) is None:
+                continue  # a 2D weight under shared_experts without an index: the standard branch
+            if indexed_refused:
+                return NameCheck("ValueError: " + message("ISL-E037", name=name, layer=lid), lid, code="ISL-E037",
+                                 name=name)
+            if target not in SINK_TARGETS:  # the routed branch's <target>_moe buffer: not modelled
+                return NameCheck(layer=lid, unknown=f"{name} falls to the routed experts' branch of "
+                                 f"load_lora_weight_to_buffer as {target}_moe, a buffer the kit does not model")
+    for i, name in enumerate(embedding):
+        if target_module_of(name, targets) is None:
+            if i:
+                return NameCheck(unknown=f"{embedding[0]} loads before {name} (which matches no target module): "
+                                 "the kit does not model loading embed_tokens/lm_head LoRA weights")
+            return NameCheck("ValueError: " + message("ISL-E036", name=name, targets=targets_text(targets)),
+                             code="ISL-E036", name=name)
+    return NameCheck()
 
 
 # -- the sglang path -------------------------------------------------------------------
@@ -184,6 +261,17 @@ class _Sglang:
         self.unknown = ""
         self.server: set[str] = set()
         self.normalized: dict[str, torch.Tensor] = {}
+        """The normalized weights under ``shared_experts.``, layer by layer."""
+        self.layers: dict[int | None, dict[str, torch.Tensor]] = {}
+        """Layer id -> that ``LoRALayer``'s weights as normalized, in upstream's order (``None``: sink keys
+        without a layer id, which the kit reads as they are)."""
+        self.embedding: list[str] = []
+        """The ``embed_tokens``/``lm_head`` weights that ``_process_weight`` keeps, in order."""
+        self.name_error = NameCheck()
+        """Where the buffer load's name checks fail (``check_buffer_names``)."""
+        self.skipped: list[str] = []
+        """The weights the skip warning names, sorted as it prints them."""
+        """Where the buffer load's name checks fail (``check_buffer_names``)."""
         self.factors: dict[str, dict[tuple[str, str], Any]] = {}
         """Per module, (projection, A or B) -> the normalized factor: a tensor, a dict by expert, or None."""
         self.loaded: dict[str, LoRAFactors] = {}
@@ -303,7 +391,7 @@ class _Sglang:
     # 2. normalize ------------------------------------------------------------------
     def normalize(self) -> None:
         sink = {k: v for k, v in self.weights.items() if (fn := FactorName.parse(k)) and fn.proj in PROJECTIONS}
-        # other keys under shared_experts (a misspelt projection, a bias) pass normalization untouched
+        # other keys under shared_experts (a misspelt projection, a bias) pass the sink's reshape untouched
         others = {k: v for k, v in self.weights.items() if "shared_experts." in k and k not in sink}
         self._duplicates(sink)
         odd = sorted({str(t.dtype).removeprefix("torch.") for t in sink.values() if t.dtype not in WORKING_DTYPES})
@@ -315,11 +403,32 @@ class _Sglang:
             # upstream's reshape skips it, then torch.cat stacks it with its partner along dim() - 2
             self.unknown = "a gate/up factor that is not 2D: the kit does not model how upstream stacks it"
             return
-        try:
-            self.normalized = {**normalize_shared_sink(sink, self.n), **others}
-        except RuntimeError as exc:
-            raise _Raised("normalize", exception_text(exc), "lora.py: LoRAAdapter._normalize_weights (_normalize_shared_expert_moe, "
-                          "normalize_gate_up_proj)") from None
+        # _process_weight (lora.py): a weight with a layer id goes to that LoRALayer, in the files' order; an
+        # embed_tokens/lm_head one to embedding_layers where the adapter targets it; any other is not kept
+        by_layer: dict[int | None, dict[str, torch.Tensor]] = {}
+        own = server_target_modules(self.config.get("target_modules"))
+        for key, t in self.weights.items():
+            name = key.replace("unembed_tokens", "lm_head")
+            lid = layer_id(name)
+            if lid is not None or key in sink or key in others:  # a sink key without a layer id: as the kit reads it
+                by_layer.setdefault(lid, {})[name] = t
+            elif any(e in name for e in _EMBEDDINGS) and ("all" in own or any(e in name and e in own
+                                                                                for e in _EMBEDDINGS)):
+                self.embedding.append(name)
+        unmodelled = sorted(k for lid, layer in by_layer.items() if lid is not None for k in layer
+                            if any(part in k for part in _UNMODELLED_NAMES))
+        if unmodelled:
+            self.unknown = (f"{unmodelled[0]}" + (f" and {len(unmodelled) - 1} more" if len(unmodelled) > 1 else "")
+                            + f": {self.label}'s _normalize_weights (lora.py) renames or stacks such weights in steps "
+                            "the kit does not model, so it cannot tell which names its buffer load checks")
+            return
+        try:  # layer by layer, from layer 0, as _normalize_weights walks self.layers
+            self.layers = {lid: normalize_layer(layer, self.n)
+                           for lid, layer in sorted(by_layer.items(), key=lambda item: (item[0] is None, item[0] or 0))}
+        except (RuntimeError, KeyError) as exc:
+            raise _Raised("normalize", exception_text(exc), "lora.py: LoRAAdapter._normalize_weights (normalize_qkv_proj, "
+                          "_normalize_shared_expert_moe, normalize_gate_up_proj)") from None
+        self.normalized = {k: t for layer in self.layers.values() for k, t in layer.items() if "shared_experts." in k}
         self.record("normalize", shapes={k: list(t.shape) for k, t in self.normalized.items()})
 
     def _duplicates(self, sink: dict[str, torch.Tensor]) -> None:
@@ -364,6 +473,18 @@ class _Sglang:
             server = server_target_modules(adapter_targets)
         self.server = server
         self.wrapped = "all" in server or all(t in server for t in SINK_TARGETS)
+        names = [k for lid, layer in self.layers.items() if lid is not None for k in layer] + self.embedding
+        # "all" resolves to the base model's own module names (auto_detect_lora_target_modules): not modelled
+        skipped = sorted(k for k in names if target_module_of(k, server) is None) if "all" not in server else []
+        check = NameCheck() if "all" in server else check_buffer_names(
+            {lid: layer for lid, layer in self.layers.items() if lid is not None}, self.embedding, server,
+            self.wrapped, self.release)
+        if check.unknown:
+            self.unknown = check.unknown
+        elif check.text:
+            self.name_error = check
+        fails = (f"{self.label} fails the buffer load when a batch first uses the adapter (verdict 1)"
+                 if check.text else "")
         if not self.wrapped:
             self.base_only = True
             missing = [t for t in SINK_TARGETS if t not in server]
@@ -374,27 +495,21 @@ class _Sglang:
             self.findings.append(finding(
                 "ISL-W103", "target_modules", fix=(
                     f"no --lora-target-modules makes {self.label} serve it: a PEFT target_parameters export's keys "
-                    "match no module it wraps and are skipped whatever the flag (ISL-W002); merge it into the base "
-                    "weights (PEFT merge_and_unload)" if exported else
+                    "match no target module whatever the flag, and its buffer load fails on them (ISL-E036); "
+                    "inkling-lab export writes the same math under the sink's own names, or merge it into the "
+                    "base weights (PEFT merge_and_unload)" if exported else
                     "serve with --lora-target-modules gate_up_proj down_proj (or list gate_proj, up_proj and "
                     "down_proj in target_modules; w1/w3/w2 are not renamed there)"), more=True,
-                consequence="requests with this adapter get the base model's sink output",
+                consequence=fails or "requests with this adapter get the base model's sink output",
                 targets=sorted(server), missing=", ".join(missing), release=self.release.version))
-        names = [k for k in self.normalized if re.search(r"layers\.\d+\.", k)]
-        skipped = sorted(k for k in names if not any(t in k for t in server) and "all" not in server)
         if skipped:
             skip = finding("ISL-W002", "target_modules", fix=_skip_fix(skipped, self.label), more=True,
-                           consequence="sglang logs this warning and serves the adapter without these weights "
-                                       "(with --lora-strict-loading the same text is a ValueError)",
+                           consequence=(f"{self.label} logs this warning when a batch first uses the adapter, keeps "
+                                        "these weights and then fails its buffer load on one of them (ISL-E036); with "
+                                        "--lora-strict-loading this text is the ValueError instead (ISL-E027)"),
                            uid="<lora id>", count=len(skipped), targets=sorted(server), names=skipped)
-            self.skip_warning = skip.message
-            for key in skipped:
-                self.normalized.pop(key)
-            self.causes.append(f"{len(skipped)} weight(s) are skipped (they match no target module), so "
-                               f"{_skipped_factors(skipped)} not applied")
+            self.skip_warning, self.skipped = skip.message, skipped
             self.findings.append(skip)
-            if self.wrapped and not any("shared_experts" in k for k in self.normalized):
-                self.base_only = True  # every sink factor skipped: the wrapped sink's slot stays zero
         self.record("targets", server=sorted(server), wraps_sink=self.wrapped, skipped=skipped)
 
     # 4. shard and 5. pool ----------------------------------------------------------
@@ -429,7 +544,7 @@ class _Sglang:
         """Tensor-parallel rank ``tp_rank``'s share (``slice_moe_lora_{a,b}_weights``,
         docs/reference.md#tensor-parallelism), on the dicts and 3D tensors as they stand."""
         for module, parts in self.factors.items():
-            if self.tp > 1:
+            if self.tp > 1 and not self._preempted(module):
                 try:
                     for (proj, ab), cut in ((("gate_up_proj", "A"), slice_lora_a), (("gate_up_proj", "B"), slice_lora_b),
                                             (("down_proj", "A"), slice_lora_a), (("down_proj", "B"), slice_lora_b)):
@@ -449,7 +564,9 @@ class _Sglang:
         R = self.max_rank if self.max_rank is not None else r
         loaded: dict[str, LoRAFactors] = {}
         shared_outer = self._shared_outer()
-        for module, parts in self.factors.items():
+        for module, parts in sorted(self.factors.items(), key=lambda item: _layer_order(item[0])):  # from layer 0
+            if self._preempted(module):
+                break  # this layer's name checks fail before its buffers are touched
             ga, gb, da, db = (parts[p] for p in (("gate_up_proj", "A"), ("gate_up_proj", "B"),
                                                 ("down_proj", "A"), ("down_proj", "B")))
             if any(isinstance(t, torch.Tensor) and t.dim() != 3 for t in (ga, gb, da, db)):
@@ -468,9 +585,27 @@ class _Sglang:
                             "ISL-E016", buffer_shape=_torch_size(view), weight_shape=_torch_size(w)),
                             "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
             loaded[module] = self._landed(module, ga, gb, da, db, shared_outer)
+        if self.name_error.text:
+            raise _Raised("pool", self.name_error.text, _NAME_CHECK, self._name_finding())
         self.loaded = loaded
         self.record("pool", max_rank=R, lora_rank=r, scaling=self.scaling,
                     modules={m: {k: list(t.shape) for k, t in f.tensors().items()} for m, f in loaded.items()})
+
+    def _preempted(self, module: str) -> bool:
+        """Whether the buffer load's name checks fail before it reaches ``module``: they fail in
+        a layer at or before the module's (each layer's names are checked before its buffers)."""
+        failed = self.name_error
+        return bool(failed.text) and failed.layer is not None and _layer_order(module) >= failed.layer
+
+    def _name_finding(self) -> Finding:
+        """The way out of the buffer load's name error (``ISL-E036``, ``ISL-E037``)."""
+        failed = self.name_error
+        if failed.code == "ISL-E036":
+            return finding("ISL-E036", failed.name, fix=_skip_fix(self.skipped or [failed.name], self.label),
+                           upstream=True, more=True, name=failed.name, targets=targets_text(self.server))
+        return finding("ISL-E037", failed.name, fix=(
+            "serve with --lora-target-modules gate_up_proj down_proj, so that the sink is wrapped and takes its "
+            "per-expert factors"), upstream=True, more=True, name=failed.name, layer=failed.layer)
 
     @staticmethod
     def _views(name: str, t: torch.Tensor | None, shared_outer: bool, r: int, R: int, H: int, F: int
@@ -582,6 +717,17 @@ class _Sglang:
                 ga, gb = sglang_0_5_23_equivalent_buffers(ga, gb, interleaved=True)
             self.served[module] = LoRAFactors(ga, gb, f.down_a, f.down_b, f.lora_alpha, f.name)
         self.record("forward", wrapped=self.wrapped, per_expert_modules=sorted(per_expert), nan_modules=nan)
+
+
+_NAME_CHECK = ("mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer, its per-layer loop; utils.py: "
+               "get_target_module_name; when a batch first uses the adapter, from LoRAManager.prepare_lora_batch; "
+               "the target set shown sorted, sglang prints it in string-hash order, which changes per process")
+
+
+def _layer_order(module: str) -> float:
+    """A module's place in the buffer load, which walks the layers from 0 (no layer id: last)."""
+    lid = layer_id(module + ".")
+    return float("inf") if lid is None else lid
 
 
 def run_sglang(folder: Path, n: int, hidden: int, intermediate: int, tp: int = 1, max_rank: int | None = None,

@@ -27,7 +27,8 @@ def test_doctor_exit_status_and_report(capsys):
     assert "Exit status 0" in out
     code, out, _ = run(capsys, "doctor", str(SAMPLES / "three_experts"), *TOY)
     assert code == 1
-    assert "raises (in normalize; lora.py: LoRAAdapter._normalize_weights (_normalize_shared_expert_moe, normalize_gate_up_proj)):\n    RuntimeError: shape '[4, 2, 7]' is invalid for input of size 60" in out
+    assert ("raises (in normalize; lora.py: LoRAAdapter._normalize_weights (normalize_qkv_proj, "
+            "_normalize_shared_expert_moe, normalize_gate_up_proj)):\n    RuntimeError: shape '[4, 2, 7]' is invalid for input of size 60") in out
     assert "fix: " in out and "fails to load it" in out
     code, out, _ = run(capsys, "doctor", str(SAMPLES / "fused"), *TOY, "--max-rank", "2")
     assert code == 1 and "--max-rank 4 or larger" in out

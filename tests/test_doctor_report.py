@@ -52,14 +52,14 @@ def test_a_target_parameters_export_names_where_its_factors_come_from(tmp_path):
     text = str(doctor(tmp_path / "peft", 2, 8, 4, measure=False))
     _check_reads_plainly(text)
     assert text.count("(PEFT target_parameters export, read per expert)") == 4
-    assert "so its PEFT target_parameters factors are not applied" in text
     assert text.count("Skipped weights:") == 1  # the warning is quoted once, under verdict 1
     assert "[ISL-W002] the warning quoted under 1. above" in text
-
-
-def test_a_skipped_projection_list_reads_as_english():
-    text = str(doctor(SAMPLES / "w_names", 2, 8, 6, measure=False))
-    assert "so the down_proj and gate_up_proj factors are not applied" in text
+    # ... and the buffer load then fails on the first of them: no request can use the adapter
+    assert ("then raises (in pool; mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer, its per-layer loop"
+            in text)
+    assert ("ValueError: Cannot find target module name for base_model.model.model.layers.0.mlp.shared_experts."
+            "base_layer.base_layer.lora_A.weight in set()") in text
+    assert "inkling-lab export writes its math as an adapter it serves" in text
 
 
 def test_a_missing_folder_is_tagged_with_its_code(tmp_path):

@@ -199,22 +199,26 @@ def test_the_kit_writes_a_target_parameters_export_as_peft_does(tmp_path):
         [f"mlp.shared_experts.{p}" for p in PARAMETERS]
 
 
-def test_the_doctor_says_sglang_skips_a_target_parameters_export_and_how_to_serve_it(tmp_path):
+def test_the_doctor_says_sglang_fails_a_target_parameters_export_and_how_to_serve_it(tmp_path):
     made = make_peft_sink_adapter(tmp_path / "peft_inkling", n=2, hidden=8, intermediate=6, rank=2)
     report = doctor(made.folder, n_shared_experts=2, hidden=8, intermediate=6)
     (skip,) = [f for f in report.findings if f.code == "ISL-W002"]
     assert "6 weight(s) skipped" in skip.message and ".base_layer." in skip.message
-    assert "merge_and_unload" in skip.fix and "zero gate" not in skip.fix  # no lone up_proj here
-    assert report.exit_status == 1 and "base model only" in str(report)
+    assert "merge_and_unload" in skip.fix and "inkling-lab export" in skip.fix and "zero gate" not in skip.fix
+    # the warning is logged, and the buffer load then fails on the first of those weights
+    assert report.load.warning == skip.message and report.load.outcome == "raises"
+    assert report.load.text.startswith("ValueError: Cannot find target module name for ") and ".base_layer." in \
+        report.load.text
+    assert report.exit_status == 1 and report.computes.outcome == "nothing"
 
 
-def test_a_target_parameters_export_served_with_the_sink_s_flag_is_still_the_base_model(tmp_path):
-    """Its keys are skipped whatever --lora-target-modules says, so the wrapped sink's slot
-    stays zero: "base", never "different"; and no finding advises a flag that would not help."""
+def test_a_target_parameters_export_fails_the_buffer_load_whatever_the_sinks_flag(tmp_path):
+    """Its keys match no target module whatever --lora-target-modules says, so the buffer load
+    fails on them, the sink wrapped or not; and no finding advises a flag that would not help."""
     made = make_peft_sink_adapter(tmp_path / "peft_inkling", n=2, hidden=8, intermediate=6, rank=2)
     for targets in (None, ["gate_up_proj", "down_proj"]):
         report = doctor(made.folder, 2, 8, 6, target_modules=targets)
-        assert report.computes.outcome == "base" and report.computes.relative_error == pytest.approx(1)
+        assert report.computes.outcome == "nothing" and report.error_code == "ISL-E036"
         fixes = " ".join(f.fix for f in report.findings)
         assert "serve with --lora-target-modules" not in fixes and "start the server with every module" not in fixes
         if targets is None:

@@ -16,7 +16,7 @@ import inkling_lab.adapters.adapter as adapter_module
 import inkling_lab.adapters.files as files_module
 import inkling_lab.doctor as doctor_module
 import inkling_lab.sglang_path as sglang_path
-from inkling_lab.adapters import normalize_shared_sink, save_adapter, synthetic_adapter
+from inkling_lab.adapters import normalize_layer, normalize_shared_sink, save_adapter, synthetic_adapter
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def counts(monkeypatch):
         return call
 
     monkeypatch.setattr(adapter_module, "normalize_shared_sink", counting("normalize", "kit", normalize_shared_sink))
-    monkeypatch.setattr(sglang_path, "normalize_shared_sink", counting("normalize", "sglang", normalize_shared_sink))
+    monkeypatch.setattr(sglang_path, "normalize_layer", counting("normalize", "sglang", normalize_layer))
     monkeypatch.setattr(files_module, "safe_open", counting("header", "kit", safe_open))
     monkeypatch.setattr(sglang_path, "safe_open", counting("header", "sglang", safe_open))
     return seen
@@ -43,7 +43,8 @@ def test_one_doctor_call_normalizes_each_module_once_and_reads_the_header_once(m
                           tmp_path / "adapter")
     report = doctor_module.doctor(folder, 2, 8, 6)
     assert report.ok and len(report.journey) == modules  # the whole path ran, every module on it
-    assert dict(counts) == {("normalize", "kit"): modules, ("normalize", "sglang"): 1,
+    # sglang's path normalizes each layer once, as _normalize_weights walks its layers
+    assert dict(counts) == {("normalize", "kit"): modules, ("normalize", "sglang"): modules,
                             ("header", "kit"): 1, ("header", "sglang"): 1}
 
 

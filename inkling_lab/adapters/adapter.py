@@ -40,7 +40,7 @@ class Adapter:
     repair: bool = field(default=True, repr=False)
     findings: list[Finding] = field(default_factory=list, repr=False)
     target_parameter_keys: list[str] = field(default_factory=list, repr=False)
-    """The file's keys of a PEFT ``target_parameters`` export (sglang skips them), read
+    """The file's keys of a PEFT ``target_parameters`` export (sglang matches no target module to them), read
     into ``weights`` as per-expert factors; empty for ``target_modules`` exports."""
     other_keys: list[str] = field(default_factory=list, repr=False)
     """The file's tensors for other modules (attention, routed experts...): named, never
@@ -347,7 +347,7 @@ class Adapter:
 
 def is_target_parameters_export(adapter: "Adapter | Iterable[str]") -> bool:
     """True when ``adapter`` (an ``Adapter``, or the key names of a weights file) holds
-    its shared-sink factors as a PEFT ``target_parameters`` export (sglang skips them)."""
+    its shared-sink factors as a PEFT ``target_parameters`` export (sglang matches no target module to them)."""
     if isinstance(adapter, Adapter):
         return bool(adapter.target_parameter_keys)
     return bool(peft_target_parameter_keys(adapter))

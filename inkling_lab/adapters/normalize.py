@@ -144,3 +144,40 @@ def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts:
             repeat[out[key].dim() - 2] = 2
             out[key] = out[key].repeat(*repeat)
     return out
+
+
+def normalize_qkv_proj(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Upstream's ``LoRAAdapter.normalize_qkv_proj`` (lora.py), the first step of its
+    ``_normalize_weights``, on one layer's weights: each name holding ``q_proj`` is stacked
+    with its ``k_proj`` (zeros shaped like its ``v_proj`` when no name of the layer holds
+    ``k_proj``) and ``v_proj`` along axis 0 into ``qkv_proj`` (a new key at the end; the
+    three are dropped); a ``qkv_proj`` A is repeated three times along its rows. A missing
+    partner is upstream's own ``KeyError``, a shape that does not stack torch's
+    ``RuntimeError``. Names holding none of these pass through in their order."""
+    out = dict(weights)
+    names = list(out)
+    present = {part for name in names for part in ("k_proj", "q_proj", "v_proj", "qkv_proj") if part in name}
+    if not present:
+        return out
+    for name in names:
+        if "q_proj" in name:
+            k, v, qkv = (name.replace("q_proj", part) for part in ("k_proj", "v_proj", "qkv_proj"))
+            k_weight = out[k] if "k_proj" in present else torch.zeros_like(out[v])
+            out[qkv] = torch.cat((out[name], k_weight, out[v]), 0)
+            out.pop(name)
+            if "k_proj" in present:
+                out.pop(k)
+            out.pop(v)
+        elif "qkv_proj" in name and "lora_A" in name:
+            out[name] = out[name].repeat(3, 1)
+    return out
+
+
+def normalize_layer(weights: Mapping[str, torch.Tensor], n_shared_experts: int) -> dict[str, torch.Tensor]:
+    """Upstream's ``LoRAAdapter._normalize_weights`` for one layer of an Inkling adapter, as
+    far as the kit models it: ``normalize_qkv_proj``, then the shared sink's steps
+    (``normalize_shared_sink``: its reshape, the ``w`` renames and the gate/up stacking,
+    which upstream applies to every name of the layer). The steps in between that act on
+    other names (``qkvr``, Mamba's ``in_proj``, MLA's ``fused_qkv_a_proj_with_mqa``) are not
+    modelled: the caller keeps such names away."""
+    return normalize_shared_sink(normalize_qkv_proj(weights), n_shared_experts)

@@ -28,7 +28,7 @@ def peft_target_parameter_keys(keys: Iterable[str]) -> list[str]:
     Such an export wraps transformers' 3D expert parameters (``InklingSharedExperts``
     ``gate_proj``/``up_proj``/``down_proj``) in nested ``ParamWrapper``s, so its factors
     are named ``<module>.shared_experts[.base_layer...].lora_A.weight``: no projection in
-    the name. sglang 0.5.23 matches none of them to a target module and skips them
+    the name. sglang 0.5.23 matches none of them to a target module: its buffer load warns, then fails on them
     (docs/reference.md#peft-features). Works on names only: pass ``safe_open(...).keys()`` or ``adapter.weights``.
     """
     return [k for k in keys if _NESTED_KEY.match(k)]

@@ -154,9 +154,10 @@ ENTRIES: list[CatalogEntry] = [
         fix="Adapter.from_state(ad.config, ad.weights)  # gate_proj, up_proj, down_proj\n",
         remedy="Rename the tensor to the projection it trains (the message suggests the closest name), or "
                "drop it if it is no LoRA factor.",
-        upstream=_NAMES + "skips, with ISL-W002's warning, every weight whose name contains none of the "
+        upstream=_NAMES + "names, in ISL-W002's warning, every weight whose name contains none of the "
                  "server's target modules (sglang/srt/lora/mem_pool.py: LoRAMemoryPool."
-                 "load_lora_weight_to_buffer); a misspelt projection is therefore not applied.",
+                 "load_lora_weight_to_buffer), and then fails on the first of them (ISL-E036): an adapter with a "
+                 "misspelt projection cannot be used.",
         generation=KIT, adapter_caused=True, related=("ISL-K208", "ISL-W002"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K208", title="no shared-sink LoRA factors in the adapter", exc_type=ValueError,

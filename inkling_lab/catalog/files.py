@@ -38,7 +38,7 @@ ENTRIES: list[CatalogEntry] = [
         remedy="Restore adapter_config.json's target_parameters as PEFT wrote them (the list of the sink's "
                "parameters the adapter trains), or re-export the adapter with save_pretrained.",
         upstream=f"PEFT nests the wrappers in {_INJECT} (it walks module.named_parameters()); sglang 0.5.23 "
-                 "reads none of these keys (ISL-W002: skipped, the base sink is served).",
+                 "matches none of these keys to a target module (ISL-W002) and its buffer load fails on them (ISL-E036).",
         generation=KIT, adapter_caused=True, related=("ISL-K402", "ISL-N204", "ISL-W002"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K402", title="a PEFT target_parameters factor that does not split into experts of rank r",
@@ -68,19 +68,21 @@ ENTRIES: list[CatalogEntry] = [
                 "target_parameters: one ParamWrapper per parameter, each expert its own rank-r A and B inside "
                 "one lora_A [n*r, in] and one lora_B [out, n*r]. The kit reads them as the per-expert factors "
                 "they are (the per-expert outer layout) and converts them exactly: the pool computes PEFT's "
-                "merged weights. sglang 0.5.23 does not: it skips these keys with a warning (ISL-W002) and "
-                "serves the base sink.",
+                "merged weights. sglang 0.5.23 does not: its buffer load warns that these keys match no target "
+                "module (ISL-W002) and then fails on them (ISL-E036).",
         when="Any PEFT LoRA trained on transformers' InklingSharedExperts with target_parameters.",
         setup=_PEFT,
         trigger="load_adapter(folder)\n",
         fix="load_adapter(save_adapter(load_adapter(folder), folder.parent / 'per_expert'))  # the kit's names\n",
-        remedy="Nothing to do for the kit (inkling-lab convert converts it exactly). sglang 0.5.23 cannot serve "
-               "it as trained: merge it into the base weights (PEFT merge_and_unload); re-saved under "
-               "per-expert names it would load in the per-expert outer layout, which sglang 0.5.23 computes "
-               "wrongly (ISL-W001).",
+        remedy="Nothing to do for the kit (inkling-lab convert converts it exactly). For sglang 0.5.23, "
+               "inkling-lab export writes the same math as a servable adapter (shared outer, the sink's own "
+               "names), or merge it into the base weights (PEFT merge_and_unload); re-saved under per-expert "
+               "names it would load in the per-expert outer layout, which sglang 0.5.23 computes wrongly "
+               "(ISL-W001).",
         upstream="sglang 0.5.23 matches none of these keys to a target module (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer, via srt/lora/utils.py: get_target_module_name): it "
-                 "skips them with a warning and serves the base sink.",
+                 "names them in a warning and then raises on the first of them, whatever --lora-target-modules "
+                 "says (every release 0.5.16 to 0.5.23).",
         generation=KIT_NOTE, adapter_caused=True, related=("ISL-W002", "ISL-W001", "ISL-K401"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K403", title="not an inkling-lab pool file", exc_type=ValueError,
@@ -191,7 +193,8 @@ ENTRIES: list[CatalogEntry] = [
                 "load_adapter(folder)\n",
         fix="save_file(weights, folder / 'adapter_model.safetensors')  # the export alone\nload_adapter(folder)\n",
         remedy="Keep one of the two exports of the module (PEFT's save_pretrained writes one).",
-        upstream="sglang 0.5.23 skips the nested target_parameters keys (ISL-W002) and loads the named factors "
-                 "alone (sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer).",
+        upstream="sglang 0.5.23 matches the nested target_parameters keys to no target module (ISL-W002) and its "
+                 "buffer load fails on them, the named factors notwithstanding (ISL-E036; sglang/srt/lora/"
+                 "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer).",
         generation=KIT, adapter_caused=True, related=("ISL-N204", "ISL-K307"), releases=EVERY_RELEASE),
 ]

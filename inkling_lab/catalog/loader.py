@@ -88,33 +88,86 @@ ENTRIES: list[CatalogEntry] = [
         sample="ValueError: Failed to load my-adapter because LoRA serving currently doesn't support adapters "
                "that add tokens to the vocabulary", releases=EVERY_RELEASE),
     CatalogEntry(
-        code="ISL-W002", title="weights skipped: they match no target module", exc_type=UpstreamDefectWarning,
-        kind="warning",
+        code="ISL-W002", title="weights match no target module: logged, then the buffer load fails",
+        exc_type=UpstreamDefectWarning, kind="warning",
         message=_SKIPPED,
-        meaning="sglang loads only the adapter weights whose names contain one of the server's target "
-                "modules (--lora-target-modules, or the union over loaded adapters); the rest are skipped "
-                "with this warning and the adapter is served without them. For the shared sink it means "
-                "its factors are not applied: the model serves the base sink.",
+        meaning="When a batch first uses an adapter, sglang's buffer load first checks every weight name of "
+                "the adapter against the pool's target modules (--lora-target-modules, or the union over the "
+                "loaded adapters) and logs this warning for those that contain none of them. It does not drop "
+                "them: its loop over each layer's weights, right after, looks each name up again and raises "
+                "ISL-E036 on the first of them (lowest layer first, in the layer's own order). So the adapter "
+                "loads into CPU memory, but no request can use it.",
         when="PEFT target_parameters exports of Inkling's 3D expert parameters "
-             "(shared_experts.base_layer...lora_A.weight), or a server started with fewer target modules "
+             "(shared_experts.base_layer...lora_A.weight), a server started with fewer target modules "
              "than the adapter trains, or an up_proj without its gate_proj (only a stacked pair is gate_up_proj).",
         setup=SAVED + "up_only = {k: v for k, v in ad.weights.items() if '.gate_proj.' not in k}\n",
         trigger="il.doctor(saved(up_only), 2, 8, 6).warn()  # no gate_proj: up_proj matches no target module\n",
         fix="il.doctor(saved(), 2, 8, 6).warn()  # gate_proj and up_proj stack into gate_up_proj\n",
         remedy="Start the server with every module the adapter trains in --lora-target-modules (for the "
-               "sink: gate_up_proj and down_proj), or re-export the adapter with plain module names.",
-        upstream=_LOAD + " (pre-validates every weight name with srt/lora/utils.py: get_target_module_name; "
-                 "logger.warning unless --lora-strict-loading).",
-        generation=LOADER, adapter_caused=True, related=("ISL-E027", "ISL-N202", "ISL-K211"),
+               "sink: gate_up_proj and down_proj), or write the adapter under the sink's own names "
+               "(inkling-lab export writes a servable one).",
+        upstream=_LOAD + " (pre-validates every weight name, of every layer and the embedding weights, with "
+                 "srt/lora/utils.py: get_target_module_name, and logger.warning unless --lora-strict-loading; the "
+                 "names stay in lora_adapter.layers[i].weights). Every release 0.5.16 to 0.5.23.",
+        generation=LOADER, adapter_caused=True, related=("ISL-E036", "ISL-E027", "ISL-N202", "ISL-K211"),
         sample="[2026-11-30 09:12:44] WARNING mem_pool.py:951: LoRA adapter 'sink-v3': 96 weight(s) skipped "
                "because they did not match any target module in ['down_proj', 'gate_up_proj', 'qkv_proj']. "
                "Skipped weights: ['model.layers.0.mlp.shared_experts.base_layer.lora_A.weight']. This likely "
                "indicates a mismatch between the adapter's target modules and the base model architecture.", releases=EVERY_RELEASE),
     CatalogEntry(
+        code="ISL-E036", title="the buffer load meets a weight that matches no target module", exc_type=ValueError,
+        message="Cannot find target module name for {name} in {targets}",
+        meaning="The weights that ISL-W002's warning counted are still in the adapter's layers: the buffer load's "
+                "loop over each layer's weights (from layer 0, in the layer's own order after normalization) "
+                "looks every name up with get_target_module_name, which raises on the first name that contains "
+                "none of the pool's target modules. It runs when a batch first uses the adapter, so the adapter "
+                "loads and every request that uses it fails. The set is printed in Python's string-hash order, "
+                "which changes from process to process (the kit prints it sorted).",
+        when="Whenever ISL-W002's warning is logged: a PEFT target_parameters export "
+             "(shared_experts.base_layer...), a w1/w3/w2 target_modules (not renamed), an up_proj without its "
+             "gate_proj, a server with fewer target modules than the adapter trains.",
+        setup=SAVED + "up_only = {k: v for k, v in ad.weights.items() if '.gate_proj.' not in k}\n",
+        trigger="il.doctor(saved(up_only), 2, 8, 6).raise_for_sglang()  # up_proj alone matches no target module\n",
+        fix="il.doctor(saved(), 2, 8, 6).raise_for_sglang()  # gate_proj and up_proj stack into gate_up_proj\n",
+        remedy="Start the server with --lora-target-modules covering every module the adapter trains (for the "
+               "sink: gate_up_proj and down_proj); an export whose names hold no module (PEFT target_parameters) "
+               "or a lone up_proj needs re-writing: inkling-lab export writes a servable adapter.",
+        upstream=_LOAD + " (its per-layer loop over lora_adapter.layers[i].weights, then over embedding_layers), "
+                 "raised by sglang/srt/lora/utils.py: get_target_module_name; reached from "
+                 "LoRAManager.prepare_lora_batch -> fetch_new_loras -> LoRAMemoryPool.prepare_lora_batch. Every "
+                 "release 0.5.16 to 0.5.23.",
+        generation=LOADER, adapter_caused=True, related=("ISL-W002", "ISL-E027", "ISL-W103"),
+        sample="ValueError: Cannot find target module name for model.layers.0.mlp.shared_experts.base_layer."
+               "lora_A.weight in {'gate_up_proj', 'down_proj', 'qkv_proj'}", releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-E037", title="an indexed shared-expert weight on a layer whose sink is not wrapped",
+        exc_type=ValueError,
+        message="Cannot load LoRA weight '{name}': layer {layer} has no matching target for indexed shared-expert "
+                "weights.",
+        meaning="A per-expert factor (shared_experts.<e>.<proj>..., 2D) has nowhere to go when the layer's "
+                "shared sink is not wrapped (the server's target modules lack gate_up_proj or down_proj): sglang "
+                "0.5.23 refuses it in the buffer load, when a batch first uses the adapter, so that it cannot "
+                "land in the routed experts' buffers (its name also matches experts.<e>.). Releases 0.5.16 to "
+                "0.5.22 file it with the routed experts, which are not wrapped either: it loads and is never "
+                "applied (ISL-W103).",
+        when="A per-expert export served with --lora-target-modules that name gate_up_proj but not down_proj "
+             "(or the reverse), or whose target_modules train only one of them.",
+        setup=SAVED + "per_expert = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True)\n"
+                      "gate_up = {k: v for k, v in per_expert.weights.items() if '.down_proj.' not in k}\n",
+        trigger="il.doctor(saved(gate_up, target_modules=['gate_proj', 'up_proj']), 2, 8, 6).raise_for_sglang()\n",
+        fix="il.doctor(saved(gate_up, target_modules=['gate_proj', 'up_proj']), 2, 8, 6, "
+            "target_modules=['gate_up_proj', 'down_proj']).raise_for_sglang()  # the sink is wrapped\n",
+        remedy="Start the server with --lora-target-modules gate_up_proj down_proj, so that the sink is wrapped "
+               "and takes its per-expert factors.",
+        upstream=_LOAD + " (its per-layer loop: an indexed shared_experts weight, not 3D, without a shared-MoE "
+                 "module on the layer); new in 0.5.23.",
+        generation=LOADER, adapter_caused=True, related=("ISL-W103", "ISL-W001"), releases=SINCE_0_5_23),
+    CatalogEntry(
         code="ISL-E027", title="weights match no target module (strict loading)", exc_type=ValueError,
         message=_SKIPPED,
         meaning="The same finding as ISL-W002, raised instead of logged because the server runs with "
-                "--lora-strict-loading: the adapter is not loaded at all.",
+                "--lora-strict-loading: the buffer load stops there, before any buffer is touched, when a batch "
+                "first uses the adapter (without the flag it fails a step later, ISL-E036).",
         when="As ISL-W002, on a server started with --lora-strict-loading.",
         setup=ADAPTER + _ATTENTION,
         trigger="Adapter.from_state(ad.config, extra).findings  # the kit leaves them out with a note (ISL-N202)\n",

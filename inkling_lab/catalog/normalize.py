@@ -45,10 +45,11 @@ ENTRIES: list[CatalogEntry] = [
         upstream=f"{_STACK} stacks only from a gate_proj name (a missing up becomes zeros) and keeps an "
                  "orphan up_proj as it is; the server's target modules name it gate_up_proj "
                  "(sglang/srt/lora/utils.py: get_normalized_target_modules), so the pool load skips the "
-                 "orphan with ISL-W002's warning and it is never applied.",
+                 "orphan in ISL-W002's warning and then fails on it (ISL-E036).",
         repaired=Repair("{module}: up_proj has no gate_proj; stacked with a zero gate",
                         "none needed: the converter stacks it; export gate_proj too to silence this",
-                        "sglang leaves it unstacked and silently serves the base model for up"),
+                        "sglang leaves it unstacked, names it in its skip warning (ISL-W002) and then fails its "
+                        "buffer load on it (ISL-E036)"),
         generation=KIT, adapter_caused=True, related=("ISL-K212", "ISL-N203"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-K212", title="one outer factor per expert, the other shared", exc_type=ValueError,
@@ -126,7 +127,7 @@ ENTRIES: list[CatalogEntry] = [
         trigger="Adapter.from_state(ad.config, extra).findings\n",
         fix="Adapter.from_state(ad.config, ad.weights).findings  # the sink's factors only\n",
         remedy="Nothing to do for the sink; make sure the server's --lora-target-modules covers the other "
-               "modules too (else sglang skips them: ISL-W002).",
+               "modules too (else sglang's buffer load fails on them: ISL-W002, ISL-E036).",
         upstream="sglang loads each module's factors into that module's own buffers "
                  "(sglang/srt/lora/mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer).",
         generation=KIT_NOTE, related=("ISL-W002",), releases=EVERY_RELEASE),

@@ -129,7 +129,7 @@ class Sample:
     code: str | None = None  # the catalog code the doctor reports first (error, repair, note or warning)
     damage: Callable[[Path], None] | None = None  # what is done to the folder after saving
     verdict: tuple[str, str, str] = ("loads", "adapter", "writes")
-    """The doctor's three verdicts: sglang loads/raises/skips/unknown; computes adapter/different/base/nan/
+    """The doctor's three verdicts: sglang loads/raises/unknown; computes adapter/different/base/nan/
     nothing/unknown; the kit writes/refuses. Exit status 0 only for ("loads", "adapter", _)."""
 
     @property
@@ -160,8 +160,8 @@ SAMPLES = [
            lambda: toy(4, 2, naming="fused")),
     Sample("w_names", "served wrong", "w1, w3, w2, flat; r=2; target_modules w1, w3, w2",
            "the w-names: the kit renames them, but sglang 0.5.23 does not map w1/w3/w2 target modules, so it never "
-           "wraps the sink (and skips the weights): the base model is served", lambda: toy(2, 3, naming="w"),
-           "ISL-W103", verdict=("skips", "base", "writes")),
+           "wraps the sink, and its buffer load fails on the renamed weights, which match none of them",
+           lambda: toy(2, 3, naming="w"), "ISL-W103", verdict=("raises", "nothing", "writes")),
     Sample("rank8", "good", "gate_proj, up_proj, down_proj, flat; r=8, lora_alpha=4",
            "a larger rank: converted with the others, every slot is padded to R=8", lambda: toy(8, 4, lora_alpha=4)),
     Sample("per_expert", "good", "shared_experts.<e>.gate_proj/up_proj/down_proj, one factor per expert; r=4",
@@ -180,9 +180,9 @@ SAMPLES = [
            lambda: with_weights(toy(4, 8), lambda w: {**w, key("down_proj", "A"): w[key("down_proj", "A")].T}),
            "ISL-K206", verdict=("raises", "nothing", "writes")),
     Sample("up_only", "repaired", "up_proj and down_proj only",
-           "sglang would drop the up LoRA silently; the converter stacks it with a zero gate",
-           lambda: without(toy(4, 9), ".gate_proj."),
-           "ISL-K211", verdict=("skips", "different", "writes")),
+           "sglang's buffer load fails on the lone up_proj (it matches no target module); the converter stacks it "
+           "with a zero gate", lambda: without(toy(4, 9), ".gate_proj."),
+           "ISL-K211", verdict=("raises", "nothing", "writes")),
     Sample("mixed_outer", "repaired", "gate/up factors per expert, down factors flat",
            "the shared down B is given to every expert (exact); sglang 0.5.23 fills it into expert 0 only",
            mixed_outer, "ISL-K212", verdict=("loads", "different", "writes")),
@@ -204,12 +204,12 @@ SAMPLES = [
            lambda: toy(4, 25), "ISL-K310", _rewrite_config(r=8), ("raises", "nothing", "refuses")),
     Sample("typo_name", "broken", "gate_proj misspelled gate_prj", "a name that is no shared-sink projection",
            lambda: with_weights(toy(4, 26), lambda w: {k.replace("gate_proj", "gate_prj"): v for k, v in w.items()}),
-           "ISL-K207", verdict=("skips", "different", "refuses")),
+           "ISL-K207", verdict=("raises", "nothing", "refuses")),
     Sample("attention_only", "broken", "q_proj and v_proj factors only", "an adapter that does not train the sink",
            lambda: with_weights(toy(4, 27), lambda w: {k.replace("mlp.shared_experts.gate_proj", "self_attn.q_proj")
                                                           .replace("mlp.shared_experts.up_proj", "self_attn.v_proj"): v
                                                       for k, v in w.items() if "down_proj" not in k}),
-           "ISL-K208", verdict=("loads", "adapter", "refuses")),
+           "ISL-K208", verdict=("raises", "nothing", "refuses")),
     Sample("missing_b", "broken", "gate_up without down_proj.lora_B", "an A without its B",
            lambda: without(toy(4, 28), key("down_proj", "B")),
            "ISL-K209", verdict=("loads", "different", "refuses")),
