@@ -9,15 +9,22 @@ re-implements and runs them on stand-ins for what they import:
   that carries only the attributes the wrappers read;
 * ``srt/lora/lora.py``: ``LoRAAdapter``'s normalization (``_normalize_weights``) on a
   stand-in adapter of one layer and an Inkling config;
-* ``srt/lora/utils.py``: ``get_normalized_target_modules``.
+* ``srt/lora/utils.py``: ``get_normalized_target_modules`` and ``get_target_module_name``;
+* ``srt/lora/mem_pool.py``: ``LoRAMemoryPool.load_lora_weight_to_buffer``, on a stand-in pool
+  and adapter, its loop over the weight names of each layer (a stand-in layer module per
+  layer says whether the sink is wrapped; no module is handed a slice, so no buffer is
+  written): the skip warning, with ``--lora-strict-loading`` its ``ValueError``, and the
+  first name that fails.
 
 Each area then drives the wheel's code and the kit's with the same generated cases
 (seeded, a few hundred per area) and compares how each ends: the same exception type,
 the same message for upstream's own ``raise`` (Python's and torch's own errors by type),
 the same tensors otherwise. The areas: ``v1`` and ``v2`` (``initialize_lora``, then
 random ``set_lora_info`` / slot refresh / in-place update sequences: validation and
-the derived operands), ``slicing`` (``slice_moe_lora_a/b_weights``), ``normalization``,
-``targets``. Where the kit improves on upstream on purpose (a failed ``set_lora_info``
+the derived operands), ``slicing`` (``slice_moe_lora_a/b_weights``), ``normalization``
+(the tensors and their order), ``targets``, ``loading`` (the buffer load's names: the
+warning's text and the error, the target set's repr, which upstream prints in string-hash
+order, compared as the kit prints it, sorted). Where the kit improves on upstream on purpose (a failed ``set_lora_info``
 leaves the module as it was; a ``tp_rank`` out of range is refused) the wheel's module
 is rolled back, or the case is not drawn.
 
@@ -41,16 +48,19 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .adapters import normalize_shared_sink
+from .adapters import normalize_layer
 from .lora import LoRABackend, SharedSinkLoRA
 from .releases import FILES, TABLE, V1_CLASS, V2_CLASS, Release, closest
-from .sglang_path import server_target_modules
+from .sglang_path import (SINK_TARGETS, check_buffer_names, exception_text, server_target_modules, skipped_weights,
+                          targets_text)
+from .catalog import message
 from .shard import slice_lora_a, slice_lora_b
 from .upstream_wheel import read_checked, record_of
 
-AREAS = ("v1", "v2", "slicing", "normalization", "targets")
-SINK_FILE, ADAPTER_FILE, UTILS_FILE = (f"sglang/{f}" for f in
-                                       ("srt/models/inkling_common/lora.py", "srt/lora/lora.py", "srt/lora/utils.py"))
+AREAS = ("v1", "v2", "slicing", "normalization", "targets", "loading")
+SINK_FILE, ADAPTER_FILE, UTILS_FILE, POOL_FILE = (
+    f"sglang/{f}" for f in ("srt/models/inkling_common/lora.py", "srt/lora/lora.py", "srt/lora/utils.py",
+                            "srt/lora/mem_pool.py"))
 
 
 def wheel_cache() -> Path:
@@ -366,6 +376,7 @@ def _check_slicing(cls: type, rng: random.Random) -> str:
 
 
 _PREFIX = "base_model.model.model.layers.0.mlp.shared_experts."
+_ATTENTION = "base_model.model.model.layers.0.self_attn."
 _PROJ = ("gate_proj", "up_proj", "gate_up_proj", "down_proj", "w1", "w3", "w2")
 
 
@@ -392,6 +403,11 @@ def _check_normalization(adapter_cls: type, rng: random.Random) -> str:
         for name in rng.sample(("router.lora_A.weight", "gate.lora_B.weight", "gate_proj.lora_B.bias"), 2):
             shape = (rng.randint(1, 4), H) if not name.endswith("bias") else (rng.randint(1, 4),)
             weights[_PREFIX + name] = torch.randn(*shape, generator=gen).to(dtype)
+    if rng.random() < 0.2:  # attention neighbours: normalize_qkv_proj stacks them first (a missing v: KeyError)
+        for proj in rng.sample(("q_proj", "k_proj", "v_proj", "qkv_proj"), rng.randint(1, 3)):
+            rank = r if rng.random() < 0.9 else r + 1
+            for ab, shape in (("A", (rank, H)), ("B", (rng.randint(1, 3), rank))):
+                weights[f"{_ATTENTION}{proj}.lora_{ab}.weight"] = torch.randn(*shape, generator=gen).to(dtype)
     keys = list(weights)
     rng.shuffle(keys)  # upstream's result depends on the adapter's key order: both see the same
     weights = {k: weights[k] for k in keys}
@@ -404,9 +420,11 @@ def _check_normalization(adapter_cls: type, rng: random.Random) -> str:
         object.__setattr__(up, name, value)
     case = f"normalize n={n}: " + ", ".join(f"{k.removeprefix(_PREFIX)} {list(t.shape)}" for k, t in weights.items())
     want = _outcome(lambda: up._normalize_weights(), _CODE[ADAPTER_FILE])
-    ok, got = _same_end(case, want, lambda: normalize_shared_sink(dict(weights), n))
+    ok, got = _same_end(case, want, lambda: normalize_layer(dict(weights), n))
     if ok:
         _same_tensors(case, got, layer.weights)
+        if list(got) != list(layer.weights):  # the buffer load walks this order: its first error depends on it
+            raise Disagreement(f"{case}: the kit's order {list(got)}, the wheel's {list(layer.weights)}")
     return case
 
 
@@ -421,6 +439,109 @@ def _check_targets(fn: Callable[[Any], set[str]], names: Sequence[str], rng: ran
     ok, got = _same_end(case, want, lambda: server_target_modules(targets))
     if ok and got != want[0]:
         raise Disagreement(f"{case}: the kit gives {sorted(got)}, the wheel {sorted(want[0])}")
+    return case
+
+
+class _Said:
+    """``logger`` for the wheel's ``mem_pool.py``: keeps what it warns, says nothing."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning(self, msg: str, *args: Any) -> None:
+        self.warnings.append(msg % args if args else msg)
+
+    def info(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    debug = info
+
+
+class _LayerModules(dict):
+    """One layer's ``lora_modules`` entry: its values say whether the sink is wrapped
+    (``is_shared_fused_moe``), its items are empty, so no module is sliced and no buffer
+    is written: the loop over the layer's weight names runs, then nothing."""
+
+    def __init__(self, wrapped: bool) -> None:
+        super().__init__()
+        self._values = [SimpleNamespace(is_shared_fused_moe=True)] if wrapped else []
+
+    def values(self) -> Any:
+        return list(self._values)
+
+    def items(self) -> Any:
+        return []
+
+
+_LOADING_NAMES = (  # (name under model.layers.<id>., dims): the sink's, per expert, others, other modules
+    ("mlp.shared_experts.gate_up_proj.lora_A.weight", 3), ("mlp.shared_experts.down_proj.lora_B.weight", 3),
+    ("mlp.shared_experts.{e}.gate_up_proj.lora_A.weight", 2), ("mlp.shared_experts.{e}.down_proj.lora_A.weight", 2),
+    ("mlp.shared_experts.{e}.down_proj.lora_B.weight", 3), ("mlp.shared_experts.up_proj.lora_A.weight", 3),
+    ("mlp.shared_experts.base_layer.lora_A.weight", 2), ("mlp.shared_experts.base_layer.base_layer.lora_B.weight", 2),
+    ("mlp.shared_experts.router.lora_A.weight", 2), ("mlp.shared_experts.{e}.o_proj.lora_A.weight", 2),
+    ("self_attn.o_proj.lora_A.weight", 2), ("self_attn.qkv_proj.lora_B.weight", 2),
+    ("mlp.experts.{e}.gate_up_proj.lora_A.weight", 2), ("mlp.experts.{e}.w1.lora_A.weight", 2),
+    ("mlp.experts.down_proj.lora_B.weight", 3))
+
+
+def _check_loading(pool_cls: type, version: str, rng: random.Random) -> str:
+    """One case of the buffer load's names: layers of drawn weights (in a drawn order), a
+    drawn target set (the sink wrapped when it holds both of its targets, as
+    ``init_lora_modules`` does), embedding weights that match none, strict or not."""
+    targets = set(rng.sample(["gate_up_proj", "down_proj", "qkv_proj", "o_proj", "w1", "router"], rng.randint(0, 4)))
+    wrapped = all(t in targets for t in SINK_TARGETS)
+    num_layers = rng.randint(1, 3)
+    layers: dict[int, dict[str, torch.Tensor]] = {}
+    for lid in range(num_layers):
+        drawn = rng.sample(_LOADING_NAMES, rng.randint(0, 4))
+        layers[lid] = {f"model.layers.{lid}.{name.format(e=rng.randint(0, 1))}": torch.zeros((1,) * dims)
+                       for name, dims in drawn}
+    embedding = rng.sample(["model.embed_tokens.lora_embedding_A", "lm_head.lora_B.weight"], rng.choice([0, 0, 1, 2]))
+    strict = rng.random() < 0.2
+    buffers = {}
+    for t in targets:  # init_buffers: the sink's two targets also get _moe and, when it is wrapped, _shared_moe
+        buffers.update(dict.fromkeys([t] + ([f"{t}_moe"] + [f"{t}_shared_moe"] * wrapped if t in SINK_TARGETS else [])))
+    said = _Said()
+    pool = SimpleNamespace(target_modules=targets, strict_loading=strict, num_layer=num_layers, A_buffer=buffers,
+                           B_buffer=buffers, embedding_A_buffer={}, embedding_B_buffer={}, lm_head_A_buffer={},
+                           lm_head_B_buffer={}, lora_added_tokens_size=0, new_embeddings_buffer={},
+                           base_hf_config=SimpleNamespace(vocab_size=8))
+    adapter = SimpleNamespace(
+        config=SimpleNamespace(r=1, lora_added_tokens_size=0), scaling=1.0,
+        layers=[SimpleNamespace(weights=dict(layers[lid]), pinned_weights={}) for lid in range(num_layers)],
+        embedding_layers={k: torch.zeros(1, 1) for k in embedding}, pinned_embedding_layers={},
+        pinned_added_tokens_embeddings={}, added_tokens_embeddings={})
+    load = pool_cls.load_lora_weight_to_buffer
+    load.__globals__["logger"] = said
+    case = (f"load_lora_weight_to_buffer(targets {sorted(targets)}{', strict' if strict else ''}, sink "
+            f"{'wrapped' if wrapped else 'not wrapped'}): " + "; ".join(
+                f"layer {lid}: " + ", ".join(f"{k.split('.', 3)[3]} {t.dim()}D" for k, t in layer.items())
+                for lid, layer in layers.items()) + (f"; embedding {embedding}" if embedding else ""))
+    stand_in = sys.modules.get("sglang.srt.lora.layers")
+    sys.modules["sglang.srt.lora.layers"] = SimpleNamespace(FusedMoEWithLoRA=type("FusedMoEWithLoRA", (), {}))
+    try:
+        want = _outcome(lambda: load(pool, "uid", 0, adapter, [_LayerModules(wrapped) for _ in layers], None, None),
+                        _CODE[POOL_FILE])
+    finally:
+        if stand_in is None:
+            del sys.modules["sglang.srt.lora.layers"]
+        else:
+            sys.modules["sglang.srt.lora.layers"] = stand_in
+    skipped = skipped_weights([k for layer in layers.values() for k in layer] + embedding, targets)
+    warning = message("ISL-W002", uid="uid", count=len(skipped), targets=sorted(targets), names=skipped) \
+        if skipped else None
+    if strict and warning is not None:
+        kit = "ValueError: " + warning
+    else:
+        check = check_buffer_names(layers, embedding, targets, wrapped, version)
+        if check.unknown:
+            raise Disagreement(f"{case}: the kit cannot tell ({check.unknown})")
+        kit = check.text or None
+        if said.warnings != ([warning] if warning else []):
+            raise Disagreement(f"{case}: the wheel warns {said.warnings}, the kit {warning}")
+    got = None if want[1] is None else exception_text(want[1][2]).replace(repr(targets), targets_text(targets))
+    if got != kit:
+        raise Disagreement(f"{case}: the wheel {got or 'passes'}; the kit {kit or 'passes'}")
     return case
 
 
@@ -528,7 +649,7 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
     near, differs = closest(record)
     known = version in TABLE and TABLE[version].record == record
     report = SelfCheck(str(wheel), version, known, near.version, differs)
-    files = read_checked(wheel, [SINK_FILE, ADAPTER_FILE, UTILS_FILE], missing_ok=True)
+    files = read_checked(wheel, [SINK_FILE, ADAPTER_FILE, UTILS_FILE, POOL_FILE], missing_ok=True)
     if SINK_FILE not in files:
         report.areas = [AreaResult(a, "missing", note=f"the wheel has no {SINK_FILE}") for a in AREAS]
         return report
@@ -557,7 +678,7 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
         report.areas.append(AreaResult("normalization", "missing", note=f"the wheel has no {ADAPTER_FILE}"))
     if UTILS_FILE in files:
         _CODE[UTILS_FILE] = extract(files[UTILS_FILE], f"<{wheel.name}>/{UTILS_FILE}",
-                                    ("get_normalized_target_modules",))
+                                    ("get_normalized_target_modules", "get_target_module_name"))
         fn = _CODE[UTILS_FILE].names["get_normalized_target_modules"]
         # the names to draw: every string the wheel's function holds (its renames), and others
         tree = ast.parse(files[UTILS_FILE])
@@ -568,4 +689,13 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
         report.areas.append(_run("targets", cases, seed, lambda rng: _check_targets(fn, names, rng)))
     else:
         report.areas.append(AreaResult("targets", "missing", note=f"the wheel has no {UTILS_FILE}"))
+    if POOL_FILE in files and UTILS_FILE in files:
+        _CODE[POOL_FILE] = extract(files[POOL_FILE], f"<{wheel.name}>/{POOL_FILE}", ("LoRAMemoryPool",))
+        pool_cls = _CODE[POOL_FILE].names["LoRAMemoryPool"]
+        # its names are looked up by the wheel's own get_target_module_name (utils.py)
+        pool_cls.load_lora_weight_to_buffer.__globals__["get_target_module_name"] = \
+            _CODE[UTILS_FILE].names["get_target_module_name"]
+        report.areas.append(_run("loading", cases, seed, lambda rng: _check_loading(pool_cls, expected.version, rng)))
+    else:
+        report.areas.append(AreaResult("loading", "missing", note=f"the wheel has no {POOL_FILE}"))
     return report

@@ -118,6 +118,14 @@ def targets_text(targets: Iterable[str]) -> str:
     return "{" + ", ".join(map(repr, members)) + "}" if members else "set()"
 
 
+def skipped_weights(names: Iterable[str], targets: Iterable[str]) -> list[str]:
+    """The weights ``load_lora_weight_to_buffer``'s pre-validation counts in its skip warning
+    (``ISL-W002``): those of ``names`` (every layer's, then the embedding ones) that hold no
+    target module, sorted as the warning prints them."""
+    targets = set(targets)
+    return sorted({k for k in names if target_module_of(k, targets) is None})
+
+
 @dataclass(frozen=True)
 class NameCheck:
     """How ``load_lora_weight_to_buffer``'s loop over the weight names of each layer (then
@@ -143,7 +151,10 @@ def check_buffer_names(layers: Mapping[int, Mapping[str, torch.Tensor]], embeddi
     shared-expert weight (``shared_experts.<e>.``) that is not 3D, on a layer whose sink is
     not wrapped (``wrapped`` false: no shared-MoE buffer), raises ``ISL-E037``, where older
     releases file it with the routed experts (``experts.<e>.`` matches), which are then not
-    wrapped either; then the ``embedding`` weights (``embed_tokens``/``lm_head``, in order).
+    wrapped either; an indexed weight filed in a buffer the pool does not have is a ``KeyError``
+    (``<target>_shared_moe`` exists for a wrapped sink's two targets only, ``<target>_moe`` for
+    ``gate_up_proj``/``down_proj`` only, the base model having routed experts); then the ``embedding`` weights (``embed_tokens``/
+    ``lm_head``, in order).
     ``targets``: the pool's target modules (``"all"`` is not modelled: resolve it first).
     The error texts print the target set sorted (see ``targets_text``)."""
     targets = set(targets)
@@ -154,16 +165,19 @@ def check_buffer_names(layers: Mapping[int, Mapping[str, torch.Tensor]], embeddi
             if target is None:
                 return NameCheck("ValueError: " + message("ISL-E036", name=name, targets=targets_text(targets)), lid,
                                  code="ISL-E036", name=name)
-            if "shared_experts." not in name or t.dim() == 3 or (wrapped and target in SINK_TARGETS):
-                continue  # the sink's own branch, or not a shared-expert weight
-            if _EXPERT_INDEX.search(name) is None:
-                continue  # a 2D weight under shared_experts without an index: the standard branch
-            if indexed_refused:
-                return NameCheck("ValueError: " + message("ISL-E037", name=name, layer=lid), lid, code="ISL-E037",
-                                 name=name)
-            if target not in SINK_TARGETS:  # the routed branch's <target>_moe buffer: not modelled
-                return NameCheck(layer=lid, unknown=f"{name} falls to the routed experts' branch of "
-                                 f"load_lora_weight_to_buffer as {target}_moe, a buffer the kit does not model")
+            shared, indexed = "shared_experts." in name, _EXPERT_INDEX.search(name) is not None
+            has_buffer = wrapped and target in SINK_TARGETS  # <target>_shared_moe: a wrapped sink's two targets only
+            if shared and (t.dim() == 3 or has_buffer):  # the sink's own branch
+                if indexed and not has_buffer:  # it files an indexed weight in that buffer's dict of experts
+                    return NameCheck(f"KeyError: '{target}_shared_moe'", lid, name=name)
+                continue
+            if not indexed:
+                continue  # the standard branch (or a routed shared-outer 3D weight): stored, no check
+            if shared and indexed_refused:
+                return NameCheck("ValueError: " + message("ISL-E037", name=repr(name), layer=lid), lid,
+                                 code="ISL-E037", name=name)
+            if target not in SINK_TARGETS:  # the routed branch reads <target>_moe, a buffer made for these two only
+                return NameCheck(f"KeyError: '{target}_moe'", lid, name=name)
     for i, name in enumerate(embedding):
         if target_module_of(name, targets) is None:
             if i:
@@ -475,7 +489,7 @@ class _Sglang:
         self.wrapped = "all" in server or all(t in server for t in SINK_TARGETS)
         names = [k for lid, layer in self.layers.items() if lid is not None for k in layer] + self.embedding
         # "all" resolves to the base model's own module names (auto_detect_lora_target_modules): not modelled
-        skipped = sorted(k for k in names if target_module_of(k, server) is None) if "all" not in server else []
+        skipped = skipped_weights(names, server) if "all" not in server else []
         check = NameCheck() if "all" in server else check_buffer_names(
             {lid: layer for lid, layer in self.layers.items() if lid is not None}, self.embedding, server,
             self.wrapped, self.release)
@@ -605,7 +619,7 @@ class _Sglang:
                            upstream=True, more=True, name=failed.name, targets=targets_text(self.server))
         return finding("ISL-E037", failed.name, fix=(
             "serve with --lora-target-modules gate_up_proj down_proj, so that the sink is wrapped and takes its "
-            "per-expert factors"), upstream=True, more=True, name=failed.name, layer=failed.layer)
+            "per-expert factors"), upstream=True, more=True, name=repr(failed.name), layer=failed.layer)
 
     @staticmethod
     def _views(name: str, t: torch.Tensor | None, shared_outer: bool, r: int, R: int, H: int, F: int

@@ -146,7 +146,8 @@ ENTRIES: list[CatalogEntry] = [
                 "{projections}{hint}",
         meaning="The shared sink's projections are gate_proj, up_proj, gate_up_proj and down_proj (or w1, "
                 "w3, w2). A key under shared_experts with another name, or that is no lora_A/lora_B weight, "
-                "would be silently skipped by an engine; the kit refuses it and suggests the closest name.",
+                "matches no target module of sglang, whose buffer load fails on it (ISL-E036); the kit refuses it "
+                "and suggests the closest name.",
         when="A typo in an export script, another model family's names, or DoRA/bias tensors under the sink.",
         setup=ADAPTER,
         trigger="typo = {k.replace('gate_proj', 'gate_prj'): v for k, v in ad.weights.items()}\n"

@@ -156,8 +156,9 @@ ENTRIES: list[CatalogEntry] = [
         message="{module}: per-expert outer factors re-expressed as shared outer at rank n·r = {n}·{r} = {rank}, "
                 "exactly (the shared A's and B's stack the experts' own; each expert's inner factor holds its "
                 "block, zeros elsewhere)",
-        meaning="sglang 0.5.23 computes the per-expert outer layout wrongly (ISL-W001) and skips PEFT "
-                "target_parameters exports (ISL-N204). The export writes the same math in the shared-outer "
+        meaning="sglang 0.5.23 computes the per-expert outer layout wrongly (ISL-W001) and fails the "
+                "buffer load of PEFT target_parameters exports, whose keys match no target module (ISL-N204, "
+                "ISL-E036). The export writes the same math in the shared-outer "
                 "layout, which sglang computes right: the shared gate/up A is the experts' A's stacked [n·r, H], "
                 "expert e's gate/up B holds its own B in columns e·r .. e·r+r-1 and zeros elsewhere; the shared "
                 "down B puts the experts' B's side by side [H, n·r], expert e's down A holds its own A in rows "

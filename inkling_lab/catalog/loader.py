@@ -142,14 +142,14 @@ ENTRIES: list[CatalogEntry] = [
     CatalogEntry(
         code="ISL-E037", title="an indexed shared-expert weight on a layer whose sink is not wrapped",
         exc_type=ValueError,
-        message="Cannot load LoRA weight '{name}': layer {layer} has no matching target for indexed shared-expert "
+        message="Cannot load LoRA weight {name}: layer {layer} has no matching target for indexed shared-expert "
                 "weights.",
         meaning="A per-expert factor (shared_experts.<e>.<proj>..., 2D) has nowhere to go when the layer's "
                 "shared sink is not wrapped (the server's target modules lack gate_up_proj or down_proj): sglang "
                 "0.5.23 refuses it in the buffer load, when a batch first uses the adapter, so that it cannot "
                 "land in the routed experts' buffers (its name also matches experts.<e>.). Releases 0.5.16 to "
                 "0.5.22 file it with the routed experts, which are not wrapped either: it loads and is never "
-                "applied (ISL-W103).",
+                "applied (ISL-W103). The name is printed as its repr (in quotes).",
         when="A per-expert export served with --lora-target-modules that name gate_up_proj but not down_proj "
              "(or the reverse), or whose target_modules train only one of them.",
         setup=SAVED + "per_expert = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True)\n"

@@ -44,7 +44,7 @@ ENTRIES: list[CatalogEntry] = [
                "too (zeros if only up was trained).",
         upstream=f"{_STACK} stacks only from a gate_proj name (a missing up becomes zeros) and keeps an "
                  "orphan up_proj as it is; the server's target modules name it gate_up_proj "
-                 "(sglang/srt/lora/utils.py: get_normalized_target_modules), so the pool load skips the "
+                 "(sglang/srt/lora/utils.py: get_normalized_target_modules), so the pool load names the "
                  "orphan in ISL-W002's warning and then fails on it (ISL-E036).",
         repaired=Repair("{module}: up_proj has no gate_proj; stacked with a zero gate",
                         "none needed: the converter stacks it; export gate_proj too to silence this",
