@@ -647,19 +647,23 @@ def lora_forward_path_figure(n: int = 2, hidden: int = 16, intermediate: int = 1
 def export_before_after_figure(report, module: str | None = None) -> Figure:
     """``compare`` of an adapter (slot 0) and its export (slot 1): per expert, how far what
     sglang 0.5.23 serves is from PEFT's delta *of the adapter as trained* (slot 0's PEFT
-    column), before the export and after, relative to that delta's size."""
+    column), before the export and after, relative to that delta's size. A slot sglang
+    does not load (no ``sglang`` column: its load raises) gets no bar, and says so."""
     module = module or next(m for m, s in report.deltas if s == 0)
     peft = report.deltas[module, 0]["peft"]
-    off = {label: [float((report.deltas[module, slot]["sglang"][e] - peft[e]).norm() / (peft[e].norm() or 1.0))
-                   for e in range(peft.shape[0])]
-           for label, slot in (("before: the adapter as trained", 0), ("after: its export", 1))}
+    off = {}
+    for label, slot in (("before: the adapter as trained", 0), ("after: its export", 1)):
+        served = report.deltas[module, slot].get("sglang")
+        off[label if served is not None else f"{label} (sglang fails to load it)"] = None if served is None else [
+            float((served[e] - peft[e]).norm() / (peft[e].norm() or 1.0)) for e in range(peft.shape[0])]
     fig, ax = _subplots(figsize=(6.5, 3.2), constrained_layout=True)
     width = 0.38
     for i, ((label, values), color) in enumerate(zip(off.items(), ("#dd8452", "#55a868"))):
-        xs = [e + (i - 0.5) * width for e in range(len(values))]
-        ax.bar(xs, values, width, label=label, color=color)
-        for x, v in zip(xs, values):
-            ax.annotate(f"{v:.2g}", (x, v), ha="center", va="bottom", fontsize=8)
+        xs = [e + (i - 0.5) * width for e in range(peft.shape[0])]
+        ax.bar(xs, values or [0.0] * len(xs), width, label=label, color=color)
+        for x, v in zip(xs, values or [None] * len(xs)):
+            ax.annotate("fails" if v is None else f"{v:.2g}", (x, v or 0.0), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.15 * max([1.0, *(v for values in off.values() for v in values or ())]))
     ax.set_xticks(range(peft.shape[0]), [f"expert {e}" for e in range(peft.shape[0])])
     ax.set_ylabel("‖sglang − peft‖ / ‖peft‖")
     ax.set_title("what sglang 0.5.23 serves, against PEFT's delta of the adapter as trained", fontsize=10)
