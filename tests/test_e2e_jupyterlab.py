@@ -3,7 +3,7 @@
 JupyterLab starts through scripts/lab.sh (what ``make lab`` runs) on loopback with a
 random token and a free port, with its defaults (autosave on); Debian's Chromium, driven
 by Playwright, opens every notebook's working copy (the test's own, ``lab-e2e/``, made
-by lab.sh as a learner's ``lab/`` is), saves it (which must not change a byte against
+by lab.sh as a learner's ``lab/`` is), one after the other in one JupyterLab tab, saves it (which must not change a byte against
 the tracked notebook: one kernelspec, no widget state), runs all its cells from the Run
 menu as a reader on a CPU laptop does, and checks
 that every cell ran, that no cell shows an error it is not tagged to raise, that no
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, Error as PlaywrightError
+from playwright.sync_api import BrowserContext, ConsoleMessage, Error as PlaywrightError, Page
 
 from e2e.chromium import BrowserUnavailable, chromium_context
 from e2e.lab import LAB_DIR, LabServer, LabUnavailable
@@ -107,6 +107,34 @@ def browser(scratch: Path) -> Iterator[BrowserContext]:
         pytest.fail(str(exc), pytrace=False)
 
 
+class Tab:
+    """One JupyterLab tab for every notebook, as a person opens one after the other:
+    JupyterLab boots once (booting it took longer than running most notebooks). A test
+    that fails discards the tab, so the next one starts on a fresh JupyterLab."""
+
+    def __init__(self, browser: BrowserContext) -> None:
+        self.browser = browser
+        self._page: Page | None = None
+
+    def page(self) -> Page:
+        if self._page is None or self._page.is_closed():
+            self._page = self.browser.new_page()
+        return self._page
+
+    def discard(self) -> None:
+        page, self._page = self._page, None
+        if page is not None:
+            with contextlib.suppress(PlaywrightError):
+                page.close()
+
+
+@pytest.fixture(scope="module")
+def tab(browser: BrowserContext) -> Iterator[Tab]:
+    tab = Tab(browser)
+    yield tab
+    tab.discard()
+
+
 def _replace_atomically(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")
@@ -152,14 +180,18 @@ def _assert_no_widget_tracebacks(path: str, cells: list[Cell], moved: str) -> No
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
-        name: str, lab: LabServer, browser: BrowserContext) -> None:
+        name: str, lab: LabServer, tab: Tab) -> None:
     tracked, path = REPO / "notebooks" / name, f"{LAB_DIR}/{name}"
     assert (REPO / path).exists(), f"{path} is missing: scripts/lab.sh copies every notebook of notebooks/"
     original = tracked.read_bytes()
     stem = name.removesuffix(".ipynb").replace("/", "-")
-    page = browser.new_page()
+    page = tab.page()
     console: list[str] = []
-    page.on("console", lambda message: console.append(f"[{message.type}] {message.text}"))
+
+    def listen(message: ConsoleMessage) -> None:
+        console.append(f"[{message.type}] {message.text}")
+
+    page.on("console", listen)
     notebook = NotebookPage(page, lab, path)
     try:
         started = time.monotonic()
@@ -193,22 +225,24 @@ def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
     except BaseException:
         with contextlib.suppress(PlaywrightError):  # the picture helps; the first error matters
             notebook.screenshot(ARTIFACTS / f"{stem}-failure.png")
+        with contextlib.suppress(PlaywrightError):
+            notebook.close()
+        tab.discard()
         raise
     finally:
         (ARTIFACTS / f"{stem}-console.log").write_text("\n".join(console))
         with contextlib.suppress(PlaywrightError):
-            notebook.shut_kernel_down()
-        page.close()
+            page.remove_listener("console", listen)
+    notebook.close()
     assert tracked.read_bytes() == original, f"notebooks/{name} changed on disk while the browser ran its copy"
 
 
 def test_a_learners_session_leaves_the_clone_clean_and_keeps_their_work(
-        lab: LabServer, browser: BrowserContext, clone_before: str) -> None:
+        lab: LabServer, tab: Tab, clone_before: str) -> None:
     """After every notebook ran (autosave on), a trigger edited, re-run and saved: git
     sees nothing new, the edit is in the working copy, and a restart keeps it."""
     name, cell = EDITED
-    page = browser.new_page()
-    notebook = NotebookPage(page, lab, f"{LAB_DIR}/{name}")
+    notebook = NotebookPage(tab.page(), lab, f"{LAB_DIR}/{name}")
     edit = "\n# my own try"
     try:
         notebook.open()
@@ -218,8 +252,8 @@ def test_a_learners_session_leaves_the_clone_clean_and_keeps_their_work(
         assert notebook.cell_source(cell).endswith(edit)
     finally:
         with contextlib.suppress(PlaywrightError):
-            notebook.shut_kernel_down()
-        page.close()
+            notebook.close()
+        tab.discard()  # the server stops next: this JupyterLab is gone
     assert _git_status() == clone_before, (
         "a session in JupyterLab changed what git sees:\n" + _git_status() + "\nbefore:\n" + clone_before)
     lab.stop()  # a restart: lab.sh copies only what is missing, never over the learner's copy

@@ -175,11 +175,17 @@ class NotebookPage:
                 f"{self.page.locator('.jp-Dialog').first.inner_text()}\nServer log:\n{self.lab.log_tail()}")
 
     def open(self) -> None:
-        """Load JupyterLab on this notebook (a fresh workspace) and wait for an idle kernel.
+        """Open this notebook and wait for an idle kernel: in the JupyterLab the page
+        already shows (File > Open, as a person opens the next notebook in the same tab),
+        or, on a new page, by loading JupyterLab on it (a fresh workspace).
 
         Raises KernelUnavailable, with the server's log, when the kernel never gets idle.
         """
-        self.page.goto(self.lab.url(f"lab/tree/{self.path}") + "&reset", timeout=APP_TIMEOUT_MS)
+        if self.page.evaluate("() => Boolean(window.jupyterapp && window.jupyterapp.shell)"):
+            self.page.evaluate("async path => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }",
+                               self.path)
+        else:
+            self.page.goto(self.lab.url(f"lab/tree/{self.path}") + "&reset", timeout=APP_TIMEOUT_MS)
         self._until(f"path => {{ {_PANEL} return Boolean(panel); }}", APP_TIMEOUT_MS,
                     "JupyterLab showed the notebook")
         self._until(_KERNEL_IDLE, KERNEL_TIMEOUT_MS, "the kernel started and became idle")
@@ -362,7 +368,11 @@ class NotebookPage:
             const cell = panel.content.widgets.find(c => c.model.id.endsWith({cell_id!r}));
             return cell ? cell.model.sharedModel.getSource() : null; }}""", self.path)
 
-    def shut_kernel_down(self) -> None:
-        """Stop this notebook's kernel, so the next notebook has the CPU."""
-        self.page.evaluate(f"async path => {{ {_PANEL} if (panel) await panel.sessionContext.shutdown(); }}",
-                           self.path)
+    def close(self) -> None:
+        """Shut its kernel down (the next notebook has the CPU) and close it, so that
+        the next notebook opens alone in the same JupyterLab. Its unsaved outputs are dropped (a learner's copy keeps
+        what autosave wrote): closing asks nothing."""
+        self.page.evaluate(f"""async path => {{ {_PANEL}
+            if (!panel) return;
+            await panel.sessionContext.shutdown();
+            panel.dispose(); }}""", self.path)
