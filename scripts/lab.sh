@@ -13,16 +13,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv}"
 lab="${LAB_DIR:-lab}"  # the browser test keeps its own copies (LAB_DIR=lab-e2e), never yours
-"$venv/bin/python" scripts/lab_copies.py --lab "$lab"
-
-# JupyterLab's "would you like news?" toast and update check, off for the kit's own
-# environment (its app-wide overrides; a person's own settings are not touched).
+# One Python for the two steps before JupyterLab (importing the kit, and torch with it,
+# is most of their time): the working copies (scripts/lab_copies.py), then JupyterLab's
+# "would you like news?" toast and update check, off for the kit's own environment (its
+# app-wide overrides; a person's own settings are not touched).
 overrides="$venv/share/jupyter/lab/settings/overrides.json"
-"$venv/bin/python" - "$overrides" <<'PY'
+"$venv/bin/python" - "$lab" "$overrides" <<'PY'
 import json, sys
 from pathlib import Path
+sys.path.insert(0, "scripts")
+import lab_copies
 from inkling_lab.atomic import atomic_write
-path = Path(sys.argv[1])
+if lab_copies.main(["--lab", sys.argv[1]]):
+    raise SystemExit(1)
+path = Path(sys.argv[2])
 settings = json.loads(path.read_text()) if path.exists() else {}
 want = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
 merged = {**settings, **{k: {**settings.get(k, {}), **v} for k, v in want.items()}}

@@ -3,10 +3,10 @@
 JupyterLab starts through scripts/lab.sh (what ``make lab`` runs) on loopback with a
 random token and a free port, with its defaults (autosave on); Debian's Chromium, driven
 by Playwright, opens every notebook's working copy (the test's own, ``lab-e2e/``, made
-by lab.sh as a learner's ``lab/`` is), one after the other in one JupyterLab tab, saves it (which must not change a byte against
-the tracked notebook: one kernelspec, no widget state), runs all its cells from the Run
-menu as a reader on a CPU laptop does, and checks
-that every cell ran, that no cell shows an error it is not tagged to raise, that no
+by lab.sh as a learner's ``lab/`` is) one after the other in one JupyterLab tab, saves it
+(which must not change a byte against the tracked notebook: one kernelspec, no widget
+state), runs all its cells from the Run menu as a reader on a CPU laptop does, and
+checks that every cell ran, that no cell shows an error it is not tagged to raise, that no
 figure is blank, that every ipywidget is drawn as a widget rather than as its text
 fallback, and that moving the first slider or dropdown, and ticking every checkbox,
 changes what its cell shows without a traceback or a blank figure. Last, a learner's
