@@ -311,8 +311,8 @@ def _base_model_path(adapter_folder: Path) -> Path | None:
     """The local folder an adapter's ``adapter_config.json`` names as its base model, if any."""
     try:
         data = json.loads(read_regular(adapter_folder / "adapter_config.json").decode("utf-8"))
-    except (OSError, ValueError):
-        return None  # no readable adapter config: the adapter's own readers say why
+    except (OSError, ValueError, RecursionError):
+        return None  # no readable adapter config (absent, not JSON, nested past any config): its readers say why
     base = data.get("base_model_name_or_path") if isinstance(data, dict) else None
     if not isinstance(base, str) or not base:
         return None
