@@ -66,9 +66,11 @@ ENTRIES: list[CatalogEntry] = [
         "ISL-K503", "the proof failed: the export would not serve the adapter's math",
         "the export does not compute the adapter's math when read back through sglang {sglang}'s loading path: "
         "{what}; nothing written",
-        "After writing, the export reads its own output back through the kit's model of sglang 0.5.23's "
-        "loading path and forward (the doctor's path) and compares each expert's served LoRA delta with PEFT's "
-        "delta of the input adapter. Only a folder that passes is kept. verify_export runs the same proof on any "
+        "After writing, the export reads its own output back, one module at a time, through the kit's model of "
+        "sglang 0.5.23's loading path and forward (the doctor's path), for every tensor-parallel rank of --tp "
+        "(each rank's slicing), and compares the sum over ranks of each expert's served LoRA delta with PEFT's "
+        "delta of the input adapter (computed by PEFT's own LoRA layers), both applied to seeded random probe "
+        "inputs, so that no dense delta is formed. Only a folder that passes is kept. verify_export runs the same proof on any "
         "folder: on an adapter sglang serves differently (rsLoRA, per-module alphas, per-expert outer factors) "
         "it fails with this message.",
         "Never for an export of the kit's own (that would be a bug: please report it); on purpose, with "
