@@ -864,6 +864,7 @@ def cure(adapter: Adapter | None, error: BaseException | None, folder: str | os.
             code = f" ({entry.code})" if entry is not None else ""
             return f"inkling-lab export: cannot be cured because {str(exc).split(': ', 1)[-1]}{code}"
     name = Path(folder).name or "ADAPTER"
-    flags = (f" --tp {tp}" if tp > 1 else "") + (f" --config {config}" if config is not None else "")
+    told = f" --hidden-act {act}" if where == "--hidden-act" else f" --config {config}" if config is not None else ""
+    flags = (f" --tp {tp}" if tp > 1 else "") + told  # how the export learns the same activation
     return (f"`inkling-lab export` writes an adapter sglang serves as trained: inkling-lab export {name} "
             f"-o {name}_for_sglang -n {n if n is not None else 'N'}{flags}")

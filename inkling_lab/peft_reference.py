@@ -151,6 +151,8 @@ def peft_probes(source: str | os.PathLike[str] | Adapter, n: int, hidden: int, i
         return ReferenceProbes({m: probe(kit_reading(adapter, m, n), x, u) for m in adapter.modules}, "kit", missing)
     config, state = _read_by_peft(folder, source)
     where = folder.name if folder is not None else source.name
+    if getattr(config, "use_dora", False):  # DoRA's delta depends on the base weight, which the stand-ins lack
+        raise PeftRefused(f"{where}: a DoRA adapter's delta depends on the base weight: peft_reference computes it")
     root, kinds = _build_standin(state, n, hidden, intermediate, hidden_act, None, probe=True)
     if not kinds:
         raise PeftRefused(f"{where}: no shared-sink factors for PEFT to load")

@@ -464,6 +464,24 @@ def test_a_model_of_another_activation_is_refused_saying_where_it_was_read(tmp_p
     assert "cannot be cured because the model computes gelu(gate) * up" in report.cure and "ISL-K507" in report.cure
 
 
+def test_the_doctor_command_reads_the_base_config(tmp_path, capsys, monkeypatch):
+    folder = _saved(tmp_path, use_rslora=True)
+    base = _base_config(tmp_path / "base", "gelu")
+    code = main(["doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6", "--config", str(base),
+                 "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["model"] == {"hidden_act": "gelu", "from": f"{base / 'config.json'}: hidden_act"}
+    assert "ISL-W113" in {f["code"] for f in out["findings"]} and "cannot be cured because" in out["export"]
+    code = main(["doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6", "--hidden-act", "silu",
+                 "--config", str(base), "--json"])  # the flag wins, and says so
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == {"hidden_act": "silu", "from": "--hidden-act"}
+    assert out["export"].startswith("`inkling-lab export` writes") and out["export"].endswith("--hidden-act silu")
+    monkeypatch.chdir(tmp_path)  # the command it prints names the folder beside it
+    assert main(out["export"].split(": ", 1)[1].split()[1:] + ["--json"]) == 0  # the command it prints, run
+    assert json.loads(capsys.readouterr().out)["hidden_act_from"] == "--hidden-act"
+
+
 def test_a_silu_config_is_read_and_named(tmp_path):
     folder = _saved(tmp_path)
     _base_config(folder, "silu")
