@@ -252,7 +252,8 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
         path = run_sglang(folder, n, hidden, intermediate, target_modules=target_modules,
                           name=report.adapters[slot], state=in_memory, sglang=report.release)
         if path.raised is not None:
-            report.status["sglang"].append(f"not served: it fails to load ({path.raised.text})")
+            report.status["sglang"].append(f"not served: it fails to load ({path.raised.text}"
+                                           + (f"; {path.raised.note}" if path.raised.note else "") + ")")
         elif path.unknown:
             report.status["sglang"].append(f"not computed: {path.unknown}")
         else:

@@ -58,7 +58,8 @@ class SglangLoad:
     """Verdict 1, what sglang 0.5.23 does when it loads the adapter. ``outcome``:
     ``loads``, ``raises`` (``text``: the exact ``Type: message``), or ``unknown`` (the kit
     cannot see; ``why``). ``warning``: the exact warning it logs first for weights that
-    match no target module (``ISL-W002``; its buffer load then raises on them)."""
+    match no target module (``ISL-W002``; its buffer load then raises on them). ``note``:
+    where ``text`` is not sglang's to the letter (its target set printed sorted)."""
 
     outcome: str
     text: str = ""
@@ -66,6 +67,7 @@ class SglangLoad:
     upstream: str = ""
     why: str = ""
     warning: str = ""
+    note: str = ""
 
 
 @dataclass
@@ -183,7 +185,8 @@ class DoctorReport:
                   f"LoRAMemoryPool.load_lora_weight_to_buffer):\n    {self.load.warning}\n  then "
                   if self.load.warning else "")
         load = {"loads": "loads it" + (f" ({self.load.why})" if self.load.why else ""),
-                "raises": f"{warned}raises (in {self.load.stage}; {self.load.upstream}):\n    {self.load.text}{wrapped}",
+                "raises": f"{warned}raises (in {self.load.stage}; {self.load.upstream}):\n    {self.load.text}"
+                          + (f"\n    ({self.load.note})" if self.load.note else "") + wrapped,
                 "unknown": f"may load it; the kit cannot tell: {self.load.why}"}[self.load.outcome]
         c = self.computes
         computes = {"adapter": "the adapter's math",
@@ -337,7 +340,8 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
                        *path.findings]
     if raised is not None:
         report.load = SglangLoad("raises", raised.text, raised.stage, raised.upstream,
-                                 warning=path.skip_warning if raised.upstream.startswith("mem_pool.py") else "")
+                                 warning=path.skip_warning if raised.upstream.startswith("mem_pool.py") else "",
+                                 note=raised.note)
     else:
         report.load = SglangLoad("loads")
     report.stages = path.stages

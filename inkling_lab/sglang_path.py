@@ -199,14 +199,20 @@ class SglangRaise:
     text: str
     upstream: str
     finding: Finding | None = None
+    note: str = ""
+    """Where the text is not sglang's to the letter, and how (``SORTED_NOTE``)."""
+
+
+SORTED_NOTE = ("the target set is shown sorted: sglang prints it in Python's string-hash order, which changes from "
+               "process to process")
 
 
 class _Raised(Exception):
     """sglang raises here (carries the ``SglangRaise``)."""
 
-    def __init__(self, stage: str, text: str, upstream: str, finding: Finding | None = None) -> None:
+    def __init__(self, stage: str, text: str, upstream: str, finding: Finding | None = None, note: str = "") -> None:
         super().__init__(text)
-        self.record = SglangRaise(stage, text, upstream, finding)
+        self.record = SglangRaise(stage, text, upstream, finding, note)
 
 
 @dataclass(frozen=True)
@@ -600,7 +606,8 @@ class _Sglang:
                             "mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer")
             loaded[module] = self._landed(module, ga, gb, da, db, shared_outer)
         if self.name_error.text:
-            raise _Raised("pool", self.name_error.text, _NAME_CHECK, self._name_finding())
+            raise _Raised("pool", self.name_error.text, _NAME_CHECK, self._name_finding(),
+                          SORTED_NOTE if self.name_error.code == "ISL-E036" else "")
         self.loaded = loaded
         self.record("pool", max_rank=R, lora_rank=r, scaling=self.scaling,
                     modules={m: {k: list(t.shape) for k, t in f.tensors().items()} for m, f in loaded.items()})
@@ -616,7 +623,8 @@ class _Sglang:
         failed = self.name_error
         if failed.code == "ISL-E036":
             return finding("ISL-E036", failed.name, fix=_skip_fix(self.skipped or [failed.name], self.label),
-                           upstream=True, more=True, name=failed.name, targets=targets_text(self.server))
+                           upstream=True, more=True, name=failed.name, targets=targets_text(self.server),
+                           consequence=f"{self.label} raises it when a batch first uses the adapter; {SORTED_NOTE}")
         return finding("ISL-E037", failed.name, fix=(
             "serve with --lora-target-modules gate_up_proj down_proj, so that the sink is wrapped and takes its "
             "per-expert factors"), upstream=True, more=True, name=repr(failed.name), layer=failed.layer)
@@ -733,9 +741,8 @@ class _Sglang:
         self.record("forward", wrapped=self.wrapped, per_expert_modules=sorted(per_expert), nan_modules=nan)
 
 
-_NAME_CHECK = ("mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer, its per-layer loop; utils.py: "
-               "get_target_module_name; when a batch first uses the adapter, from LoRAManager.prepare_lora_batch; "
-               "the target set shown sorted, sglang prints it in string-hash order, which changes per process")
+_NAME_CHECK = ("mem_pool.py: LoRAMemoryPool.load_lora_weight_to_buffer, its per-layer loop, names through utils.py: "
+               "get_target_module_name; when a batch first uses the adapter, from LoRAManager.prepare_lora_batch")
 
 
 def _layer_order(module: str) -> float:

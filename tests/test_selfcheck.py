@@ -113,3 +113,64 @@ def test_a_wrong_kit_is_caught_by_a_cached_wheel(monkeypatch):
     report = {a.area: a for a in sc.selfcheck(wheel, cases=100).areas}
     assert report["slicing"].status == "disagree" and "slice_moe_lora_b_weights" in report["slicing"].first
     assert report["targets"].status == "disagree" and report["v1"].status == "agree"
+
+
+def test_a_kit_that_serves_skipped_weights_is_caught_by_a_cached_wheel(monkeypatch):
+    """The kit's old reading (skipped weights served without, no error) and a kit blind to
+    0.5.23's indexed shared-expert refusal both disagree with the wheel's buffer load."""
+    wheel = next((w for v in reversed(RELEASES) if (w := sc.cached_wheel(v))), None)
+    if wheel is None:
+        pytest.skip(f"no sglang wheel in {sc.wheel_cache()} ($INKLING_LAB_WHEELS)")
+    from inkling_lab.sglang_path import NameCheck, check_buffer_names
+
+    monkeypatch.setattr(sc, "check_buffer_names", lambda *args, **kwargs: NameCheck())
+    loading = {a.area: a for a in sc.selfcheck(wheel, cases=100).areas}["loading"]
+    assert loading.status == "disagree" and "the wheel ValueError: Cannot find target module name" in loading.first
+    if sc._version_of(wheel) == "0.5.23":
+        monkeypatch.setattr(sc, "check_buffer_names", lambda *a, **k: check_buffer_names(*a[:4], sglang="0.5.22"))
+        loading = {a.area: a for a in sc.selfcheck(wheel, cases=200).areas}["loading"]
+        assert loading.status == "disagree" and "has no matching target for indexed shared-expert" in loading.first
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_an_export_s_names_all_match_its_targets_in_the_wheel(version, tmp_path):
+    """What ``inkling-lab export`` writes, normalized by the wheel's own ``LoRAAdapter`` and
+    looked up by its own ``get_target_module_name`` against its own normalization of the
+    export's ``target_modules``: no name is missing (no skip warning, no buffer-load error)."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from inkling_lab.export import export_for_sglang
+    from inkling_lab.sglang_path import layer_id
+    from inkling_lab.upstream_wheel import read_checked
+
+    wheel = sc.cached_wheel(version)
+    if wheel is None:
+        pytest.skip(f"no sglang {version} wheel in {sc.wheel_cache()} ($INKLING_LAB_WHEELS)")
+    files = read_checked(wheel, [sc.UTILS_FILE, sc.ADAPTER_FILE])
+    utils = sc.extract(files[sc.UTILS_FILE], "<u>", ("get_normalized_target_modules", "get_target_module_name")).names
+    adapter_cls = sc.extract(files[sc.ADAPTER_FILE], "<a>", ("LoRAAdapter",)).names["LoRAAdapter"]
+    samples = Path(__file__).resolve().parents[1] / "data" / "adapters"
+    for name in ("gate_up", "per_expert", "up_only", "w_names", "mixed_outer"):
+        out = tmp_path / name
+        assert export_for_sglang(samples / name, out, 2).written
+        by_layer: dict = {}
+        for k, t in load_file(out / "adapter_model.safetensors").items():
+            by_layer.setdefault(layer_id(k), {})[k] = t
+        up = adapter_cls.__new__(adapter_cls)
+        torch.nn.Module.__init__(up)
+        layers = [SimpleNamespace(weights=by_layer.get(i, {})) for i in range(max(by_layer) + 1)]
+        for attr, value in (("base_hf_config", SimpleNamespace(architectures=["InklingForCausalLM"],
+                                                                 model_type="inkling", n_shared_experts=2)),
+                            ("layers", layers), ("_moe_is_gated_by_layer", {})):
+            object.__setattr__(up, attr, value)
+        up._normalize_weights()
+        targets = utils["get_normalized_target_modules"](json.loads((out / "adapter_config.json").read_text())
+                                                         ["target_modules"])
+        assert {"gate_up_proj", "down_proj"} <= targets  # the sink is wrapped
+        for layer in layers:
+            for key in layer.weights:
+                utils["get_target_module_name"](key, targets)  # raises for a name that matches none

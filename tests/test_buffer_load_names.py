@@ -1,0 +1,217 @@
+"""The buffer load's names (``sglang_path.check_buffer_names`` and the path around it): weights
+that match no target module are warned about (ISL-W002) and then fail
+``load_lora_weight_to_buffer``'s per-layer loop (ISL-E036, every release); 0.5.23 refuses an
+indexed shared-expert weight on a layer whose sink is not wrapped (ISL-E037). ``selfcheck``'s
+``loading`` area checks the same against each wheel's own function (test_selfcheck.py)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inkling_lab import explain
+from inkling_lab.adapters import Adapter, save_adapter, synthetic_adapter
+from inkling_lab.catalog import CATALOG, RELEASES
+from inkling_lab.doctor import doctor
+from inkling_lab.export import export_for_sglang
+from inkling_lab.releases import raised_line
+from inkling_lab.sglang_path import (SORTED_NOTE, check_buffer_names, run_sglang, server_target_modules,
+                                     skipped_weights, target_module_of, targets_text)
+
+ROOT = Path(__file__).resolve().parents[1]
+SINK = ("gate_up_proj", "down_proj")
+L = "model.layers.{}.mlp.shared_experts."
+T3, T2 = torch.zeros(1, 1, 1), torch.zeros(1, 1)
+
+
+def names(layer: int, *parts: str, dims: int = 3) -> dict[str, torch.Tensor]:
+    return {L.format(layer) + p: (T3 if dims == 3 else T2) for p in parts}
+
+
+def saved(tmp_path, weights, **config) -> Path:
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)
+    config = {**ad.config, **config}
+    return save_adapter(Adapter(ad.name, config["r"], config["lora_alpha"], config["target_modules"], weights, config),
+                        tmp_path / "adapter")
+
+
+# -- the name checks, case by case --------------------------------------------------------------------
+
+def test_the_first_unmatched_name_of_the_lowest_layer_in_the_layers_own_order_fails():
+    layers = {0: names(0, "gate_up_proj.lora_A.weight", "down_proj.lora_A.weight"),
+              1: names(1, "up_proj.lora_B.weight", "up_proj.lora_A.weight"),  # B first: the layer's own order
+              2: names(2, "base_layer.lora_A.weight")}
+    check = check_buffer_names(layers, [], set(SINK), wrapped=True)
+    assert check.code == "ISL-E036" and check.layer == 1 and check.name == L.format(1) + "up_proj.lora_B.weight"
+    assert check.text == ("ValueError: Cannot find target module name for model.layers.1.mlp.shared_experts."
+                          "up_proj.lora_B.weight in {'down_proj', 'gate_up_proj'}")
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_a_skipped_weight_fails_whether_the_sink_is_wrapped_or_not(wrapped):
+    targets = set(SINK) if wrapped else {"gate_up_proj"}
+    check = check_buffer_names({0: names(0, "gate_up_proj.lora_A.weight", "router.lora_A.weight", dims=3)}, [],
+                               targets, wrapped)
+    assert check.code == "ISL-E036" and check.name.endswith("router.lora_A.weight")
+
+
+def test_every_sink_weight_skipped_fails_on_the_first_of_them():
+    layers = {0: names(0, "base_layer.lora_A.weight", "base_layer.lora_B.weight", "lora_A.weight", dims=2)}
+    check = check_buffer_names(layers, [], set(), wrapped=False)
+    assert check.name == L.format(0) + "base_layer.lora_A.weight" and check.text.endswith(" in set()")
+
+
+def test_embedding_weights_are_checked_after_every_layer():
+    embedding = ["model.embed_tokens.lora_embedding_A", "lm_head.lora_B.weight"]
+    check = check_buffer_names({0: names(0, "gate_up_proj.lora_A.weight")}, embedding, set(SINK), True)
+    assert check.code == "ISL-E036" and check.layer is None and check.name == embedding[0]
+    later = check_buffer_names({0: names(0, "up_proj.lora_A.weight")}, embedding, set(SINK), True)
+    assert later.layer == 0  # a layer's error comes first
+    matched_first = check_buffer_names({}, embedding, {"embed_tokens", *SINK}, True)
+    assert not matched_first.text and "does not model loading embed_tokens" in matched_first.unknown
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_an_indexed_shared_expert_weight_on_an_unwrapped_sink(version):
+    layer = {0: {**names(0, "0.gate_up_proj.lora_A.weight", "1.gate_up_proj.lora_B.weight", dims=2)}}
+    check = check_buffer_names(layer, [], {"gate_up_proj"}, wrapped=False, sglang=version)
+    if version == "0.5.23":
+        assert check.code == "ISL-E037" and check.text == (
+            "ValueError: Cannot load LoRA weight 'model.layers.0.mlp.shared_experts.0.gate_up_proj.lora_A.weight': "
+            "layer 0 has no matching target for indexed shared-expert weights.")
+    else:  # filed with the routed experts, which are not wrapped either: no error
+        assert check.text == "" and not check.unknown
+    wrapped = check_buffer_names(layer, [], set(SINK), wrapped=True, sglang=version)
+    assert wrapped.text == ""  # the sink's own branch takes it
+
+
+def test_in_one_layer_the_earlier_name_wins_between_the_two_errors():
+    skipped_first = {0: {L.format(0) + "0.down_proj.lora_A.weight": T2, L.format(0) + "0.gate_up_proj.lora_A.weight": T2}}
+    assert check_buffer_names(skipped_first, [], {"gate_up_proj"}, False).code == "ISL-E036"
+    indexed_first = {0: dict(reversed(skipped_first[0].items()))}
+    assert check_buffer_names(indexed_first, [], {"gate_up_proj"}, False).code == "ISL-E037"
+    assert check_buffer_names(indexed_first, [], {"gate_up_proj"}, False, sglang="0.5.22").code == "ISL-E036"
+
+
+def test_a_buffer_the_pool_does_not_have_is_a_key_error():
+    shared_3d = check_buffer_names({0: names(0, "0.down_proj.lora_B.weight", dims=3)}, [], {"down_proj"}, False)
+    assert shared_3d.text == "KeyError: 'down_proj_shared_moe'"
+    routed = check_buffer_names({0: {"model.layers.0.mlp.experts.0.w1.lora_A.weight": T2}}, [], {"w1"}, False)
+    assert routed.text == "KeyError: 'w1_moe'"
+
+
+@settings(max_examples=30, deadline=None)
+@given(targets=st.sets(st.sampled_from(["gate_up_proj", "down_proj", "qkv_proj", "up_proj", "o_proj"]), max_size=4),
+       name=st.sampled_from(["x.shared_experts.gate_up_proj.lora_A.weight", "x.self_attn.qkv_proj.lora_B.weight",
+                             "x.shared_experts.up_proj.lora_A.weight", "x.o_proj.lora_A.weight"]))
+def test_get_target_module_name_is_the_longest_target_in_the_name(targets, name):
+    best = target_module_of(name, targets)
+    held = [t for t in targets if t in name]
+    assert (best is None) == (not held) and (best is None or len(best) == max(map(len, held)))
+    assert skipped_weights([name], targets) == ([] if held else [name])
+
+
+def test_the_target_set_prints_sorted_whatever_the_hash_seed():
+    code = ("from inkling_lab.sglang_path import check_buffer_names; import torch; "
+            "print(check_buffer_names({0: {'layers.0.x.lora_A.weight': torch.zeros(1, 1)}}, [], "
+            "{'qkv_proj', 'down_proj', 'gate_up_proj', 'o_proj'}, True).text)")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}).stdout
+            for seed in ("0", "1", "2")}
+    assert outs == {"ValueError: Cannot find target module name for layers.0.x.lora_A.weight in "
+                    "{'down_proj', 'gate_up_proj', 'o_proj', 'qkv_proj'}\n"}
+    assert targets_text({"b", "a"}) == "{'a', 'b'}" and targets_text(set()) == "set()"
+
+
+# -- the path and the doctor ----------------------------------------------------------------------------
+
+def test_the_doctor_quotes_the_warning_then_the_raise_and_says_the_set_is_sorted(tmp_path):
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)
+    report = doctor(saved(tmp_path, {k: v for k, v in ad.weights.items() if ".gate_proj." not in k}), 2, 8, 6)
+    assert report.load.outcome == "raises" and report.load.stage == "pool" and report.error_code == "ISL-E036"
+    assert report.load.warning.startswith("LoRA adapter '<lora id>': 2 weight(s) skipped") and \
+        report.load.note == SORTED_NOTE
+    text = str(report)
+    assert text.index(report.load.warning) < text.index(report.load.text) < text.index(SORTED_NOTE)
+    assert report.computes.outcome == "nothing" and "fails to load it" in text
+
+
+def test_a_shape_error_of_an_earlier_layer_comes_before_a_name_error_of_a_later_one(tmp_path):
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, layers=(0, 1))
+    key = "base_model.model.model.layers.{}.mlp.shared_experts.down_proj.lora_B.weight"
+    weights = {**ad.weights, key.format(0): torch.zeros(8, 3)}  # layer 0: rank 3 against r=4
+    weights = {k: v for k, v in weights.items() if not ("layers.1." in k and ".gate_proj." in k)}  # layer 1: lone up
+    assert "AssertionError" in doctor(saved(tmp_path / "a", weights), 2, 8, 6).load.text
+    swapped = {**ad.weights, key.format(1): torch.zeros(8, 3)}
+    swapped = {k: v for k, v in swapped.items() if not ("layers.0." in k and ".gate_proj." in k)}
+    assert doctor(saved(tmp_path / "b", swapped), 2, 8, 6).error_code == "ISL-E036"
+
+
+def test_layers_are_walked_from_zero_not_in_the_files_sorted_order(tmp_path):
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, layers=(2, 10))
+    weights = {k: v for k, v in ad.weights.items() if ".gate_proj." not in k}  # both layers: a lone up
+    path = run_sglang(saved(tmp_path, weights), 2, 8, 6)
+    assert "layers.2." in path.raised.text  # 'layers.10.' sorts first in the file, layer 2 is loaded first
+
+
+@pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
+def test_a_per_expert_gate_up_adapter_on_a_server_without_down_proj(tmp_path, version):
+    per = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4, per_expert=True)
+    folder = saved(tmp_path, {k: v for k, v in per.weights.items() if ".down_proj." not in k},
+                   target_modules=["gate_proj", "up_proj"])
+    report = doctor(folder, 2, 8, 6, sglang=version)
+    codes = [f.code for f in report.findings]
+    assert "ISL-W103" in codes
+    if version == "0.5.23":
+        assert report.error_code == "ISL-E037" and report.load.stage == "pool" and not report.load.warning
+    else:
+        assert report.load.outcome == "loads" and report.computes.outcome == "base"
+
+
+def test_explain_knows_both_messages_and_their_releases():
+    e036 = ("ValueError: Cannot find target module name for model.layers.0.mlp.shared_experts.base_layer.lora_A."
+            "weight in {'gate_up_proj', 'down_proj'}")
+    e037 = ("ValueError: Cannot load LoRA weight 'model.layers.3.mlp.shared_experts.1.down_proj.lora_A.weight': "
+            "layer 3 has no matching target for indexed shared-expert weights.")
+    assert explain(e036).code == "ISL-E036" and CATALOG["ISL-E036"].releases == RELEASES
+    assert explain(e037).code == "ISL-E037" and CATALOG["ISL-E037"].releases == ("0.5.23",)
+    assert raised_line(CATALOG["ISL-E037"], "0.5.22").startswith("sglang 0.5.22 does not raise this")
+    assert raised_line(CATALOG["ISL-E036"], "0.5.16").startswith("sglang 0.5.16 raises this")
+
+
+# -- the cures stay cures ---------------------------------------------------------------------------------
+
+def export_names(folder: Path) -> tuple[list[str], set[str]]:
+    """An export's weight names as sglang's buffer load checks them (normalized layer by
+    layer) and the target modules its config gives the server."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from inkling_lab.adapters import normalize_layer
+    from inkling_lab.sglang_path import layer_id
+
+    weights = load_file(folder / "adapter_model.safetensors")
+    layers: dict[int, dict] = {}
+    for k, t in weights.items():
+        layers.setdefault(layer_id(k), {})[k] = t
+    names = [k for lid in sorted(layers) for k in normalize_layer(layers[lid], 2)]
+    config = json.loads((folder / "adapter_config.json").read_text())
+    return names, server_target_modules(config["target_modules"])
+
+
+EXPORTED = ["gate_up", "per_expert", "up_only", "w_names", "fused", "mixed_outer"]
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_an_export_has_no_weight_its_own_target_modules_miss(tmp_path, name):
+    report = export_for_sglang(ROOT / "data" / "adapters" / name, tmp_path / "out", 2)
+    assert report.written, report
+    names, targets = export_names(tmp_path / "out")
+    assert skipped_weights(names, targets) == [] and set(SINK) <= targets
+    path = run_sglang(tmp_path / "out", 2, 8, 6)
+    assert path.raised is None and not path.skip_warning and not path.unknown and path.wrapped
