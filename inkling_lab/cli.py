@@ -57,7 +57,10 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_sink_args(p: argparse.ArgumentParser, required: bool) -> None:
+def _add_sink_args(p: argparse.ArgumentParser, required: bool, pool: bool = True) -> None:
+    """The sink's sizes; ``pool``: also the pool's max rank and the TP size (compare has
+    neither: it compares at each adapter's own rank, unsharded, and so takes no such flag
+    rather than ignore it)."""
     g = p.add_argument_group("the sink", _SINK_HELP)
     g.add_argument("--n-shared-experts", "-n", type=_positive, required=True, metavar="N",
                    help="number of shared experts n")
@@ -65,6 +68,8 @@ def _add_sink_args(p: argparse.ArgumentParser, required: bool) -> None:
                    + ("" if required else " (default: the adapter's)"))
     g.add_argument("--intermediate", type=_positive, required=required, metavar="F",
                    help="intermediate size F of one expert" + ("" if required else " (default: the adapter's)"))
+    if not pool:
+        return
     g.add_argument("--max-rank", type=_positive, metavar="R",
                    help="the pool's max LoRA rank, sglang's --max-lora-rank (default: the largest adapter rank)")
     g.add_argument("--tp", type=_positive, default=1, metavar="T",
@@ -281,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "mismatched elements and the greatest absolute and relative difference, where, and the cause. "
                     "Exit status 1 unless all three agree.")
     p.add_argument("adapters", nargs="+", metavar="ADAPTER", help="PEFT adapter folders, one per slot")
-    _add_sink_args(p, required=True)
+    _add_sink_args(p, required=True, pool=False)
     _add_server_args(p)
     p.add_argument("--tokens", type=_positive, default=8, metavar="T", help="tokens in the batch (default 8)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the sink and the batch (default 0)")
@@ -397,16 +402,50 @@ def printable(text: str, encoding: str | None = "utf-8") -> str:
     return text
 
 
+_BREAKS = ("\n", "\t")
+"""What ``printable`` keeps (the report's own lines and columns), but a name must not carry."""
+
+
+def _names(args: argparse.Namespace) -> list[str]:
+    """The names the command was given (its path arguments, each component) and those it
+    reads (the entries of the folders given), where they hold a newline or a tab: printed
+    as they are, a name ``x\nExit status 0`` would forge a line of the report."""
+    paths = []
+    for attr in ("adapter", "adapters", "output", "wheel", "cache"):
+        value = getattr(args, attr, None)
+        paths += [str(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
+    names = set()
+    for path in paths:
+        names.update([path, *Path(path).parts])
+        try:
+            with os.scandir(path) as entries:  # a folder's own files, as far as a few thousand go
+                names.update(e.name for _, e in zip(range(4096), entries))
+        except OSError:
+            pass  # not a folder the kit can list: nothing more is named from it
+    # as Python holds it (undecodable bytes as surrogates) and as a library decoding the bytes writes it (U+FFFD)
+    names |= {os.fsencode(n).decode("utf-8", "replace") for n in names}
+    return sorted((n for n in names if any(b in n for b in _BREAKS) and n.strip()), key=len, reverse=True)
+
+
+def _escape_names(text: str, names: Sequence[str]) -> str:
+    for name in names:
+        if name in text:
+            text = text.replace(name, name.replace("\n", "\\n").replace("\t", "\\t"))
+    return text
+
+
 class _SafeStream(io.TextIOBase):
     """Everything the command prints goes through ``printable``: one place, every printer
-    (names read from files included), whatever the stream's encoding."""
+    (names read from files included), whatever the stream's encoding; ``names`` (the
+    command's own, ``_names``) with their newlines and tabs escaped too."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        self.names: Sequence[str] = ()
 
     def write(self, text: str) -> int:
-        self._stream.write(printable(text, self._encoding))
+        self._stream.write(printable(_escape_names(text, self.names), self._encoding))
         return len(text)
 
     def flush(self) -> None:
@@ -444,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        sys.stdout.names = sys.stderr.names = _names(args)
         if not hasattr(args, "func"):
             parser.print_help()
             return 2

@@ -360,7 +360,7 @@ class _Conversion:
         self.outer = outer if outer is not None else (1 if shared else n)
         R = max_rank if max_rank is not None else max(ranks)
         self.geometry = Geometry(n=n, hidden=H, intermediate=F_full // tp_size, max_rank=R, slots=len(adapters),
-                                 outer=self.outer)
+                                 outer=self.outer, about=about)  # a pool past the kit's bound: ISL-K164
         self.findings: list[Finding] = []
 
     def _normalized(self, i: int, module: str) -> LoRAFactors:

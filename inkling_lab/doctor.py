@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import numbers
 import os
 import sys
 import types
@@ -41,7 +42,7 @@ from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adap
 from .catalog import CatalogEntry, Finding, UpstreamDefectWarning, finding
 from .convert import ConvertedPool, convert
 from .errors import find_entry
-from .geometry import BUFFER_NAMES
+from .geometry import BUFFER_NAMES, check_size
 from .pool import LoRAFactors
 from .releases import Release, release
 from .shard import shard_factors
@@ -230,6 +231,7 @@ class DoctorReport:
         lines.append(f"Exit status {self.exit_status}: " + (
             f"{self.release.label} loads it and serves the adapter's math" if self.ok else
             f"{self.release.label} fails to load it" if self.fails else
+            f"the kit cannot tell whether {self.release.label} loads it" if self.load.outcome == "unknown" else
             f"{self.release.label} would not serve the adapter's math"))
         return "\n".join(lines)
 
@@ -321,6 +323,13 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
     """
     from .transformers_interop import model_activation
 
+    for what, value, low in (("n_shared_experts", n_shared_experts, 1), ("hidden", hidden, 1),
+                             ("intermediate", intermediate, 1), ("tp", tp, 1), ("max_rank", max_rank, 0)):
+        # not a size at all: refused by name before anything is read; one past any model is the kit's
+        # verdict (ISL-K162, K164: with the adapter's own sizes) and sglang's (its pool, unknown)
+        if (value is not None or what != "max_rank") and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
+            check_size(f"doctor: {what}", value, low)
     n = n_shared_experts
     folder = Path(adapter.source) if isinstance(adapter, Adapter) else Path(adapter)
     if folder.name in (CONFIG_FILE, WEIGHTS_FILE):

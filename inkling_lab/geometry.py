@@ -60,6 +60,18 @@ WORKING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 and sglang's kernels compute in (no integers, booleans, complex or float8)."""
 
 
+def check_numel(what: str, shape: Shape, about: str = "") -> Shape:
+    """``shape`` if a tensor of it holds at most ``SIZE_LIMIT`` values, else ``ValueError``
+    (``ISL-K164``) naming ``what`` and the shape: sizes each within bounds can still
+    multiply past any memory (a max rank of 2**30 at H 8 is 2**34 values). Checked from
+    the sizes alone, before anything is allocated; ``about``: what the refusal adds."""
+    count = math.prod(shape)
+    if count > SIZE_LIMIT:
+        raise ValueError(message("ISL-K164", what=what, shape=list(shape), count=count,
+                                 gib=f"{count * 4 / 2 ** 30:.3g}", about=about))
+    return shape
+
+
 def check_dtype(what: str, dtype: object) -> torch.dtype:
     """``dtype`` if it is one of ``WORKING_DTYPES``, else ``TypeError`` naming ``what``."""
     if dtype not in WORKING_DTYPES:
@@ -72,8 +84,11 @@ def allocate(shape: Shape, what: str, dtype: torch.dtype, device: torch.device |
              fill: str = "zeros", generator: torch.Generator | None = None) -> torch.Tensor:
     """A tensor of ``shape``: ``zeros``, ``empty``, or seeded ``randn``/``rand`` (drawn on
     the CPU in float32 from ``generator``, then cast and moved, as the kit's seeded
-    factories draw). A size this machine cannot hold is a ``MemoryError`` naming
-    ``what``, its shape and the bytes asked for, never torch's allocator text."""
+    factories draw). A shape past the kit's bound is refused before anything is
+    allocated (``check_numel``, ``ISL-K164``); a size this machine cannot hold is a
+    ``MemoryError`` naming ``what``, its shape and the bytes asked for, never torch's
+    allocator text."""
+    check_numel(what, shape)
     try:
         if fill in ("randn", "rand"):
             return getattr(torch, fill)(shape, generator=generator).to(dtype=dtype, device=device)
@@ -106,7 +121,9 @@ class Geometry:
     ``max_rank`` is the pool's ``R`` (each adapter's own rank ``r <= R`` is
     ``LoRAFactors.rank``); ``rank`` is kept as another name for it, as an argument and
     an attribute. ``outer`` is ``1`` (shared outer: one gate-up A and one down B for all
-    experts) or ``n`` (per-expert outer).
+    experts) or ``n`` (per-expert outer). Every size is bounded (``ISL-K162``), and so is
+    every tensor the geometry describes (``ISL-K164``): a refusal, before anything is
+    allocated, adds ``about`` (what the caller knows: an adapter's own sizes).
     """
 
     n: int
@@ -117,16 +134,16 @@ class Geometry:
     outer: int
 
     def __init__(self, n: int, hidden: int, intermediate: int, max_rank: int | None = None, slots: int = 1,
-                 outer: int = 1, *, rank: int | None = None) -> None:
+                 outer: int = 1, *, rank: int | None = None, about: str = "") -> None:
         if max_rank is not None and rank is not None and max_rank != rank:
             raise TypeError(f"Geometry: max_rank={max_rank} and rank={rank} name the same R: give one")
         R = max_rank if max_rank is not None else rank if rank is not None else 4
         for name, value in (("n", n), ("hidden", hidden), ("intermediate", intermediate), ("max_rank", R),
                             ("slots", slots), ("outer", outer)):
             object.__setattr__(self, name, value)
-        self._validate()
+        self._validate(about)
 
-    def _validate(self) -> None:
+    def _validate(self, about: str = "") -> None:
         names = ("n", "hidden", "intermediate", "max_rank", "slots", "outer")
         for name in names:
             value = getattr(self, name)
@@ -138,11 +155,14 @@ class Geometry:
         if self.max_rank < 0:
             raise ValueError(f"Geometry.max_rank must be at least 0, got {self.max_rank}")
         for name in names:
-            check_size(f"Geometry.{name}", getattr(self, name))
+            check_size(f"Geometry.{name}", getattr(self, name), about=about)
         if self.outer not in (1, self.n):
             raise ValueError(
                 f"Geometry.outer must be 1 (shared outer) or n={self.n} (per-expert outer), got {self.outer}"
             )
+        for name, shape in {**self.buffer_shapes(), "w13": self.w13, "w2": self.w2, "w1_delta": self.w1_delta,
+                            "a_cat": self.a_cat}.items():
+            check_numel(f"Geometry: {name}", shape, about)
 
     @property
     def rank(self) -> int:

@@ -74,15 +74,28 @@ def cached_wheel(version: str, cache: Path | None = None) -> Path | None:
     return found[0] if found else None
 
 
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
+"""A release version as PyPI spells one (PEP 440's public versions, without epochs or local parts)."""
+
+
 def download(version: str, cache: Path | None = None) -> Path:
-    """Fetch sglang ``version``'s wheel into the cache once (``pip download --no-deps``)."""
+    """Fetch sglang ``version``'s wheel into the cache once (``pip download --no-deps``).
+    ``version`` must read as a release (``0.5.23``), else ``ValueError`` before pip runs;
+    pip's own words, when it fails, come back in the ``RuntimeError`` (never straight to
+    the terminal: they repeat the version, escape sequences and all)."""
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+        raise ValueError(f"selfcheck: {version!r} is not a release version: give one such as 0.5.23")
     cache = cache or wheel_cache()
     have = cached_wheel(version, cache)
     if have is not None:
         return have
     cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q",
-                    f"sglang=={version}", "-d", str(cache)], check=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q",
+                           f"sglang=={version}", "-d", str(cache)], capture_output=True, text=True,
+                          errors="backslashreplace", stdin=subprocess.DEVNULL)
+    if done.returncode:
+        said = " ".join((done.stderr or done.stdout).split()[-60:])
+        raise RuntimeError(f"pip download sglang=={version} failed (exit status {done.returncode}): {said}")
     have = cached_wheel(version, cache)
     if have is None:
         raise RuntimeError(f"pip download left no sglang-{version}-*.whl in {cache}")

@@ -29,7 +29,7 @@ from safetensors import safe_open
 from .adapters import (CONFIG_FILE, PROJECTIONS, Adapter, FactorName, module_of, normalize_layer,
                        check_regular, peft_target_parameter_keys, read_peft_config)
 from .catalog import Finding, finding, message
-from .geometry import WORKING_DTYPES
+from .geometry import SIZE_LIMIT, WORKING_DTYPES
 from .pool import LoRAFactors
 from .releases import Release, release
 from .shard import slice_lora_a, slice_lora_b
@@ -582,6 +582,17 @@ class _Sglang:
         and the factors as they land (B times ``lora_alpha / r`` in the stored dtype)."""
         H, F, r = self.H, self.F // self.tp, self.r
         R = self.max_rank if self.max_rank is not None else r
+        # init_buffers allocates the pool at startup, before any adapter loads: its size comes first
+        largest = max(2 * R * H, self.n * 2 * F * R)  # one slot of one layer: gate-up A [1, 1, 2R, H], B [1, n, 2F, R]
+        if largest > SIZE_LIMIT:
+            self.unknown = (
+                f"at --max-lora-rank {R}, H={H} and F={F} (per rank) the shared sink's largest pool buffer holds "
+                f"{largest} values per slot and "
+                f"layer ({largest * 2 / 2 ** 30:.3g} GiB in bfloat16), which {self.label} allocates at startup, before "
+                "any adapter loads (mem_pool.py: LoRAMemoryPool.init_buffers, torch.zeros per layer in the model's "
+                "dtype on its GPU; it bounds nothing): past the kit's bound (ISL-K164), the kit cannot tell whether "
+                "the GPU holds it (where not, the server fails at startup with torch's out-of-memory error)")
+            return
         loaded: dict[str, LoRAFactors] = {}
         shared_outer = self._shared_outer()
         for module, parts in sorted(self.factors.items(), key=lambda item: _layer_order(item[0])):  # from layer 0

@@ -53,7 +53,7 @@ class PoolLayout(Geometry):
     """The geometry that four valid pool buffers spell out (``[S, O, 2R, H]`` and friends,
     in numbers). Upstream's checks let zero extents through, so none is refused here."""
 
-    def _validate(self) -> None:
+    def _validate(self, about: str = "") -> None:
         """Nothing more than upstream's checks, which ran before the layout was read."""
 
 

@@ -229,7 +229,10 @@ def test_a_mistyped_hidden_size_allocates_nothing(tmp_path):
     folder = _adapter_folder(tmp_path)
     adapter = load_adapter(folder)
     with _address_space_capped(), expect_error("ISL-E016", show=False):  # upstream's shape assertion,
-        convert([adapter], 2, hidden=10 ** 9)                               # not "can't allocate 4 TB"
+        convert([adapter], 2, hidden=10 ** 6)                               # checked on the meta device
+    with _address_space_capped(), expect_error("ISL-K164", show=False) as caught:  # a pool past the bound,
+        convert([adapter], 2, hidden=10 ** 9)                                       # not "can't allocate 4 TB"
+    assert "adapter 'ad' has H=8, F=6" in str(caught.exception)
     with expect_error("ISL-K162", show=False) as caught:  # past any model: refused with the adapter's sizes
         convert([adapter], 2, hidden=10 ** 12)
     assert "adapter 'ad' has H=8, F=6" in str(caught.exception)
@@ -240,7 +243,7 @@ def test_doctor_with_a_mistyped_hidden_size_answers_at_once(tmp_path, capsys):
     with _address_space_capped():
         assert main(["doctor", str(folder), "-n", "2", "--hidden", "1000000000000", "--intermediate", "6"]) == 1
     out = capsys.readouterr().out
-    assert "ISL-K162" in out and "has H=8, F=6" in out and "allocate" not in out
+    assert "ISL-K162" in out and "has H=8, F=6" in out and "cannot allocate" not in out  # no allocator failure
 
 
 # -- safe output ------------------------------------------------------------------------------

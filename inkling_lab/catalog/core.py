@@ -179,4 +179,60 @@ ENTRIES: list[CatalogEntry] = [
         upstream="Nothing upstream: compare is the kit's own check; sglang serves the sizes of the model it "
                  "loaded (sglang/srt/lora/mem_pool.py: LoRAMemoryPool.init_buffers).",
         generation=KIT, related=("ISL-K162",), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K164", title="a tensor past the kit's bound (sizes that multiply past any model)",
+        exc_type=ValueError,
+        message="{what} {shape} would hold {count} values ({gib} GiB in float32), past the kit's bound of "
+                "2**31 - 1 values in one tensor{about}: check the sizes (a mistyped one?), the max rank above all",
+        meaning="Each size may be within bounds (ISL-K162) and their product still past any model: a pool of max "
+                "rank 2**30 at H 8 is a gate-up A of 2**34 values, 64 GiB. The kit computes every tensor's size "
+                "from the sizes alone and refuses such a one before anything is allocated (torch would fail with "
+                "its allocator's words, or take the machine's memory first). The bound is what an int32 index "
+                "holds; the real Inkling sink's largest buffer at rank 64 holds a thousandth of it.",
+        when="--max-rank 1073741824 given to inkling-lab doctor or convert, LoRAPool(..., slots=2**31 - 1), a "
+             "Geometry whose H and F are both in the millions.",
+        setup="",
+        trigger="il.LoRAPool(n=2, hidden=8, intermediate=6, slots=1, max_rank=2 ** 30)\n",
+        fix="il.LoRAPool(n=2, hidden=8, intermediate=6, slots=1, max_rank=8)\n",
+        remedy="Give the pool the max rank the server runs with (sglang's --max-lora-rank, at least the "
+               "adapters' largest r) and the model's sizes (config.json); inkling-lab doctor says the adapter's own.",
+        doctor_fix="give --max-rank the server's --max-lora-rank (at least the adapter's r, which the message "
+                   "names) and --hidden/--intermediate the model's",
+        upstream="sglang allocates its LoRA pool at startup from --max-lora-rank, --max-loras-per-batch and the "
+                 "model's config, torch.zeros per layer in the model's dtype on its GPU "
+                 "(sglang/srt/lora/mem_pool.py: LoRAMemoryPool.init_buffers); it bounds none of them, so a pool "
+                 "past the GPU's memory fails there with torch's out-of-memory error.",
+        generation=KIT, related=("ISL-K162", "ISL-K163"), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K165", title="the derived operands kept the first pool's dtype", exc_type=TypeError,
+        message="the sink's derived operands are {operands}, built from its first pool, but the pool and the "
+                "sink are now {pool}: set_lora_info keeps the operands it built first (as upstream's does); call "
+                "sink.clear_pool() before set_lora_info with a pool of another dtype (or use a fresh sink)",
+        meaning="In the shared-outer layout the first set_lora_info allocates the derived operands w1_delta and "
+                "a_cat from the first pool's tensors, in their dtype, and keeps them (their storage must stay at "
+                "one address for CUDA graphs); a later call only checks their shapes and copies the new pool "
+                "into them. A second pool of another dtype is thus copied into operands of the first one's: the "
+                "forward would fail inside a matmul with torch's words (expected both to have the same dtype). "
+                "The kit refuses the forward first and names the operands.",
+        when="A float32 pool set on a bfloat16 sink (refused, ISL-K161), then the bfloat16 pool the sink needs "
+             "set on the same sink.",
+        setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6, "
+              "dtype=torch.bfloat16)\n"
+              "sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4).buffers())\n"
+              "sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, "
+              "dtype=torch.bfloat16).buffers())\n"
+              "batch = il.SlotBatch.from_token_slots([0, 1], num_slots=3)\n"
+              "x, gammas = torch.randn(2, 8, dtype=torch.bfloat16), torch.rand(2, 2)\n",
+        trigger="sink(x, gammas, batch=batch)\n",
+        fix="sink.clear_pool()\n"
+            "sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4, "
+            "dtype=torch.bfloat16).buffers())\n"
+            "sink(x, gammas, batch=batch)\n",
+        remedy="Call sink.clear_pool() (or initialize_lora) before handing a pool of another dtype, or build the "
+               "sink afresh.",
+        upstream="sglang/srt/models/inkling_common/lora.py: InklingBatchDenseMLPWithLoRA.set_lora_info allocates "
+                 "_w1_delta and _a_cat with new_empty from the first pool's gate-up B and down A and keeps them; "
+                 "sglang's pool always has the model's dtype (sglang/srt/lora/mem_pool.py: "
+                 "LoRAMemoryPool.init_buffers), so it never meets this.",
+        generation=KIT, related=("ISL-K161",), releases=EVERY_RELEASE),
 ]

@@ -86,12 +86,19 @@ def check_pool_fits(ops: SinkOperands) -> None:
 def check_pool_dtype(ops: SinkOperands) -> None:
     """Refuse pool buffers of another dtype than the sink's weights (``ISL-K161``): every
     backend would fail inside a matmul (torch's "expected m1 and m2 to have the same
-    dtype") or, in a kernel, read the bytes as the wrong type."""
-    # the derived operands too: built once from the first pool, they keep its dtype (as upstream's do)
-    dtypes = [b.dtype for b in ops.buffers] + [t.dtype for t in (ops.w1_delta, ops.a_cat) if t is not None]
+    dtype") or, in a kernel, read the bytes as the wrong type. Then the derived operands
+    (``ISL-K165``): built once from the first pool, they keep its dtype when a later
+    ``set_lora_info`` hands a pool of another (as upstream's do); the check names them."""
+    dtypes = [b.dtype for b in ops.buffers]
     if any(d != ops.dtype for d in dtypes):
         raise TypeError(message("ISL-K161", pool=", ".join(str(d).removeprefix("torch.") for d in dtypes),
                                 sink=str(ops.dtype).removeprefix("torch.")))
+    kept = {name: t for name, t in (("w1_delta", ops.w1_delta), ("a_cat", ops.a_cat))
+            if t is not None and t.dtype != ops.dtype}
+    if kept:
+        raise TypeError(message("ISL-K165", operands=", ".join(f"{k} {str(t.dtype).removeprefix('torch.')}"
+                                                               for k, t in kept.items()),
+                                pool=str(ops.dtype).removeprefix("torch.")))
 
 
 def check_batch_slots(batch: SlotBatch, slots: int) -> None:

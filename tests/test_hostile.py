@@ -1,0 +1,173 @@
+"""Issue 22, part 2: the kit under hostile input, by promise (no silent wrong result, no
+hang, a clear error naming the argument, file or tensor, nothing written outside the
+intended output, a failed call leaves objects as they were)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import inkling_lab as il
+from inkling_lab.cli import main
+from inkling_lab.errors import expect_error, find_entry
+from inkling_lab.geometry import SIZE_LIMIT
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "data" / "adapters"
+TOY = ["-n", "2", "--hidden", "8", "--intermediate", "6"]
+HANG_GUARD = 300  # seconds: a generous bound on a subprocess that must end, never a timing assertion
+
+
+def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "inkling_lab.cli", *argv], capture_output=True, env=environ,
+                          stdin=subprocess.DEVNULL, timeout=HANG_GUARD)
+
+
+# -- sizes that multiply past any model: bounded before anything is allocated (ISL-K164) ------------------------
+
+@pytest.mark.parametrize("max_rank", [2 ** 27, 2 ** 30, SIZE_LIMIT])
+def test_doctor_huge_max_rank_the_three_verdicts_agree_and_nothing_is_allocated(capsys, monkeypatch, max_rank):
+    import inkling_lab.geometry as geometry
+
+    def no_allocation(*args, **kwargs):  # a pool of this rank must never reach the allocator
+        raise AssertionError(f"allocate{args[:2]} called")
+
+    monkeypatch.setattr(geometry.torch, "zeros", no_allocation)
+    code = main(["doctor", str(SAMPLES / "rank8"), *TOY, "--max-rank", str(max_rank), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    # the kit refuses the pool by its size, sglang's verdict says what its init_buffers would do: never "loads"
+    assert report["kit"]["outcome"] == "refuses" and report["kit"]["code"] == "ISL-K164"
+    assert "adapter 'rank8' has H=8, F=6" in report["kit"]["text"] and "r=8" in report["kit"]["text"]
+    load = report["sglang"]["load"]
+    assert load["outcome"] == "unknown" and "LoRAMemoryPool.init_buffers" in load["why"]
+    assert f"--max-lora-rank {max_rank}" in load["why"]
+    assert report["sglang"]["computes"]["outcome"] == "unknown"
+    assert code == report["exit_status"] == 1
+
+
+def test_doctor_max_rank_within_the_bound_loads_and_writes(capsys):
+    code = main(["doctor", str(SAMPLES / "rank8"), *TOY, "--max-rank", "64", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert (report["sglang"]["load"]["outcome"], report["kit"]["outcome"], code) == ("loads", "writes", 0)
+
+
+@settings(max_examples=40)
+@given(value=st.one_of(st.integers(max_value=-1), st.booleans(), st.floats(allow_nan=True), st.text(max_size=3),
+                       st.integers(min_value=SIZE_LIMIT + 1, max_value=2 ** 80)),
+       what=st.sampled_from(["n_shared_experts", "hidden", "intermediate", "max_rank", "tp"]))
+def test_doctor_a_bad_size_is_refused_by_name_and_one_past_any_model_never_loads(value, what):
+    sizes = {"n_shared_experts": 2, "hidden": 8, "intermediate": 6, "max_rank": None, "tp": 1, what: value}
+    args = sizes.pop("n_shared_experts"), sizes.pop("hidden"), sizes.pop("intermediate")
+    if isinstance(value, int) and not isinstance(value, bool) and value > SIZE_LIMIT:
+        report = il.doctor(SAMPLES / "rank8", *args, **sizes, measure=False)  # the adapter's sizes in the refusal
+        assert report.kit.outcome == "refuses" and report.load.outcome != "loads" and report.exit_status == 1
+        return
+    with pytest.raises((TypeError, ValueError), match=f"doctor: {what}"):
+        il.doctor(SAMPLES / "rank8", *args, **sizes, measure=False)
+
+
+@settings(max_examples=60)
+@given(slots=st.integers(1, SIZE_LIMIT), rank=st.integers(0, SIZE_LIMIT), hidden=st.integers(1, SIZE_LIMIT))
+def test_a_pool_past_the_bound_is_refused_from_its_sizes_alone(slots, rank, hidden):
+    g_sizes = dict(n=2, hidden=hidden, intermediate=6, slots=slots, max_rank=rank)
+    largest = max(slots * 2 * rank * hidden, slots * 2 * 12 * rank, 2 * 12 * hidden, slots * 12 * 2 * rank)
+    if largest <= SIZE_LIMIT:
+        geometry = il.Geometry(**g_sizes)
+        assert max(torch.Size(s).numel() for s in geometry.buffer_shapes().values()) <= SIZE_LIMIT
+    else:
+        with expect_error("ISL-K164", show=False):
+            il.LoRAPool(**g_sizes)
+
+
+def test_compare_takes_no_pool_flags_it_would_ignore(capsys):
+    for flag in (["--tp", "2"], ["--max-rank", "64"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["compare", str(SAMPLES / "rank8"), *TOY, *flag])
+        assert exit_.value.code == 2 and flag[0] in capsys.readouterr().err
+
+
+# -- a second pool of another dtype: the kept derived operands are named (ISL-K165) -----------------------------
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@settings(max_examples=30)
+@given(sink_dtype=st.sampled_from(FLOATS), first=st.sampled_from(FLOATS))
+def test_a_second_pool_of_the_sinks_dtype_after_one_of_another_names_the_kept_operands(sink_dtype, first):
+    sink = il.SharedSinkLoRA(2, 8, 6, dtype=sink_dtype)
+    sink.set_lora_info(*il.LoRAPool(2, 8, 6, 2, 4, dtype=first).buffers())
+    sink.set_lora_info(*il.LoRAPool(2, 8, 6, 2, 4, dtype=sink_dtype).buffers())  # upstream's state semantics
+    assert sink.w1_delta.dtype == first  # kept, as upstream keeps them
+    batch = il.SlotBatch.from_token_slots([0, 1, -1], num_slots=2)
+    x, g = torch.randn(3, 8, dtype=sink_dtype), torch.rand(3, 2)
+    for backend in ("torch", "reference"):
+        if first == sink_dtype:
+            assert torch.isfinite(sink(x, g, batch=batch, backend=backend)).all()
+            continue
+        with pytest.raises(TypeError) as raised:
+            sink(x, g, batch=batch, backend=backend)
+        assert find_entry(raised.value).code == "ISL-K165"
+        text = str(raised.value)
+        name = str(first).removeprefix("torch.")
+        assert f"w1_delta {name}" in text and f"a_cat {name}" in text and "sink.clear_pool()" in text
+    if first != sink_dtype:  # the way out the message gives works
+        sink.clear_pool()
+        sink.set_lora_info(*il.LoRAPool(2, 8, 6, 2, 4, dtype=sink_dtype).buffers())
+        assert sink(x, g, batch=batch, backend="torch").shape == (3, 8)
+
+
+# -- names that are not UTF-8, or hold escapes and line breaks, under a strict UTF-8 stdout -----------------------
+
+HOSTILE_NAME = b"ad\xff\x1b[31m\x1b]0;owned\x07\nExit status 0\tz"
+STRICT = {"PYTHONIOENCODING": "utf-8:strict", "LANG": "C", "LC_ALL": "C"}
+
+
+@pytest.fixture(scope="module")
+def hostile_folder(tmp_path_factory):
+    if sys.platform != "linux":
+        pytest.skip("non-UTF-8 file names: a Linux filesystem")
+    root = tmp_path_factory.mktemp("names")
+    folder = os.fsdecode(os.path.join(os.fsencode(root), HOSTILE_NAME))
+    shutil.copytree(SAMPLES / "rank8", folder)
+    return folder
+
+
+COMMANDS = {
+    "doctor": lambda d: ["doctor", d, *TOY],
+    "doctor --json": lambda d: ["doctor", d, *TOY, "--json"],
+    "doctor, a huge rank": lambda d: ["doctor", d, *TOY, "--max-rank", str(2 ** 30)],
+    "compare --json": lambda d: ["compare", d, *TOY, "--json"],
+    "convert": lambda d: ["convert", d, "-n", "2", "-q", "-o", os.path.join(d, "pool\n.safetensors")],
+    "convert over its input": lambda d: ["convert", d, "-n", "2", "-q", "-o", d, "--force"],
+    "export --json": lambda d: ["export", d, "-n", "2", "-q", "-o", d + "\x1b.out", "--json"],
+    "explain": lambda d: ["explain", "ValueError: Inkling shared-sink LoRA requires four 4D MoE buffers " + d],
+    "selfcheck --wheel": lambda d: ["selfcheck", "--wheel", os.path.join(d, "x.whl"), "--cases", "1"],
+    "selfcheck --download": lambda d: ["selfcheck", "--download", "0.5.23" + d, "--cache", d, "--cases", "1"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_hostile_folder_name_is_printed_escaped_by_every_command(hostile_folder, command):
+    result = _cli(*COMMANDS[command](hostile_folder), env=STRICT)
+    out = result.stdout + result.stderr
+    assert result.returncode in (0, 1), out[-2000:]
+    assert b"Traceback" not in out and b"UnicodeEncodeError" not in out
+    # no control character reaches the terminal but the report's own newlines and tabs ...
+    assert not [c for c in out if c < 0x20 and c not in b"\n\t"], out[-2000:]
+    # ... and the name's own line break and tab are shown escaped: no forged "Exit status 0" line
+    assert b"\nExit status 0\tz" not in out and not any(line.startswith(b"Exit status 0\t") for line in out.splitlines())
+    if "--json" in command:
+        json.loads(result.stdout)
+    if command == "doctor":
+        assert b"ad\\xff\\x1b[31m\\x1b]0;owned\\x07\\nExit status 0\\tz" in result.stdout
+    if command == "convert over its input":  # refused: the adapter is never replaced
+        assert (Path(hostile_folder) / "adapter_model.safetensors").is_file()
