@@ -325,10 +325,12 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
 
     for what, value, low in (("n_shared_experts", n_shared_experts, 1), ("hidden", hidden, 1),
                              ("intermediate", intermediate, 1), ("tp", tp, 1), ("max_rank", max_rank, 0)):
-        # not a size at all: refused by name before anything is read; one past any model is the kit's
-        # verdict (ISL-K162, K164: with the adapter's own sizes) and sglang's (its pool, unknown)
+        # not a size at all, or n and tp past any model (the path reshapes by them): refused by name before
+        # anything is read; H, F or R past any model is the kit's verdict (ISL-K162, K164: with the adapter's
+        # own sizes) and sglang's (its pool, unknown)
         if (value is not None or what != "max_rank") and (
-                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low
+                or what in ("n_shared_experts", "tp")):
             check_size(f"doctor: {what}", value, low)
     n = n_shared_experts
     folder = Path(adapter.source) if isinstance(adapter, Adapter) else Path(adapter)
