@@ -503,6 +503,12 @@ class _Sglang:
             self.unknown = check.unknown
         elif check.text:
             self.name_error = check
+        loose = [k for k in names if target_module_of(k, SINK_TARGETS) is None and not any(e in k for e in _EMBEDDINGS)]
+        if "all" in server and loose:  # only the FusedMoE targets (and the embedding ones) are sure to be among them
+            self.unknown = (f"{loose[0]}" + (f" and {len(loose) - 1} more" if len(loose) > 1 else "") + ": 'all' "
+                            "resolves to the base model's own module names (utils.py: auto_detect_lora_target_modules), "
+                            "which the kit does not read; a weight that holds none of them fails the buffer load "
+                            "(ISL-E036)")
         fails = (f"{self.label} fails the buffer load when a batch first uses the adapter (verdict 1)"
                  if check.text else "")
         if not self.wrapped:

@@ -215,3 +215,19 @@ def test_an_export_has_no_weight_its_own_target_modules_miss(tmp_path, name):
     assert skipped_weights(names, targets) == [] and set(SINK) <= targets
     path = run_sglang(tmp_path / "out", 2, 8, 6)
     assert path.raised is None and not path.skip_warning and not path.unknown and path.wrapped
+
+
+@pytest.mark.parametrize("targets", [["all"], None])
+def test_all_resolves_to_module_names_the_kit_does_not_read(tmp_path, targets):
+    """'all' (the flag, or the adapter's own 'all-linear') resolves to the base model's own module
+    names: a sink weight holding gate_up_proj or down_proj matches, any other weight the kit
+    cannot judge, and says so rather than that it is served."""
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)
+    plain = doctor(saved(tmp_path / "a", ad.weights, target_modules="all-linear"), 2, 8, 6, target_modules=targets,
+                   measure=False)
+    assert plain.ok
+    lone_up = {k: v for k, v in ad.weights.items() if ".gate_proj." not in k}
+    report = doctor(saved(tmp_path / "b", lone_up, target_modules="all-linear"), 2, 8, 6, target_modules=targets,
+                    measure=False)
+    assert report.load.outcome == "unknown" and "auto_detect_lora_target_modules" in report.load.why
+    assert "up_proj.lora_A.weight" in report.load.why and report.computes.outcome == "unknown"
