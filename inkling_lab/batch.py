@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from .catalog import error
+from .geometry import check_size
 
 
 def _not_an_int(v: object) -> bool:
@@ -160,6 +161,7 @@ def _check_slots(ids: torch.Tensor, num_slots: int, what: str) -> None:
         raise TypeError(f"SlotBatch: num_slots must be an integer (the pool's S), got {num_slots!r}")
     if num_slots < 0:
         raise ValueError(f"SlotBatch: num_slots must be >= 0 (the pool's S), got {num_slots}")
+    check_size("SlotBatch: num_slots", num_slots)  # compared with int64 ids: past any pool (ISL-K162)
     bad = torch.nonzero((ids < -1) | (ids >= num_slots)).flatten()
     if bad.numel():
         i = int(bad[0])

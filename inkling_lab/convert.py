@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
-from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, HeaderError, open_safetensors
+from .adapters import CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, HeaderError, as_path, open_safetensors
 from .atomic import atomic_writer, check_target
 from .catalog import Finding, error, message
 from .geometry import BUFFER_NAMES, Geometry, check_size
@@ -199,7 +199,7 @@ def load_pool(path: str | os.PathLike[str]) -> ConvertedPool:
     Raises ``ValueError`` naming the file for anything else: no safetensors file, or
     one without the pool's metadata (``ISL-K403``).
     """
-    path = Path(path)
+    path = as_path("load_pool: path", path)
 
     def refuse(why: str) -> ValueError:
         exc = ValueError(message("ISL-K403", file=path.name, why=why))

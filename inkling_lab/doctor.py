@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
-from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, load_adapter, open_safetensors,
+from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, as_path, FactorName, load_adapter, open_safetensors,
                        peft_target_parameter_keys)
 from .catalog import CatalogEntry, Finding, UpstreamDefectWarning, finding
 from .convert import ConvertedPool, convert
@@ -333,7 +333,7 @@ def doctor(adapter: Adapter | str | os.PathLike[str], n_shared_experts: int, hid
                 or what in ("n_shared_experts", "tp")):
             check_size(f"doctor: {what}", value, low)
     n = n_shared_experts
-    folder = Path(adapter.source) if isinstance(adapter, Adapter) else Path(adapter)
+    folder = Path(adapter.source) if isinstance(adapter, Adapter) else as_path("doctor: adapter", adapter)
     if folder.name in (CONFIG_FILE, WEIGHTS_FILE):
         folder = folder.parent
     held = isinstance(adapter, Adapter) and not adapter.source

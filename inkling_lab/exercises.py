@@ -249,6 +249,9 @@ def first_error(answer: Any, shapes: tuple, n: int) -> Verdict:
     from .validate import upstream_check
 
     keys = ("gate_up_a", "gate_up_b", "down_a", "down_b")
+    if not isinstance(shapes, (tuple, list)) or len(shapes) != 4 or not all(isinstance(s, (tuple, list, torch.Size))
+                                                                             for s in shapes):
+        raise TypeError(f"first_error: shapes must be the four buffers' shapes (tuples), got {shapes!r}")
     failure = upstream_check(dict(zip(keys, (tuple(s) for s in shapes))), n)
     expected = failure[0] if failure else None
     name = "which check fires first"

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 
 from safetensors import SafetensorError
 
-from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, file_sha256, load_adapter, module_of,
+from .adapters import (CONFIG_FILE, WEIGHTS_FILE, Adapter, FactorName, as_path, file_sha256, load_adapter, module_of,
                        open_safetensors)
 from .adapters.files import sink_module_of, sink_modules
 from .atomic import atomic_folder
@@ -801,8 +801,8 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
     (``transformers_interop.model_activation``, the report says where); another than
     SiLU is refused (``ISL-K507``: sglang's sink computes SiLU only).
     """
-    output = Path(output)
-    name = adapter.name if isinstance(adapter, Adapter) else Path(adapter).name
+    output = as_path("export_for_sglang: output", output)
+    name = adapter.name if isinstance(adapter, Adapter) else as_path("export_for_sglang: adapter", adapter).name
     report = ExportReport(name, str(output), n_shared_experts, hidden, intermediate, tp, release=release(sglang))
     try:
         read = ExportInput(adapter)

@@ -152,6 +152,9 @@ class SharedSinkLoRA(SharedSink):
         has one), a sink that is not bf16, an interleaved sink (it needs the
         contiguous ``[gate ‖ up]`` base). A failed call changes nothing.
         """
+        if not isinstance(backend, LoRABackend):
+            raise TypeError(f"initialize_lora: backend must be a LoRABackend (il.LoRABackend('triton', "
+                            f"max_loras_per_batch=4)), got {type(backend).__name__}")
         check_generation(generation)
         if generation == "v1":
             problems = []

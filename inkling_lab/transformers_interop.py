@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from safetensors import SafetensorError
 
-from .adapters import HeaderError, check_regular, open_safetensors, read_regular
+from .adapters import HeaderError, as_path, check_regular, open_safetensors, read_regular
 from .catalog import error, message
 from .geometry import WORKING_DTYPES
 from .lora import SharedSinkLoRA
@@ -335,7 +335,7 @@ def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix
     ``CheckpointLayer``) says which format, files and activation were read. The other
     arguments as for ``sink_from_transformers``.
     """
-    path = Path(path)
+    path = as_path("sink_from_checkpoint: path", path)
     files = _key_files(path)
     found = _find_prefix(files, layer, path.name) if prefix is None else None
     prefix = found[0] if found else prefix

@@ -39,6 +39,8 @@ def _in_range(function: str, **values: tuple[object, int, int]) -> None:
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"3, 1, 8, 16"`` (or ``"[3,1,8,16]"``) -> ``(3, 1, 8, 16)``."""
+    if not isinstance(text, str):
+        raise TypeError(f"a shape is text such as '3, 1, 8, 16', got {text!r}")
     cleaned = text.strip().strip("[]()")
     if not cleaned:
         return ()

@@ -172,3 +172,56 @@ def test_a_hostile_folder_name_is_printed_escaped_by_every_command(hostile_folde
         assert b"ad\\xff\\x1b[31m\\x1b]0;owned\\x07\\nExit status 0\\tz" in result.stdout
     if command == "convert over its input":  # refused: the adapter is never replaced
         assert (Path(hostile_folder) / "adapter_model.safetensors").is_file()
+
+
+# -- the public API given what is not its argument: a clear error by name, never Python's or torch's own ----------
+
+NOT_ARGUMENTS = st.sampled_from([None, "4", "", True, 2.5, float("nan"), [1, 2], (2,), object(), torch.tensor(2)])
+
+
+def _raised_by_the_kit(call) -> BaseException:
+    try:
+        call()
+    except (TypeError, ValueError) as exc:
+        import traceback
+
+        last = traceback.extract_tb(exc.__traceback__)[-1].filename
+        assert "inkling_lab" in last, f"{type(exc).__name__}: {exc} raised from {last}"
+        return exc
+    raise AssertionError("nothing was raised")
+
+
+@settings(max_examples=40)
+@given(value=NOT_ARGUMENTS)
+def test_paths_that_are_no_paths_are_refused_by_name(value):
+    calls = {"the adapter folder": lambda: il.load_adapter(value), "load_pool: path": lambda: il.load_pool(value),
+             "sink_from_checkpoint: path": lambda: il.sink_from_checkpoint(value),
+             "doctor: adapter": lambda: il.doctor(value, 2, 8, 6)}
+    if isinstance(value, str):  # a string is a path: a missing one is the file's own refusal
+        return
+    for what, call in calls.items():
+        assert what in str(_raised_by_the_kit(call))
+
+
+@settings(max_examples=40)
+@given(value=NOT_ARGUMENTS)
+def test_a_batch_or_backend_of_the_wrong_type_is_named(value):
+    sink = il.SharedSinkLoRA(2, 8, 6)
+    sink.set_lora_info(*il.LoRAPool(2, 8, 6, 3, 4).buffers())
+    if value is not None:
+        assert "batch must be a SlotBatch" in str(_raised_by_the_kit(
+            lambda: sink(torch.randn(3, 8), torch.rand(3, 2), batch=value)))
+    assert "backend must be a LoRABackend" in str(_raised_by_the_kit(lambda: sink.initialize_lora(value)))
+    assert sink.lora_buffers is not None  # the failed call changed nothing
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: il.SlotBatch.from_token_slots([0], num_slots=2 ** 70), "SlotBatch: num_slots"),
+    (lambda: il.normalize_shared_sink({}, 0), "n_shared_experts must be a whole number"),
+    (lambda: il.defect_report("4"), "defect_report takes"),
+    (lambda: __import__("inkling_lab.widgets").widgets.parse_shape(None), "a shape is text"),
+    (lambda: __import__("inkling_lab.exercises").exercises.first_error("ISL-E001", torch.tensor(2), 2),
+     "first_error: shapes"),
+], ids=["num_slots", "normalize_n", "defect_report", "parse_shape", "first_error"])
+def test_a_value_out_of_its_domain_is_refused_by_the_kit(call, words):
+    assert words in str(_raised_by_the_kit(call))

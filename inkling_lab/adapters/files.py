@@ -23,8 +23,16 @@ from .target_parameters import _as_target_parameters
 from .adapter import Adapter
 
 
+def as_path(what: str, value: object) -> Path:
+    """``value`` as a ``Path`` if it is one (a ``str`` or ``os.PathLike``), else ``TypeError``
+    naming ``what`` (Python's own words name neither the argument nor the call)."""
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise TypeError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}"[:300])
+
+
 def _adapter_folder(path: str | os.PathLike[str]) -> Path:
-    p = Path(path)
+    p = as_path("the adapter folder", path)
     return p.parent if p.name in (CONFIG_FILE, WEIGHTS_FILE) else p
 
 

@@ -113,6 +113,9 @@ def normalize_shared_sink(weights: Mapping[str, torch.Tensor], n_shared_experts:
     Keys that are no shared-sink factor pass through untouched.
     """
     n = n_shared_experts
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:  # upstream reshapes only for n > 0 (a sink)
+        raise ValueError(f"normalize_shared_sink: n_shared_experts must be a whole number of at least 1 (the "
+                         f"model's n_shared_experts; a model without shared experts has no sink), got {n!r}")
     out = dict(weights)
     for key, t in out.items():  # 1. reshape in place: the keys and their order stay
         role = _reshape_role(key)

@@ -124,6 +124,9 @@ def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch:
     backend returns float64.
     """
     x2, g2 = check_tokens(x, gammas, n=ops.n, hidden=ops.hidden, dtype=ops.dtype, device=ops.device)
+    if batch is not None and not isinstance(batch, SlotBatch):
+        raise TypeError(f"batch must be a SlotBatch (il.SlotBatch.from_token_slots(token_slots, num_slots)) or "
+                        f"None (the base sink), got {type(batch).__name__}")
     if batch is not None:
         if batch.num_tokens != x2.shape[0]:
             raise ValueError(f"the batch describes {batch.num_tokens} tokens but x has {x2.shape[0]}")
