@@ -318,3 +318,191 @@ def slots_kernel(indptr_ptr, widx_ptr, rank_ptr, perm_ptr, slot_ptr,
         if HAS_PERM:
             pos = tl.load(perm_ptr + pos, mask=ok, other=0)
         tl.store(slot_ptr + pos, tl.zeros((BLOCK,), dtype=tl.int32) + eff, mask=ok)
+
+
+# The GEMV path (issue 26): for a handful of tokens the forward is a weight stream, so
+# each program owns a few weight rows across all of K and keeps big steps of them in
+# flight (the stream-ceiling kernel's shape, ``scripts/gpu/h200_stream_ceiling.py``),
+# instead of a 16-token tile padded from one token.
+
+@triton.jit
+def _acc_rows(acc, w, x_ptr, ldx, kk, k_ok, T, BT: tl.constexpr, DOT: tl.constexpr):
+    """``acc += x[:, kk] @ w.T`` for ``w [RB, BK]`` (rows of a weight, step ``kk`` of K)
+    and the ``T`` rows of ``x`` (``ldx`` long). ``DOT``: one ``tl.dot`` over a ``BT``-row
+    tile (``BT >= 16``), ``acc [BT, RB]``; ``BT == 1``: ``acc [RB, BK]`` holds the products
+    unreduced (``_acc_done`` sums them once, after the K loop); else one row-sum per
+    token, ``acc [BT, RB]``."""
+    if DOT:
+        tok = tl.arange(0, BT)
+        xt = tl.load(x_ptr + tok[:, None] * ldx + kk[None, :], mask=(tok < T)[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(xt, tl.trans(w.to(xt.dtype)), acc)
+    elif BT == 1:
+        xt = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xt[None, :]
+    else:
+        wf = w.to(tl.float32)
+        tok = tl.arange(0, BT)
+        for t in tl.static_range(BT):
+            xt = tl.load(x_ptr + t * ldx + kk, mask=k_ok & (kk * 0 + t < T), other=0.0).to(tl.float32)
+            acc += tl.where(tok[:, None] == t, tl.sum(wf * xt[None, :], axis=1)[None, :], 0.0)
+    return acc
+
+
+@triton.jit
+def _acc_done(acc, BT: tl.constexpr, DOT: tl.constexpr):
+    """``_acc_rows``' accumulator as ``[BT, RB]``."""
+    if BT == 1 and not DOT:
+        acc = tl.sum(acc, axis=1)[None, :]
+    return acc
+
+
+@triton.jit
+def _acc_init(BT: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):
+    if BT == 1 and not DOT:
+        acc = tl.zeros((RB, BK), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BT, RB), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _small_dot(a, b, DOT: tl.constexpr):
+    """``a [M, K] @ b [K, N]`` in float32 for the LoRA's small products: ``tl.dot`` where
+    every side is at least 16, else a broadcast sum (``M*K*N`` stays a few thousand)."""
+    if DOT:
+        c = tl.dot(a.to(b.dtype), b)
+    else:
+        c = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    return c
+
+
+@triton.jit
+def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
+                   T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
+                   HAS_LORA: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
+                   BR: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid ``(n * cdiv(F, BF),)``, ``T <= BT`` tokens: program ``(e, block)`` streams the
+    ``2*BF`` gate/up rows of ``BF`` features of expert ``e`` across all of ``H`` (rows as
+    ``up_kernel`` reads them), two ``[2*BF, BK]`` steps in flight, then runs
+    ``up_kernel``'s epilogue (the LoRA expand from ``sh``, SwiGLU x gamma, ``act``, the
+    down shrink into ``mid``). ``PDL``: the down kernel may launch at once; this kernel,
+    the shrink's programmatic dependent, streams before it waits for the shrink."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    pid = tl.program_id(0)
+    fb_per_e = tl.cdiv(F, BF)
+    e = pid // fb_per_e
+    f0 = (pid % fb_per_e) * BF
+    jj = tl.arange(0, 2 * BF)  # (gate f0, up f0, gate f0+1, ...)
+    f_of_j = f0 + jj // 2
+    w_ok = f_of_j < F
+    w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
+    kk0 = tl.arange(0, BK)
+    acc = _acc_init(BT, 2 * BF, BK, DOT)
+    w = tl.load(w_base + kk0[None, :], mask=w_ok[:, None] & (kk0 < H)[None, :], other=0.0,
+                eviction_policy="evict_first")
+    for k in range(0, H, BK):
+        kn = k + BK + kk0  # the next step's loads go out before this step's arithmetic
+        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
+                         eviction_policy="evict_first")
+        acc = _acc_rows(acc, w, x_ptr, H, k + kk0, k + kk0 < H, T, BT, DOT)
+        w = w_next
+    acc = _acc_done(acc, BT, DOT)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    gate, up = tl.split(tl.reshape(acc, (BT, BF, 2)))
+    rows = tl.arange(0, BT)
+    row_ok = rows < T
+    fs = f0 + tl.arange(0, BF)
+    f_ok = fs < F
+    if HAS_LORA:
+        slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
+        o = e * O_STEP
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            scale = tl.load(scale_ptr + s)
+            src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
+            ld = sel[:, None] & r_ok[None, :]
+            sg = tl.load(src, mask=ld, other=0.0)
+            su = tl.load(src + R, mask=ld, other=0.0)
+            b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
+            bmask = r_ok[:, None] & f_ok[None, :]
+            bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)        # [BR, BF]
+            bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
+            gate += scale * _small_dot(sg, bg, DOT and BF >= 16)
+            up += scale * _small_dot(su, bu, DOT and BF >= 16)
+    gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
+    act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
+    act_lp = act.to(act_ptr.dtype.element_ty)
+    tl.store(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :], act_lp, mask=row_ok[:, None] & f_ok[None, :])
+    if HAS_LORA:
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            a_sel = tl.where(sel[:, None], act_lp, 0.0).to(act_lp.dtype)
+            da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None],
+                         mask=f_ok[:, None] & r_ok[None, :], other=0.0)                    # [BF, BR]
+            tl.atomic_add(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :], _small_dot(a_sel, da, DOT and BF >= 16),
+                          mask=sel[:, None] & r_ok[None, :])
+
+
+@triton.jit
+def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
+                     T, H, F, R, O, N_EXP,
+                     HAS_LORA: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
+                     BR: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid ``(cdiv(H, BH),)``, ``T <= BT`` tokens: program ``p`` streams rows
+    ``p*BH ...`` of ``w2 [n, H, F]`` (each expert's ``F`` in ``BK`` steps, two in flight)
+    into ``out = act @ w2_lin + Σ_o mid[:, o] @ down_B[s, o].T`` (``down_kernel``'s LoRA
+    term), and program 0 zeroes ``sh`` for the next forward. ``PDL``: launched as the up
+    kernel's programmatic dependent, it issues its first two steps of ``w2`` (which
+    nothing writes) and only then waits for the up kernel."""
+    pid = tl.program_id(0)
+    hs = pid * BH + tl.arange(0, BH)
+    h_ok = hs < H
+    kk0 = tl.arange(0, BK)
+    kb = tl.cdiv(F, BK)
+    steps = N_EXP * kb
+    w_base = w2_ptr + hs[:, None] * F
+    w = tl.load(w_base + kk0[None, :], mask=h_ok[:, None] & (kk0 < F)[None, :], other=0.0,
+                eviction_policy="evict_first")
+    e1 = 1 // kb
+    f1 = (1 - e1 * kb) * BK + kk0
+    w1 = tl.load(w_base + e1 * H * F + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk0 * 0 + 1 < steps))[None, :], other=0.0,
+                 eviction_policy="evict_first")
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc = _acc_init(BT, BH, BK, DOT)
+    for i in range(0, steps):
+        en = (i + 2) // kb
+        fn = (i + 2 - en * kb) * BK + kk0
+        w_next = tl.load(w_base + en * H * F + fn[None, :], mask=h_ok[:, None] & ((fn < F) & (kk0 * 0 + i + 2 < steps))[None, :],
+                         other=0.0, eviction_policy="evict_first")
+        e = i // kb
+        fc = (i - e * kb) * BK + kk0
+        acc = _acc_rows(acc, w, act_ptr + e * F, N_EXP * F, fc, fc < F, T, BT, DOT)
+        w = w1
+        w1 = w_next
+    acc = _acc_done(acc, BT, DOT)
+    rows = tl.arange(0, BT)
+    row_ok = rows < T
+    if HAS_LORA:
+        slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            scale = tl.load(scale_ptr + s)
+            for o in range(0, O):
+                m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
+                            mask=sel[:, None] & r_ok[None, :], other=0.0)
+                b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
+                            mask=r_ok[:, None] & h_ok[None, :], other=0.0)              # [BR, BH]
+                acc += scale * _small_dot(m, b, DOT and BH >= 16)
+        if pid == 0:
+            j = tl.arange(0, 2 * BR)
+            for o in range(0, O):
+                tl.store(sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + (j // BR * R + j % BR)[None, :],
+                         tl.zeros((BT, 2 * BR), dtype=tl.float32), mask=row_ok[:, None] & (j % BR < R)[None, :])
+    tl.store(out_ptr + rows[:, None] * H + hs[None, :], acc, mask=row_ok[:, None] & h_ok[None, :])

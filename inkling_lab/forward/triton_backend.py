@@ -44,7 +44,10 @@ class Tiles:
     the two base GEMMs through cuBLAS, the kernels as their prologue and epilogues;
     ``sbm``/``swarps``: the shrink's own token tile and warps (0: ``bm``, 4 warps);
     ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
-    of the launch before them, so each starts while that one runs (``use_pdl``)."""
+    of the launch before them, so each starts while that one runs (``use_pdl``);
+    ``gemv`` (few tokens): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
+    features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
+    per down step, ``dot``: their products as ``tl.dot`` over a 16-token tile."""
 
     bm: int
     bf: int
@@ -58,6 +61,9 @@ class Tiles:
     sbm: int = 0
     swarps: int = 4
     pdl: bool = False
+    gemv: bool = False
+    dk: int = 0
+    dot: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -79,6 +85,14 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
     # multiprocessors busy than it costs in atomics (up to ~4096 tokens on the H200).
     k_chunk = 512 if num_tokens <= 4096 else 1 << 30
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
+
+
+def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, dot: bool = False,
+               pdl: bool = True) -> Tiles:
+    """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
+    ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
+    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, dot=dot, pdl=pdl)
 
 
 def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
@@ -147,7 +161,7 @@ one token) and cost 2-6 µs where rows are short (A, ``K = 1536``), ``h200_split
 def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split | None:
     """How far to split ``K`` so the up and down launches have ~``TARGET_PROGRAMS``
     programs, each reducing at least ``MIN_SPLIT_K``; ``None`` on the cuBLAS path."""
-    if t.cublas:
+    if t.cublas or t.gemv:
         return None
     m = triton.cdiv(num_tokens, t.bm)
     up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
@@ -262,7 +276,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
-    pdl = t.pdl and not t.cublas
+    pdl = t.pdl and not t.cublas and not interpreting()
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
         _run(kernels.slots_kernel, (b.num_segments,),
@@ -282,6 +296,9 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
         lora = Lora.none(x)
+    if t.gemv:
+        _gemv(ops, x, gammas, act, out, p, lora, key)
+        return out
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
     _up(ops, x, y, gammas, act, p, lora, key + (single,))
     mid = lora.mid
@@ -342,6 +359,26 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
          fast=(p.fast, ("down", key)),
          BASE=not t.cublas, HAS_LORA=lora.on, BM=t.bm, BN=t.bn, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
          SPLIT=split, PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
+
+
+def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tuple) -> None:
+    """``gemv_up_kernel`` then ``gemv_down_kernel`` (their docstrings name the operands),
+    each a programmatic dependent of the launch before it where ``pdl``."""
+    T, H = x.shape
+    n, F, t = ops.n, ops.intermediate, p.tiles
+    row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
+    bt = max(16, triton.next_power_of_2(T)) if t.dot else triton.next_power_of_2(T)
+    pdl = t.pdl and not interpreting()
+    _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf),),
+         (x, ops.w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
+          T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
+         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BT=bt, BF=t.bf, BK=t.bk, BR=lora.br, DOT=t.dot,
+         PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+    _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
+         (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh,
+          T, H, F, lora.R, lora.O, n),
+         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BT=bt, BH=t.bn, BK=t.dk, BR=lora.br, DOT=t.dot,
+         PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:

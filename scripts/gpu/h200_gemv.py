@@ -1,0 +1,198 @@
+"""v14 on a CUDA GPU: the GEMV-shaped few-token kernels (``Tiles.gemv``: ``gemv_up_kernel``,
+``gemv_down_kernel``) against the backend's own pick (``triton``), sglang 0.5.23's no-LoRA
+base taken from its wheel, and the stream ceiling (``h200_stream_ceiling.json``).
+
+1. Correctness first, each candidate family (products by FMA, by ``tl.dot``) against the
+   float64 reference on fresh random inputs: bf16 and fp16, both gate/up layouts, both outer
+   layouts, mixed / base-only / rank-0 tokens, no adapter, a device-resident batch, graph
+   replays (``h200_pdl.check``; the output poisoned with NaN before each run).
+2. The sweep: R 64 S 4 at T 1, 8, 32 per shape, every candidate with LoRA and as the bare
+   weight stream (no adapter: the two GEMVs alone), timed as graphs taking turns with
+   ``triton`` and ``sglang_base`` (read flush), medians.
+3. The grid: every T <= 32 point of the side-by-side grid, ``triton``, ``gemv`` (the sweep's
+   winner for that shape and T) and ``sglang_base``.
+
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_gemv.py --wheel WHEEL --out $OUT/h200_gemv.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import h200_pdl  # this folder's (the script's own, first on sys.path): check(), the matrix of one layout
+from inkling_lab import profile as pr, records
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward import triton_backend as tb
+from inkling_lab.forward.reference import reference_forward
+
+CANDIDATES = {
+    "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
+    "f2k2048": dict(bf=2, bk=2048, bn=2, dk=2048),
+    "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
+    "f4k1024w8": dict(bf=4, bk=1024, bn=4, dk=1024, warps=8),
+    "f4k1024_nopdl": dict(bf=4, bk=1024, bn=4, dk=1024, pdl=False),
+    "d8k512": dict(bf=8, bk=512, bn=16, dk=256, dot=True),
+    "d16k256": dict(bf=16, bk=256, bn=16, dk=512, dot=True),
+}
+"""``Tiles.gemv`` candidates: ``f``: FMA products (T <= 8), ``d``: ``tl.dot`` over a 16- or
+32-token tile; features per up program, K step."""
+FMA_MAX_T = 8
+STREAMED = ("f4k1024", "f2k2048", "d8k512")
+"""Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
+
+
+def gemv(name: str) -> tb.Tiles:
+    return tb.gemv_tiles(**CANDIDATES[name])
+
+
+def fits(name: str, T: int) -> bool:
+    return CANDIDATES[name].get("dot", False) or T <= FMA_MAX_T
+
+
+def correctness() -> list[dict]:
+    rows = []
+    layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
+    for shape in pr.SHAPES:
+        for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
+            for T in (1, 5, 8, 32):
+                c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
+                sc = c.scenario("cuda", seed=T)
+                x, gammas, g = sc.x, sc.gammas, c.geometry
+                ids = torch.randint(-1, g.slots, (T,), generator=torch.Generator().manual_seed(T + 7))
+                ids[0] = 0
+                batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
+                ops = sc.sink.operands()
+                ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
+                for v in [v for v in ("f4k1024", "d8k512") if fits(v, T)]:
+                    try:
+                        errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
+                    except Exception as exc:  # recorded, and the run goes on
+                        errs = {"failure": float("nan")}
+                        print(f"check {shape} T={T} {v} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    ok = all(e == e and e < 1e-2 for e in errs.values())
+                    rows.append({**c.record(), "variant": v, "rel_err": errs, "ok": ok})
+                    print(f"check {shape} T={T} O={o} il={i} {d} {v}: worst {max(errs.values()):.1e}", flush=True)
+    return rows
+
+
+def time_point(c: pr.Case, fns_for, flush, reps: int, base=None):
+    """Every contender of ``fns_for(sink, ops, x, gammas, batch)`` at case ``c``, checked
+    against the float64 reference (base-only contenders, named ``*_base``, against the
+    reference without LoRA), then timed as graphs taking turns; -> (sink, row)."""
+    sc = c.scenario("cuda", sink=base)
+    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
+    ops = sink.operands()
+    ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
+    fns, errs, graphs = fns_for(sink, ops, x, gammas, batch), {}, {}
+    for k, fn in fns.items():
+        try:
+            fn()
+            o = fn()
+            torch.cuda.synchronize()
+            errs[k] = records.relative_error(o, ref_base if k.endswith("_base") else ref, "fro")
+            if errs[k] < 1e-2:
+                graphs[k] = pr.capture(fn)
+        except Exception as exc:  # recorded, and the run goes on
+            errs[k] = float("nan")
+            print(f"{c.shape} T{c.T} {k} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    times = {k: statistics.median(v) for k, v in pr.time_interleaved(graphs, flush, reps).items()}
+    return sink, {**c.record(), "us": times, "rel_err": errs}
+
+
+def contenders(names, upstream_cls):
+    def fns_for(sink, ops, x, gammas, batch):
+        T = x.shape[0]
+        fns = {}
+        for label, b, tiles in [("triton", batch, None)] + [(v, batch, gemv(v)) for v in names if fits(v, T)] \
+                + [(v + "_stream_base", None, gemv(v)) for v in STREAMED if fits(v, T)]:
+            p, out = tb.plan(ops, T, b, x.device, tiles), torch.empty_like(x)
+            fns[label] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
+        up = upstream_cls(sink, batch, min_slots=2)
+        fns["sglang_base"] = lambda: up.forward(x, gammas, lora=False)
+        return fns
+    return fns_for
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--wheel", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--shapes", default=",".join(pr.SHAPES))
+    args = ap.parse_args()
+    from inkling_lab.upstream_wheel import UpstreamSink, unpack
+
+    t0 = time.time()
+    env = records.environment("python3 " + " ".join(sys.argv))
+    ceilings = pr.measure_ceilings()
+    print(env, ceilings, flush=True)
+    rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES,
+           "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
+    rec["correctness"] = correctness()
+    records.write_json(args.out, rec)
+    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, {time.time() - t0:.0f} s",
+          flush=True)
+    ceiling = {r["shape"]: r["us"]["stream"]
+               for r in json.loads(Path("data/profiles/h200_stream_ceiling.json").read_text())["rows"]}
+    flush = pr.L2Flush("cuda")
+    shapes = args.shapes.split(",")
+    rec["sweep"], best = [], {}
+    for shape in shapes:
+        base = None
+        for T in (1, 8, 32):
+            base, row = time_point(pr.Case.of(shape, 64, 4, T), contenders(CANDIDATES, UpstreamSink), flush,
+                                   args.reps, base)
+            row["stream_ceiling_us"] = ceiling[h200_pdl.CEILING[shape]]
+            rec["sweep"].append(row)
+            us = row["us"]
+            best[shape, T] = min((v for v in CANDIDATES if v in us), key=us.get)
+            print(f"sweep {shape:<11} T{T:<2} " + " ".join(f"{k} {v:.1f}" for k, v in us.items())
+                  + f"  best {best[shape, T]}", flush=True)
+        records.write_json(args.out, rec)
+    rec["best"] = {f"{s} {T}": v for (s, T), v in best.items()}
+    rec["points"] = []
+    for shape in shapes:
+        base = None
+        for R in (16, 64):
+            for S in (1, 4, 8):
+                for T in (1, 8, 32):
+                    c = pr.Case.of(shape, R, S, T)
+                    v = best[shape, T]
+
+                    def fns_for(sink, ops, x, gammas, batch, v=v):
+                        p, p_out = tb.plan(ops, x.shape[0], batch, x.device), torch.empty_like(x)
+                        q, q_out = tb.plan(ops, x.shape[0], batch, x.device, gemv(v)), torch.empty_like(x)
+                        up = UpstreamSink(sink, batch, min_slots=2)
+                        return {"triton": lambda: tb.launch(ops, x, gammas, p, p_out),
+                                "gemv": lambda: tb.launch(ops, x, gammas, q, q_out),
+                                "sglang_base": lambda: up.forward(x, gammas, lora=False)}
+
+                    base, row = time_point(c, fns_for, flush, args.reps, base)
+                    row.update(gemv_config=v, stream_ceiling_us=ceiling[h200_pdl.CEILING[shape]],
+                               roofline_us=pr.roofline(c, **ceilings).us)
+                    rec["points"].append(row)
+                    us = row["us"]
+                    print(f"{shape:<11} R{R:<2} S{S} T{T:<2} " + " ".join(f"{k} {u:6.1f}" for k, u in us.items())
+                          + f"  gemv/base {us.get('gemv', float('nan')) / us['sglang_base']:.2f}", flush=True)
+        records.write_json(args.out, rec)
+    rec["seconds"] = round(time.time() - t0, 1)
+    records.write_json(args.out, rec)
+    pts = rec["points"]
+    for v in ("triton", "gemv"):
+        print(v, "faster than sglang's base at", sum(1 for r in pts if v in r["us"] and r["us"][v] < r["us"]["sglang_base"]),
+              "of", len(pts), "; gemv faster than triton at", sum(1 for r in pts if r["us"].get("gemv", 1e9) < r["us"]["triton"]))
+    for shape in shapes:
+        fr = [r["stream_ceiling_us"] / r["us"]["gemv"] for r in pts if r["shape"] == shape and "gemv" in r["us"]]
+        print(f"{shape:<11} gemv stream-ceiling fraction {min(fr):.2f}-{max(fr):.2f}")
+    print(f"{rec['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
