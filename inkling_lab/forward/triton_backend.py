@@ -47,7 +47,8 @@ class Tiles:
     of the launch before them, so each starts while that one runs (``use_pdl``);
     ``gemv`` (few tokens): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
-    per down step, ``dot``: their products as ``tl.dot`` over a 16-token tile."""
+    per down step, ``dot``: their products as ``tl.dot`` over a 16-token tile, ``mc``
+    copies of the down shrink ``mid`` (the up programs' atomics spread over them)."""
 
     bm: int
     bf: int
@@ -64,6 +65,7 @@ class Tiles:
     gemv: bool = False
     dk: int = 0
     dot: bool = False
+    mc: int = 1
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -88,11 +90,12 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
 
 
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, dot: bool = False,
-               pdl: bool = True) -> Tiles:
+               pdl: bool = True, mc: int = 8) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
     the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, dot=dot, pdl=pdl)
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, dot=dot, pdl=pdl,
+                 mc=mc)
 
 
 def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
@@ -290,7 +293,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         if single:  # one slot for every token: its gate/up shrink is one cuBLAS GEMM
             sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made after the up kernel
         else:
-            sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+            sh, mid = p.sh, torch.empty(T, t.mc * O * R, dtype=torch.float32, device=x.device)
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R, a_outer=2 * R,
                     halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
@@ -373,12 +376,12 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          (x, ops.w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BT=bt, BF=t.bf, BK=t.bk, BR=lora.br, DOT=t.dot,
-         PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+         MID_C=t.mc, PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
          (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh,
           T, H, F, lora.R, lora.O, n),
          fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BT=bt, BH=t.bn, BK=t.dk, BR=lora.br, DOT=t.dot,
-         PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl))
+         MID_C=t.mc, PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
@@ -420,7 +423,8 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
     bk = next(b for b in (64, 32, 16) if k_chunk % b == 0)
     S = p.scalings.numel()
     _run(kernels.shrink_kernel, (triton.cdiv(T, bm), outer * S, split),
-         (x, p.slots, a, dst, mid, T, k, ldx, x_o_off, rank, outer, a_slot, a_outer, k_chunk),
+         (x, p.slots, a, dst, mid, T, k, ldx, x_o_off, rank, outer, a_slot, a_outer, k_chunk,
+          mid.shape[1] if zero_mid else 0),
          fast=(p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=br, BK=bk, PDL=pdl,
          num_warps=t.swarps, num_stages=3)
 

@@ -6,10 +6,10 @@ base taken from its wheel, and the stream ceiling (``h200_stream_ceiling.json``)
    float64 reference on fresh random inputs: bf16 and fp16, both gate/up layouts, both outer
    layouts, mixed / base-only / rank-0 tokens, no adapter, a device-resident batch, graph
    replays (``h200_pdl.check``; the output poisoned with NaN before each run).
-2. The sweep: R 64 S 4 at T 1, 8, 32 per shape, every candidate with LoRA and as the bare
-   weight stream (no adapter: the two GEMVs alone), timed as graphs taking turns with
+2. The sweep: R 64 S 4 at T 1 and 8 per shape, every candidate with LoRA, and two also as the bare
+   weight stream (no adapter: the two GEMVs alone); timed as graphs taking turns with
    ``triton`` and ``sglang_base`` (read flush), medians.
-3. The grid: every T <= 32 point of the side-by-side grid, ``triton``, ``gemv`` (the sweep's
+3. The grid: every T = 1 and T = 8 point of the side-by-side grid, ``triton``, ``gemv`` (the sweep's
    winner for that shape and T) and ``sglang_base``.
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_gemv.py --wheel WHEEL --out $OUT/h200_gemv.json
@@ -32,27 +32,35 @@ from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
 CANDIDATES = {
-    "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
-    "f2k2048": dict(bf=2, bk=2048, bn=2, dk=2048),
-    "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
-    "f4k1024w8": dict(bf=4, bk=1024, bn=4, dk=1024, warps=8),
-    "f4k1024_nopdl": dict(bf=4, bk=1024, bn=4, dk=1024, pdl=False),
-    "d8k512": dict(bf=8, bk=512, bn=16, dk=256, dot=True),
-    "d16k256": dict(bf=16, bk=256, bn=16, dk=512, dot=True),
+    "f4k1024": ((1,), dict(bf=4, bk=1024, bn=4, dk=1024)),
+    "f8k512": ((1,), dict(bf=8, bk=512, bn=8, dk=512)),
+    "f8k512_mc1": ((1,), dict(bf=8, bk=512, bn=8, dk=512, mc=1)),
+    "f4k1024w8": ((1,), dict(bf=4, bk=1024, bn=4, dk=1024, warps=8)),
+    "f8k512w8": ((1,), dict(bf=8, bk=512, bn=8, dk=512, warps=8)),
+    "f4k256": ((8,), dict(bf=4, bk=256, bn=4, dk=256)),
+    "f4k256w8": ((8,), dict(bf=4, bk=256, bn=4, dk=256, warps=8)),
+    "f2k512w8": ((8,), dict(bf=2, bk=512, bn=2, dk=512, warps=8)),
+    "f8k256w8": ((8,), dict(bf=8, bk=256, bn=8, dk=256, warps=8)),
+    "d16k256": ((8,), dict(bf=16, bk=256, bn=16, dk=512, dot=True)),
 }
-"""``Tiles.gemv`` candidates: ``f``: FMA products (T <= 8), ``d``: ``tl.dot`` over a 16- or
-32-token tile; features per up program, K step."""
-FMA_MAX_T = 8
-STREAMED = ("f4k1024", "f2k2048", "d8k512")
+"""``Tiles.gemv`` candidates: the token counts each is swept at, and its tiles (``f``: FMA
+products into an unreduced tile, ``d``: ``tl.dot`` over a 16-token tile; features per up
+program, K step; ``w8``: 8 warps; ``mc1``: one copy of ``mid``). The run before this one
+(``history/h200_gemv_v14a.json``) swept one row-sum per token and step at T = 8: 2-5x slower
+than the unreduced tile's FMAs are expected to be."""
+STREAMED = ("f8k512", "f4k256w8")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
+TOKENS = (1, 8)
+"""T of the sweep and the grid (T = 32 stays on the 16-token tiles)."""
 
 
 def gemv(name: str) -> tb.Tiles:
-    return tb.gemv_tiles(**CANDIDATES[name])
+    return tb.gemv_tiles(**CANDIDATES[name][1])
 
 
 def fits(name: str, T: int) -> bool:
-    return CANDIDATES[name].get("dot", False) or T <= FMA_MAX_T
+    """Candidate ``name`` is swept at ``T`` (and checked at every ``T`` up to its largest)."""
+    return T in CANDIDATES[name][0]
 
 
 def correctness() -> list[dict]:
@@ -60,7 +68,7 @@ def correctness() -> list[dict]:
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
     for shape in pr.SHAPES:
         for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
-            for T in (1, 5, 8, 32):
+            for T in (1, 5, 8):
                 c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
                 sc = c.scenario("cuda", seed=T)
                 x, gammas, g = sc.x, sc.gammas, c.geometry
@@ -69,7 +77,7 @@ def correctness() -> list[dict]:
                 batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
                 ops = sc.sink.operands()
                 ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-                for v in [v for v in ("f4k1024", "d8k512") if fits(v, T)]:
+                for v in ("f8k512", "f4k256w8") if T == 1 else ("f4k256w8",):
                     try:
                         errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
                     except Exception as exc:  # recorded, and the run goes on
@@ -145,13 +153,13 @@ def main() -> int:
     rec["sweep"], best = [], {}
     for shape in shapes:
         base = None
-        for T in (1, 8, 32):
+        for T in TOKENS:
             base, row = time_point(pr.Case.of(shape, 64, 4, T), contenders(CANDIDATES, UpstreamSink), flush,
                                    args.reps, base)
             row["stream_ceiling_us"] = ceiling[h200_pdl.CEILING[shape]]
             rec["sweep"].append(row)
             us = row["us"]
-            best[shape, T] = min((v for v in CANDIDATES if v in us), key=us.get)
+            best[shape, T] = min((v for v in CANDIDATES if v in us and not v.endswith("_base")), key=us.get)
             print(f"sweep {shape:<11} T{T:<2} " + " ".join(f"{k} {v:.1f}" for k, v in us.items())
                   + f"  best {best[shape, T]}", flush=True)
         records.write_json(args.out, rec)
@@ -161,7 +169,7 @@ def main() -> int:
         base = None
         for R in (16, 64):
             for S in (1, 4, 8):
-                for T in (1, 8, 32):
+                for T in TOKENS:
                     c = pr.Case.of(shape, R, S, T)
                     v = best[shape, T]
 
