@@ -75,7 +75,7 @@ def _split_reduce(acc, ws, ok, cnt, SPLIT: tl.constexpr):
 
 @triton.jit
 def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
-                  T, K, LDX, X_O_OFF, R, O, A_S, A_O, K_CHUNK, MID_W,
+                  T, K, LDX, X_O_OFF, R, O, A_S, A_O, K_CHUNK,
                   HALVES: tl.constexpr, ZERO_MID: tl.constexpr,
                   BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
     """A LoRA shrink per slot: ``dst[t, o, h*R + r] += x[t, o*X_O_OFF + k] · A[s(t), o, h*R + r, k]``
@@ -90,7 +90,7 @@ def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
     Grid ``(cdiv(T, BM), O * S, SPLIT)``: program ``(m, o*S + s, k)`` adds slice ``k``
     of ``K`` for the tokens of slot ``s`` in tile ``m``; ``dst`` is zero on entry
     (``down_kernel`` re-zeroes ``sh``; ``ZERO_MID``, set on the gate/up shrink, zeroes
-    ``mid``'s ``MID_W`` columns for the down shrink that follows). ``PDL``: the up kernel, launched as its
+    ``mid`` for the down shrink that follows). ``PDL``: the up kernel, launched as its
     programmatic dependent, may start at once (it streams ``w13`` while this runs)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -121,9 +121,9 @@ def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
     if ZERO_MID:
         if (pid_os == 0) & (pid_k == 0):
             rr = tl.arange(0, BR)
-            for c0 in range(0, MID_W, BR):
-                tl.store(mid_ptr + rows[:, None] * MID_W + c0 + rr[None, :],
-                         tl.zeros((BM, BR), dtype=tl.float32), mask=row_ok[:, None] & (c0 + rr < MID_W)[None, :])
+            for oo in range(0, O):
+                tl.store(mid_ptr + rows[:, None] * (O * R) + oo * R + rr[None, :],
+                         tl.zeros((BM, BR), dtype=tl.float32), mask=row_ok[:, None] & (rr < R)[None, :])
 
 
 @triton.jit
@@ -320,224 +320,139 @@ def slots_kernel(indptr_ptr, widx_ptr, rank_ptr, perm_ptr, slot_ptr,
         tl.store(slot_ptr + pos, tl.zeros((BLOCK,), dtype=tl.int32) + eff, mask=ok)
 
 
-# The GEMV path (issue 26): for a handful of tokens the forward is a weight stream, so
-# each program owns a few weight rows across all of K and keeps big steps of them in
-# flight (the stream-ceiling kernel's shape, ``scripts/gpu/h200_stream_ceiling.py``),
-# instead of a 16-token tile padded from one token.
+# The GEMV path (issue 26): for one token the forward is a weight stream, so each program
+# owns a few weight rows across all of K and keeps big steps of them in flight (the
+# stream-ceiling kernel's shape, ``scripts/gpu/h200_stream_ceiling.py``), instead of a
+# 16-token tile padded from one token.
 
 @triton.jit
-def _acc_rows(acc, w, x_ptr, ldx, kk, k_ok, T, BT: tl.constexpr, DOT: tl.constexpr):
-    """``acc += x[:, kk] @ w.T`` for ``w [RB, BK]`` (rows of a weight, step ``kk`` of K)
-    and the ``T`` rows of ``x`` (``ldx`` long). ``DOT``: one ``tl.dot`` over a ``BT``-row
-    tile (``BT >= 16``), ``acc [BT, RB]``; else FMAs into ``acc [BT, RB, BK]``, left
-    unreduced until ``_acc_done`` (no cross-thread sum inside the K loop)."""
-    tok = tl.arange(0, BT)
-    xt = tl.load(x_ptr + tok[:, None] * ldx + kk[None, :], mask=(tok < T)[:, None] & k_ok[None, :], other=0.0)
-    if DOT:
-        acc = tl.dot(xt, tl.trans(w.to(xt.dtype)), acc)
-    else:
-        acc += w.to(tl.float32)[None, :, :] * xt.to(tl.float32)[:, None, :]
-    return acc
-
-
-@triton.jit
-def _acc_done(acc, DOT: tl.constexpr):
-    """``_acc_rows``' accumulator as ``[BT, RB]``."""
-    if not DOT:
-        acc = tl.sum(acc, axis=2)
-    return acc
-
-
-@triton.jit
-def _acc_init(BT: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):
-    if DOT:
-        acc = tl.zeros((BT, RB), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BT, RB, BK), dtype=tl.float32)
-    return acc
-
-
-@triton.jit
-def _small_dot(a, b, DOT: tl.constexpr):
-    """``a [M, K] @ b [K, N]`` in float32 for the LoRA's small products: ``tl.dot`` where
-    every side is at least 16, else a broadcast sum (``M*K*N`` stays a few thousand)."""
-    if DOT:
-        c = tl.dot(a.to(b.dtype), b)
-    else:
-        c = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-    return c
-
-
-@triton.jit
-def _scalar_if(ptr, flag):
-    """``*ptr`` where ``flag``, else 0, with no memory trip when not (a one-element masked load)."""
-    one = tl.arange(0, 1)
-    return tl.sum(tl.load(ptr + one, mask=one < tl.where(flag, 1, 0), other=0.0), axis=0)
-
-
-@triton.jit
-def _first_slot(slot_ptr, T, BT: tl.constexpr):
-    """The ``BT``-row tile's token slots, its range of real slots, and the first real slot
-    clamped to 0 with whether there is one (the operands the epilogue prefetches)."""
-    rows = tl.arange(0, BT)
-    slot, smin, smax = _tile_slots(slot_ptr, rows, rows < T)
-    return slot, smin, smax, tl.where(smin <= smax, smin, 0), smin <= smax
+def _token_slot(slot_ptr, R):
+    """The token's slot clamped to 0 (an address to load from) and a rank bound: ``R`` for
+    a real slot, 0 for base only (masks ``r < bound`` then load nothing)."""
+    s = tl.load(slot_ptr)
+    return tl.maximum(s, 0), tl.where(s >= 0, R, 0)
 
 
 @triton.jit
 def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
-                   T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
-                   HAS_LORA: tl.constexpr, BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
-                   BR: tl.constexpr, DOT: tl.constexpr, MID_C: tl.constexpr = 1, PDL: tl.constexpr = False):
-    """Grid ``(n * cdiv(F, BF),)``, ``T <= BT`` tokens: program ``(e, block)`` streams the
-    ``2*BF`` gate/up rows of ``BF`` features of expert ``e`` across all of ``H`` (rows as
-    ``up_kernel`` reads them), two ``[2*BF, BK]`` steps in flight, then runs
-    ``up_kernel``'s epilogue (the LoRA expand from ``sh``, SwiGLU x gamma, ``act``, the
-    down shrink into ``mid``). The tile's first slot's gate-up B and down A, its scaling
-    and the gammas are loaded before the stream, so the epilogue of a one-slot tile waits
-    for no DRAM trip but ``sh``. ``mid [T, MID_C, O*R]``: program ``p`` adds into copy
-    ``p % MID_C`` (fewer atomics on one address; ``gemv_down_kernel`` sums the copies).
-    ``PDL``: the down kernel may launch at once; this kernel, the shrink's programmatic
-    dependent, streams before it waits for the shrink."""
+                   H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
+                   HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
+    gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
+    across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
+    step's FMAs, which go into an unreduced float32 tile summed once after the loop. Then
+    ``up_kernel``'s epilogue: the LoRA expand from ``sh``, SwiGLU x gamma, ``act``, the down
+    shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
+    before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
+    down kernel may launch at once; this kernel, the shrink's programmatic dependent,
+    streams before it waits for the shrink."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     fb_per_e = tl.cdiv(F, BF)
     e = pid // fb_per_e
     f0 = (pid % fb_per_e) * BF
-    rows = tl.arange(0, BT)
-    row_ok = rows < T
     fs = f0 + tl.arange(0, BF)
     f_ok = fs < F
     r = tl.arange(0, BR)
-    r_ok = r < R
     o = e * O_STEP
-    gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
+    gam = tl.load(gam_ptr + e).to(tl.float32)
     if HAS_LORA:
-        slot, smin, smax, s0, any_lora = _first_slot(slot_ptr, T, BT)
-        b0 = gb_ptr + (s0 * N_EXP + e) * 2 * F * R
-        r_pre = r < tl.where(any_lora, R, 0)  # (a scalar flag in a mask is a rank bound: the interpreter wants tensors)
-        bg0 = tl.load(b0 + fs[None, :] * R + r[:, None], mask=r_pre[:, None] & f_ok[None, :], other=0.0)  # [BR, BF]
-        bu0 = tl.load(b0 + (F + fs)[None, :] * R + r[:, None], mask=r_pre[:, None] & f_ok[None, :], other=0.0)
-        da0 = tl.load(da_ptr + ((s0 * N_EXP + e) * R + r)[None, :] * F + fs[:, None],
-                      mask=f_ok[:, None] & r_pre[None, :], other=0.0)                             # [BF, BR]
-        sc0 = tl.load(scale_ptr + s0)  # s0 is a real slot, or 0
+        s, bound = _token_slot(slot_ptr, R)
+        rk = r < bound
+        b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
+        bmask = rk[:, None] & f_ok[None, :]
+        bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0).to(tl.float32)        # [BR, BF]
+        bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0).to(tl.float32)
+        da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None], mask=f_ok[:, None] & rk[None, :],
+                     other=0.0).to(tl.float32)                                                         # [BF, BR]
+        scale = tl.load(scale_ptr + s)
     jj = tl.arange(0, 2 * BF)  # (gate f0, up f0, gate f0+1, ...)
     f_of_j = f0 + jj // 2
     w_ok = f_of_j < F
     w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
-    kk0 = tl.arange(0, BK)
-    acc = _acc_init(BT, 2 * BF, BK, DOT)
-    w = tl.load(w_base + kk0[None, :], mask=w_ok[:, None] & (kk0 < H)[None, :], other=0.0,
-                eviction_policy="evict_first")
+    kk = tl.arange(0, BK)
+    acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
+    w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
     for k in range(0, H, BK):
-        kn = k + BK + kk0  # the next step's loads go out before this step's arithmetic
+        kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
         w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
                          eviction_policy="evict_first")
-        acc = _acc_rows(acc, w, x_ptr, H, k + kk0, k + kk0 < H, T, BT, DOT)
+        xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xt[None, :]
         w = w_next
-    acc = _acc_done(acc, DOT)
+    gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
     if PDL:
         tl.extra.cuda.gdc_wait()
-    gate, up = tl.split(tl.reshape(acc, (BT, BF, 2)))
     if HAS_LORA:
-        for s in range(smin, smax + 1):
-            sel = row_ok & (slot == s)
-            later = s != smin  # the first slot's operands are in registers already
-            r_lat = r < tl.where(later, R, 0)
-            b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
-            lmask = r_lat[:, None] & f_ok[None, :]
-            bg = tl.where(later, tl.load(b_base + fs[None, :] * R + r[:, None], mask=lmask, other=0.0), bg0)
-            bu = tl.where(later, tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=lmask, other=0.0), bu0)
-            scale = tl.where(later, _scalar_if(scale_ptr + s, later), sc0)
-            src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
-            ld = sel[:, None] & r_ok[None, :]
-            sg = tl.load(src, mask=ld, other=0.0)
-            su = tl.load(src + R, mask=ld, other=0.0)
-            gate += scale * _small_dot(sg, bg, DOT and BF >= 16)
-            up += scale * _small_dot(su, bu, DOT and BF >= 16)
-    act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
-    act_lp = act.to(act_ptr.dtype.element_ty)
-    tl.store(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :], act_lp, mask=row_ok[:, None] & f_ok[None, :])
+        sg = tl.load(sh_ptr + o * 2 * R + r, mask=rk, other=0.0)
+        su = tl.load(sh_ptr + o * 2 * R + R + r, mask=rk, other=0.0)
+        gate += scale * tl.sum(sg[:, None] * bg, axis=0)
+        up += scale * tl.sum(su[:, None] * bu, axis=0)
+    act = (gate / (1.0 + tl.exp(-gate)) * up * gam).to(act_ptr.dtype.element_ty)
+    tl.store(act_ptr + e * F + fs, act, mask=f_ok)
     if HAS_LORA:
-        for s in range(smin, smax + 1):
-            sel = row_ok & (slot == s)
-            r_lat = r < tl.where(s != smin, R, 0)
-            a_sel = tl.where(sel[:, None], act_lp, 0.0).to(act_lp.dtype)
-            da = tl.where(s != smin, tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None],
-                                             mask=f_ok[:, None] & r_lat[None, :], other=0.0), da0)
-            tl.atomic_add(mid_ptr + rows[:, None] * (MID_C * O * R) + (pid % MID_C) * O * R + o * R + r[None, :],
-                          _small_dot(a_sel, da, DOT and BF >= 16), mask=sel[:, None] & r_ok[None, :])
+        tl.atomic_add(mid_ptr + o * R + r, tl.sum(act.to(tl.float32)[:, None] * da, axis=0), mask=rk)
 
 
 @triton.jit
 def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
-                     T, H, F, R, O, N_EXP,
-                     HAS_LORA: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
-                     BR: tl.constexpr, DOT: tl.constexpr, MID_C: tl.constexpr = 1, PDL: tl.constexpr = False):
-    """Grid ``(cdiv(H, BH),)``, ``T <= BT`` tokens: program ``p`` streams rows
-    ``p*BH ...`` of ``w2 [n, H, F]`` (each expert's ``F`` in ``BK`` steps, two in flight)
-    into ``out = act @ w2_lin + Σ_o mid[:, o] @ down_B[s, o].T`` (``down_kernel``'s LoRA
-    term; ``mid``'s ``MID_C`` copies summed), and program 0 zeroes ``sh`` for the next
-    forward. The tile's first slot's down B (outer 0) and scaling are loaded first.
-    ``PDL``: launched as the up kernel's programmatic dependent, it issues those and its
-    first two steps of ``w2`` (which nothing writes) and only then waits for the up kernel."""
+                     H, F, R, O, N_EXP,
+                     HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
+    ``w2 [n, H, F]`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
+    unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
+    (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. The
+    token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
+    kernel's programmatic dependent, it issues those and its first two steps of ``w2``
+    (which nothing writes) and only then waits for the up kernel."""
     pid = tl.program_id(0)
     hs = pid * BH + tl.arange(0, BH)
     h_ok = hs < H
-    rows = tl.arange(0, BT)
-    row_ok = rows < T
     r = tl.arange(0, BR)
-    r_ok = r < R
     if HAS_LORA:
-        slot, smin, smax, s0, any_lora = _first_slot(slot_ptr, T, BT)
-        r_pre = r < tl.where(any_lora, R, 0)
-        db0 = tl.load(db_ptr + (s0 * O * H + hs)[None, :] * R + r[:, None], mask=r_pre[:, None] & h_ok[None, :],
-                      other=0.0)                                                                   # [BR, BH]
-        sc0 = tl.load(scale_ptr + s0)
-    kk0 = tl.arange(0, BK)
+        s, bound = _token_slot(slot_ptr, R)
+        rk = r < bound
+        db0 = tl.load(db_ptr + (s * O * H + hs)[None, :] * R + r[:, None], mask=rk[:, None] & h_ok[None, :],
+                      other=0.0).to(tl.float32)                                                        # [BR, BH]
+        scale = tl.load(scale_ptr + s)
+    kk = tl.arange(0, BK)
     kb = tl.cdiv(F, BK)
     steps = N_EXP * kb
     w_base = w2_ptr + hs[:, None] * F
-    w = tl.load(w_base + kk0[None, :], mask=h_ok[:, None] & (kk0 < F)[None, :], other=0.0,
-                eviction_policy="evict_first")
+    w = tl.load(w_base + kk[None, :], mask=h_ok[:, None] & (kk < F)[None, :], other=0.0, eviction_policy="evict_first")
     e1 = 1 // kb
-    f1 = (1 - e1 * kb) * BK + kk0
-    w1 = tl.load(w_base + e1 * H * F + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk0 * 0 + 1 < steps))[None, :],
+    f1 = (1 - e1 * kb) * BK + kk
+    w1 = tl.load(w_base + e1 * H * F + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
                  other=0.0, eviction_policy="evict_first")
     if PDL:
         tl.extra.cuda.gdc_wait()
-    acc = _acc_init(BT, BH, BK, DOT)
+    acc = tl.zeros((BH, BK), dtype=tl.float32)
     for i in range(0, steps):
         en = (i + 2) // kb
-        fn = (i + 2 - en * kb) * BK + kk0
+        fn = (i + 2 - en * kb) * BK + kk
         w_next = tl.load(w_base + en * H * F + fn[None, :],
-                         mask=h_ok[:, None] & ((fn < F) & (kk0 * 0 + i + 2 < steps))[None, :],
+                         mask=h_ok[:, None] & ((fn < F) & (kk * 0 + i + 2 < steps))[None, :],
                          other=0.0, eviction_policy="evict_first")
         e = i // kb
-        fc = (i - e * kb) * BK + kk0
-        acc = _acc_rows(acc, w, act_ptr + e * F, N_EXP * F, fc, fc < F, T, BT, DOT)
+        fc = (i - e * kb) * BK + kk
+        at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * at[None, :]
         w = w1
         w1 = w_next
-    acc = _acc_done(acc, DOT)
+    out = tl.sum(acc, axis=1)
     if HAS_LORA:
-        for s in range(smin, smax + 1):
-            sel = row_ok & (slot == s)
-            later = s != smin
-            scale = tl.where(later, _scalar_if(scale_ptr + s, later), sc0)
-            for o in range(0, O):
-                m = tl.zeros((BT, BR), dtype=tl.float32)
-                for c in tl.static_range(MID_C):
-                    m += tl.load(mid_ptr + rows[:, None] * (MID_C * O * R) + (c * O + o) * R + r[None, :],
-                                 mask=sel[:, None] & r_ok[None, :], other=0.0)
-                again = later | (o > 0)
-                r_again = r < tl.where(again, R, 0)
-                b = tl.where(again, tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
-                                            mask=r_again[:, None] & h_ok[None, :], other=0.0), db0)
-                acc += scale * _small_dot(m, b, DOT and BH >= 16)
+        for o in range(0, O):
+            m = tl.load(mid_ptr + o * R + r, mask=rk, other=0.0)
+            rk_o = r < tl.where(o > 0, bound, 0)  # outer 0's rows are in registers already
+            b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None], mask=rk_o[:, None] & h_ok[None, :],
+                        other=0.0).to(tl.float32) + tl.where(o == 0, db0, 0.0)
+            out += scale * tl.sum(m[:, None] * b, axis=0)
         if pid == 0:
             j = tl.arange(0, 2 * BR)
             for o in range(0, O):
-                tl.store(sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + (j // BR * R + j % BR)[None, :],
-                         tl.zeros((BT, 2 * BR), dtype=tl.float32), mask=row_ok[:, None] & (j % BR < R)[None, :])
-    tl.store(out_ptr + rows[:, None] * H + hs[None, :], acc, mask=row_ok[:, None] & h_ok[None, :])
+                tl.store(sh_ptr + o * 2 * R + j // BR * R + j % BR, tl.zeros((2 * BR,), dtype=tl.float32),
+                         mask=j % BR < R)
+    tl.store(out_ptr + hs, out, mask=h_ok)

@@ -45,10 +45,9 @@ class Tiles:
     ``sbm``/``swarps``: the shrink's own token tile and warps (0: ``bm``, 4 warps);
     ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
     of the launch before them, so each starts while that one runs (``use_pdl``);
-    ``gemv`` (few tokens): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
+    ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
-    per down step, ``dot``: their products as ``tl.dot`` over a 16-token tile, ``mc``
-    copies of the down shrink ``mid`` (the up programs' atomics spread over them)."""
+    per down step."""
 
     bm: int
     bf: int
@@ -64,8 +63,6 @@ class Tiles:
     pdl: bool = False
     gemv: bool = False
     dk: int = 0
-    dot: bool = False
-    mc: int = 1
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -89,13 +86,11 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
 
 
-def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, dot: bool = False,
-               pdl: bool = True, mc: int = 8) -> Tiles:
+def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
     the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, dot=dot, pdl=pdl,
-                 mc=mc)
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl)
 
 
 def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
@@ -293,13 +288,13 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         if single:  # one slot for every token: its gate/up shrink is one cuBLAS GEMM
             sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made after the up kernel
         else:
-            sh, mid = p.sh, torch.empty(T, t.mc * O * R, dtype=torch.float32, device=x.device)
+            sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R, a_outer=2 * R,
                     halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
         lora = Lora.none(x)
-    if t.gemv:
+    if t.gemv:  # one token (pick_tiles)
         _gemv(ops, x, gammas, act, out, p, lora, key)
         return out
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
@@ -365,23 +360,20 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
 
 
 def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tuple) -> None:
-    """``gemv_up_kernel`` then ``gemv_down_kernel`` (their docstrings name the operands),
-    each a programmatic dependent of the launch before it where ``pdl``."""
-    T, H = x.shape
-    n, F, t = ops.n, ops.intermediate, p.tiles
+    """One token: ``gemv_up_kernel`` then ``gemv_down_kernel`` (their docstrings name the
+    operands), each a programmatic dependent of the launch before it where ``pdl``."""
+    H, (n, F, t) = x.shape[1], (ops.n, ops.intermediate, p.tiles)
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
-    bt = max(16, triton.next_power_of_2(T)) if t.dot else triton.next_power_of_2(T)
     pdl = t.pdl and not interpreting()
     _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf),),
          (x, ops.w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
-          T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
-         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BT=bt, BF=t.bf, BK=t.bk, BR=lora.br, DOT=t.dot,
-         MID_C=t.mc, PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+          H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
+         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl,
+         num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
-         (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh,
-          T, H, F, lora.R, lora.O, n),
-         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BT=bt, BH=t.bn, BK=t.dk, BR=lora.br, DOT=t.dot,
-         MID_C=t.mc, PDL=pdl, num_warps=t.warps, num_stages=1, **_pdl(pdl))
+         (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n),
+         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
+         num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
@@ -423,8 +415,7 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
     bk = next(b for b in (64, 32, 16) if k_chunk % b == 0)
     S = p.scalings.numel()
     _run(kernels.shrink_kernel, (triton.cdiv(T, bm), outer * S, split),
-         (x, p.slots, a, dst, mid, T, k, ldx, x_o_off, rank, outer, a_slot, a_outer, k_chunk,
-          mid.shape[1] if zero_mid else 0),
+         (x, p.slots, a, dst, mid, T, k, ldx, x_o_off, rank, outer, a_slot, a_outer, k_chunk),
          fast=(p.fast, key), HALVES=halves, ZERO_MID=zero_mid, BM=bm, BR=br, BK=bk, PDL=pdl,
          num_warps=t.swarps, num_stages=3)
 
