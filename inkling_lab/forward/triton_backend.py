@@ -69,11 +69,20 @@ SMALL_WEIGHTS = 4 << 20
 """``n*F*H`` up to which the all-Triton path still beats cuBLAS at 64-128 tokens."""
 
 
-def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS) -> Tiles:
-    """Tiles by token count (and ``weight_elems = n*F*H``): few tokens stream weights
-    (narrow tiles, many programs, the shrink split over ``H``, three launches); many
-    tokens are a GEMM, run by cuBLAS with the kernels as prologue and epilogues.
-    Chosen from the H200 sweep recorded in KERNEL_NOTES.md."""
+GEMV_WEIGHTS = 16 << 20
+"""``n*F*H`` up to which one token takes the GEMV kernels (shapes A, B and Inkling-TP8; at
+Inkling's 38 M the three launches measured faster, ``h200_gemv.json``)."""
+
+
+def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int = 0) -> Tiles:
+    """Tiles by token count (and ``weight_elems = n*F*H``, ``hidden = H``): one token on
+    weights up to ``GEMV_WEIGHTS`` is two GEMV launches after the shrink (``gemv_tiles``:
+    8 rows of ``w13`` by 1024 of ``H`` per step where ``H <= 2048``, else 16 by 512); few
+    tokens stream weights (narrow tiles, many programs, the shrink split over ``H``,
+    three launches); many tokens are a GEMM, run by cuBLAS with the kernels as prologue
+    and epilogues. Chosen from the H200 sweeps recorded in KERNEL_NOTES.md."""
+    if num_tokens == 1 and weight_elems <= GEMV_WEIGHTS:
+        return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
     if num_tokens <= 16:
         return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=2, stages=4)
     if num_tokens <= 32 or (num_tokens <= 128 and weight_elems <= SMALL_WEIGHTS):
@@ -187,7 +196,7 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     read on the host at all: ``launch`` resolves its slots with one small kernel,
     so the plan can be made, and the forward captured, inside ``torch.cuda.graph``."""
     weight_elems = ops.n * ops.intermediate * ops.hidden
-    explicit, tiles = tiles is not None, tiles or pick_tiles(num_tokens, weight_elems)
+    explicit, tiles = tiles is not None, tiles or pick_tiles(num_tokens, weight_elems, ops.hidden)
     T = max(num_tokens, 1)
     split = _splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device)
     if batch is None or ops.buffers is None or (not _resident(batch, device) and not batch.active_slots()):

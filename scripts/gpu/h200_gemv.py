@@ -1,6 +1,6 @@
 """v14 on a CUDA GPU: the one-token GEMV kernels (``Tiles.gemv``: ``gemv_up_kernel``,
-``gemv_down_kernel``) against the backend's three launches (``triton`` as ``pick_tiles`` had
-it before v14), sglang 0.5.23's no-LoRA base taken from its wheel, and the stream ceiling
+``gemv_down_kernel``) against the backend's three launches (``triton_v13``: what ``pick_tiles``
+gave one token before v14), sglang 0.5.23's no-LoRA base taken from its wheel, and the stream ceiling
 (``h200_stream_ceiling.json``).
 
 1. Correctness first, against the float64 reference on fresh random inputs: bf16 and fp16,
@@ -9,8 +9,8 @@ it before v14), sglang 0.5.23's no-LoRA base taken from its wheel, and the strea
    before each run).
 2. The sweep: R 64 S 4 at T = 1 per shape, every candidate with LoRA, and two also as the
    bare weight stream (no adapter: the two GEMVs alone); timed as graphs taking turns with
-   ``triton`` and ``sglang_base`` (read flush), medians.
-3. The grid: every T = 1 point of the side-by-side grid, ``triton``, ``gemv`` (the sweep's
+   ``triton_v13`` and ``sglang_base`` (read flush), medians.
+3. The grid: every T = 1 point of the side-by-side grid, ``triton_v13``, ``gemv`` (the sweep's
    winner for that shape) and ``sglang_base``.
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_gemv.py --wheel WHEEL --out $OUT/h200_gemv.json
@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -54,6 +55,13 @@ def gemv(name: str) -> tb.Tiles:
 
 def fits(name: str, T: int) -> bool:
     return T == 1
+
+
+def three_launches(ops, batch) -> tb.Tiles:
+    """What ``pick_tiles`` and ``plan`` gave one token before v14: the 16-token tiles, PDL
+    where ``use_pdl`` turns it on (one token: one slot at most)."""
+    elems = ops.n * ops.intermediate * ops.hidden
+    return replace(tb.pick_tiles(2, elems), pdl=tb.use_pdl(1, elems, int(batch is not None and bool(batch.active_slots()))))
 
 
 def correctness() -> list[dict]:
@@ -112,7 +120,7 @@ def contenders(names, upstream_cls):
     def fns_for(sink, ops, x, gammas, batch):
         T = x.shape[0]
         fns = {}
-        for label, b, tiles in [("triton", batch, None)] + [(v, batch, gemv(v)) for v in names if fits(v, T)] \
+        for label, b, tiles in [("triton_v13", batch, three_launches(ops, batch))] + [(v, batch, gemv(v)) for v in names if fits(v, T)] \
                 + [(v + "_stream_base", None, gemv(v)) for v in STREAMED if fits(v, T)]:
             p, out = tb.plan(ops, T, b, x.device, tiles), torch.empty_like(x)
             fns[label] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
@@ -128,14 +136,16 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(pr.SHAPES))
+    ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink, unpack
 
     t0 = time.time()
     env = records.environment("python3 " + " ".join(sys.argv))
+    host = h200_pdl.host_phases(args.host_seconds) if args.host_seconds else []  # first: the process's first seconds
     ceilings = pr.measure_ceilings()
     print(env, ceilings, flush=True)
-    rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES,
+    rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES, "host_phases": host,
            "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
     rec["correctness"] = correctness()
     records.write_json(args.out, rec)
@@ -169,10 +179,10 @@ def main() -> int:
                     v = best[shape, T]
 
                     def fns_for(sink, ops, x, gammas, batch, v=v):
-                        p, p_out = tb.plan(ops, x.shape[0], batch, x.device), torch.empty_like(x)
+                        p, p_out = tb.plan(ops, x.shape[0], batch, x.device, three_launches(ops, batch)), torch.empty_like(x)
                         q, q_out = tb.plan(ops, x.shape[0], batch, x.device, gemv(v)), torch.empty_like(x)
                         up = UpstreamSink(sink, batch, min_slots=2)
-                        return {"triton": lambda: tb.launch(ops, x, gammas, p, p_out),
+                        return {"triton_v13": lambda: tb.launch(ops, x, gammas, p, p_out),
                                 "gemv": lambda: tb.launch(ops, x, gammas, q, q_out),
                                 "sglang_base": lambda: up.forward(x, gammas, lora=False)}
 
@@ -187,12 +197,16 @@ def main() -> int:
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     pts = rec["points"]
-    for v in ("triton", "gemv"):
+    for v in ("triton_v13", "gemv"):
         print(v, "faster than sglang's base at", sum(1 for r in pts if v in r["us"] and r["us"][v] < r["us"]["sglang_base"]),
-              "of", len(pts), "; gemv faster than triton at", sum(1 for r in pts if r["us"].get("gemv", 1e9) < r["us"]["triton"]))
+              "of", len(pts), "; gemv faster than triton at", sum(1 for r in pts if r["us"].get("gemv", 1e9) < r["us"]["triton_v13"]))
     for shape in shapes:
         fr = [r["stream_ceiling_us"] / r["us"]["gemv"] for r in pts if r["shape"] == shape and "gemv" in r["us"]]
         print(f"{shape:<11} gemv stream-ceiling fraction {min(fr):.2f}-{max(fr):.2f}")
+    if host:
+        for label in ("resident_us", "host_batch_us", "python_loop_us"):
+            v = sorted(r[label] for r in host)
+            print(f"host {label}: min {v[0]:.1f} median {statistics.median(v):.1f} max {v[-1]:.1f}")
     print(f"{rec['seconds']} s")
     return 0
 
