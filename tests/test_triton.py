@@ -210,3 +210,23 @@ def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
     assert not tb.use_pdl(1, a, 1)       # the interpreter has no grid dependency control
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 7, True, True, seed=4)
     assert not tb.plan(sink.operands(), 7, batch, x.device).tiles.pdl
+
+
+@pytest.mark.parametrize("outer_shared, interleaved", [(True, True), (False, False)],
+                         ids=["shared_outer_interleaved", "per_expert_outer_contiguous"])
+def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved):
+    """One token on small weights routes to the GEMV launches (``pick_tiles``); here with
+    steps smaller than the sizes, so the K loops run several steps and mask a partial one."""
+    assert tb.pick_tiles(1, weight_elems=2 * 768 * 1536).gemv and not tb.pick_tiles(2).gemv
+    assert not tb.pick_tiles(1, weight_elems=2 * 3072 * 6144).gemv  # Inkling-sized: the three launches
+    sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 1, outer_shared, interleaved, seed=31 + int(outer_shared))
+    ops = sink.operands()
+    tiles = tb.gemv_tiles(bf=4, bk=16, bn=4, dk=8)
+    for slot in (2, -1, 1):  # a LoRA token (scaled), base only, a rank-0 slot
+        batch = SlotBatch.from_token_slots([slot], 3, lora_ranks=[5, 0, 5], scalings=[1.0, 1.0, 0.6])
+        p = tb.plan(ops, 1, batch, x.device, tiles)
+        for _ in range(2):  # a repeat launch on the plan (a graph replay's): sh left zero, mid re-zeroed
+            out = torch.full_like(x, float("nan"))
+            tb.launch(ops, x, gammas, p, out)
+            assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+            assert p.sh is None or torch.count_nonzero(p.sh) == 0  # no pool slot in use: no workspace

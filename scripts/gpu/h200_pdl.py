@@ -41,8 +41,9 @@ CEILING = {"A": "A", "B": "B", "Inkling": "inkling", "Inkling-TP8": "inkling-tp8
 
 
 def tiles(variant: str, T: int, ops) -> tb.Tiles:
-    """``pick_tiles``' choice with PDL forced on or off (``plan`` would apply ``use_pdl``)."""
-    return replace(tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden), **VARIANTS[variant])
+    """``pick_tiles``' three-launch choice with PDL forced on or off (``plan`` would apply
+    ``use_pdl``); one token is asked as two, which v14 sends to the GEMV kernels instead."""
+    return replace(tb.pick_tiles(max(T, 2), ops.n * ops.intermediate * ops.hidden), **VARIANTS[variant])
 
 
 def run(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
