@@ -221,3 +221,17 @@ def test_every_change_of_the_module_shows_in_its_operands(scenario, name):
         SMALL.n, H, SMALL.intermediate, sink.dtype, sink.device)
     assert now.interleaved == sink.interleaved
     assert now.buffers is sink.lora_buffers and now.w1_delta is sink.w1_delta and now.a_cat is sink.a_cat
+
+
+def test_a_batch_rewritten_in_place_after_a_forward_is_checked_again():
+    """``check_batch_slots`` skips ids it passed unchanged, and no write gets past it."""
+    from inkling_lab.forward import check_batch_slots
+
+    batch = SlotBatch.from_token_slots([0, 1], num_slots=2)
+    check_batch_slots(batch, 2)
+    check_batch_slots(batch, 2)  # the same ids again: passed
+    with pytest.raises(ValueError, match="segment 1 uses slot 1, but the pool has slots 0..0"):
+        check_batch_slots(batch, 1)  # another pool: checked
+    batch.weight_indices[1] = 5  # in place, after it passed
+    with pytest.raises(ValueError, match="segment 1 uses slot 5, but the pool has slots 0..1"):
+        check_batch_slots(batch, 2)

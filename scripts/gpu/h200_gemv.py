@@ -130,6 +130,13 @@ def contenders(names, upstream_cls):
     return fns_for
 
 
+def print_host(host: list[dict]) -> None:
+    for label in ("resident_us", "host_batch_us", "python_loop_us") if host else ():
+        v = sorted(r[label] for r in host)
+        print(f"host {label}: min {v[0]:.1f} median {statistics.median(v):.1f} max {v[-1]:.1f}")
+        print("   ", " ".join(f"{r[label]:.1f}" for r in host))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wheel", required=True)
@@ -137,12 +144,17 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(pr.SHAPES))
     ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
+    ap.add_argument("--host-only", action="store_true", help="only the host cost (with --host-seconds)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink, unpack
 
     t0 = time.time()
     env = records.environment("python3 " + " ".join(sys.argv))
     host = h200_pdl.host_phases(args.host_seconds) if args.host_seconds else []  # first: the process's first seconds
+    if args.host_only:
+        records.write_json(args.out, {"environment": env, "host_phases": host, "seconds": round(time.time() - t0, 1)})
+        print_host(host)
+        return 0
     ceilings = pr.measure_ceilings()
     print(env, ceilings, flush=True)
     rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES, "host_phases": host,
@@ -203,10 +215,7 @@ def main() -> int:
     for shape in shapes:
         fr = [r["stream_ceiling_us"] / r["us"]["gemv"] for r in pts if r["shape"] == shape and "gemv" in r["us"]]
         print(f"{shape:<11} gemv stream-ceiling fraction {min(fr):.2f}-{max(fr):.2f}")
-    if host:
-        for label in ("resident_us", "host_batch_us", "python_loop_us"):
-            v = sorted(r[label] for r in host)
-            print(f"host {label}: min {v[0]:.1f} median {statistics.median(v):.1f} max {v[-1]:.1f}")
+    print_host(host)
     print(f"{rec['seconds']} s")
     return 0
 
