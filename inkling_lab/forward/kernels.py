@@ -15,6 +15,11 @@ One forward is three launches, each reading its weights once:
 3. ``down_kernel``: ``out = act @ w2_lin + Σ_o mid[:, o] @ down_B[s, o].T`` per slot,
    and ``sh`` zeroed again for the next forward.
 
+One token on small enough weights (``triton_backend.GEMV_WEIGHTS``) runs the shrink,
+then ``gemv_up_kernel`` and ``gemv_down_kernel`` in place of 2 and 3: the same
+epilogues, but each program streams a few weight rows across all of ``K`` with no
+16-token tile (the GEMV path, at the end of this file).
+
 For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
 ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
 (``Y_IN``) instead of computing it, a second ``shrink_kernel`` launch computes the

@@ -1,5 +1,7 @@
-"""The Triton backend (``forward/kernels.py``): three launches per forward for few
-tokens (the up and down GEMVs split over ``K`` where rows are long); for many,
+"""The Triton backend (``forward/kernels.py``): for one token on weights up to
+``GEMV_WEIGHTS``, the shrink and two GEMV launches (``gemv_up_kernel``,
+``gemv_down_kernel``); three launches per forward for other few-token batches (the up
+and down GEMVs split over ``K`` where rows are long); for many,
 cuBLAS's two base GEMMs with the kernels around them, and for a batch whose tokens all
 use one slot the LoRA folded into cuBLAS calls from 2048 tokens on.
 
