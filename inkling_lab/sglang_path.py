@@ -67,19 +67,30 @@ def exception_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _skip_fix(skipped: list[str], label: str) -> str:
-    """The way out for the weights that match no target module of sglang (``label``: ``"sglang 0.5.23"``),
-    by what they are."""
+def _sink_flag(server: Iterable[str]) -> str:
+    """The ``--lora-target-modules`` that wraps the sink and keeps every module the server
+    already targets (``init_lora_shapes`` refuses a flag that leaves out one of the adapter's
+    own, ISL-E034)."""
+    return "--lora-target-modules " + " ".join(sorted(set(server) - {"all"} | set(SINK_TARGETS)))
+
+
+def _skip_fix(skipped: list[str], label: str, server: Iterable[str]) -> str:
+    """The way out for the weights that match no target module of sglang (``label``: ``"sglang 0.5.23"``;
+    ``server``: its target modules), by what they are."""
     fixes = []
-    if any(".base_layer." in k or k.endswith(("shared_experts.lora_A.weight", "shared_experts.lora_B.weight"))
-           for k in skipped):
+    exported = set(peft_target_parameter_keys(skipped))
+    if exported:
         fixes.append(f"a PEFT target_parameters export matches no target module of {label}, whatever "
                      "--lora-target-modules says: inkling-lab export writes its math as an adapter it serves, or "
                      "merge it into the base weights (PEFT merge_and_unload) (ISL-N204)")
-    if any(".up_proj." in k or ".w3." in k for k in skipped):
+    lone_up = {k for k in skipped if ".up_proj." in k or ".w3." in k}
+    if lone_up:
         fixes.append("an up_proj needs its gate_proj to be stacked into gate_up_proj (export a zero gate; "
                      "inkling-lab convert stacks a lone up with a zero gate)")
-    if set(skipped) - set(peft_target_parameter_keys(skipped)):  # no flag makes sglang take an export's keys
+    sink = {k for k in skipped if target_module_of(k, SINK_TARGETS) is not None}
+    if sink:  # normalized sink names (w1/w3/w2 renamed) on a server without the sink's targets
+        fixes.append(f"start the server with {_sink_flag(server)}")
+    if set(skipped) - exported - lone_up - sink:
         fixes.append("start the server with every module the adapter trains in --lora-target-modules")
     return "; ".join(fixes)
 
@@ -524,12 +535,12 @@ class _Sglang:
                     "match no target module whatever the flag, and its buffer load fails on them (ISL-E036); "
                     "inkling-lab export writes the same math under the sink's own names, or merge it into the "
                     "base weights (PEFT merge_and_unload)" if exported else
-                    "serve with --lora-target-modules gate_up_proj down_proj (or list gate_proj, up_proj and "
-                    "down_proj in target_modules; w1/w3/w2 are not renamed there)"), more=True,
+                    f"serve with {_sink_flag(server)} (or list gate_proj, up_proj and down_proj in "
+                    "target_modules; w1/w3/w2 are not renamed there)"), more=True,
                 consequence=fails or "requests with this adapter get the base model's sink output",
                 targets=sorted(server), missing=", ".join(missing), release=self.release.version))
         if skipped:
-            skip = finding("ISL-W002", "target_modules", fix=_skip_fix(skipped, self.label), more=True,
+            skip = finding("ISL-W002", "target_modules", fix=_skip_fix(skipped, self.label, server), more=True,
                            consequence=(f"{self.label} logs this warning when a batch first uses the adapter, keeps "
                                         "these weights and then fails its buffer load on one of them (ISL-E036); with "
                                         "--lora-strict-loading this text is the ValueError instead (ISL-E027)"),
@@ -639,12 +650,12 @@ class _Sglang:
         """The way out of the buffer load's name error (``ISL-E036``, ``ISL-E037``)."""
         failed = self.name_error
         if failed.code == "ISL-E036":
-            return finding("ISL-E036", failed.name, fix=_skip_fix(self.skipped or [failed.name], self.label),
+            return finding("ISL-E036", failed.name, fix=_skip_fix(self.skipped or [failed.name], self.label, self.server),
                            upstream=True, more=True, name=failed.name, targets=targets_text(self.server),
                            consequence=f"{self.label} raises it when a batch first uses the adapter; {SORTED_NOTE}")
         return finding("ISL-E037", failed.name, fix=(
-            "serve with --lora-target-modules gate_up_proj down_proj, so that the sink is wrapped and takes its "
-            "per-expert factors"), upstream=True, more=True, name=repr(failed.name), layer=failed.layer)
+            f"serve with {_sink_flag(self.server)}, so that the sink is wrapped and takes its per-expert factors"),
+            upstream=True, more=True, name=repr(failed.name), layer=failed.layer)
 
     @staticmethod
     def _views(name: str, t: torch.Tensor | None, shared_outer: bool, r: int, R: int, H: int, F: int

@@ -231,3 +231,25 @@ def test_all_resolves_to_module_names_the_kit_does_not_read(tmp_path, targets):
                     measure=False)
     assert report.load.outcome == "unknown" and "auto_detect_lora_target_modules" in report.load.why
     assert "up_proj.lora_A.weight" in report.load.why and report.computes.outcome == "unknown"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "data" / "adapters").iterdir() if p.is_dir()))
+def test_every_target_modules_flag_the_doctor_advises_does_what_it_says(name):
+    """Where a fix names a --lora-target-modules list (ISL-W103, W002, E036, E037), the doctor on
+    that server finds the sink wrapped and no weight its targets miss (and no ISL-E034)."""
+    import json
+    import re
+
+    manifest = {m["name"]: m for m in json.loads((ROOT / "data" / "adapters" / "MANIFEST.json").read_text())}
+    sink = manifest.get(name, {}).get("sink") or {"n_shared_experts": 2, "hidden": 8, "intermediate": 6}
+    args = (sink["n_shared_experts"], sink["hidden"], sink["intermediate"])
+    report = doctor(ROOT / "data" / "adapters" / name, *args, measure=False)
+    flags = {m.group(1) for f in report.findings
+             for m in re.finditer(r"--lora-target-modules ((?:[a-z_0-9]+ ?)+)", f.fix)
+             if f.code in ("ISL-W103", "ISL-W002", "ISL-E036", "ISL-E037")}
+    assert flags or name not in ("w_names", "one_sided")  # these two are cured by a flag
+    for flag in flags:
+        served = doctor(ROOT / "data" / "adapters" / name, *args, target_modules=flag.split(),
+                        measure=False)
+        codes = {f.code for f in served.findings}
+        assert not codes & {"ISL-W103", "ISL-W002", "ISL-E036", "ISL-E037", "ISL-E034"}, (flag, str(served))

@@ -228,7 +228,9 @@ ENTRIES: list[CatalogEntry] = [
         "target_modules of gate_proj and up_proj only, or w1/w3/w2, and no --lora-target-modules.",
         "saved(target_modules=['gate_proj', 'up_proj'])", "saved(target_modules=['gate_proj', 'up_proj', 'down_proj'])",
         related=("ISL-W002",),
-        remedy='Serve with --lora-target-modules gate_up_proj down_proj, or list gate_proj, up_proj and down_proj in target_modules.',
+        remedy='Serve with --lora-target-modules naming gate_up_proj and down_proj besides the adapter\'s own target '
+               'modules (sglang refuses a flag that leaves one of those out: ISL-E034), or list gate_proj, up_proj and '
+               'down_proj in target_modules.',
         upstream='sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_modules (wraps the sink only with gate_up_proj and down_proj); sglang/srt/lora/utils.py: get_normalized_target_modules (w1/w3/w2 not renamed)', releases=EVERY_RELEASE),
     _warning(
         "ISL-W105", "sglang serves NaN",

@@ -157,8 +157,9 @@ ENTRIES: list[CatalogEntry] = [
         trigger="il.doctor(saved(gate_up, target_modules=['gate_proj', 'up_proj']), 2, 8, 6).raise_for_sglang()\n",
         fix="il.doctor(saved(gate_up, target_modules=['gate_proj', 'up_proj']), 2, 8, 6, "
             "target_modules=['gate_up_proj', 'down_proj']).raise_for_sglang()  # the sink is wrapped\n",
-        remedy="Start the server with --lora-target-modules gate_up_proj down_proj, so that the sink is wrapped "
-               "and takes its per-expert factors.",
+        remedy="Start the server with --lora-target-modules naming gate_up_proj and down_proj besides the "
+               "adapter's own target modules (ISL-E034 refuses one that leaves those out), so that the sink is "
+               "wrapped and takes its per-expert factors.",
         upstream=_LOAD + " (its per-layer loop: an indexed shared_experts weight, not 3D, without a shared-MoE "
                  "module on the layer); new in 0.5.23.",
         generation=LOADER, adapter_caused=True, related=("ISL-W103", "ISL-W001"), releases=SINCE_0_5_23),
