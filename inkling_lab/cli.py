@@ -194,10 +194,13 @@ def _convert(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from .export import export_for_sglang
 
-    report = export_for_sglang(args.adapter, args.output, args.n_shared_experts, hidden=args.hidden,
-                               intermediate=args.intermediate, tp=args.tp, force=args.force,
-                               progress=False if args.quiet else None, sglang=args.sglang,
-                               hidden_act=args.hidden_act, config=args.config)
+    try:  # the refusals of its arguments (a size past any model); the adapter's own are in the report
+        report = export_for_sglang(args.adapter, args.output, args.n_shared_experts, hidden=args.hidden,
+                                   intermediate=args.intermediate, tp=args.tp, force=args.force,
+                                   progress=False if args.quiet else None, sglang=args.sglang,
+                                   hidden_act=args.hidden_act, config=args.config)
+    except (ValueError, TypeError) as exc:
+        return _fail("export", exc)
     if args.json:
         print(_json(report.to_dict()))
     elif report.written:

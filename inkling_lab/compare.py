@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as Fn
 
-from .adapters import Adapter, FactorName, load_adapter
+from .adapters import Adapter, FactorName, as_path, load_adapter
 from .catalog import message
 from .convert import convert
 from .geometry import check_seed, check_size
@@ -230,6 +230,9 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
     release whose serving the ``sglang`` column is (default 0.5.23; the first line of the
     report names it).
     """
+    if isinstance(adapters, (str, os.PathLike, Adapter)) or not adapters:
+        raise TypeError(f"compare: adapters must be a non-empty list of adapter folders (or Adapters), one per "
+                        f"slot, got {adapters!r}")
     n = n_shared_experts
     sizes = (("n_shared_experts", n), ("hidden", hidden), ("intermediate", intermediate), ("tokens", tokens))
     for name, value in sizes:  # whole numbers of at least 1 first; then the batch's size, with the adapters'
@@ -237,7 +240,8 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
             check_size(f"compare: {name}", value, minimum=1)
     check_seed("compare: seed", seed)
     _check_batch_size(n, hidden, intermediate, tokens, adapters)
-    folders = [Path(a.source) if isinstance(a, Adapter) else Path(a) for a in adapters]
+    folders = [Path(a.source) if isinstance(a, Adapter) else as_path(f"compare: adapter {i}", a)
+               for i, a in enumerate(adapters)]
     report = CompareReport([a.name if isinstance(a, Adapter) else f.name for a, f in zip(adapters, folders)], n,
                            hidden, intermediate, tokens, seed, {"peft": [], "sglang": [], "kit": []},
                            release=release(sglang))

@@ -329,8 +329,13 @@ class _Conversion:
     def __init__(self, adapters: Sequence[Adapter], n: int, hidden: int | None, intermediate: int | None,
                  max_rank: int | None, outer: int | None, tp_rank: int, tp_size: int,
                  dtype: torch.dtype | None, factors: Sequence[Mapping[str, LoRAFactors]] | None = None) -> None:
+        if isinstance(adapters, Adapter) or not all(isinstance(a, Adapter) for a in adapters):
+            raise TypeError("convert: adapters must be a list of Adapters (load_adapter(folder)), one per slot, got "
+                            + repr([type(a).__name__ for a in adapters] if isinstance(adapters, (list, tuple))
+                                   else type(adapters).__name__))
         if not adapters:
             raise ValueError("convert needs at least one adapter")
+        check_size("convert: n_shared_experts", n, 1)  # before the factors are reshaped by it
         if factors is not None and len(factors) != len(adapters):
             raise ValueError(f"convert got {len(factors)} adapters' factors for {len(adapters)} adapters")
         self.adapters, self.n, self.tp_rank, self.tp_size = list(adapters), n, tp_rank, tp_size

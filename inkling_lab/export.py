@@ -64,7 +64,7 @@ from .catalog import Finding, finding
 from .compare import reference
 from .convert import PROGRESS_BYTES, adapters_dtype, stream_safetensors
 from .errors import find_entry
-from .geometry import check_tp
+from .geometry import check_size, check_tp
 from .pool import LoRAFactors
 from .peft_reference import Probes
 from .records import relative_error
@@ -802,6 +802,8 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
     SiLU is refused (``ISL-K507``: sglang's sink computes SiLU only).
     """
     output = as_path("export_for_sglang: output", output)
+    for what, value in (("n_shared_experts", n_shared_experts), ("tp", tp)):  # the plan reshapes by them
+        check_size(f"export_for_sglang: {what}", value, 1)
     name = adapter.name if isinstance(adapter, Adapter) else as_path("export_for_sglang: adapter", adapter).name
     report = ExportReport(name, str(output), n_shared_experts, hidden, intermediate, tp, release=release(sglang))
     try:

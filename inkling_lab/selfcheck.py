@@ -55,7 +55,7 @@ from .sglang_path import (SINK_TARGETS, check_buffer_names, exception_text, serv
                           targets_text)
 from .catalog import message
 from .shard import slice_lora_a, slice_lora_b
-from .upstream_wheel import read_checked, record_of
+from .upstream_wheel import opened_wheel, read_checked, record_of
 
 AREAS = ("v1", "v2", "slicing", "normalization", "targets", "loading")
 SINK_FILE, ADAPTER_FILE, UTILS_FILE, POOL_FILE = (
@@ -629,9 +629,7 @@ _CODE: dict[str, Extracted] = {}
 
 
 def _version_of(wheel: Path) -> str:
-    import zipfile
-
-    with zipfile.ZipFile(wheel) as z:
+    with opened_wheel(wheel) as z:  # a regular file only: a FIFO would block, a device never end
         infos = [n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
     m = re.fullmatch(r"sglang-(.+)\.dist-info", infos[0]) if infos else None
     if m is None:

@@ -31,14 +31,16 @@ The no-LoRA base is the same function with no active adapter.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import importlib
+import os
 import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -161,14 +163,43 @@ def get_lora_side_stream():
 }
 
 
-def _record_hashes(wheel: zipfile.ZipFile) -> dict[str, str]:
+MEMBER_LIMIT = 64 * 2 ** 20
+"""The most bytes one file of a wheel may unpack to (sglang's largest source file is under 1 MiB):
+a larger one is no sglang wheel's, and reading it would take the memory a zip bomb asks for."""
+
+
+@contextlib.contextmanager
+def opened_wheel(wheel_path: str | Path) -> Iterator[zipfile.ZipFile]:
+    """The wheel as a zip, opened only if it is a regular file (``ISL-K232``: a FIFO would
+    block the read forever, a device never end)."""
+    from .adapters import open_regular
+
+    with os.fdopen(open_regular(wheel_path), "rb") as f:
+        try:
+            wheel = zipfile.ZipFile(f)
+        except zipfile.BadZipFile as exc:
+            raise ValueError(f"{wheel_path}: not a wheel ({exc}): give an sglang .whl "
+                             "(pip download --no-deps sglang==0.5.23)") from None
+        with wheel:
+            yield wheel
+
+
+def _read(wheel: zipfile.ZipFile, name: str, wheel_path: str | Path) -> bytes:
+    size = wheel.getinfo(name).file_size
+    if size > MEMBER_LIMIT:
+        raise RuntimeError(f"{wheel_path}: {name} unpacks to {size} bytes, past the {MEMBER_LIMIT >> 20} MiB any "
+                           "file of an sglang wheel holds: not an sglang wheel")
+    return wheel.read(name)
+
+
+def _record_hashes(wheel: zipfile.ZipFile, wheel_path: str | Path) -> dict[str, str]:
     """The wheel's RECORD: path -> sha256 (urlsafe base64, as RECORD writes it). The
     RECORD is the one ``*.dist-info/RECORD`` of the archive (any version)."""
     records = [n for n in wheel.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
     if len(records) != 1:
-        raise RuntimeError(f"{wheel.filename}: expected one *.dist-info/RECORD, found {records or 'none'}")
+        raise RuntimeError(f"{wheel_path}: expected one *.dist-info/RECORD, found {records or 'none'}")
     out = {}
-    for line in wheel.read(records[0]).decode().splitlines():
+    for line in _read(wheel, records[0], wheel_path).decode("utf-8", "replace").splitlines():
         parts = line.rsplit(",", 2)
         if len(parts) == 3 and parts[1].startswith("sha256="):
             out[parts[0]] = parts[1].removeprefix("sha256=")
@@ -185,13 +216,13 @@ def read_checked(wheel_path: str | Path, names: Sequence[str], missing_ok: bool 
     ``RuntimeError`` naming the file when one does not match or RECORD lacks it. With
     ``missing_ok``, a file the wheel does not hold is left out instead of an error."""
     out = {}
-    with zipfile.ZipFile(wheel_path) as wheel:
-        hashes = _record_hashes(wheel)
+    with opened_wheel(wheel_path) as wheel:
+        hashes = _record_hashes(wheel, wheel_path)
         held = set(wheel.namelist())
         for name in names:
             if name not in held and missing_ok:
                 continue
-            data = wheel.read(name)
+            data = _read(wheel, name, wheel_path)
             digest = record_digest(data)
             if hashes.get(name) != digest:
                 raise RuntimeError(f"{wheel_path}: {name} does not match the wheel's RECORD "
@@ -202,8 +233,8 @@ def read_checked(wheel_path: str | Path, names: Sequence[str], missing_ok: bool 
 
 def record_of(wheel_path: str | Path, names: Sequence[str]) -> dict[str, str]:
     """RECORD's sha256 of each of ``names`` the wheel holds (absent ones left out)."""
-    with zipfile.ZipFile(wheel_path) as wheel:
-        hashes = _record_hashes(wheel)
+    with opened_wheel(wheel_path) as wheel:
+        hashes = _record_hashes(wheel, wheel_path)
     return {n: hashes[n] for n in names if n in hashes}
 
 

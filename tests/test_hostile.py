@@ -225,3 +225,50 @@ def test_a_batch_or_backend_of_the_wrong_type_is_named(value):
 ], ids=["num_slots", "normalize_n", "defect_report", "parse_shape", "first_error"])
 def test_a_value_out_of_its_domain_is_refused_by_the_kit(call, words):
     assert words in str(_raised_by_the_kit(call))
+
+
+# -- the CLI's paths and sizes (335 hostile command lines swept: these are what they found) ------------------------
+
+def test_no_hang_selfcheck_refuses_a_wheel_that_is_no_regular_file(tmp_path):
+    fifo = tmp_path / "sglang.whl"
+    os.mkfifo(fifo)
+    for wheel in (fifo, "/dev/zero"):
+        result = _cli("selfcheck", "--wheel", str(wheel), "--cases", "1")  # the hang guard: a FIFO blocked forever
+        assert result.returncode == 1 and b"ISL-K232" in result.stderr and b"Traceback" not in result.stderr
+    (tmp_path / "junk.whl").write_bytes(b"not a zip")
+    result = _cli("selfcheck", "--wheel", str(tmp_path / "junk.whl"), "--cases", "1")
+    assert result.returncode == 1 and b"junk.whl: not a wheel" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["doctor", "", *TOY], ["compare", "", *TOY], ["convert", "", "-n", "2", "-o", "OUT", "-q"],
+    ["export", "", "-n", "2", "-o", "OUT", "-q"]], ids=["doctor", "compare", "convert", "export"])
+def test_an_empty_adapter_path_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(SAMPLES / "gate_up", tmp_path / "gate_up")  # a named adapter the current folder would offer
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 1 and "empty path" in out + err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gate_up"]  # nothing written
+
+
+@pytest.mark.parametrize("argv", [["convert", str(SAMPLES / "gate_up"), "-n", str(2 ** 70), "-o", "OUT", "-q"],
+                                  ["export", str(SAMPLES / "gate_up"), "-n", str(2 ** 70), "-o", "OUT", "-q"]],
+                         ids=["convert", "export"])
+def test_a_shared_expert_count_past_any_model_is_refused_by_name(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "n_shared_experts must be in 1..2147483647" in err and "ISL-K162" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_convert_and_compare_take_lists_of_adapters_not_one():
+    from inkling_lab.compare import compare
+
+    adapter = il.load_adapter(SAMPLES / "gate_up")
+    for wrong in (adapter, str(SAMPLES / "gate_up"), [None], ["gate_up"]):
+        assert "convert: adapters must be a list of Adapters" in str(_raised_by_the_kit(
+            lambda: il.convert_adapters(wrong, 2)))
+    for wrong in (str(SAMPLES / "gate_up"), [], adapter):  # a string would be walked letter by letter
+        assert "compare: adapters must be a non-empty list" in str(_raised_by_the_kit(lambda: compare(wrong, 2, 8, 6)))

@@ -24,9 +24,12 @@ from .adapter import Adapter
 
 
 def as_path(what: str, value: object) -> Path:
-    """``value`` as a ``Path`` if it is one (a ``str`` or ``os.PathLike``), else ``TypeError``
-    naming ``what`` (Python's own words name neither the argument nor the call)."""
+    """``value`` as a ``Path`` if it is one (a ``str`` or ``os.PathLike``, not empty), else
+    ``TypeError``/``ValueError`` naming ``what`` (Python's own words name neither the
+    argument nor the call; an empty one would be the current folder)."""
     if isinstance(value, (str, os.PathLike)):
+        if not os.fspath(value):  # Path("") is the current folder: never read in its place silently
+            raise ValueError(f"{what} is an empty path: give the folder or file itself ('.' for the current folder)")
         return Path(value)
     raise TypeError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__}: {value!r}"[:300])
 
