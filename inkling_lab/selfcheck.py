@@ -22,7 +22,7 @@ the same message for upstream's own ``raise`` (Python's and torch's own errors b
 the same tensors otherwise. The areas: ``v1`` and ``v2`` (``initialize_lora``, then
 random ``set_lora_info`` / slot refresh / in-place update sequences: validation and
 the derived operands), ``slicing`` (``slice_moe_lora_a/b_weights``), ``normalization``
-(the tensors and their order), ``targets``, ``loading`` (the buffer load's names: the
+(the tensors and their order, attention neighbours included), ``targets``, ``loading`` (the buffer load's names: the
 warning's text and the error, the target set's repr, which upstream prints in string-hash
 order, compared as the kit prints it, sorted). Where the kit improves on upstream on purpose (a failed ``set_lora_info``
 leaves the module as it was; a ``tp_rank`` out of range is refused) the wheel's module
@@ -421,6 +421,11 @@ def _check_normalization(adapter_cls: type, rng: random.Random) -> str:
             rank = r if rng.random() < 0.9 else r + 1
             for ab, shape in (("A", (rank, H)), ("B", (rng.randint(1, 3), rank))):
                 weights[f"{_ATTENTION}{proj}.lora_{ab}.weight"] = torch.randn(*shape, generator=gen).to(dtype)
+    if rng.random() < 0.2:  # Inkling's own attention: normalize_inkling_qkvr_proj stacks all four, or none
+        for proj in rng.sample(("wq_du", "wk_dv", "wv_dv", "wr_du", "qkvr"), rng.randint(1, 5)):
+            rank = r if rng.random() < 0.8 else r + 1
+            for ab, shape in (("A", (rank, H)), ("B", (rng.randint(1, 3), rank))):
+                weights[f"{_ATTENTION}{proj}.lora_{ab}.weight"] = torch.randn(*shape, generator=gen).to(dtype)
     keys = list(weights)
     rng.shuffle(keys)  # upstream's result depends on the adapter's key order: both see the same
     weights = {k: weights[k] for k in keys}
@@ -429,11 +434,11 @@ def _check_normalization(adapter_cls: type, rng: random.Random) -> str:
     layer = SimpleNamespace(weights=dict(weights))
     for name, value in (("base_hf_config", SimpleNamespace(architectures=["InklingForCausalLM"], model_type="inkling",
                                                             n_shared_experts=n)),
-                        ("layers", [layer]), ("_moe_is_gated_by_layer", {})):
+                        ("layers", [layer]), ("_moe_is_gated_by_layer", {}), ("config", SimpleNamespace(r=r))):
         object.__setattr__(up, name, value)
     case = f"normalize n={n}: " + ", ".join(f"{k.removeprefix(_PREFIX)} {list(t.shape)}" for k, t in weights.items())
     want = _outcome(lambda: up._normalize_weights(), _CODE[ADAPTER_FILE])
-    ok, got = _same_end(case, want, lambda: normalize_layer(dict(weights), n))
+    ok, got = _same_end(case, want, lambda: normalize_layer(dict(weights), n, r))
     if ok:
         _same_tensors(case, got, layer.weights)
         if list(got) != list(layer.weights):  # the buffer load walks this order: its first error depends on it

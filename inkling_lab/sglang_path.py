@@ -99,11 +99,11 @@ _LAYER_ID = re.compile(r"layers\.(\d+)\.")
 _EXPERT_INDEX = re.compile(r"experts\.(\d+)\.")
 _EMBEDDINGS = ("embed_tokens", "lm_head")
 
-_UNMODELLED_NAMES = ("wq_du", "qkvr", "x_proj", "in_proj_q", "q_a_proj")
+_UNMODELLED_NAMES = ("x_proj", "in_proj_q", "q_a_proj")
 """Name parts that ``LoRAAdapter._normalize_weights`` (lora.py) renames or stacks in steps the
-kit does not model (``normalize_inkling_qkvr_proj``, ``_normalize_in_proj``,
-``_normalize_in_proj_qkvz``, ``normalize_fused_qkv_a_proj``): a weight so named leaves the
-buffer load's names unknown to the kit."""
+kit does not model (``_normalize_in_proj``, ``_normalize_in_proj_qkvz``,
+``normalize_fused_qkv_a_proj``): a weight so named leaves the buffer load's names unknown to
+the kit."""
 
 
 def layer_id(name: str) -> int | None:
@@ -454,9 +454,9 @@ class _Sglang:
                             "the kit does not model, so it cannot tell which names its buffer load checks")
             return
         try:  # layer by layer, from layer 0, as _normalize_weights walks self.layers
-            self.layers = {lid: normalize_layer(layer, self.n)
+            self.layers = {lid: normalize_layer(layer, self.n, self.r)
                            for lid, layer in sorted(by_layer.items(), key=lambda item: (item[0] is None, item[0] or 0))}
-        except (RuntimeError, KeyError) as exc:
+        except (RuntimeError, KeyError, IndexError) as exc:
             raise _Raised("normalize", exception_text(exc), "lora.py: LoRAAdapter._normalize_weights (normalize_qkv_proj, "
                           "_normalize_shared_expert_moe, normalize_gate_up_proj)") from None
         self.normalized = {k: t for layer in self.layers.values() for k, t in layer.items() if "shared_experts." in k}

@@ -199,7 +199,8 @@ def export_names(folder: Path) -> tuple[list[str], set[str]]:
     layers: dict[int, dict] = {}
     for k, t in weights.items():
         layers.setdefault(layer_id(k), {})[k] = t
-    names = [k for lid in sorted(layers) for k in normalize_layer(layers[lid], 2)]
+    r = json.loads((folder / "adapter_config.json").read_text())["r"]
+    names = [k for lid in sorted(layers) for k in normalize_layer(layers[lid], 2, r)]
     config = json.loads((folder / "adapter_config.json").read_text())
     return names, server_target_modules(config["target_modules"])
 
@@ -253,3 +254,18 @@ def test_every_target_modules_flag_the_doctor_advises_does_what_it_says(name):
                         measure=False)
         codes = {f.code for f in served.findings}
         assert not codes & {"ISL-W103", "ISL-W002", "ISL-E036", "ISL-E037", "ISL-E034"}, (flag, str(served))
+
+
+@pytest.mark.parametrize("targets, fails", [(["gate_proj", "up_proj", "down_proj", "wq_du", "wk_dv", "wv_dv", "wr_du"],
+                                             True), (["gate_proj", "up_proj", "down_proj", "qkvr"], False)])
+def test_inkling_attention_is_stacked_into_qkvr_before_the_names_are_checked(tmp_path, targets, fails):
+    """normalize_inkling_qkvr_proj (lora.py) stacks wq_du, wk_dv, wv_dv and wr_du into qkvr, a
+    name that holds none of the four: with their PEFT names as targets the buffer load fails."""
+    ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)
+    attention = {f"base_model.model.model.layers.0.self_attn.{p}.lora_{ab}.weight": torch.randn(4, 8) if ab == "A"
+                 else torch.randn(8, 4) for p in ("wq_du", "wk_dv", "wv_dv", "wr_du") for ab in "AB"}
+    report = doctor(saved(tmp_path, {**ad.weights, **attention}, target_modules=targets), 2, 8, 6, measure=False)
+    if fails:
+        assert report.error_code == "ISL-E036" and ".self_attn.qkvr.lora_A.weight in {" in report.load.text
+    else:
+        assert report.ok, str(report)

@@ -38,7 +38,7 @@ The package, one module per job: ``names`` (files, projections, factor keys), ``
 """
 from .names import CONFIG_FILE, PROJECTIONS, RENAMES, TRANSFORMERS_PARAMETERS, WEIGHTS_FILE, FactorName, module_of
 from .config import BASE_CHANGING_INITS, PeftConfig, read_peft_config
-from .normalize import normalize_layer, normalize_qkv_proj, normalize_shared_sink
+from .normalize import normalize_inkling_qkvr_proj, normalize_layer, normalize_qkv_proj, normalize_shared_sink
 from .target_parameters import peft_target_parameter_keys
 from .adapter import Adapter, is_target_parameters_export
 from .files import (HEADER_LIMIT, as_path, TEXT_LIMIT, HeaderError, check_regular, check_safetensors_header, file_sha256,
@@ -46,4 +46,4 @@ from .files import (HEADER_LIMIT, as_path, TEXT_LIMIT, HeaderError, check_regula
 from .synthetic import NAMINGS, synthetic_adapter
 from .names import _NESTED_KEY  # noqa: F401 - read by sglang_path's model of upstream's key matching
 
-__all__ = ["Adapter", "BASE_CHANGING_INITS", "CONFIG_FILE", "FactorName", "HEADER_LIMIT", "HeaderError", "NAMINGS", "PROJECTIONS", "PeftConfig", "RENAMES", "TEXT_LIMIT", "TRANSFORMERS_PARAMETERS", "WEIGHTS_FILE", "as_path", "check_regular", "check_safetensors_header", "file_sha256", "is_target_parameters_export", "load_adapter", "module_of", "normalize_layer", "normalize_qkv_proj", "normalize_shared_sink", "open_regular", "open_safetensors", "peft_target_parameter_keys", "read_peft_config", "read_regular", "save_adapter", "synthetic_adapter"]
+__all__ = ["Adapter", "BASE_CHANGING_INITS", "CONFIG_FILE", "FactorName", "HEADER_LIMIT", "HeaderError", "NAMINGS", "PROJECTIONS", "PeftConfig", "RENAMES", "TEXT_LIMIT", "TRANSFORMERS_PARAMETERS", "WEIGHTS_FILE", "as_path", "check_regular", "check_safetensors_header", "file_sha256", "is_target_parameters_export", "load_adapter", "module_of", "normalize_inkling_qkvr_proj", "normalize_layer", "normalize_qkv_proj", "normalize_shared_sink", "open_regular", "open_safetensors", "peft_target_parameter_keys", "read_peft_config", "read_regular", "save_adapter", "synthetic_adapter"]

@@ -176,11 +176,41 @@ def normalize_qkv_proj(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return out
 
 
-def normalize_layer(weights: Mapping[str, torch.Tensor], n_shared_experts: int) -> dict[str, torch.Tensor]:
-    """Upstream's ``LoRAAdapter._normalize_weights`` for one layer of an Inkling adapter, as
-    far as the kit models it: ``normalize_qkv_proj``, then the shared sink's steps
-    (``normalize_shared_sink``: its reshape, the ``w`` renames and the gate/up stacking,
-    which upstream applies to every name of the layer). The steps in between that act on
-    other names (``qkvr``, Mamba's ``in_proj``, MLA's ``fused_qkv_a_proj_with_mqa``) are not
-    modelled: the caller keeps such names away."""
-    return normalize_shared_sink(normalize_qkv_proj(weights), n_shared_experts)
+def normalize_inkling_qkvr_proj(weights: Mapping[str, torch.Tensor], names: list[str], r: int
+                                ) -> dict[str, torch.Tensor]:
+    """Upstream's ``LoRAAdapter.normalize_inkling_qkvr_proj`` (lora.py), the second step of
+    its ``_normalize_weights``: each of ``names`` (the layer's names as they were *before*
+    ``normalize_qkv_proj``, as upstream passes them) holding ``wq_du`` whose ``wk_dv``,
+    ``wv_dv`` and ``wr_du`` partners are all there is stacked with them, in that order, along
+    its ``dim() - 2`` axis into ``qkvr`` (a new key at the end; the four dropped); then every
+    ``qkvr`` A whose rank axis (``shape[-2]``) is the config's ``r`` is repeated four times
+    along it. Torch's own errors (and ``IndexError`` for a 1D A) as upstream's."""
+    out = dict(weights)
+    for name in names:
+        if "wq_du" not in name:
+            continue
+        k, v, rr, qkvr = (name.replace("wq_du", part) for part in ("wk_dv", "wv_dv", "wr_du", "qkvr"))
+        if any(part not in out for part in (k, v, rr)):
+            continue
+        out[qkvr] = torch.cat((out[name], out[k], out[v], out[rr]), out[name].dim() - 2)
+        for part in (name, k, v, rr):
+            out.pop(part)
+    for name in list(out):
+        if "qkvr" not in name or "lora_A" not in name or out[name].shape[-2] != r:
+            continue
+        repeat = [1] * out[name].dim()
+        repeat[-2] = 4
+        out[name] = out[name].repeat(*repeat)
+    return out
+
+
+def normalize_layer(weights: Mapping[str, torch.Tensor], n_shared_experts: int, r: int) -> dict[str, torch.Tensor]:
+    """Upstream's ``LoRAAdapter._normalize_weights`` for one layer of an Inkling adapter of
+    rank ``r`` (the config's), as far as the kit models it: ``normalize_qkv_proj``,
+    ``normalize_inkling_qkvr_proj``, then the shared sink's steps (``normalize_shared_sink``:
+    its reshape, the ``w`` renames and the gate/up stacking, which upstream applies to every
+    name of the layer). The steps in between that act on other names (Mamba's ``in_proj``,
+    GDN's ``in_proj_qkvz``, MLA's ``fused_qkv_a_proj_with_mqa``) are not modelled: the caller
+    keeps such names away."""
+    names = list(weights)
+    return normalize_shared_sink(normalize_inkling_qkvr_proj(normalize_qkv_proj(weights), names, r), n_shared_experts)
