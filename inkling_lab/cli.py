@@ -265,11 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     p = sub.add_parser(
-        "doctor", help="what sglang 0.5.23 does with this adapter: loads/raises/skips, what it computes, what "
+        "doctor", help="what sglang 0.5.23 does with this adapter: loads/raises, what it computes, what "
                        "the converter writes",
         description="Walk a PEFT adapter down sglang 0.5.23's loading path for the sink you give (read, "
                     "normalize, target modules, shard, pool, set_lora_info, forward) and give three verdicts: "
-                    "whether sglang loads it (or the exact error, or the exact warning for skipped weights), "
+                    "whether sglang loads it (or the exact error, after the exact warning it logs for weights "
+                    "that match no target module), "
                     "whether it then computes the adapter's math (or what else, and why), and what "
                     "inkling-lab convert writes. Every finding with its fix. Exit status 1 when sglang would "
                     "fail or serve something other than the adapter's math.")

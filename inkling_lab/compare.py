@@ -12,7 +12,8 @@ without it) three ways, in float64:
   reading of the factors only where PEFT is absent or refuses the folder, and the report
   says so;
 * ``sglang``: what sglang 0.5.23 serves (``inkling_lab.sglang_path.run_sglang``): one
-  ``lora_alpha / r``, weights it skips dropped, nothing when the sink is not wrapped,
+  ``lora_alpha / r``, nothing when the sink is not wrapped or its load fails (weights that
+  match no target module fail the buffer load),
   the per-expert outer defect of docs/reference.md#per-expert-defect applied (``SglangRun.served``);
 * ``kit``: the pool ``inkling-lab convert`` writes.
 
