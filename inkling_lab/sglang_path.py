@@ -56,10 +56,14 @@ are *not* renamed."""
 def server_target_modules(targets: Any) -> set[str]:
     """The target modules as sglang normalizes them (``get_normalized_target_modules``,
     utils.py): the last name part, ``gate_proj``/``up_proj`` -> ``gate_up_proj``;
-    ``"all"``/``"all-linear"`` -> ``{"all"}``."""
+    ``"all"``/``"all-linear"`` -> ``{"all"}``. Raises what it raises: ``ValueError`` for
+    another string, Python's own ``TypeError`` for no iterable (``None``, a number) and
+    ``AttributeError`` for a name that is no string (it splits each)."""
     if isinstance(targets, str):
-        return {"all"} if targets in ("all", "all-linear") else {targets}
-    return {_UPSTREAM_TARGET_NAMES.get(t.split(".")[-1], t.split(".")[-1]) for t in targets or ()}
+        if targets not in ("all", "all-linear"):
+            raise ValueError("Only 'all' or 'all-linear' can be used as the string for target module")
+        return {"all"}
+    return {_UPSTREAM_TARGET_NAMES.get(t.split(".")[-1], t.split(".")[-1]) for t in targets}
 
 
 def exception_text(exc: BaseException) -> str:
@@ -327,8 +331,11 @@ class _Sglang:
                 stage()
             if self.unknown and not any(st["stage"] == "targets" for st in self.stages):
                 # stopped before the targets stage: the server's modules as they would be normalized
-                self.server = server_target_modules(self.cli_targets if self.cli_targets is not None
-                                                    else self.config.get("target_modules"))
+                try:
+                    self.server = server_target_modules(self.cli_targets if self.cli_targets is not None
+                                                        else self.config.get("target_modules"))
+                except (TypeError, AttributeError, ValueError):
+                    self.server = set()  # modules sglang cannot normalize: it targets none the kit can name
         except _Raised as exc:
             raised = exc.record
             self.record(raised.stage, error=raised.text, upstream=raised.upstream)
@@ -362,7 +369,7 @@ class _Sglang:
             raise _Raised("read", text, "lora_config.py: LoRAConfig.get_lora_config (open)", named)
         try:
             self.config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # sglang's json.load raises these
+        except (ValueError, RecursionError) as exc:  # sglang's json.load raises these (a 5000-digit int too)
             raise _Raised("read", exception_text(exc), "lora_config.py: LoRAConfig.get_lora_config (json.load)") from None
         self.check_config()
         self.read_weights()
@@ -437,7 +444,10 @@ class _Sglang:
         # _process_weight (lora.py): a weight with a layer id goes to that LoRALayer, in the files' order; an
         # embed_tokens/lm_head one to embedding_layers where the adapter targets it; any other is not kept
         by_layer: dict[int | None, dict[str, torch.Tensor]] = {}
-        own = server_target_modules(self.config.get("target_modules"))
+        try:
+            own = server_target_modules(self.config.get("target_modules"))
+        except (TypeError, AttributeError, ValueError):
+            own = set()  # no target module sglang can normalize: the targets stage raises its error
         for key, t in self.weights.items():
             name = key.replace("unembed_tokens", "lm_head")
             lid = layer_id(name)
@@ -492,16 +502,19 @@ class _Sglang:
             raise _Raised("targets", "ValueError: " + message("ISL-E032", target_modules=adapter_targets), where)
         if not isinstance(adapter_targets, (str, list)):
             raise _Raised("targets", "ValueError: " + message("ISL-E033"), where)
-        if self.cli_targets is not None:
-            server = server_target_modules(self.cli_targets)
-            if "all" not in server and not isinstance(adapter_targets, str):
-                own = server_target_modules(adapter_targets)
-                if not own <= server:
-                    raise _Raised("targets", "ValueError: " + message(
-                        "ISL-E034", name=self.name, unsupported=sorted(own - server), server=sorted(server),
-                        required=sorted(server | own)), where)
-        else:
-            server = server_target_modules(adapter_targets)
+        try:
+            if self.cli_targets is not None:
+                server = server_target_modules(self.cli_targets)
+                if "all" not in server and not isinstance(adapter_targets, str):
+                    own = server_target_modules(adapter_targets)
+                    if not own <= server:
+                        raise _Raised("targets", "ValueError: " + message(
+                            "ISL-E034", name=self.name, unsupported=sorted(own - server), server=sorted(server),
+                            required=sorted(server | own)), where)
+            else:
+                server = server_target_modules(adapter_targets)
+        except (TypeError, AttributeError) as exc:  # a name that is no string: its split fails, as upstream's does
+            raise _Raised("targets", exception_text(exc), where + " (utils.py: get_normalized_target_modules)") from None
         self.server = server
         self.wrapped = "all" in server or all(t in server for t in SINK_TARGETS)
         names = [k for lid, layer in self.layers.items() if lid is not None for k in layer] + self.embedding

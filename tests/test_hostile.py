@@ -272,3 +272,55 @@ def test_convert_and_compare_take_lists_of_adapters_not_one():
             lambda: il.convert_adapters(wrong, 2)))
     for wrong in (str(SAMPLES / "gate_up"), [], adapter):  # a string would be walked letter by letter
         assert "compare: adapters must be a non-empty list" in str(_raised_by_the_kit(lambda: compare(wrong, 2, 8, 6)))
+
+
+# -- adapter configs of the wrong types (86 hostile folders swept through doctor, convert, compare, export) --------
+
+CONFIG = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["gate_proj", "up_proj", "down_proj"]}
+
+
+@pytest.mark.parametrize("field, value, sglang_says", [
+    ("target_modules", 4, "only supports inferring LoRA target modules when a list"),  # lora_manager's check
+    ("target_modules", [4], "AttributeError: 'int' object has no attribute 'split'"),  # its split, unguarded
+    ("target_modules", "gate_proj", "does not recognize target_modules"),
+    ("modules_to_save", 4, None),  # sglang does not read it: it loads
+], ids=["int", "list_of_int", "string", "modules_to_save_int"])
+def test_a_config_field_of_the_wrong_type_gets_upstreams_verdict_and_the_kits_refusal(tmp_path, field, value,
+                                                                                      sglang_says):
+    folder = tmp_path / "ad"
+    shutil.copytree(SAMPLES / "gate_up", folder)
+    (folder / "adapter_config.json").write_text(json.dumps({**CONFIG, field: value}))
+    report = il.doctor(folder, 2, 8, 6, measure=False)  # never raises on the adapter's contents
+    if sglang_says is None:
+        assert report.load.outcome == "loads"
+    else:
+        assert report.load.outcome == "raises" and sglang_says in report.load.text
+    if field == "target_modules" and isinstance(value, str):
+        return  # the kit converts the math whatever the server's targets
+    assert report.kit.outcome == "refuses" and f"{field} must be a module name or a list" in report.kit.text
+
+
+def test_a_config_whose_json_python_cannot_read_is_sglangs_json_error_not_a_crash(tmp_path):
+    folder = tmp_path / "ad"
+    shutil.copytree(SAMPLES / "gate_up", folder)
+    (folder / "adapter_config.json").write_text('{"r": 4' + "0" * 5000 + ', "lora_alpha": 8}')  # past int's digit limit
+    report = il.doctor(folder, 2, 8, 6, measure=False)
+    assert report.load.outcome == "raises" and report.load.text.startswith("ValueError: Exceeds the limit")
+    assert report.kit.outcome == "refuses"
+
+
+@settings(max_examples=40)
+@given(targets=st.one_of(st.none(), st.integers(), st.text(max_size=8), st.lists(st.one_of(st.integers(), st.text(
+    max_size=8), st.none()), max_size=3)))
+def test_server_target_modules_raises_what_get_normalized_target_modules_raises(targets):
+    from inkling_lab.sglang_path import server_target_modules
+
+    try:
+        got = server_target_modules(targets)
+    except (TypeError, AttributeError, ValueError) as exc:
+        if isinstance(targets, str):
+            assert isinstance(exc, ValueError) and targets not in ("all", "all-linear")
+        else:
+            assert targets is None or isinstance(targets, int) or any(not isinstance(t, str) for t in targets)
+        return
+    assert got == {"all"} if isinstance(targets, str) else all(isinstance(t, str) for t in targets)

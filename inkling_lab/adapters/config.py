@@ -112,6 +112,10 @@ def read_peft_config(config: Mapping[str, Any], where: str = CONFIG_FILE) -> Pef
     alphas = {k: number(v, f'alpha_pattern[{k!r}]')
               for k, v in mapping(config.get("alpha_pattern"), "alpha_pattern").items()}
     saved = config.get("modules_to_save") or ()
+    for what, value in (("target_modules", config.get("target_modules")), ("modules_to_save", saved)):
+        if not (value is None or isinstance(value, str)
+                or isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            raise bad(f"{what} must be a module name or a list of them, got {value!r}")
     return PeftConfig(
         r=r, lora_alpha=alpha, target_modules=config.get("target_modules"),
         use_rslora=bool(config.get("use_rslora")), alpha_pattern=alphas, rank_pattern=ranks,
