@@ -102,7 +102,13 @@ def _build(state: Mapping[str, torch.Tensor], where: str, interleaved: bool, dty
         # an int32 gate would have made an int32 sink, an fp16 gate rounded float32 up and down silently
         raise TypeError(message("ISL-K422", where=where, dtypes=", ".join(
             f"{p} {str(d).removeprefix('torch.')}" for p, d in dtypes.items())))
+    cast = dtype is not None and dtype != gate.dtype
     dtype = dtype or gate.dtype
+    for p, t in zip(PARAMETERS, (gate, up, down)):  # as read, then as cast: an overflow is no silent Inf
+        for made, how in ((t, "as read"), *(((t.to(dtype), f"after the cast to {dtype}"),) if cast else ())):
+            if made.is_floating_point() and made.numel() and not bool(torch.isfinite(made).all()):
+                raise ValueError(message("ISL-K423", where=where, param=p, count=int((~torch.isfinite(made)).sum()),
+                                         total=made.numel(), dtype=str(made.dtype).removeprefix("torch."), how=how))
     sink = cls(n, H, F, interleaved=interleaved, dtype=dtype, device=gate.device, activation=activation)
     gate_rows, up_rows = gate_up_rows(F, interleaved, gate.device)
     with torch.no_grad():
@@ -336,6 +342,8 @@ def sink_from_checkpoint(path: str | os.PathLike[str], layer: int = 0, *, prefix
     arguments as for ``sink_from_transformers``.
     """
     path = as_path("sink_from_checkpoint: path", path)
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise TypeError(f"sink_from_checkpoint: layer must be a layer number (0, 1, ...), got {layer!r}")
     files = _key_files(path)
     found = _find_prefix(files, layer, path.name) if prefix is None else None
     prefix = found[0] if found else prefix

@@ -324,3 +324,30 @@ def test_server_target_modules_raises_what_get_normalized_target_modules_raises(
             assert targets is None or isinstance(targets, int) or any(not isinstance(t, str) for t in targets)
         return
     assert got == {"all"} if isinstance(targets, str) else all(isinstance(t, str) for t in targets)
+
+
+# -- transformers checkpoints (45 hostile checkpoints and arguments swept): NaN or overflowing weights named --------
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(param=st.sampled_from(["gate_proj", "up_proj", "down_proj"]), value=st.sampled_from(
+    [float("nan"), float("inf"), 1e5, 1.0]), dtype=st.sampled_from([None, torch.float16, torch.bfloat16]))
+def test_no_silent_nan_a_checkpoint_sink_that_is_not_finite_as_read_or_as_cast_is_refused(tmp_path_factory, param,
+                                                                                         value, dtype):
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("ckpt")
+    p = "model.layers.0.mlp.shared_experts."
+    state = {p + "gate_proj": torch.zeros(2, 6, 8), p + "up_proj": torch.zeros(2, 6, 8),
+             p + "down_proj": torch.zeros(2, 8, 6)}
+    state[p + param][0, 0, 0] = value
+    save_file(state, folder / "model.safetensors")
+    finite = torch.isfinite(torch.tensor(value).to(dtype or torch.float32))
+    if finite:
+        sink = il.sink_from_checkpoint(folder, dtype=dtype)
+        assert torch.isfinite(sink.w13).all() and torch.isfinite(sink.w2).all()
+        return
+    with pytest.raises(ValueError) as raised:
+        il.sink_from_checkpoint(folder, dtype=dtype)
+    assert find_entry(raised.value).code == "ISL-K423" and param in str(raised.value)
+    with pytest.raises(TypeError, match="layer must be a layer number"):
+        il.sink_from_checkpoint(folder, layer="0")

@@ -171,6 +171,30 @@ ENTRIES: list[CatalogEntry] = [
                  "which casts it (sglang/srt/model_loader/weight_utils.py: default_weight_loader).",
         generation=KIT, related=("ISL-K231",), releases=EVERY_RELEASE),
     CatalogEntry(
+        code="ISL-K423", title="a checkpoint's sink weights hold NaN or infinity", exc_type=ValueError,
+        message="{where}: {param} has {count} of {total} value(s) NaN or infinite in {dtype} ({how}): every "
+                "output of the sink would be NaN; load it in a dtype that holds its values (dtype=torch.float32) "
+                "or re-export the checkpoint from finite weights",
+        meaning="The sink's base weights take part in every token's output: one NaN or infinite value in gate, up "
+                "or down makes the outputs NaN without a word. The kit checks the weights as read and after the "
+                "cast dtype= asks for (a float32 value past 65504 is infinite in float16), and names the tensor.",
+        when="A checkpoint saved from a diverged run, or a float32 checkpoint loaded with dtype=torch.float16 "
+             "whose weights exceed float16's range.",
+        setup=("import tempfile\nfrom pathlib import Path\nfrom safetensors.torch import save_file\n"
+               "folder = Path(tempfile.mkdtemp())\np = 'model.layers.0.mlp.shared_experts.'\n"
+               "state = {p + 'gate_proj': torch.full((2, 6, 8), 1e5), p + 'up_proj': torch.zeros(2, 6, 8),\n"
+               "         p + 'down_proj': torch.zeros(2, 8, 6)}\n"
+               "save_file(state, folder / 'model.safetensors')\n"
+               "from inkling_lab.transformers_interop import sink_from_checkpoint\n"),
+        trigger="sink_from_checkpoint(folder, dtype=torch.float16)\n",
+        fix="sink_from_checkpoint(folder, dtype=torch.float32)\n",
+        remedy="Load the sink in a dtype that holds its values (float32), or re-export the checkpoint from finite "
+               "weights.",
+        upstream="Nothing of sglang's shared-sink path: sglang copies the checkpoint's tensors into the model's "
+                 "parameters as they are (sglang/srt/model_loader/weight_utils.py: default_weight_loader) and "
+                 "serves NaN.",
+        generation=KIT, related=("ISL-K422", "ISL-K160"), releases=EVERY_RELEASE),
+    CatalogEntry(
         code="ISL-K233", title="one module's factors saved two ways (a target_parameters export and named factors)",
         exc_type=ValueError,
         message="{file}: {module} holds a PEFT target_parameters export ({nested} nested factor pair(s)) and "
