@@ -93,6 +93,9 @@ def allocate(shape: Shape, what: str, dtype: torch.dtype, device: torch.device |
         if fill in ("randn", "rand"):
             return getattr(torch, fill)(shape, generator=generator).to(dtype=dtype, device=device)
         return (torch.zeros if fill == "zeros" else torch.empty)(shape, dtype=dtype, device=device)
+    except AssertionError as exc:  # torch's words for a device this build has not ("not compiled with CUDA")
+        raise ValueError(f"{what}: the device {device!r} is not available here ({exc}): use device='cpu', or run "
+                         "where it is") from None
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         size = math.prod(shape) * dtype.itemsize
         raise MemoryError(f"{what} {list(shape)} ({dtype}) needs {size / 2 ** 30:.3g} GiB, which this machine "

@@ -195,6 +195,9 @@ class LoRAPool:
         self._check_slot(slot)
         if not isinstance(factors, LoRAFactors):
             raise TypeError(f"LoRAPool.load: factors must be LoRAFactors, got {type(factors).__name__}")
+        if self.gate_up_a.device.type != "meta" and any(t.device.type == "meta" for t in factors.tensors().values()):
+            raise ValueError(f"LoRAPool.load: the factors{factors._label} are on the meta device (shapes only, no "
+                             "values): load the real tensors")
         r, R = factors.rank, self.max_rank
         if self.shared_outer:
             if factors.gate_up_a.shape[0] != 1:

@@ -72,6 +72,9 @@ class Scenario:
                              f"(None: the default), got {len(names)} names")
         if sink is None:
             sink = SharedSinkLoRA.from_geometry(g, interleaved, dtype, device, seed)
+        elif not isinstance(sink, SharedSinkLoRA):
+            raise TypeError(f"Scenario.random: sink must be a SharedSinkLoRA to reuse (or None), got "
+                            f"{type(sink).__name__}")
         else:
             have = (sink.n_shared_experts, sink.hidden_size, sink.intermediate_size, sink.interleaved, sink.dtype)
             if have != (g.n, g.hidden, g.intermediate, interleaved, dtype):

@@ -67,6 +67,9 @@ def sink_from_transformers(source: Any, *, interleaved: bool = True, dtype: torc
     default the module's own ``act_fn`` (``activation_of``), ``silu`` for a mapping.
     Values are copied exactly (a cast only when ``dtype`` differs).
     """
+    if not isinstance(source, (Mapping, torch.nn.Module)):
+        raise TypeError(f"sink_from_transformers: source must be transformers' InklingSharedExperts or a mapping of "
+                        f"its {', '.join(PARAMETERS)}, got {type(source).__name__}")
     state = source if isinstance(source, Mapping) else {p: getattr(source, p) for p in PARAMETERS}
     if activation is None:
         activation = "silu" if isinstance(source, Mapping) else activation_of(source)
@@ -130,6 +133,8 @@ def transformers_state(sink: SharedSink) -> dict[str, torch.Tensor]:
 def to_transformers(sink: SharedSink, config: Any = None) -> torch.nn.Module:
     """transformers' ``InklingSharedExperts`` with the sink's weights. ``config``: an
     ``InklingTextConfig`` (default: the real config's, with the sink's ``n``, ``H``, ``F``)."""
+    if not isinstance(sink, SharedSink):
+        raise TypeError(f"to_transformers: sink must be a SharedSink (or SharedSinkLoRA), got {type(sink).__name__}")
     from transformers import InklingTextConfig
     from transformers.models.inkling.modeling_inkling import InklingSharedExperts
 
@@ -414,6 +419,7 @@ def make_peft_sink_adapter(folder: str | os.PathLike[str], n: int = 2, hidden: i
     ``lora_options``: more ``LoraConfig`` fields (``use_rslora``, ``rank_pattern``,
     ``alpha_pattern`` keyed by parameter name, e.g. ``"mlp.shared_experts.down_proj"``).
     """
+    folder = as_path("make_peft_sink_adapter: folder", folder)  # before PEFT builds anything
     from peft import LoraConfig, get_peft_model
     from transformers import InklingTextConfig
     from transformers.models.inkling.modeling_inkling import InklingSharedExperts
@@ -440,7 +446,6 @@ def make_peft_sink_adapter(folder: str | os.PathLike[str], n: int = 2, hidden: i
         for name, p in peft_model.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype) / p.shape[-1] ** 0.5)
-    folder = Path(folder)
     peft_model.save_pretrained(str(folder))
     peft_sink = peft_model.base_model.model.model.layers[0].mlp.shared_experts
     merged_model = copy.deepcopy(peft_model).merge_and_unload()

@@ -227,9 +227,12 @@ def _as_pool(source: Source, what: str | None) -> tuple[tuple[torch.Tensor, ...]
     if isinstance(source, LoRAPool):
         return source.buffers(), source.lora_ranks, what or "the pool"
     buffers = tuple(source) if isinstance(source, (tuple, list)) else ()
-    if len(buffers) != 4 or any(not isinstance(b, torch.Tensor) or b.dim() != 4 for b in buffers):
+    if len(buffers) != 4 or any(not isinstance(b, torch.Tensor) or b.dim() != 4 or b.device.type == "meta"
+                                for b in buffers):
+        got = [f"{tuple(b.shape)} on {b.device.type}" if isinstance(b, torch.Tensor) else type(b).__name__
+               for b in buffers] or type(source).__name__
         raise ValueError("defect_report takes LoRAFactors, a LoRAPool or the four 4D pool buffers "
-                         f"(gate_up_a, gate_up_b, down_a, down_b), got {[tuple(b.shape) if isinstance(b, torch.Tensor) else type(b).__name__ for b in buffers] or type(source).__name__}")
+                         f"(gate_up_a, gate_up_b, down_a, down_b) holding values (not on meta), got {got}")
     # Without the pool's records, a slot whose four buffers are all zero is an empty one.
     ranks = [0 if all(not b[s].any() for b in buffers) else buffers[1].shape[-1]
              for s in range(buffers[1].shape[0])]

@@ -411,6 +411,8 @@ def _chunks(t: torch.Tensor):
 
 
 def _count_nonfinite(t: torch.Tensor) -> int:
+    if not (t.is_floating_point() and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)):
+        return 0  # torch has no isfinite for float8 (its dtype is diagnosed on its own); integers are finite
     return sum(int((~torch.isfinite(c)).sum()) for c in _chunks(_stored(t)))
 
 

@@ -351,3 +351,38 @@ def test_no_silent_nan_a_checkpoint_sink_that_is_not_finite_as_read_or_as_cast_i
     assert find_entry(raised.value).code == "ISL-K423" and param in str(raised.value)
     with pytest.raises(TypeError, match="layer must be a layer number"):
         il.sink_from_checkpoint(folder, layer="0")
+
+
+# -- tensors and objects out of their domain (715 more hostile calls swept) -----------------------------------------
+
+def test_a_failed_save_adapter_makes_nothing_on_disk(tmp_path):
+    with pytest.raises(TypeError, match="save_adapter: adapter must be an Adapter"):
+        il.save_adapter({"r": 4}, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: il.LoRAPool(2, 8, 6, 2, 4).load(0, il.LoRAFactors(*(t.to("meta") for t in il.LoRAFactors.random(
+        2, 8, 6, 2).tensors().values()), lora_alpha=2.0)), "on the meta device"),
+    (lambda: il.defect_report(tuple(b.to("meta") for b in il.LoRAPool(2, 8, 6, 2, 4, outer=2).buffers())),
+     "holding values (not on meta)"),
+    (lambda: il.Scenario.random(il.PRESETS["toy"], sink="x"), "sink must be a SharedSinkLoRA"),
+    (lambda: il.to_transformers(None), "to_transformers: sink must be a SharedSink"),
+    (lambda: il.sink_from_transformers("x"), "sink_from_transformers: source must be"),
+    (lambda: il.make_peft_sink_adapter(None), "make_peft_sink_adapter: folder must be a path"),
+], ids=["meta_factors", "meta_defect", "scenario_sink", "to_transformers", "sink_from_transformers", "peft_folder"])
+def test_an_object_out_of_its_domain_is_refused_by_name(call, words):
+    assert words in str(_raised_by_the_kit(call))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a device this build has not")
+def test_a_device_this_build_has_not_is_refused_by_name():
+    assert "the device 'cuda' is not available here" in str(_raised_by_the_kit(
+        lambda: il.Scenario.random(il.PRESETS["toy"], device="cuda")))
+
+
+def test_diagnose_pool_of_a_float8_buffer_reports_instead_of_crashing():
+    buffers = list(il.LoRAPool(2, 8, 6, 3, 4).buffers())
+    buffers[0] = buffers[0].to(torch.float8_e4m3fn)
+    diagnosis = il.diagnose_pool(*buffers, n_shared_experts=2)
+    assert not diagnosis.ok and diagnosis.codes

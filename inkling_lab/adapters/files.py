@@ -269,7 +269,10 @@ def save_adapter(adapter: Adapter, folder: str | os.PathLike[str], *, target_par
     as ``gate_proj``/``up_proj``/``down_proj`` (what PEFT itself writes for such a model,
     without needing PEFT: ``load_adapter`` reads it back to the same factors).
     """
-    folder = Path(folder)
+    if not isinstance(adapter, Adapter):  # before anything is made on disk
+        raise TypeError(f"save_adapter: adapter must be an Adapter (load_adapter, synthetic_adapter), got "
+                        f"{type(adapter).__name__}")
+    folder = as_path("save_adapter: folder", folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"peft_type": "LORA", **adapter.config, "r": adapter.r, "lora_alpha": adapter.lora_alpha,
               "target_modules": adapter.target_modules}
