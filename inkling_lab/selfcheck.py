@@ -54,6 +54,7 @@ from .releases import FILES, TABLE, V1_CLASS, V2_CLASS, Release, closest
 from .sglang_path import (SINK_TARGETS, check_buffer_names, exception_text, server_target_modules, skipped_weights,
                           targets_text)
 from .catalog import message
+from .geometry import check_seed
 from .shard import slice_lora_a, slice_lora_b
 from .upstream_wheel import opened_wheel, read_checked, record_of
 
@@ -655,10 +656,19 @@ def _run(area: str, cases: int, seed: int, check: Callable[[random.Random], str]
     return AreaResult(area, "agree", cases)
 
 
+CASES_LIMIT = 100_000
+"""The most generated cases per area ``selfcheck`` runs (the default 300 takes seconds)."""
+
+
 def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
     """Check the kit against the code in ``wheel`` (a path to an sglang ``.whl``): see the
     module's docstring. ``cases`` per area (the generation areas run ``cases * 2 // 3``
-    sequences of up to six steps)."""
+    sequences of up to six steps), at most ``CASES_LIMIT``: a count past it would run for
+    days, not check more (``ValueError`` before anything is read)."""
+    if isinstance(cases, bool) or not isinstance(cases, int) or not 1 <= cases <= CASES_LIMIT:
+        raise ValueError(f"selfcheck: cases must be a whole number in 1..{CASES_LIMIT} (per area; the default "
+                         f"is 300), got {cases!r}")
+    check_seed("selfcheck: seed", seed)
     wheel = Path(wheel)
     version = _version_of(wheel)
     record = {f: h for f, h in ((f, record_of(wheel, [f"sglang/{f}"]).get(f"sglang/{f}")) for f in FILES) if h}

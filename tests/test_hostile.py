@@ -386,3 +386,21 @@ def test_diagnose_pool_of_a_float8_buffer_reports_instead_of_crashing():
     buffers[0] = buffers[0].to(torch.float8_e4m3fn)
     diagnosis = il.diagnose_pool(*buffers, n_shared_experts=2)
     assert not diagnosis.ok and diagnosis.codes
+
+
+# -- the CLI's numbers: what is no whole number is a usage error, what is past any run is refused by name -----------
+
+@pytest.mark.parametrize("value", ["nan", "", "-1", "0", "1e3", "0x10", "8.0", "inf"])
+@pytest.mark.parametrize("flag", ["-n", "--hidden", "--max-rank", "--tp"])
+def test_a_size_flag_that_is_no_whole_number_of_at_least_1_is_a_usage_error(capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", str(SAMPLES / "rank8"), *TOY, flag, value])
+    assert exit_.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_selfcheck_refuses_a_case_count_that_would_run_for_days(capsys):
+    from inkling_lab.selfcheck import CASES_LIMIT
+
+    assert main(["selfcheck", "--wheel", str(SAMPLES / "rank8" / "adapter_config.json"),
+                 "--cases", str(CASES_LIMIT + 1)]) == 1
+    assert f"cases must be a whole number in 1..{CASES_LIMIT}" in capsys.readouterr().err
