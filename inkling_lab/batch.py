@@ -83,6 +83,11 @@ class SlotBatch:
         Copy once, before capture; afterwards rewrite the tensors in place
         (``seg_indptr.copy_(...)``, same ``T`` and segment count) and a captured
         forward replays with the new segments and slots."""
+        try:  # torch's words for a device it does not know, or one this build has not, name neither
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError, TypeError) as exc:
+            raise ValueError(f"SlotBatch.to: the device {device!r} is not available here ({exc})") from None
+
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 

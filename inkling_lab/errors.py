@@ -151,12 +151,22 @@ def lookup(message_or_exception: Any) -> tuple[CatalogEntry | None, bool]:
 
 def _links(exc: BaseException) -> Iterator[BaseException]:
     """``exc``, then the exceptions behind it (``__cause__``, else ``__context__``, as
-    Python prints them), every one once: iterative, a cycle ends the walk."""
+    Python prints them), then those an exception group holds (``ExceptionGroup.exceptions``,
+    what ``asyncio.TaskGroup`` and ``concurrent`` runners raise), every one once:
+    iterative, a cycle ends the walk."""
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+    groups: list[BaseException] = []
+    while True:
+        while exc is not None and id(exc) not in seen:
+            seen.add(id(exc))
+            yield exc
+            if isinstance(exc, BaseExceptionGroup):
+                groups.extend(reversed(exc.exceptions))
+            exc = exc.__cause__ if exc.__cause__ is not None else (
+                None if exc.__suppress_context__ else exc.__context__)
+        if not groups:
+            return
+        exc = groups.pop()
 
 
 def _read_lines(text: str) -> CatalogEntry | None:

@@ -404,3 +404,20 @@ def test_selfcheck_refuses_a_case_count_that_would_run_for_days(capsys):
     assert main(["selfcheck", "--wheel", str(SAMPLES / "rank8" / "adapter_config.json"),
                  "--cases", str(CASES_LIMIT + 1)]) == 1
     assert f"cases must be a whole number in 1..{CASES_LIMIT}" in capsys.readouterr().err
+
+
+def test_explain_finds_a_shared_sink_error_inside_nested_exception_groups():
+    inner = ValueError("Inkling shared-sink LoRA requires four 4D MoE buffers")
+    group = ExceptionGroup("tasks", [KeyError("other"), ExceptionGroup("nested", [inner])])
+    assert il.explain(group).code == "ISL-E001"
+    cycle = ExceptionGroup("loop", [RuntimeError("x")])
+    cycle.exceptions[0].__context__ = cycle  # a cycle through the group ends the walk
+    with pytest.raises(LookupError):
+        il.explain(cycle)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a device this build has not")
+@pytest.mark.parametrize("device", ["nope", "cuda", 5])
+def test_slot_batch_to_a_device_it_cannot_reach_is_refused_by_name(device):
+    batch = il.SlotBatch.from_token_slots([0, 1], 2)
+    assert "SlotBatch.to: the device" in str(_raised_by_the_kit(lambda: batch.to(device)))
