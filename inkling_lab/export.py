@@ -22,11 +22,17 @@ loading path serves as exactly the adapter's math (docs/reference.md#the-cure):
 * **names:** the flat ``<module>.{gate_proj,up_proj,down_proj}.lora_{A,B}.weight`` and
   ``target_modules`` that ``get_normalized_target_modules`` maps to the sink's
   ``gate_up_proj`` and ``down_proj``. Every other module's LoRA pair (attention...)
-  is kept under its name, its own scaling folded and zero-padded to the file's ``r``.
+  is kept under its name, its own scaling folded and zero-padded to the file's ``r``,
+  where the kit's model of sglang's loading path takes it as written (upstream's
+  normalization stacks a ``q_proj`` with its ``v_proj``; a weight no target module
+  matches fails the buffer load): otherwise the plan refuses (``ISL-K508``), inventing
+  no factors.
 
 Then the proof, every time: the written folder is read back, module by module,
 through the kit's model of sglang 0.5.23's loading path and forward
-(``sglang_path.run_sglang``), for every tensor-parallel rank of ``tp`` (each rank's
+(``sglang_path.run_sglang``; each sink module with its layer's other modules, then the
+other modules of the layers without one, since upstream normalizes a layer's weights
+together; a run that raises or cannot tell fails the proof), for every tensor-parallel rank of ``tp`` (each rank's
 slicing, ``shard.slice_lora_*``), and the sum over ranks of each rank's served LoRA
 delta is compared, expert by expert, with PEFT's, computed by PEFT's own layers
 (``module_reference``, ``peft_reference.peft_probes``), both applied to seeded random
@@ -69,7 +75,7 @@ from .pool import LoRAFactors
 from .peft_reference import Probes
 from .records import relative_error
 from .releases import Release, release
-from .sglang_path import run_sglang, server_target_modules
+from .sglang_path import layer_id, run_sglang, server_target_modules
 from .upstream_defect import collapse_identical_outer
 
 SINK_TARGET_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -387,8 +393,9 @@ class _Export:
     """The plan of one export (a first pass that keeps no factors), then its tensors,
     one module at a time."""
 
-    def __init__(self, source: ExportInput, n: int, hidden: int | None, intermediate: int | None, tp: int) -> None:
-        self.input, self.adapter, self.n, self.tp = source, source.head, n, tp
+    def __init__(self, source: ExportInput, n: int, hidden: int | None, intermediate: int | None, tp: int,
+                 sglang: Release | None = None) -> None:
+        self.input, self.adapter, self.n, self.tp, self.release = source, source.head, n, tp, release(sglang)
         self.where = f"{Path(self.adapter.source).name or self.adapter.name}/{WEIGHTS_FILE}"
         self.findings: list[Finding] = []
         _refuse_saved_modules(self.adapter, source.modules)
@@ -406,6 +413,7 @@ class _Export:
         check_tp(self.intermediate, tp, "the shared sink's intermediate size")
         self.others = self._other_pairs()
         self.rank = max([m.rank for m in self.sink] + [o.rank for o in self.others])
+        self._refuse_unloadable_others()
         self.findings += self._layout_notes()
 
     def module_factors(self, module: str) -> tuple[LoRAFactors, str]:
@@ -449,6 +457,35 @@ class _Export:
                 out.append(_Other(module, pair["A"], pair["B"], sa[0], sa, sb, *dtypes,
                                   peft.scaling_of(module_of(pair["A"]))))
         return out
+
+    def _refuse_unloadable_others(self) -> None:
+        """The other modules as the export would write them (tensors of no storage, at the
+        file's ``r``, under the export's config) down the kit's model of sglang's loading path
+        (``run_sglang``, which mirrors upstream's ``_normalize_weights`` and the buffer load's
+        name checks): where it raises (a ``q_proj`` without its ``v_proj``: ``normalize_qkv_proj``'s
+        ``KeyError``; a weight no target module matches: ``ISL-E036``) or cannot tell, the
+        export refuses (``ISL-K508``) before writing. It invents no factors: a zero ``v_proj``
+        would be exact in the delta, but its output size is the model's, which the adapter does
+        not carry, and the kit does not model the attention buffers' shape checks."""
+        if not self.others:
+            return
+        weights = {}
+        for o in self.others:
+            weights[o.key_a] = torch.empty(self.rank, o.shape_a[1], dtype=o.dtype_a, device="meta")
+            weights[o.key_b] = torch.empty(o.shape_b[0], self.rank, dtype=o.dtype_b, device="meta")
+        path = run_sglang(Path(self.where).parent, self.n, self.hidden, self.intermediate, max_rank=self.rank,
+                          state=_Readback(self.config(), weights), sglang=self.release)
+        why = _not_served(path)
+        if not why:
+            return
+        names = sorted(o.module.removeprefix("base_model.model.") for o in self.others)
+        modules = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        stacking = path.raised is not None and path.raised.stage == "normalize"
+        raise ValueError(message(
+            "ISL-K508", file=self.where, modules=modules, release=self.release.version, why=why,
+            fix="train the partners that normalization stacks it with (normalize_qkv_proj reads a q_proj's v_proj, "
+                "and its k_proj unless the layer has none; it zero-fills a missing k_proj only)" if stacking else
+                "train only modules whose names the server's target modules match after normalization"))
 
     def _layout_notes(self) -> list[Finding]:
         notes = []
@@ -577,6 +614,19 @@ class _Readback:
     weights: dict[str, torch.Tensor]
 
 
+def _not_served(path: Any) -> str:
+    """Why a run of the kit's model of sglang does not serve what it read as trained (``""``: it does):
+    it raises, cannot tell (``unknown``: the proof fails closed), leaves the sink unwrapped,
+    skips weights or serves something else (``causes``)."""
+    if path.raised is not None:  # the type after the text: the catalog reads the line as the export's refusal
+        kind, _, text = path.raised.text.partition(": ")
+        return f"{text or kind} ({kind if text else 'raised'} in {path.raised.upstream})"
+    if path.unknown or not path.wrapped or path.skip_warning or path.causes:
+        return "; ".join([path.unknown] * bool(path.unknown) + list(path.causes)
+                         + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
+    return ""
+
+
 def _served(folder: Path, n: int, hidden: int, intermediate: int, max_rank: int, readback: _Readback,
             sglang: Release, tp: int = 1, tp_rank: int = 0) -> Any:
     """The kit's model of release ``sglang``'s loading path, on one module read back from
@@ -658,7 +708,10 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter | str | os.Pa
     ``adapter`` (``module_reference``), expert by expert, on seeded random probe inputs
     (``probes``): nothing of a module's dense ``[n*2F, H]`` size is formed. Every other
     module's delta is compared with PEFT's ``scaling * B @ A`` the same way. ``adapter``:
-    the input (a folder, read one module at a time, or an ``Adapter``). Never raises on
+    the input (a folder, read one module at a time, or an ``Adapter``). Each module is read
+    back with its layer's other tensors (upstream normalizes a layer's weights together), the
+    layers without a sink module on their own; a run that raises, skips weights or cannot
+    tell (``unknown``) fails the proof (``_not_served``). Never raises on
     a bad folder: ``Proof.failure`` says where sglang would stop or serve something else."""
     folder = Path(folder)
     source = adapter if isinstance(adapter, ExportInput) else ExportInput(adapter)
@@ -678,10 +731,13 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter | str | os.Pa
     with open_safetensors(folder / WEIGHTS_FILE) as f:
         keys = list(f.keys())
     by_module: dict[str, list[str]] = {}
+    others: dict[int | None, list[str]] = {}  # every other tensor, by layer (None: no layer id)
     for k in keys:
         fn = FactorName.parse(k)
         if fn is not None:
             by_module.setdefault(fn.module, []).append(k)
+        else:
+            others.setdefault(layer_id(k), []).append(k)
     missing = [m for m in source.modules if m not in by_module]
     if missing:
         proof.failure = f"{missing[0]} is not in the export"
@@ -692,19 +748,17 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter | str | os.Pa
         except (ValueError, RuntimeError, OSError) as exc:
             proof.failure = f"PEFT's delta of {module} cannot be computed: {type(exc).__name__}: {exc}"
             return proof
-        readback = _Readback(config, _read(folder / WEIGHTS_FILE, by_module[module]))
+        # with its layer's other modules: upstream normalizes a layer's weights together (a q_proj needs its v_proj)
+        readback = _Readback(config, _read(folder / WEIGHTS_FILE, by_module[module] + others.pop(
+            layer_id(module + "."), [])))
         got = [torch.zeros_like(w) for w in want]  # the sum over ranks of what each serves
         bounds = [torch.zeros_like(w) for w in want]
         for tp_rank in range(tp):
             path = _served(folder, n, H, F, rank, readback, proof.release, tp, tp_rank)
             at = f" (tensor-parallel rank {tp_rank} of {tp})" if tp > 1 else ""
-            if path.raised is not None:
-                proof.failure = f"{label} raises loading {module}{at}: {path.raised.text}"
-            elif path.unknown or not path.wrapped or path.skip_warning or path.causes:
-                proof.failure = f"{label} does not serve {module}{at} as trained: " + "; ".join(
-                    [path.unknown] * bool(path.unknown) + list(path.causes)
-                    + [path.skip_warning] * bool(path.skip_warning) or ["the sink is not wrapped"])
-            if proof.failure:
+            why = _not_served(path)
+            if why:
+                proof.failure = f"{label} does not serve {module}{at} as trained: {why}"
                 return proof
             cols = slice(tp_rank * width, (tp_rank + 1) * width)  # the rank's features of every expert
             served = path.served[module]  # what sglang computes: the slot's factors as this rank loaded them
@@ -716,6 +770,12 @@ def verify_export(folder: str | os.PathLike[str], adapter: Adapter | str | os.Pa
         for part, s_, w_, b_ in zip(("gate", "up", "down"), got, want, bounds):
             for e in range(n):
                 rows.append(_compare(module, part, e, s_[e], w_[e], b_[e], dtype))
+    for layer, names in others.items():  # the layers without a sink module: their tensors down the same path
+        why = _not_served(_served(folder, n, H, F, rank, _Readback(config, _read(folder / WEIGHTS_FILE, names)),
+                                  proof.release))
+        if why:
+            proof.failure = f"{label} does not serve {names[0]} as trained: {why}"
+            return proof
     _prove_others(folder / WEIGHTS_FILE, keys, config, source.head, rows)
     return proof
 
@@ -815,7 +875,7 @@ def export_for_sglang(adapter: Adapter | str | os.PathLike[str], output: str | o
         if report.hidden_act != "silu":
             raise ValueError(message("ISL-K507", activation=report.hidden_act, where=report.hidden_act_from,
                                      release=report.release.version))
-        plan = _Export(read, n_shared_experts, hidden, intermediate, tp)
+        plan = _Export(read, n_shared_experts, hidden, intermediate, tp, report.release)
         report.hidden, report.intermediate = plan.hidden, plan.intermediate
         report.rank, report.rank_reason = plan.rank, plan.rank_reason
         report.dtype = str(plan.dtype).removeprefix("torch.")
@@ -860,7 +920,7 @@ def cure(adapter: Adapter | None, error: BaseException | None, folder: str | os.
                 f"sglang {release(sglang).version}'s shared sink computes SiLU only (ISL-K507)")
     if n is not None:
         try:
-            _Export(ExportInput(adapter), n, None, None, tp)
+            _Export(ExportInput(adapter), n, None, None, tp, release(sglang))
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
             entry = find_entry(exc)
             code = f" ({entry.code})" if entry is not None else ""

@@ -222,6 +222,82 @@ def test_a_wrong_export_is_caught_by_the_proof(tmp_path, monkeypatch):
     assert "served != peft" in str(report)
 
 
+# -- other modules: written only where sglang's normalization and buffer load take them -------------------
+
+_ATTENTION = "base_model.model.model.layers.{layer}.self_attn.{module}.lora_{ab}.weight"
+
+_UNLOADABLE = {  # what the kit's model of sglang 0.5.23 does with these, read from the input itself
+    "q_proj alone": {"q_proj": 16},  # normalize_qkv_proj reads its v_proj: KeyError
+    "q_proj and k_proj without v_proj": {"q_proj": 16, "k_proj": 8},  # the same KeyError
+    "k_proj and v_proj without q_proj": {"k_proj": 8, "v_proj": 8},  # not stacked: no target module (ISL-E036)
+    "Inkling's wq_du, wk_dv, wv_dv, wr_du": {"wq_du": 8, "wk_dv": 8, "wv_dv": 8, "wr_du": 8},  # qkvr: ISL-E036
+}
+_LOADABLE = {
+    "q_proj and v_proj": {"q_proj": 16, "v_proj": 8},  # k_proj zero-filled by normalize_qkv_proj
+    "Inkling's wq_du, wk_dv, wv_dv without wr_du": {"wq_du": 8, "wk_dv": 8, "wv_dv": 8},  # not stacked
+    "o_proj": {"o_proj": 8},
+}
+
+
+def _with_others(tmp_path, modules, layer=0, **config):
+    """The synthetic adapter (rsLoRA: sglang serves it wrongly, the doctor says so) with LoRA
+    pairs on ``modules`` (name -> output size) of layer ``layer``, ``target_modules`` naming them."""
+    ad = synthetic_adapter(2, 8, 6, 4)
+    ad.config.update(use_rslora=True, **config)
+    ad.config["target_modules"] = [*SINK, *modules]
+    gen = torch.Generator().manual_seed(1)
+    for module, out in modules.items():
+        ad.weights[_ATTENTION.format(layer=layer, module=module, ab="A")] = torch.randn(4, 8, generator=gen, dtype=D)
+        ad.weights[_ATTENTION.format(layer=layer, module=module, ab="B")] = torch.randn(out, 4, generator=gen, dtype=D)
+    return save_adapter(ad, tmp_path / "in")
+
+
+@pytest.mark.parametrize("case", sorted(_UNLOADABLE))
+def test_other_modules_sglang_cannot_load_are_refused_up_front(tmp_path, case):
+    folder = _with_others(tmp_path, _UNLOADABLE[case])
+    given = run_sglang(folder, 2, 8, 6)  # the input as sglang reads it: its own failure, not the export's
+    assert given.raised is not None and given.raised.stage in ("normalize", "pool"), given.raised
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert (report.written, report.code, report.exit_status) == (False, "ISL-K508", 1), report.error
+    assert not report.proof  # refused by the plan, before anything was written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    named = given.raised.text.partition(": ")[2].split(" in {")[0]  # the weight it fails on (targets: the export's)
+    assert named in report.error and "invents no factors" in report.error  # sglang's own words, and why
+    for module in _UNLOADABLE[case]:
+        assert f"self_attn.{module}" in report.error
+
+
+@pytest.mark.parametrize("case", sorted(_LOADABLE))
+@pytest.mark.parametrize("layer", [0, 1])  # 1: a layer without a sink module, read back on its own
+def test_other_modules_sglang_loads_are_written_and_served(tmp_path, case, layer):
+    folder = _with_others(tmp_path, _LOADABLE[case], layer)
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert report.written, report.error
+    served(tmp_path / "out", 2, 8, 6)  # the whole folder through the kit's model of sglang: loads, nothing skipped
+    assert {r.module for r in report.proof if r.part == "LoRA delta"} == {
+        _ATTENTION.format(layer=layer, module=m, ab="A").removesuffix(".lora_A.weight") for m in _LOADABLE[case]}
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_the_proof_fails_closed_on_other_modules(tmp_path, layer):
+    folder = _with_others(tmp_path, _LOADABLE["q_proj and v_proj"], layer)
+    assert export_for_sglang(folder, tmp_path / "out", 2).written
+    weights = load_file(tmp_path / "out" / WEIGHTS_FILE)
+    for ab in "AB":  # the export's v_proj gone: sglang's normalization has q_proj without it
+        del weights[_ATTENTION.format(layer=layer, module="v_proj", ab=ab)]
+    save_file(weights, tmp_path / "out" / WEIGHTS_FILE)
+    proof = verify_export(tmp_path / "out", folder, 2)
+    assert not proof.ok and "KeyError" in proof.failure and "v_proj" in proof.failure, proof.failure
+    # a weight of an unmodelled name: the kit cannot tell what sglang's normalization does, so the proof fails
+    weights[_ATTENTION.format(layer=layer, module="q_a_proj", ab="A")] = torch.zeros(4, 8, dtype=D)
+    weights[_ATTENTION.format(layer=layer, module="q_a_proj", ab="B")] = torch.zeros(8, 4, dtype=D)
+    for ab in "AB":
+        del weights[_ATTENTION.format(layer=layer, module="q_proj", ab=ab)]
+    save_file(weights, tmp_path / "out" / WEIGHTS_FILE)
+    proof = verify_export(tmp_path / "out", folder, 2)
+    assert not proof.ok and "does not model" in proof.failure, proof.failure
+
+
 # -- refusals: a code, exit status 1, nothing left behind ------------------------------------------------
 
 def _saved(tmp_path, **config):
@@ -247,6 +323,8 @@ def test_nan_overflow_and_sizes_are_refused(tmp_path):
     weights = load_file(folder / WEIGHTS_FILE)
     weights["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"] = torch.full((4, 8), math.nan)
     weights["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"] = torch.ones(8, 4)
+    weights["base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight"] = torch.ones(4, 8)  # q's partner
+    weights["base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"] = torch.ones(8, 4)
     save_file(weights, folder / WEIGHTS_FILE)
     assert export_for_sglang(folder, tmp_path / "out", 2).code == "ISL-K302"
     assert export_for_sglang(_saved(tmp_path / "b"), tmp_path / "out", 2, hidden=9).code == "ISL-K506"
@@ -509,6 +587,7 @@ def _embedding(tmp_path):
     (lambda p: _saved(p, use_rslora=True, modules_to_save=["lm_head"]), 1), (_embedding, 1),
     (lambda p: save_adapter(synthetic_adapter(2, 8, 6, 4, dtype=torch.float16, lora_alpha=1e6), p / "in"), 1),
     (lambda p: _base_config(_saved(p, use_rslora=True), "gelu_pytorch_tanh"), 1),
+    *((lambda p, m=m: _with_others(p, m), 1) for m in (*_UNLOADABLE.values(), *_LOADABLE.values())),
 ])
 def test_the_doctor_s_cure_line_says_what_export_does(tmp_path, make, tp):
     from inkling_lab.doctor import doctor

@@ -153,6 +153,39 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang/srt/models/inkling_common/dense_mlp.py: InklingBatchDenseMLP._swiglu (silu_and_mul, "
                  "silu_and_mul_triton), the same for its LoRA subclasses in inkling_common/lora.py",
         related=("ISL-W113", "ISL-K154")),
+    _refusal(
+        "ISL-K508", "another module of the adapter would not load in sglang",
+        "{file}: the adapter's other modules ({modules}) would not load in sglang {release}: {why}; nothing "
+        "written: {fix}, or drop those modules from the adapter (the export keeps every module as trained and "
+        "invents no factors)",
+        "The export keeps every module besides the shared sink (attention LoRA and the like) under its own name. "
+        "sglang reads one layer's weights together: LoRAAdapter._normalize_weights stacks a q_proj with its "
+        "k_proj and v_proj into qkv_proj (a missing k_proj is zero-filled, a missing v_proj is its KeyError), "
+        "Inkling's wq_du, wk_dv, wv_dv and wr_du into qkvr, and the buffer load then fails on a weight whose "
+        "name holds no target module (ISL-E036). Before writing, the export sends those modules, as it would "
+        "write them, down the kit's model of that path; where it fails (or the kit cannot tell), no folder "
+        "would load, so the export refuses. It adds no factors: a zero v_proj adds no delta, but its shape is "
+        "the model's attention size, which the adapter does not carry and the kit's model does not check.",
+        "An adapter with LoRA on q_proj (or q_proj and k_proj) without v_proj, on k_proj or v_proj without "
+        "q_proj, or on all four of Inkling's wq_du, wk_dv, wv_dv, wr_du (stacked into qkvr, which its "
+        "target_modules do not name).",
+        _PLAIN + "save_adapter(ad, folder)\n"
+        "from safetensors.torch import load_file, save_file\n"
+        "weights = load_file(folder / 'adapter_model.safetensors')\n"
+        "q = 'base_model.model.model.layers.0.self_attn.q_proj'\n"
+        "weights[q + '.lora_A.weight'], weights[q + '.lora_B.weight'] = torch.ones(4, 8), torch.ones(16, 4)\n"
+        "save_file(weights, folder / 'adapter_model.safetensors')  # q_proj without its v_proj\n",
+        _EXPORT,
+        "v = q.replace('q_proj', 'v_proj')  # an adapter that also trained v_proj\n"
+        "weights[v + '.lora_A.weight'], weights[v + '.lora_B.weight'] = torch.ones(4, 8), torch.ones(8, 4)\n"
+        "save_file(weights, folder / 'adapter_model.safetensors')\n" + _EXPORT,
+        remedy="Train the attention projections sglang stacks together (q_proj with v_proj, and k_proj if any), "
+               "or export the adapter without those modules (split them off, or merge them into the base "
+               "weights with PEFT merge_and_unload).",
+        upstream="sglang/srt/lora/lora.py: LoRAAdapter.normalize_qkv_proj (reads a q_proj's v_proj: KeyError) and "
+                 "LoRAAdapter.normalize_inkling_qkvr_proj; sglang/srt/lora/mem_pool.py: "
+                 "LoRAMemoryPool.load_lora_weight_to_buffer, names through sglang/srt/lora/utils.py: "
+                 "get_target_module_name (ValueError, ISL-E036)", related=("ISL-E036", "ISL-K502")),
     CatalogEntry(
         code="ISL-N501", title="per-expert outer factors exported at rank n·r", exc_type=None, kind="note",
         message="{module}: per-expert outer factors re-expressed as shared outer at rank n·r = {n}·{r} = {rank}, "
