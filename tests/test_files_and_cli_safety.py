@@ -24,6 +24,7 @@ from inkling_lab.atomic import atomic_write, atomic_writer
 from inkling_lab.cli import main, printable
 from inkling_lab.convert import convert, convert_to_file, load_pool
 from inkling_lab.errors import expect_error
+from in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "\x1b]0;owned\x07\x1b[2J"
@@ -31,11 +32,6 @@ HOSTILE = "\x1b]0;owned\x07\x1b[2J"
 
 def _adapter_folder(tmp_path, name="ad", **kw):
     return save_adapter(synthetic_adapter(2, 8, 6, 2, **kw), tmp_path / name)
-
-
-def _cli(*args, env=None, cwd=ROOT, **kw):
-    return subprocess.run([sys.executable, "-m", "inkling_lab.cli", *args], cwd=cwd, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=600, **kw)
 
 
 # -- state kept ------------------------------------------------------------------------
@@ -138,7 +134,7 @@ def test_a_deeply_nested_config_is_a_clear_error(tmp_path):
     with expect_error("ISL-K202", show=False) as caught:
         load_adapter(folder)
     assert "nested too deeply" in str(caught.exception)
-    result = _cli("doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6")
+    result = run_cli("doctor", str(folder), "-n", "2", "--hidden", "8", "--intermediate", "6")
     assert result.returncode == 1 and b"Traceback" not in result.stderr  # a report (sglang's json.load does recurse)
     assert b"nested too deeply" in result.stdout
 
@@ -273,7 +269,7 @@ def test_a_non_utf8_folder_and_output_name_with_a_strict_ascii_stdout(tmp_path):
     folder = Path(os.fsdecode(bytes(tmp_path) + b"/ad\xff\xfe"))
     _adapter_folder(tmp_path, name=folder.name)
     out = Path(os.fsdecode(bytes(tmp_path) + b"/pool\xff.safetensors"))
-    result = _cli("convert", str(folder), "-n", "2", "-o", str(out), "-q", env={"PYTHONIOENCODING": "ascii:strict"})
+    result = run_cli("convert", str(folder), "-n", "2", "-o", str(out), "-q", env={"PYTHONIOENCODING": "ascii:strict"})
     assert result.returncode == 0, result.stderr
     assert out.exists() and b"\\xff" in result.stdout and b"Traceback" not in result.stderr
 
@@ -344,7 +340,7 @@ def test_load_pool_raises_only_its_documented_error(tmp_path, raw, meta):
 
 
 def test_a_pasted_log_that_is_not_utf8_is_read_and_its_bytes_printed_escaped():
-    result = _cli("explain", "-", input=b"ValueError: Inkling shared-sink LoRA requires four 4D MoE buffers \xff\x1b[2J\n")
+    result = run_cli("explain", "-", input=b"ValueError: Inkling shared-sink LoRA requires four 4D MoE buffers \xff\x1b[2J\n")
     assert result.returncode == 0 and b"ISL-E001" in result.stdout
     assert b"Traceback" not in result.stderr and b"\x1b" not in result.stdout + result.stderr
 

@@ -19,6 +19,7 @@ import inkling_lab as il
 from inkling_lab.cli import main
 from inkling_lab.errors import expect_error, find_entry
 from inkling_lab.geometry import SIZE_LIMIT
+from in_process import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "adapters"
@@ -158,7 +159,7 @@ COMMANDS = {
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_hostile_folder_name_is_printed_escaped_by_every_command(hostile_folder, command):
-    result = _cli(*COMMANDS[command](hostile_folder), env=STRICT)
+    result = run_cli(*COMMANDS[command](hostile_folder), env=STRICT)  # the strict stdout emulated
     out = result.stdout + result.stderr
     assert result.returncode in (0, 1), out[-2000:]
     assert b"Traceback" not in out and b"UnicodeEncodeError" not in out
