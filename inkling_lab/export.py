@@ -478,7 +478,9 @@ class _Export:
         why = _not_served(path)
         if not why:
             return
-        names = sorted(o.module.removeprefix("base_model.model.") for o in self.others)
+        failing = layer_id(why)  # the first layer id the reason names is the weight sglang fails on
+        names = sorted(o.module.removeprefix("base_model.model.") for o in self.others
+                       if failing is None or layer_id(o.module + ".") == failing)
         modules = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         stacking = path.raised is not None and path.raised.stage == "normalize"
         raise ValueError(message(

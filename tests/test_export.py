@@ -267,6 +267,17 @@ def test_other_modules_sglang_cannot_load_are_refused_up_front(tmp_path, case):
         assert f"self_attn.{module}" in report.error
 
 
+def test_the_refusal_names_the_layer_sglang_fails_on(tmp_path):
+    folder = _with_others(tmp_path, _LOADABLE["q_proj and v_proj"])
+    weights = load_file(folder / WEIGHTS_FILE)
+    for ab, shape in (("A", (4, 8)), ("B", (16, 4))):  # layer 3: a q_proj without its v_proj
+        weights[_ATTENTION.format(layer=3, module="q_proj", ab=ab)] = torch.ones(shape, dtype=D)
+    save_file(weights, folder / WEIGHTS_FILE)
+    report = export_for_sglang(folder, tmp_path / "out", 2)
+    assert report.code == "ISL-K508" and "(model.layers.3.self_attn.q_proj)" in report.error, report.error
+    assert "layers.0.self_attn" not in report.error
+
+
 @pytest.mark.parametrize("case", sorted(_LOADABLE))
 @pytest.mark.parametrize("layer", [0, 1])  # 1: a layer without a sink module, read back on its own
 def test_other_modules_sglang_loads_are_written_and_served(tmp_path, case, layer):
