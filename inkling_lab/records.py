@@ -103,9 +103,15 @@ def write_json(path: str | os.PathLike, payload: dict) -> Path:
 
 def load_record(path: str | os.PathLike, required: Sequence[str] = ("environment",), what: str = "record",
                 how: str = "") -> dict:
-    """A JSON record; says which of the ``required`` keys are missing, and how to make one."""
-    with open(path) as f:
-        rec = json.load(f)
+    """A JSON record; says which of the ``required`` keys are missing, and how to make one.
+    Read only from a regular file (``ISL-K232``: a FIFO would block forever); a file that
+    is no JSON is a ``ValueError`` naming it."""
+    from .adapters import read_regular
+
+    try:
+        rec = json.loads(read_regular(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path}: not a {what} (not JSON: {exc})") from None
     missing = [k for k in required if not isinstance(rec, dict) or k not in rec]
     if missing:
         hint = f"; make one with {how}" if how else ""

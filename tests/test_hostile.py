@@ -422,3 +422,13 @@ def test_explain_finds_a_shared_sink_error_inside_nested_exception_groups():
 def test_slot_batch_to_a_device_it_cannot_reach_is_refused_by_name(device):
     batch = il.SlotBatch.from_token_slots([0, 1], 2)
     assert "SlotBatch.to: the device" in str(_raised_by_the_kit(lambda: batch.to(device)))
+
+
+def test_no_hang_profile_show_of_a_fifo_is_refused_unopened(tmp_path):
+    fifo = tmp_path / "record.json"
+    os.mkfifo(fifo)
+    result = _cli("profile", "--show", str(fifo))  # the hang guard: a FIFO blocked the read forever
+    assert result.returncode == 2 and b"ISL-K232" not in result.stdout and b"not a regular file" in result.stderr
+    (tmp_path / "junk.json").write_text("{")
+    result = _cli("profile", "--show", str(tmp_path / "junk.json"))
+    assert result.returncode == 2 and b"junk.json: not a profile record (not JSON" in result.stderr
