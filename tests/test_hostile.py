@@ -237,7 +237,7 @@ def test_no_hang_selfcheck_refuses_a_wheel_that_is_no_regular_file(tmp_path):
         result = _cli("selfcheck", "--wheel", str(wheel), "--cases", "1")  # the hang guard: a FIFO blocked forever
         assert result.returncode == 1 and b"ISL-K232" in result.stderr and b"Traceback" not in result.stderr
     (tmp_path / "junk.whl").write_bytes(b"not a zip")
-    result = _cli("selfcheck", "--wheel", str(tmp_path / "junk.whl"), "--cases", "1")
+    result = run_cli("selfcheck", "--wheel", str(tmp_path / "junk.whl"), "--cases", "1")  # nothing to block on
     assert result.returncode == 1 and b"junk.whl: not a wheel" in result.stderr
 
 

@@ -221,7 +221,7 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
     assert not tb.pick_tiles(1, weight_elems=2 * 3072 * 6144).gemv  # Inkling-sized: the three launches
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 1, outer_shared, interleaved, seed=31 + int(outer_shared))
     ops = sink.operands()
-    tiles = tb.gemv_tiles(bf=4, bk=16, bn=4, dk=8)
+    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8)  # 3 feature and 5 row tiles, the last of each partial
     for slot in (2, -1, 1):  # a LoRA token (scaled), base only, a rank-0 slot
         batch = SlotBatch.from_token_slots([slot], 3, lora_ranks=[5, 0, 5], scalings=[1.0, 1.0, 0.6])
         p = tb.plan(ops, 1, batch, x.device, tiles)
