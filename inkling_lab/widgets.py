@@ -300,7 +300,12 @@ def adapter_explorer(folder: str = "../data/adapters", hidden: int = 8, intermed
 
     import ipywidgets as w
 
+    if not isinstance(folder, (str, Path)) or not str(folder) or not Path(folder).is_dir():
+        raise ValueError(f"adapter_explorer: folder must be a folder of adapter folders (../data/adapters), got "
+                         f"{folder!r}")
     names = sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
+    if not names:
+        raise ValueError(f"adapter_explorer: {folder} holds no adapter folder")
     controls = {"adapter": w.Dropdown(options=names, value=start if start in names else names[0],
                                       description="adapter"),
                 "tp": w.Dropdown(options=[1, 2, 3, 6], value=1, description="tp"),
@@ -320,6 +325,9 @@ def roofline_explorer(record: dict | None = None):
 
     from . import profile as pr
 
+    if record is not None and not (isinstance(record, dict) and isinstance(record.get("ceilings"), dict)):
+        raise ValueError("roofline_explorer: record must be a profile record with its ceilings "
+                         "(records.load_record('data/profiles/h200_grid.json', ...)), or None for the recorded ones")
     ceilings = record["ceilings"] if record else pr.issue4_upstream().ceilings
     shape = w.Dropdown(options=sorted(pr.SHAPES), value="B", description="shape")
     rank = w.Dropdown(options=list(pr.GRID_RANKS), value=64, description="rank R")
@@ -372,10 +380,22 @@ def tp_shard_explorer_figure(n: int, intermediate: int, tp: int, layout: str):
     return text, tp_shards_figure(shard_owners(n, intermediate, tp, interleaved), interleaved)
 
 
+def _slider_start(what: str, value: object, low: int, high: int) -> int:
+    """A slider's starting ``value`` if it is a whole number on the slider, else a
+    ``ValueError`` naming the argument and the slider's range (ipywidgets' own
+    ``TraitError`` names neither)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} starts its slider, which runs over {low}..{high}: got {value!r}")
+    return value
+
+
 def tp_shard_explorer(n: int = 2, intermediate: int = 6):
     """Pick n, F, tp and the gate/up layout: see which rank holds which rows and
     columns, each rank's shapes, and the all-reduce bytes per token."""
     import ipywidgets as w
+
+    n = _slider_start("tp_shard_explorer: n", n, 1, 4)
+    intermediate = _slider_start("tp_shard_explorer: intermediate", intermediate, 1, 16)
 
     def divisors(F: int) -> list[int]:
         return [d for d in range(1, F + 1) if F % d == 0]

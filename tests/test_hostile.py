@@ -432,3 +432,16 @@ def test_no_hang_profile_show_of_a_fifo_is_refused_unopened(tmp_path):
     (tmp_path / "junk.json").write_text("{")
     result = _cli("profile", "--show", str(tmp_path / "junk.json"))
     assert result.returncode == 2 and b"junk.json: not a profile record (not JSON" in result.stderr
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda w: w.tp_shard_explorer(intermediate=0), "intermediate starts its slider, which runs over 1..16"),
+    (lambda w: w.tp_shard_explorer(n="x"), "n starts its slider, which runs over 1..4"),
+    (lambda w: w.adapter_explorer(folder=str(SAMPLES / "rank8" / "adapter_config.json")), "folder must be a folder"),
+    (lambda w: w.adapter_explorer(folder=""), "folder must be a folder"),
+    (lambda w: w.roofline_explorer({"x": 1}), "record must be a profile record with its ceilings"),
+], ids=["tp_F", "tp_n", "adapter_folder", "adapter_empty", "roofline_record"])
+def test_a_widget_started_off_its_sliders_or_records_is_refused_by_name(call, words):
+    from inkling_lab import widgets
+
+    assert words in str(_raised_by_the_kit(lambda: call(widgets)))
