@@ -277,6 +277,8 @@ def _config_activation(path: Path) -> tuple[str, str]:
         data = json.loads(read_regular(config).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"{config.name}: not a readable model config ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config}: not a model config (a JSON object), but {type(data).__name__}")
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     if "hidden_act" in text:
         return text["hidden_act"], f"{config.name}: " + ("text_config." if text is not data else "") + "hidden_act"
@@ -300,7 +302,9 @@ def model_activation(adapter: str | os.PathLike[str] | None = None, config: str 
         return hidden_act, "--hidden-act"
     candidates: list[Path] = []
     if config is not None:
-        given = Path(config)
+        given = as_path("the model's config (--config)", config)
+        if not given.is_dir():
+            check_regular(given)  # a FIFO named here would block the read (ISL-K232)
         candidates.append(given if given.name == "config.json" else given / "config.json")
         if not candidates[0].is_file():
             raise FileNotFoundError(f"{given}: no config.json (give the base model's config.json, or its folder)")

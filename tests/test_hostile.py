@@ -445,3 +445,17 @@ def test_a_widget_started_off_its_sliders_or_records_is_refused_by_name(call, wo
     from inkling_lab import widgets
 
     assert words in str(_raised_by_the_kit(lambda: call(widgets)))
+
+
+def test_a_model_config_that_is_no_json_object_or_no_file_is_named(tmp_path, capsys):
+    folder = tmp_path / "ad"
+    shutil.copytree(SAMPLES / "gate_up", folder)
+    (folder / "config.json").write_text("[1]")  # a model config beside the adapter, of the wrong kind
+    assert main(["doctor", str(folder), *TOY]) == 1
+    assert "config.json: not a model config (a JSON object), but list" in capsys.readouterr().err
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    result = _cli("export", str(SAMPLES / "gate_up"), "-n", "2", "-q", "-o", str(tmp_path / "out"), "--config",
+                  str(fifo))  # the hang guard: the FIFO blocked the read
+    assert result.returncode == 1 and b"ISL-K232" in result.stderr + result.stdout
+    assert not (tmp_path / "out").exists()
