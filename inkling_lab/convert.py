@@ -25,7 +25,7 @@ import os
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -321,6 +321,19 @@ def _sizes(adapters: Sequence[Adapter], n: int, hidden: int | None, intermediate
     return H, F, inferred
 
 
+def _adapter_list(adapters: Iterable[Adapter]) -> list[Adapter]:
+    """``adapters`` as a list (a one-shot iterable is read once), each an ``Adapter``, else
+    ``TypeError`` naming what was given."""
+    if isinstance(adapters, (Adapter, str, bytes, os.PathLike)) or not isinstance(adapters, Iterable):
+        raise TypeError("convert: adapters must be a list of Adapters (load_adapter(folder)), one per slot, got "
+                        + type(adapters).__name__)
+    adapters = list(adapters)
+    if not all(isinstance(a, Adapter) for a in adapters):
+        raise TypeError("convert: adapters must be a list of Adapters (load_adapter(folder)), one per slot, got "
+                        + repr([type(a).__name__ for a in adapters]))
+    return adapters
+
+
 class _Conversion:
     """The plan of one conversion (geometry, modules, slots, outer layout), made in a
     first pass over the modules that keeps no factors; ``buffers(module)`` then builds
@@ -329,10 +342,6 @@ class _Conversion:
     def __init__(self, adapters: Sequence[Adapter], n: int, hidden: int | None, intermediate: int | None,
                  max_rank: int | None, outer: int | None, tp_rank: int, tp_size: int,
                  dtype: torch.dtype | None, factors: Sequence[Mapping[str, LoRAFactors]] | None = None) -> None:
-        if isinstance(adapters, Adapter) or not all(isinstance(a, Adapter) for a in adapters):
-            raise TypeError("convert: adapters must be a list of Adapters (load_adapter(folder)), one per slot, got "
-                            + repr([type(a).__name__ for a in adapters] if isinstance(adapters, (list, tuple))
-                                   else type(adapters).__name__))
         if not adapters:
             raise ValueError("convert needs at least one adapter")
         check_size("convert: n_shared_experts", n, 1)  # before the factors are reshaped by it
@@ -439,8 +448,8 @@ def convert(adapters: Sequence[Adapter], n_shared_experts: int, *, hidden: int |
     in a shared-outer pool, ``ISL-E016`` for an adapter of larger rank or of another
     ``H`` or ``F``; and the kit's ``ISL-K101``/``K102`` for a bad tensor-parallel split.
     """
-    plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype,
-                       factors)
+    plan = _Conversion(_adapter_list(adapters), n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank,
+                       tp_size, dtype, factors)
     layers: dict[str, Buffers] = {}
     with plan.progress(progress, len(plan.modules)) as bar:
         for m in plan.modules:
@@ -458,6 +467,7 @@ def convert_to_file(adapters: Sequence[Adapter], path: str | os.PathLike[str], n
     shared-sink factors plus one module's buffers. Returns the pool's description, its
     ``layers`` as meta tensors (shapes and dtype; the data is in the file: ``load_pool``).
     """
+    adapters = _adapter_list(adapters)
     target = _check_output(path, [a.source for a in adapters], force)  # before any work
     plan = _Conversion(adapters, n_shared_experts, hidden, intermediate, max_rank, outer, tp_rank, tp_size, dtype)
     meta = {m: tuple(torch.empty(shape, dtype=plan.dtype, device="meta") for shape in

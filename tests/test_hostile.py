@@ -268,7 +268,7 @@ def test_convert_and_compare_take_lists_of_adapters_not_one():
     from inkling_lab.compare import compare
 
     adapter = il.load_adapter(SAMPLES / "gate_up")
-    for wrong in (adapter, str(SAMPLES / "gate_up"), [None], ["gate_up"]):
+    for wrong in (adapter, str(SAMPLES / "gate_up"), [None], ["gate_up"], 4):
         assert "convert: adapters must be a list of Adapters" in str(_raised_by_the_kit(
             lambda: il.convert_adapters(wrong, 2)))
     for wrong in (str(SAMPLES / "gate_up"), [], adapter):  # a string would be walked letter by letter
@@ -459,3 +459,12 @@ def test_a_model_config_that_is_no_json_object_or_no_file_is_named(tmp_path, cap
                   str(fifo))  # the hang guard: the FIFO blocked the read
     assert result.returncode == 1 and b"ISL-K232" in result.stderr + result.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_reads_a_one_shot_iterable_of_adapters_once(tmp_path):
+    from inkling_lab.convert import convert_to_file
+
+    adapter = il.load_adapter(SAMPLES / "gate_up")
+    assert [s.adapter for s in il.convert_adapters((a for a in [adapter, adapter]), 2).slots] == ["gate_up"] * 2
+    written = convert_to_file(iter([adapter]), tmp_path / "pool.safetensors", 2)
+    assert [s.adapter for s in written.slots] == ["gate_up"] and (tmp_path / "pool.safetensors").is_file()
