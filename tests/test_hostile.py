@@ -430,7 +430,7 @@ def test_no_hang_profile_show_of_a_fifo_is_refused_unopened(tmp_path):
     result = _cli("profile", "--show", str(fifo))  # the hang guard: a FIFO blocked the read forever
     assert result.returncode == 2 and b"ISL-K232" not in result.stdout and b"not a regular file" in result.stderr
     (tmp_path / "junk.json").write_text("{")
-    result = _cli("profile", "--show", str(tmp_path / "junk.json"))
+    result = run_cli("profile", "--show", str(tmp_path / "junk.json"))  # nothing to block on
     assert result.returncode == 2 and b"junk.json: not a profile record (not JSON" in result.stderr
 
 
