@@ -27,7 +27,7 @@ import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as Fn
@@ -231,9 +231,13 @@ def compare(adapters: Sequence[str | os.PathLike[str] | Adapter], n_shared_exper
     release whose serving the ``sglang`` column is (default 0.5.23; the first line of the
     report names it).
     """
-    if isinstance(adapters, (str, os.PathLike, Adapter)) or not adapters:
+    if isinstance(adapters, (str, bytes, os.PathLike, Adapter)) or not isinstance(adapters, Iterable):
         raise TypeError(f"compare: adapters must be a non-empty list of adapter folders (or Adapters), one per "
                         f"slot, got {adapters!r}")
+    adapters = list(adapters)  # a one-shot iterable is read once: walked twice, it compared nothing and "agreed"
+    if not adapters:
+        raise TypeError("compare: adapters must be a non-empty list of adapter folders (or Adapters), one per "
+                        "slot, got none")
     n = n_shared_experts
     sizes = (("n_shared_experts", n), ("hidden", hidden), ("intermediate", intermediate), ("tokens", tokens))
     for name, value in sizes:  # whole numbers of at least 1 first; then the batch's size, with the adapters'

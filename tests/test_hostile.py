@@ -468,3 +468,11 @@ def test_convert_reads_a_one_shot_iterable_of_adapters_once(tmp_path):
     assert [s.adapter for s in il.convert_adapters((a for a in [adapter, adapter]), 2).slots] == ["gate_up"] * 2
     written = convert_to_file(iter([adapter]), tmp_path / "pool.safetensors", 2)
     assert [s.adapter for s in written.slots] == ["gate_up"] and (tmp_path / "pool.safetensors").is_file()
+
+
+def test_no_silent_agreement_compare_of_a_one_shot_iterable_compares_every_adapter():
+    from inkling_lab.compare import compare
+
+    listed = compare([str(SAMPLES / "rslora")], 2, 8, 6)
+    once = compare((folder for folder in [str(SAMPLES / "rslora")]), 2, 8, 6)  # walked twice, it compared nothing
+    assert not listed.agree and not once.agree and len(once.rows) == len(listed.rows) > 0
