@@ -461,9 +461,10 @@ class _Export:
     def _refuse_unloadable_others(self) -> None:
         """The other modules as the export would write them (tensors of no storage, at the
         file's ``r``, under the export's config) down the kit's model of sglang's loading path
-        (``run_sglang``, which mirrors upstream's ``_normalize_weights`` and the buffer load's
-        name checks): where it raises (a ``q_proj`` without its ``v_proj``: ``normalize_qkv_proj``'s
-        ``KeyError``; a weight no target module matches: ``ISL-E036``) or cannot tell, the
+        (``run_sglang``, which mirrors upstream's ``_normalize_weights``, Inkling's ``get_hidden_dim``
+        and the buffer load's name checks): where it raises (a ``q_proj`` without its ``v_proj``:
+        ``normalize_qkv_proj``'s ``KeyError``; a target module Inkling has no LoRA for, ``q_proj``,
+        ``o_proj``, ``wq_du``: ``ISL-E038``; a weight no target module matches: ``ISL-E036``) or cannot tell, the
         export refuses (``ISL-K508``) before writing. It invents no factors: a zero ``v_proj``
         would be exact in the delta, but its output size is the model's, which the adapter does
         not carry, and the kit does not model the attention buffers' shape checks."""
@@ -482,12 +483,11 @@ class _Export:
         names = sorted(o.module.removeprefix("base_model.model.") for o in self.others
                        if failing is None or layer_id(o.module + ".") == failing)
         modules = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        stacking = path.raised is not None and path.raised.stage == "normalize"
+        # partners would not help: a server targeting q_proj/v_proj does not start (ISL-E038)
         raise ValueError(message(
             "ISL-K508", file=self.where, modules=modules, release=self.release.version, why=why,
-            fix="train the partners that normalization stacks it with (normalize_qkv_proj reads a q_proj's v_proj, "
-                "and its k_proj unless the layer has none; it zero-fills a missing k_proj only)" if stacking else
-                "train only modules whose names the server's target modules match after normalization"))
+            fix="train only modules sglang's Inkling model has LoRA for (besides the sink: qkvr and wo_ud, not "
+                "q_proj, k_proj, v_proj, o_proj or wq_du: ISL-E038), under names its target modules match"))
 
     def _layout_notes(self) -> list[Finding]:
         notes = []

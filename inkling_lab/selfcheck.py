@@ -24,7 +24,9 @@ random ``set_lora_info`` / slot refresh / in-place update sequences: validation 
 the derived operands), ``slicing`` (``slice_moe_lora_a/b_weights``), ``normalization``
 (the tensors and their order, attention neighbours included), ``targets``, ``loading`` (the buffer load's names: the
 warning's text and the error, the target set's repr, which upstream prints in string-hash
-order, compared as the kit prints it, sorted). Where the kit improves on upstream on purpose (a failed ``set_lora_info``
+order, compared as the kit prints it, sorted), ``hidden_dim`` (Inkling's ``supported_lora_modules`` and its
+``get_hidden_dim`` on every module the pool sizes at server start, from target modules
+normalized by the wheel's own function: which raise, and the message). Where the kit improves on upstream on purpose (a failed ``set_lora_info``
 leaves the module as it was; a ``tp_rank`` out of range is refused) the wheel's module
 is rolled back, or the case is not drawn.
 
@@ -51,17 +53,19 @@ import torch
 from .adapters import normalize_layer
 from .lora import LoRABackend, SharedSinkLoRA
 from .releases import FILES, TABLE, V1_CLASS, V2_CLASS, Release, closest
-from .sglang_path import (SINK_TARGETS, check_buffer_names, exception_text, server_target_modules, skipped_weights,
+from .sglang_path import (INKLING_LORA_MODULES, SINK_TARGETS, unserved_modules, check_buffer_names, exception_text, server_target_modules, skipped_weights,
                           targets_text)
 from .catalog import message
 from .geometry import check_seed
 from .shard import slice_lora_a, slice_lora_b
 from .upstream_wheel import opened_wheel, read_checked, record_of
 
-AREAS = ("v1", "v2", "slicing", "normalization", "targets", "loading")
-SINK_FILE, ADAPTER_FILE, UTILS_FILE, POOL_FILE = (
+AREAS = ("v1", "v2", "slicing", "normalization", "targets", "loading", "hidden_dim")
+SINK_EMBEDDINGS = ("embed_tokens", "lm_head")  # utils.py: EMBEDDING_NAMES
+SINK_FILE, ADAPTER_FILE, UTILS_FILE, POOL_FILE, MODEL_FILE = (
     f"sglang/{f}" for f in ("srt/models/inkling_common/lora.py", "srt/lora/lora.py", "srt/lora/utils.py",
-                            "srt/lora/mem_pool.py"))
+                            "srt/lora/mem_pool.py", "srt/models/inkling.py"))
+MODEL_CLASS = "InklingForConditionalGeneration"
 
 
 def wheel_cache() -> Path:
@@ -634,6 +638,66 @@ _CODE: dict[str, Extracted] = {}
 """The extracted files of the wheel under check (one check at a time)."""
 
 
+_HIDDEN_DIM_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "wq_du", "wk_dv", "wv_dv", "wr_du", "qkvr", "wo_ud",
+                     "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "embed_tokens", "lm_head", "out_proj",
+                     "unembed_tokens", "router")
+
+
+class _DenseMLP(SimpleNamespace):
+    """Stands in for ``InklingDenseMLP``: layer 0 of the stub is a dense-MLP layer."""
+
+
+def _stub_inkling(hidden: int, intermediate: int, vocab: int) -> SimpleNamespace:
+    """What ``get_hidden_dim`` reads of the model: its text config and layer 0's modules (dense MLP)."""
+    def linear(i: int, o: int) -> SimpleNamespace:
+        return SimpleNamespace(input_size=i, output_size=o, output_sizes=[o // 4] * 4)
+    layer = SimpleNamespace(attn=SimpleNamespace(qkvr=linear(hidden, 4 * hidden), wo_ud=linear(hidden, hidden)),
+                            mlp=_DenseMLP(gate_up_proj=linear(hidden, 2 * intermediate),
+                                          down_proj=linear(intermediate, hidden)))
+    config = SimpleNamespace(hidden_size=hidden, intermediate_size=intermediate, vocab_size=vocab)
+    return SimpleNamespace(text_config=config, llm=SimpleNamespace(layers=[layer]))
+
+
+def _check_hidden_dim(model_cls: type, normalize: Callable[[Any], set[str]], rng: random.Random) -> str:
+    """The pool's ``init_buffers`` asks ``get_hidden_dim`` for every target module but the
+    embeddings (``gate_up_proj``/``down_proj`` also as ``_moe`` and ``_shared_moe``), then the
+    embeddings: the first that raises stops the server's start (the wheel's set order is
+    string-hash order; both sides take the names sorted)."""
+    if list(model_cls.supported_lora_modules) != list(INKLING_LORA_MODULES):
+        raise Disagreement(f"{MODEL_CLASS}.supported_lora_modules is {model_cls.supported_lora_modules}, the kit's "
+                           f"{list(INKLING_LORA_MODULES)}")
+    targets = [rng.choice(("", "self_attn.", "mlp.")) + rng.choice(_HIDDEN_DIM_NAMES) for _ in range(rng.randint(1, 5))]
+    server = normalize(targets)
+    case = f"get_hidden_dim for the target modules {sorted(server)} (from {targets!r})"
+    model = _stub_inkling(8, 6, 32)
+    fake = type(sys)("sglang.srt.lora.layers")
+    fake.BaseLayerWithLoRA = type("BaseLayerWithLoRA", (), {})  # the local import get_hidden_dim's base_layer does
+    saved = {m: sys.modules.get(m) for m in ("sglang", "sglang.srt", "sglang.srt.lora", "sglang.srt.lora.layers")}
+    sys.modules.update({m: type(sys)(m) for m in saved if m != "sglang.srt.lora.layers"}, **{fake.__name__: fake})
+    model_cls.get_hidden_dim.__globals__["InklingDenseMLP"] = _DenseMLP  # the extracted code's own stand-in
+    try:
+        wanted = [n for m in sorted(server - set(SINK_EMBEDDINGS)) for n in
+                  ((m, f"{m}_moe", f"{m}_shared_moe") if m in SINK_TARGETS else (m,))]
+        raised = None
+        for name in wanted + sorted(server & set(SINK_EMBEDDINGS)):
+            try:
+                model_cls.get_hidden_dim(model, name, 0)
+            except NotImplementedError as exc:
+                raised = exception_text(exc)
+                break
+    finally:
+        for m, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(m, None)
+            else:
+                sys.modules[m] = mod
+    unserved = unserved_modules(server)
+    kit = "NotImplementedError: " + message("ISL-E038", module_name=unserved[0]) if unserved else None
+    if kit != raised:
+        raise Disagreement(f"{case}: the kit says {kit or 'it starts'}, the wheel {raised or 'it starts'}")
+    return case
+
+
 def _version_of(wheel: Path) -> str:
     with opened_wheel(wheel) as z:  # a regular file only: a FIFO would block, a device never end
         infos = [n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
@@ -675,7 +739,7 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
     near, differs = closest(record)
     known = version in TABLE and TABLE[version].record == record
     report = SelfCheck(str(wheel), version, known, near.version, differs)
-    files = read_checked(wheel, [SINK_FILE, ADAPTER_FILE, UTILS_FILE, POOL_FILE], missing_ok=True)
+    files = read_checked(wheel, [SINK_FILE, ADAPTER_FILE, UTILS_FILE, POOL_FILE, MODEL_FILE], missing_ok=True)
     if SINK_FILE not in files:
         report.areas = [AreaResult(a, "missing", note=f"the wheel has no {SINK_FILE}") for a in AREAS]
         return report
@@ -724,4 +788,9 @@ def selfcheck(wheel: str | Path, cases: int = 300, seed: int = 0) -> SelfCheck:
         report.areas.append(_run("loading", cases, seed, lambda rng: _check_loading(pool_cls, expected.version, rng)))
     else:
         report.areas.append(AreaResult("loading", "missing", note=f"the wheel has no {POOL_FILE}"))
+    if MODEL_FILE in files and UTILS_FILE in files:
+        model_cls = extract(files[MODEL_FILE], f"<{wheel.name}>/{MODEL_FILE}", (MODEL_CLASS,)).names[MODEL_CLASS]
+        report.areas.append(_run("hidden_dim", cases, seed, lambda rng: _check_hidden_dim(model_cls, fn, rng)))
+    else:
+        report.areas.append(AreaResult("hidden_dim", "missing", note=f"the wheel has no {MODEL_FILE}"))
     return report

@@ -53,6 +53,22 @@ sink; ``inkling-lab selfcheck`` compares this with a wheel's): note that ``w1``/
 are *not* renamed."""
 
 
+INKLING_LORA_MODULES = ("qkvr", "wo_ud", "gate_up_proj", "down_proj", "embed_tokens", "lm_head")
+"""``InklingForConditionalGeneration.supported_lora_modules`` (models/inkling.py, the same in every
+release with the sink): the names its ``get_hidden_dim`` answers for; any other target module of the
+server raises ``NotImplementedError`` when ``LoRAMemoryPool.init_buffers`` sizes the pool at server
+start (ISL-E038)."""
+
+_HIDDEN_DIM = ("models/inkling.py: InklingForConditionalGeneration.get_hidden_dim, from mem_pool.py: "
+               "LoRAMemoryPool.init_buffers <- lora_manager.py: LoRAManager.init_memory_pool, at server start")
+
+
+def unserved_modules(server: Iterable[str]) -> list[str]:
+    """The server's target modules (normalized) that Inkling's ``get_hidden_dim`` raises for, sorted
+    (``"all"`` resolves to the model's own modules: none of them)."""
+    return sorted(set(server) - set(INKLING_LORA_MODULES) - {"all"})
+
+
 def server_target_modules(targets: Any) -> set[str]:
     """The target modules as sglang normalizes them (``get_normalized_target_modules``,
     utils.py): the last name part, ``gate_proj``/``up_proj`` -> ``gate_up_proj``;
@@ -95,7 +111,9 @@ def _skip_fix(skipped: list[str], label: str, server: Iterable[str]) -> str:
     if sink:  # normalized sink names (w1/w3/w2 renamed) on a server without the sink's targets
         fixes.append(f"start the server with {_sink_flag(server)}")
     if set(skipped) - exported - lone_up - sink:
-        fixes.append("start the server with every module the adapter trains in --lora-target-modules")
+        fixes.append(f"start the server with every module the adapter trains in --lora-target-modules where "
+                     f"Inkling's model serves it ({', '.join(INKLING_LORA_MODULES)}; any other fails its start, "
+                     "ISL-E038), and drop the weights of the others")
     return "; ".join(fixes)
 
 
@@ -516,6 +534,13 @@ class _Sglang:
         except (TypeError, AttributeError) as exc:  # a name that is no string: its split fails, as upstream's does
             raise _Raised("targets", exception_text(exc), where + " (utils.py: get_normalized_target_modules)") from None
         self.server = server
+        unserved = unserved_modules(server) if self.release.raises_code("ISL-E038") else []
+        if unserved:  # init_state sizes the pool right after init_lora_shapes: the server does not start
+            raise _Raised("targets", "NotImplementedError: " + message("ISL-E038", module_name=unserved[0]),
+                          _HIDDEN_DIM, self._unserved_finding(unserved, adapter_targets),
+                          "" if len(unserved) == 1 else
+                          f"of {', '.join(unserved)}, the first sorted: sglang names the first in its set's "
+                          "string-hash order, which changes from process to process")
         self.wrapped = "all" in server or all(t in server for t in SINK_TARGETS)
         names = [k for lid, layer in self.layers.items() if lid is not None for k in layer] + self.embedding
         # "all" resolves to the base model's own module names (auto_detect_lora_target_modules): not modelled
@@ -658,6 +683,19 @@ class _Sglang:
         a layer at or before the module's (each layer's names are checked before its buffers)."""
         failed = self.name_error
         return bool(failed.text) and failed.layer is not None and _layer_order(module) >= failed.layer
+
+    def _unserved_finding(self, unserved: list[str], adapter_targets: Any) -> Finding:
+        """The way out of ``ISL-E038``: the adapter's own names, or the flag's, by which of them holds
+        the unserved modules (a flag must keep the adapter's own, ISL-E034)."""
+        own = set() if isinstance(adapter_targets, str) else server_target_modules(adapter_targets)
+        if set(unserved) & own:
+            fix = (f"name only {', '.join(INKLING_LORA_MODULES)} in the adapter's target_modules (gate_proj and "
+                   f"up_proj stay; {self.label}'s Inkling model has no LoRA for {', '.join(sorted(set(unserved) & own))}), "
+                   "and no other in --lora-target-modules")
+        else:
+            keep = (self.server - {"all"} - set(unserved)) | own | set(SINK_TARGETS)
+            fix = f"start the server with --lora-target-modules {' '.join(sorted(keep))}"
+        return finding("ISL-E038", "target_modules", fix=fix, upstream=True, more=True, module_name=unserved[0])
 
     def _name_finding(self) -> Finding:
         """The way out of the buffer load's name error (``ISL-E036``, ``ISL-E037``)."""

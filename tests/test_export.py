@@ -131,14 +131,14 @@ def assert_serves_peft(out, deltas, n, H, F, dtype):
 @pytest.mark.parametrize("targets", [SINK, ("gate_proj", "up_proj"), ("down_proj",)])
 def test_a_classic_peft_adapter_is_served_as_peft_computes_it(tmp_path, options, targets):
     n, H, F = 2, 8, 3
-    deltas = peft_classic(tmp_path / "in", n, H, F, 2, layers=2, targets=targets, attention=True, **options)
+    deltas = peft_classic(tmp_path / "in", n, H, F, 2, layers=2, targets=targets, **options)
     report = export_for_sglang(tmp_path / "in", tmp_path / "out", n)
     assert report.written, report
     config, _ = assert_serves_peft(tmp_path / "out", deltas, n, H, F, D)
     assert config["lora_alpha"] == config["r"] == report.rank  # sglang's own scaling is 1
     assert not {"use_rslora", "rank_pattern", "alpha_pattern", "target_parameters"} & {
         k for k, v in config.items() if v}
-    assert set(config["target_modules"]) >= {"gate_proj", "up_proj", "down_proj", "q_proj"}
+    assert set(config["target_modules"]) == {"gate_proj", "up_proj", "down_proj"}
     assert report.max_rel_error is not None and report.max_rel_error < 1e-9
 
 
@@ -229,13 +229,22 @@ _ATTENTION = "base_model.model.model.layers.{layer}.self_attn.{module}.lora_{ab}
 _UNLOADABLE = {  # what the kit's model of sglang 0.5.23 does with these, read from the input itself
     "q_proj alone": {"q_proj": 16},  # normalize_qkv_proj reads its v_proj: KeyError
     "q_proj and k_proj without v_proj": {"q_proj": 16, "k_proj": 8},  # the same KeyError
-    "k_proj and v_proj without q_proj": {"k_proj": 8, "v_proj": 8},  # not stacked: no target module (ISL-E036)
-    "Inkling's wq_du, wk_dv, wv_dv, wr_du": {"wq_du": 8, "wk_dv": 8, "wv_dv": 8, "wr_du": 8},  # qkvr: ISL-E036
-}
-_LOADABLE = {
-    "q_proj and v_proj": {"q_proj": 16, "v_proj": 8},  # k_proj zero-filled by normalize_qkv_proj
-    "Inkling's wq_du, wk_dv, wv_dv without wr_du": {"wq_du": 8, "wk_dv": 8, "wv_dv": 8},  # not stacked
+    # the input's config targets the sink only (its other weights fail the buffer load, ISL-E036); the
+    # export's names them, and Inkling's get_hidden_dim has no buffer for them: no server start (ISL-E038)
+    "k_proj and v_proj without q_proj": {"k_proj": 8, "v_proj": 8},
+    "Inkling's wq_du, wk_dv, wv_dv, wr_du": {"wq_du": 8, "wk_dv": 8, "wv_dv": 8, "wr_du": 8},
+    "q_proj and v_proj": {"q_proj": 16, "v_proj": 8},
+    "Inkling's wq_du, wk_dv, wv_dv without wr_du": {"wq_du": 8, "wk_dv": 8, "wv_dv": 8},
     "o_proj": {"o_proj": 8},
+}
+_NO_BUFFER = {  # the export's target module that get_hidden_dim names (the first sorted; sglang's: hash order)
+    "k_proj and v_proj without q_proj": "qkv_proj", "q_proj and v_proj": "qkv_proj", "o_proj": "o_proj",
+    "Inkling's wq_du, wk_dv, wv_dv, wr_du": "wk_dv", "Inkling's wq_du, wk_dv, wv_dv without wr_du": "wk_dv",
+}
+_LOADABLE = {  # sglang's own Inkling attention modules (supported_lora_modules)
+    "qkvr": {"qkvr": 32},
+    "wo_ud": {"wo_ud": 8},
+    "qkvr and wo_ud": {"qkvr": 32, "wo_ud": 8},
 }
 
 
@@ -261,14 +270,15 @@ def test_other_modules_sglang_cannot_load_are_refused_up_front(tmp_path, case):
     assert (report.written, report.code, report.exit_status) == (False, "ISL-K508", 1), report.error
     assert not report.proof  # refused by the plan, before anything was written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
-    named = given.raised.text.partition(": ")[2].split(" in {")[0]  # the weight it fails on (targets: the export's)
+    named = (f"get_hidden_dim not implemented for {_NO_BUFFER[case]}" if case in _NO_BUFFER  # the export's targets
+             else given.raised.text.partition(": ")[2])  # normalization's KeyError: the input's own
     assert named in report.error and "invents no factors" in report.error  # sglang's own words, and why
     for module in _UNLOADABLE[case]:
         assert f"self_attn.{module}" in report.error
 
 
 def test_the_refusal_names_the_layer_sglang_fails_on(tmp_path):
-    folder = _with_others(tmp_path, _LOADABLE["q_proj and v_proj"])
+    folder = _with_others(tmp_path, _UNLOADABLE["q_proj and v_proj"])
     weights = load_file(folder / WEIGHTS_FILE)
     for ab, shape in (("A", (4, 8)), ("B", (16, 4))):  # layer 3: a q_proj without its v_proj
         weights[_ATTENTION.format(layer=3, module="q_proj", ab=ab)] = torch.ones(shape, dtype=D)
@@ -291,11 +301,11 @@ def test_other_modules_sglang_loads_are_written_and_served(tmp_path, case, layer
 
 @pytest.mark.parametrize("layer", [0, 1])
 def test_the_proof_fails_closed_on_other_modules(tmp_path, layer):
-    folder = _with_others(tmp_path, _LOADABLE["q_proj and v_proj"], layer)
+    folder = _with_others(tmp_path, _LOADABLE["qkvr"], layer)
     assert export_for_sglang(folder, tmp_path / "out", 2).written
     weights = load_file(tmp_path / "out" / WEIGHTS_FILE)
-    for ab in "AB":  # the export's v_proj gone: sglang's normalization has q_proj without it
-        del weights[_ATTENTION.format(layer=layer, module="v_proj", ab=ab)]
+    for ab, shape in (("A", (4, 8)), ("B", (16, 4))):  # a q_proj in the export: normalization reads its v_proj
+        weights[_ATTENTION.format(layer=layer, module="q_proj", ab=ab)] = torch.zeros(shape, dtype=D)
     save_file(weights, tmp_path / "out" / WEIGHTS_FILE)
     proof = verify_export(tmp_path / "out", folder, 2)
     assert not proof.ok and "KeyError" in proof.failure and "v_proj" in proof.failure, proof.failure
@@ -332,10 +342,8 @@ def test_nan_overflow_and_sizes_are_refused(tmp_path):
     assert export_for_sglang(save_adapter(ad, tmp_path / "fp16"), tmp_path / "out", 2).code == "ISL-K501"
     folder = _saved(tmp_path)
     weights = load_file(folder / WEIGHTS_FILE)
-    weights["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"] = torch.full((4, 8), math.nan)
-    weights["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"] = torch.ones(8, 4)
-    weights["base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight"] = torch.ones(4, 8)  # q's partner
-    weights["base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"] = torch.ones(8, 4)
+    weights["base_model.model.model.layers.0.self_attn.qkvr.lora_A.weight"] = torch.full((4, 8), math.nan)
+    weights["base_model.model.model.layers.0.self_attn.qkvr.lora_B.weight"] = torch.ones(32, 4)  # one sglang serves
     save_file(weights, folder / WEIGHTS_FILE)
     assert export_for_sglang(folder, tmp_path / "out", 2).code == "ISL-K302"
     assert export_for_sglang(_saved(tmp_path / "b"), tmp_path / "out", 2, hidden=9).code == "ISL-K506"

@@ -165,10 +165,13 @@ ENTRIES: list[CatalogEntry] = [
         "name holds no target module (ISL-E036). Before writing, the export sends those modules, as it would "
         "write them, down the kit's model of that path; where it fails (or the kit cannot tell), no folder "
         "would load, so the export refuses. It adds no factors: a zero v_proj adds no delta, but its shape is "
-        "the model's attention size, which the adapter does not carry and the kit's model does not check.",
-        "An adapter with LoRA on q_proj (or q_proj and k_proj) without v_proj, on k_proj or v_proj without "
-        "q_proj, or on all four of Inkling's wq_du, wk_dv, wv_dv, wr_du (stacked into qkvr, which its "
-        "target_modules do not name).",
+        "the model's attention size, which the adapter does not carry and the kit's model does not check. "
+        "Every module the export writes is also a target module of the server, and sglang's Inkling model has "
+        "LoRA buffers for qkvr, wo_ud, gate_up_proj, down_proj, embed_tokens and lm_head only: a q_proj/v_proj "
+        "pair, an o_proj or a wq_du fails the server's start (ISL-E038).",
+        "An adapter with LoRA on attention modules other than qkvr and wo_ud: q_proj, k_proj, v_proj, o_proj "
+        "(Inkling has none: ISL-E038, or normalize_qkv_proj's KeyError for a q_proj without its v_proj), or "
+        "Inkling's wq_du, wk_dv, wv_dv, wr_du (ISL-E038; all four are stacked into qkvr).",
         _PLAIN + "save_adapter(ad, folder)\n"
         "from safetensors.torch import load_file, save_file\n"
         "weights = load_file(folder / 'adapter_model.safetensors')\n"
@@ -176,16 +179,18 @@ ENTRIES: list[CatalogEntry] = [
         "weights[q + '.lora_A.weight'], weights[q + '.lora_B.weight'] = torch.ones(4, 8), torch.ones(16, 4)\n"
         "save_file(weights, folder / 'adapter_model.safetensors')  # q_proj without its v_proj\n",
         _EXPORT,
-        "v = q.replace('q_proj', 'v_proj')  # an adapter that also trained v_proj\n"
-        "weights[v + '.lora_A.weight'], weights[v + '.lora_B.weight'] = torch.ones(4, 8), torch.ones(8, 4)\n"
+        "del weights[q + '.lora_A.weight'], weights[q + '.lora_B.weight']  # Inkling serves no q_proj (ISL-E038)\n"
         "save_file(weights, folder / 'adapter_model.safetensors')\n" + _EXPORT,
-        remedy="Train the attention projections sglang stacks together (q_proj with v_proj, and k_proj if any), "
-               "or export the adapter without those modules (split them off, or merge them into the base "
-               "weights with PEFT merge_and_unload).",
+        remedy="Export the adapter without those modules (split them off, or merge them into the base weights "
+               "with PEFT merge_and_unload): of the attention, sglang's Inkling model serves LoRA on qkvr and "
+               "wo_ud only, and a server whose target modules name another (q_proj, o_proj, wq_du) does not start "
+               "(ISL-E038).",
         upstream="sglang/srt/lora/lora.py: LoRAAdapter.normalize_qkv_proj (reads a q_proj's v_proj: KeyError) and "
                  "LoRAAdapter.normalize_inkling_qkvr_proj; sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.load_lora_weight_to_buffer, names through sglang/srt/lora/utils.py: "
-                 "get_target_module_name (ValueError, ISL-E036)", related=("ISL-E036", "ISL-K502")),
+                 "get_target_module_name (ValueError, ISL-E036); sglang/srt/models/inkling.py: "
+                 "InklingForConditionalGeneration.get_hidden_dim (NotImplementedError at server start, ISL-E038)",
+        related=("ISL-E036", "ISL-E038", "ISL-K502")),
     CatalogEntry(
         code="ISL-N501", title="per-expert outer factors exported at rank n·r", exc_type=None, kind="note",
         message="{module}: per-expert outer factors re-expressed as shared outer at rank n·r = {n}·{r} = {rank}, "

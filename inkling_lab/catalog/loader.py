@@ -301,13 +301,41 @@ ENTRIES: list[CatalogEntry] = [
         setup=SAVED + "targets = ['gate_proj', 'up_proj', 'down_proj']\n",
         trigger="il.doctor(saved(target_modules=targets + ['q_proj']), 2, 8, 6, "
                 "target_modules=['gate_up_proj', 'down_proj']).raise_for_sglang()\n",
-        fix="il.doctor(saved(target_modules=targets + ['q_proj']), 2, 8, 6, "
-            "target_modules=['gate_up_proj', 'down_proj', 'qkv_proj']).raise_for_sglang()\n",
-        remedy="Add the modules the message lists to --lora-target-modules (or pass 'all'), or serve an adapter "
-               "whose config names only the wrapped modules.",
+        fix="il.doctor(saved(target_modules=targets), 2, 8, 6, "
+            "target_modules=['gate_up_proj', 'down_proj']).raise_for_sglang()  # Inkling has no q_proj (ISL-E038)\n",
+        remedy="Add the modules the message lists to --lora-target-modules where Inkling's model serves them "
+               "(qkvr, wo_ud, gate_up_proj, down_proj, embed_tokens, lm_head: any other fails the server's start, "
+               "ISL-E038), or serve an adapter whose config names only the wrapped modules.",
         upstream="sglang/srt/lora/lora_manager.py: LoRAManager.init_lora_shapes (the adapter's normalized "
                  "target modules are not a subset of --lora-target-modules).",
         generation=LOADER, adapter_caused=True, related=("ISL-W002", "ISL-W103"), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-E038", title="a server target module that Inkling's model has no LoRA buffer for",
+        exc_type=NotImplementedError,
+        message="get_hidden_dim not implemented for {module_name}",
+        meaning="sglang's Inkling model (InklingForConditionalGeneration) serves LoRA on qkvr, wo_ud, "
+                "gate_up_proj, down_proj, embed_tokens and lm_head only (its supported_lora_modules), and its "
+                "get_hidden_dim raises for any other name. The pool asks it for every target module of the "
+                "server (normalized: q_proj/k_proj/v_proj -> qkv_proj, gate_proj/up_proj -> gate_up_proj; "
+                "wq_du, o_proj and the like stay as they are) when it allocates its buffers at server start, "
+                "before any request: the server does not start. The target modules are fixed then (from "
+                "--lora-target-modules, else from the --lora-paths adapters' configs): an adapter loaded later "
+                "is checked against them instead. Where several are unknown, sglang names the first in its "
+                "set's string-hash order, which changes from process to process (the kit names the first sorted).",
+        when="An adapter whose target_modules name q_proj/k_proj/v_proj/o_proj (Inkling has none) or "
+             "wq_du/wk_dv/wv_dv/wr_du (the checkpoint's names; sglang's module is qkvr), or "
+             "--lora-target-modules naming them.",
+        setup=SAVED + "targets = ['gate_proj', 'up_proj', 'down_proj']\n",
+        trigger="il.doctor(saved(target_modules=targets + ['q_proj', 'v_proj']), 2, 8, 6).raise_for_sglang()\n",
+        fix="il.doctor(saved(target_modules=targets), 2, 8, 6).raise_for_sglang()  # only Inkling's modules\n",
+        remedy="Name only qkvr, wo_ud, gate_up_proj (or gate_proj, up_proj), down_proj, embed_tokens and lm_head "
+               "in the adapter's target_modules and in --lora-target-modules.",
+        upstream="sglang/srt/models/inkling.py: InklingForConditionalGeneration.get_hidden_dim, reached from "
+                 "sglang/srt/lora/mem_pool.py: LoRAMemoryPool.init_buffers (get_lora_A_shape -> "
+                 "sglang/srt/lora/utils.py: get_hidden_dim) <- LoRAManager.init_memory_pool <- "
+                 "LoRAManager.init_state (sglang/srt/lora/lora_manager.py), at server start. The same code in "
+                 "every release 0.5.16 to 0.5.23.",
+        generation=LOADER, adapter_caused=True, related=("ISL-E034", "ISL-W002"), releases=EVERY_RELEASE),
     CatalogEntry(
         code="ISL-E035", title="a per-expert outer factor, as a dict, in a shared-outer pool", exc_type=ValueError,
         message="experts_shared_outer_loras is enabled but {factor} dict has {count} entries (expected 1).",

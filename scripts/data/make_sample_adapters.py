@@ -159,9 +159,9 @@ SAMPLES = [
     Sample("fused", "good", "gate_up_proj, down_proj, flat; r=4", "a fused gate/up: its A serves both halves",
            lambda: toy(4, 2, naming="fused")),
     Sample("w_names", "served wrong", "w1, w3, w2, flat; r=2; target_modules w1, w3, w2",
-           "the w-names: the kit renames them, but sglang 0.5.23 does not map w1/w3/w2 target modules, so it never "
-           "wraps the sink, and its buffer load fails on the renamed weights, which match none of them",
-           lambda: toy(2, 3, naming="w"), "ISL-W103", verdict=("raises", "nothing", "writes")),
+           "the w-names: the kit renames them, but sglang does not map w1/w3/w2 target modules, and Inkling's model "
+           "has no LoRA buffer for w1, w2 or w3, so the server does not start (get_hidden_dim)",
+           lambda: toy(2, 3, naming="w"), "ISL-E038", verdict=("raises", "nothing", "writes")),
     Sample("rank8", "good", "gate_proj, up_proj, down_proj, flat; r=8, lora_alpha=4",
            "a larger rank: converted with the others, every slot is padded to R=8", lambda: toy(8, 4, lora_alpha=4)),
     Sample("per_expert", "good", "shared_experts.<e>.gate_proj/up_proj/down_proj, one factor per expert; r=4",
@@ -232,8 +232,9 @@ SAMPLES = [
            lambda: with_config(toy(4, 51), alpha_pattern={"down_proj": 32}), "ISL-W102",
            verdict=("loads", "different", "writes")),
     Sample("rank_pattern", "served wrong", "the sink at rank 8 by rank_pattern, attention q/v at r=4",
-           "sglang reads one r=4 and fails the buffer load; the converter honours each module's rank (changing r "
-           "would break the attention factors)", rank_pattern, "ISL-W112", verdict=("raises", "nothing", "writes")),
+           "sglang does not start, as Inkling's model has no LoRA buffer for the attention's qkv_proj "
+           "(get_hidden_dim), and reads one r=4 for every module; the converter honours each module's rank "
+           "(changing r would break the attention factors)", rank_pattern, "ISL-W112", verdict=("raises", "nothing", "writes")),
     Sample("up_rank16", "broken", "r=8, but up A [16, 8] and up B [12, 16] saved at rank 16",
            "both wrong-rank factors reported, as saved", up_rank16, "ISL-K206", verdict=("raises", "nothing", "refuses")),
     Sample("one_sided", "served wrong", "gate_proj and up_proj only, target_modules gate_proj, up_proj",
