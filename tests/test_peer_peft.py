@@ -102,6 +102,11 @@ def test_peft_s_configurations_on_inkling_convert_to_peft_s_own_merged_weights(c
         for targets in (None, ["gate_up_proj", "down_proj"]):  # (lora_manager.py, init_lora_shapes), flag or not
             report = doctor(folder, N, H, F, target_modules=targets)
             assert report.load.outcome == "raises" and "only supports inferring LoRA target" in report.load.text
+    elif {"q_proj", "v_proj"} & set(CASES[case]["target_modules"]):
+        # q/v_proj become qkv_proj, which sglang's Inkling model has no LoRA for (models/inkling.py,
+        # InklingForConditionalGeneration.get_hidden_dim): the server does not start
+        assert report.error_code == "ISL-E038" and report.load.outcome == "raises" and \
+            "get_hidden_dim not implemented for qkv_proj" in report.load.text, str(report)
     else:
         # the export's keys match no target module: the warning, then the buffer load's ValueError
         assert report.error_code == "ISL-E036" and report.load.warning and report.computes.outcome == "nothing", \
