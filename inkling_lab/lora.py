@@ -11,7 +11,7 @@ import torch
 
 from . import shard
 from .batch import SlotBatch
-from .forward import run_forward
+from .forward import StaticIO, check_out, run_forward, static_io
 from .operands import SinkOperands
 from .shard import Factor
 from .catalog import error
@@ -358,15 +358,39 @@ class SharedSinkLoRA(SharedSink):
                             interleaved=self.interleaved, buffers=buffers, w1_delta=w1_delta, a_cat=a_cat)
 
     def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
-                backend: str = "auto") -> torch.Tensor:
+                backend: str = "auto", *, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]`` (or ``[B, L, H]``), ``gammas [T, n]``, a ``SlotBatch`` naming each
         token's slot -> ``out`` like ``x``. No batch or no pool: the base sink.
+
+        ``out``: a contiguous tensor of ``x``'s shape, the result's dtype (the sink's;
+        float64 for ``backend="reference"``) and the sink's device, written and returned
+        instead of a new tensor (every check runs first: a refused call writes nothing).
+        ``static_io`` gives the tensors to pass as ``x``, ``gammas`` and ``out`` for a
+        forward that copies nothing in or out.
 
         A sink of another activation than SiLU computes its base forward (the model's
         own), and refuses a LoRA forward (``ISL-K155``): that forward is sglang's, SiLU only.
         """
         if self.activation != "silu":
             if batch is None or self.lora_buffers is None:
-                return self.base_forward(x, gammas)
+                if out is None:
+                    return self.base_forward(x, gammas)
+                dst = check_out(out, x, self.dtype, self.device)  # before the forward: a refusal writes nothing
+                dst.copy_(self.base_forward(x, gammas).reshape(dst.shape))
+                return out
             raise error("ISL-K155", activation=self.activation)
-        return run_forward(self.operands(), x, gammas, batch, backend)
+        return run_forward(self.operands(), x, gammas, batch, backend, out=out)
+
+    def static_io(self, batch: "SlotBatch | None" = None, *, tokens: int | None = None,
+                  backend: str = "auto") -> StaticIO:
+        """The tensors a forward of ``batch`` reads and writes in place (``StaticIO``:
+        ``x [T, H]`` in the sink's dtype, ``gammas [T, n]`` float32, ``out [T, H]``, on the
+        sink's device; ``tokens``: ``T``, read from the batch when not given). Write each
+        step's inputs into ``io.x`` and ``io.gammas`` and call
+        ``sink(io.x, io.gammas, batch=batch, backend=backend, out=io.out)``: on the ``triton``
+        backend's graph path (CUDA, up to ``GRAPH_TOKENS`` tokens) these are the captured
+        graph's static tensors, so the call copies nothing in or out (the host cost of a
+        decode step, KERNEL_NOTES.md); elsewhere ordinary tensors, and the call is the same
+        as with any others. Ask once per batch object and keep them; the next call
+        overwrites ``io.out``."""
+        return static_io(self.operands(), batch, tokens, backend)

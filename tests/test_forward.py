@@ -235,3 +235,88 @@ def test_a_batch_rewritten_in_place_after_a_forward_is_checked_again():
     batch.weight_indices[1] = 5  # in place, after it passed
     with pytest.raises(ValueError, match="segment 1 uses slot 5, but the pool has slots 0..1"):
         check_batch_slots(batch, 2)
+
+
+# -- out= and static_io (the caller's own output, tensors read and written in place) -------------
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(T=st.integers(0, 7), rows=st.sampled_from([1, 2]), backend=st.sampled_from(["torch", "reference"]),
+       seed=st.integers(0, 1000))
+def test_out_receives_the_result_and_is_returned(scenario, T, rows, backend, seed):
+    sc = scenario(SMALL, tokens=2 * T, seed=seed)
+    sink, batch = sc.sink, sc.batch
+    x, gammas = sc.x.view(rows, -1, SMALL.hidden), sc.gammas.view(rows, -1, SMALL.n)   # [T, H] or [B, L, H]
+    want = sink(x, gammas, batch=batch, backend=backend)
+    out = torch.full_like(want, float("nan"))
+    got = sink(x, gammas, batch=batch, backend=backend, out=out)
+    assert got is out and torch.equal(out, want)
+
+
+def test_a_refused_out_names_it_and_writes_nothing(scenario):
+    sc = scenario(SMALL, tokens=4, seed=47)
+    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
+    x_before = x.clone()
+    cases = {
+        "out has shape \\(4, 13\\) but x has \\(4, 12\\)": (ValueError, torch.zeros(4, 13, dtype=x.dtype)),
+        "out is torch.float32 but this forward returns torch.float64": (TypeError, torch.zeros(4, 12)),
+        "out is on meta, the sink on cpu": (ValueError, torch.zeros(4, 12, dtype=x.dtype,
+                                                                                 device="meta")),
+        "out is not contiguous": (ValueError, torch.zeros(12, 4, dtype=x.dtype).T),
+        "out must be a torch.Tensor": (TypeError, [0.0] * 48),
+    }
+    for match, (kind, out) in cases.items():
+        before = out.clone() if isinstance(out, torch.Tensor) and out.device.type != "meta" else None
+        with pytest.raises(kind, match=match):
+            sink(x, gammas, batch=batch, backend="torch", out=out)
+        if before is not None:
+            assert torch.equal(out, before)
+    out = torch.zeros(4, 12, dtype=x.dtype)
+    with pytest.raises(ValueError, match="describes 5 tokens but x has 4"):   # any refusal: out untouched
+        sink(x, gammas, batch=SlotBatch.from_token_slots([0] * 5, 3), out=out)
+    assert not out.any() and torch.equal(x, x_before)
+    f32 = scenario(SMALL, tokens=4, seed=47, dtype=torch.float32)
+    with pytest.raises(TypeError, match="out is torch.float32 but this forward returns torch.float64"):
+        f32.sink(f32.x, f32.gammas, batch=f32.batch, backend="reference", out=torch.zeros_like(f32.x))  # float64
+
+
+def test_out_on_a_sink_of_another_activation_is_its_base_forward(scenario):
+    from inkling_lab.lora import SharedSinkLoRA
+
+    sink = SharedSinkLoRA(2, 12, 6, dtype=F64, seed=5, activation="gelu")
+    x, gammas = torch.randn(3, 12, dtype=F64), torch.rand(3, 2)
+    out = torch.empty_like(x)
+    assert sink(x, gammas, out=out) is out and torch.equal(out, sink.base_forward(x, gammas))
+    with pytest.raises(ValueError, match="out has shape"):
+        sink(x, gammas, out=out[:2])
+
+
+def test_static_io_off_the_graph_path_are_ordinary_tensors_for_the_forward(scenario):
+    sc = scenario(SMALL, tokens=5, seed=53)
+    sink, batch = sc.sink, sc.batch
+    io = sink.static_io(batch)
+    assert (io.x.shape, io.gammas.shape, io.out.shape) == ((5, 12), (5, 2), (5, 12))
+    assert (io.x.dtype, io.gammas.dtype, io.out.dtype) == (sink.dtype, torch.float32, sink.dtype)
+    assert not io.x.any() and not io.out.any()
+    io.x.copy_(sc.x)
+    io.gammas.copy_(sc.gammas)
+    assert sink(io.x, io.gammas, batch=batch, out=io.out) is io.out
+    assert torch.equal(io.out, sink(sc.x, sc.gammas.float(), batch=batch))
+    ref = sink.static_io(batch, backend="reference")
+    assert ref.out.dtype == F64 and sink.static_io(tokens=3).x.shape == (3, 12)   # no batch: the base sink's
+
+
+def test_static_io_errors_name_the_problem(scenario):
+    sc = scenario(SMALL, tokens=4, seed=59)
+    sink = sc.sink
+    with pytest.raises(ValueError, match="without a batch needs tokens="):
+        sink.static_io()
+    with pytest.raises(ValueError, match="describes 4 tokens but tokens is 5"):
+        sink.static_io(sc.batch, tokens=5)
+    with pytest.raises(ValueError, match="tokens must be a whole number"):
+        sink.static_io(tokens=-1)
+    with pytest.raises(TypeError, match="batch must be a SlotBatch"):
+        sink.static_io([0, 1], tokens=2)
+    with pytest.raises(ValueError, match="for 2 slots but the pool has 3"):
+        sink.static_io(SlotBatch.from_token_slots([0] * 4, 2))
+    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+        sink.static_io(sc.batch, backend="cuda")

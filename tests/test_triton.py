@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from interpreted import import_interpreted
 from inkling_lab.batch import SlotBatch
+from inkling_lab.forward import StaticIO
 from inkling_lab.forward.reference import reference_forward
 from inkling_lab.geometry import Geometry
 from inkling_lab.lora import SharedSinkLoRA
@@ -102,13 +103,110 @@ def test_a_graph_replay_reads_each_calls_inputs_and_hands_out_its_own_output():
         def replay(self):
             tb.launch(ops, xs, gs, p, outs)
 
-    p.fast[tb.graph_key(ops, x)] = (Graph(), xs, gs, outs)
+    p.fast[tb.graph_key(ops, x)], p.fast["io"] = Graph(), StaticIO(xs, gs, outs)
     first = tb._replay(ops, x, gammas, p)
     x2 = torch.randn_like(x)
     second = tb._replay(ops, x2, gammas.double(), p)  # gammas of another dtype: copied in as the graph's
     assert rel(first, reference_forward(ops, x, gammas, batch)) < 1e-5  # not overwritten by the next replay
     assert rel(second, reference_forward(ops, x2, gammas, batch)) < 1e-5
     assert len({first.data_ptr(), second.data_ptr(), outs.data_ptr()}) == 3
+
+
+class GraphPath:
+    """The graph path of ``triton_forward`` on the host: ``takes_graph`` says yes for any
+    batch, no capture of the caller's runs, and ``_capture`` hands back a stand-in whose
+    replay launches around the static tensors it was given (``captured``). ``copies``
+    counts the copies the replay path makes (``torch._foreach_copy_``, ``Tensor.copy_``,
+    ``Tensor.clone``), by destination, outside the stand-in's launches (the interpreter
+    copies its arguments back)."""
+
+    def __init__(self, monkeypatch):
+        self.captured, self.copies, self._launching = [], [], False
+        path = self
+
+        class Graph:
+            def __init__(self, ops, p, io):
+                self.ops, self.p, self.io = ops, p, io
+
+            def replay(self):
+                path._launching = True
+                try:
+                    tb.launch(self.ops, self.io.x, self.io.gammas, self.p, self.io.out)
+                finally:
+                    path._launching = False
+
+        def capture(ops, p, io):
+            self.captured.append(io)
+            return Graph(ops, p, io)
+
+        def counted(name, real):
+            def wrapper(*args, **kwargs):
+                if not self._launching:
+                    self.copies.append(name)
+                return real(*args, **kwargs)
+            return wrapper
+
+        monkeypatch.setattr(tb, "takes_graph", lambda batch, device, tokens: batch is not None)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        monkeypatch.setattr(tb, "_capture", capture)
+        monkeypatch.setattr(torch, "_foreach_copy_", counted("foreach_copy", torch._foreach_copy_))
+        monkeypatch.setattr(torch.Tensor, "copy_", counted("copy", torch.Tensor.copy_))
+        monkeypatch.setattr(torch.Tensor, "clone", counted("clone", torch.Tensor.clone))
+
+    def take(self) -> list[str]:
+        seen, self.copies = self.copies, []
+        return seen
+
+
+def test_static_tensors_passed_back_are_neither_copied_in_nor_out(monkeypatch):
+    sink, x, gammas, batch = make_case(2, 20, 10, 3, 3, 6, True, True, seed=17)
+    ops = sink.operands()
+    path = GraphPath(monkeypatch)
+    io = tb.static_io(ops, batch, 6)
+    assert tb.static_io(ops, batch, 6) is io                       # one set per plan
+    assert io.gammas.dtype == torch.float32 and io.x.dtype == x.dtype
+    path.take()
+    for step in range(3):                                          # launch, capture + replay, replay
+        xs, gs = torch.randn_like(x), torch.rand_like(gammas)
+        io.x.copy_(xs)                                             # the caller writes its inputs in place
+        io.gammas.copy_(gs)
+        path.take()
+        got = tb.triton_forward(ops, io.x, io.gammas, batch, io.out)
+        assert got is io.out
+        assert path.take() == []                                   # nothing copied in or out
+        assert rel(got, reference_forward(ops, xs, gs, batch)) < 1e-5
+        eager = torch.full_like(x, float("nan"))
+        tb.launch(ops, xs, gs, tb.cached_plan(ops, 6, batch, x.device), eager)
+        assert torch.equal(got, eager)                             # the replay is the eager launch
+    assert len(path.captured) == 1 and path.captured[0] is io       # captured around the caller's tensors
+
+
+def test_a_replay_copies_only_what_the_caller_did_not_write_in_place(monkeypatch):
+    sink, x, gammas, batch = make_case(2, 20, 10, 3, 3, 6, False, False, seed=19)
+    ops = sink.operands()
+    path = GraphPath(monkeypatch)
+    out = torch.full_like(x, float("nan"))
+    assert tb.triton_forward(ops, x, gammas, batch, out) is out     # first call: launched into out
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+    second = tb.triton_forward(ops, x, gammas, batch)               # captured around copies of x and gammas
+    io = path.captured[0]
+    assert tb.static_io(ops, batch, 6) is io and io.x is not x and second is not io.out
+    path.take()
+    x2, g2 = torch.randn_like(x), torch.rand_like(gammas)
+    for args, copies in (((x2, g2, None), ["foreach_copy", "clone"]),        # the old call: in, then out
+                         ((x2, g2, out), ["foreach_copy", "copy"]),          # out=: a copy, no new tensor
+                         ((io.x, g2, out), ["copy", "copy"]),                # x written in place: gammas only
+                         ((x2, io.gammas, io.out), ["copy"])):               # x only
+        if args[0] is io.x:
+            io.x.copy_(x2)
+        if args[1] is io.gammas:
+            io.gammas.copy_(g2)
+        path.take()
+        got = tb.triton_forward(ops, *args[:2], batch, args[2])
+        assert path.take() == copies
+        assert got is args[2] if args[2] is not None else got is not io.out
+        assert rel(got, reference_forward(ops, x2, g2, batch)) < 1e-5
+    assert len(path.captured) == 1
 
 
 def test_a_graph_is_keyed_on_the_storage_it_reads():

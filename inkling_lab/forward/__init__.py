@@ -3,13 +3,16 @@
 ``reference`` (float64 loops, the ground truth), ``torch`` (vectorized, any device)
 and ``triton`` (GPU kernels; CPU only under ``TRITON_INTERPRET=1``). ``auto`` picks
 the fastest correct one for the device. Every backend is
-``fn(ops: SinkOperands, x [T, H], gammas [T, n], batch: SlotBatch | None) -> out [T, H]``;
-``run_forward`` checks the inputs once, for all of them.
+``fn(ops: SinkOperands, x [T, H], gammas [T, n], batch: SlotBatch | None, out=None) -> out [T, H]``
+(``out``: a checked ``[T, H]`` tensor to write into and return, else a new one);
+``run_forward`` checks the inputs once, for all of them. ``static_io`` hands out the
+tensors a forward reads and writes without copying them (``StaticIO``).
 """
 from __future__ import annotations
 
 import importlib
 import weakref
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -19,9 +22,11 @@ from ..catalog import error, message
 from ..operands import SinkOperands
 from ..sink import check_tokens
 from .reference import reference_forward
+from .static import StaticIO
 from .torch_backend import torch_forward
 
-Backend = Callable[[SinkOperands, torch.Tensor, torch.Tensor, "SlotBatch | None"], torch.Tensor]
+Backend = Callable[..., torch.Tensor]
+"""``fn(ops, x [T, H], gammas [T, n], batch, out=None) -> out [T, H]``."""
 
 
 class _Imported:
@@ -39,8 +44,8 @@ class _Imported:
         return fn
 
     def __call__(self, ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
-                 batch: "SlotBatch | None") -> torch.Tensor:
-        return self.load()(ops, x, gammas, batch)
+                 batch: "SlotBatch | None", out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.load()(ops, x, gammas, batch, out)
 
 
 BACKENDS: dict[str, Backend] = {"reference": reference_forward, "torch": torch_forward,
@@ -90,16 +95,20 @@ def check_pool_dtype(ops: SinkOperands) -> None:
     dtype") or, in a kernel, read the bytes as the wrong type. Then the derived operands
     (``ISL-K165``): built once from the first pool, they keep its dtype when a later
     ``set_lora_info`` hands a pool of another (as upstream's do); the check names them."""
+    d, (b0, b1, b2, b3), w1, a_cat = ops.dtype, ops.buffers, ops.w1_delta, ops.a_cat
+    # Every forward passes here: the common case in one expression (a torch dtype is a
+    # singleton), the messages only on a mismatch.
+    if (b0.dtype is d and b1.dtype is d and b2.dtype is d and b3.dtype is d
+            and (w1 is None or w1.dtype is d) and (a_cat is None or a_cat.dtype is d)):
+        return
     dtypes = [b.dtype for b in ops.buffers]
-    if any(d != ops.dtype for d in dtypes):
-        raise TypeError(message("ISL-K161", pool=", ".join(str(d).removeprefix("torch.") for d in dtypes),
-                                sink=str(ops.dtype).removeprefix("torch.")))
-    kept = {name: t for name, t in (("w1_delta", ops.w1_delta), ("a_cat", ops.a_cat))
-            if t is not None and t.dtype != ops.dtype}
-    if kept:
-        raise TypeError(message("ISL-K165", operands=", ".join(f"{k} {str(t.dtype).removeprefix('torch.')}"
-                                                               for k, t in kept.items()),
-                                pool=str(ops.dtype).removeprefix("torch.")))
+    if any(t != d for t in dtypes):
+        raise TypeError(message("ISL-K161", pool=", ".join(str(t).removeprefix("torch.") for t in dtypes),
+                                sink=str(d).removeprefix("torch.")))
+    kept = {name: t for name, t in (("w1_delta", w1), ("a_cat", a_cat)) if t is not None and t.dtype != d}
+    raise TypeError(message("ISL-K165", operands=", ".join(f"{k} {str(t.dtype).removeprefix('torch.')}"
+                                                           for k, t in kept.items()),
+                            pool=str(d).removeprefix("torch.")))
 
 
 _CHECKED: list = [None]
@@ -130,30 +139,103 @@ def check_batch_slots(batch: SlotBatch, slots: int) -> None:
     _CHECKED[0] = (weakref.ref(ids), ids.data_ptr(), ids._version, slots)
 
 
+def check_batch(ops: SinkOperands, batch: object, num_tokens: int, what: str) -> None:
+    """Refuse a batch that is not a ``SlotBatch``, does not describe ``num_tokens`` tokens
+    (``what``: where that count comes from, for the message), is for another slot count
+    than the pool, or meets a pool that does not fit the sink (``check_pool_fits``,
+    ``check_pool_dtype``); then its slot ids (``check_batch_slots``)."""
+    if not isinstance(batch, SlotBatch):
+        raise TypeError(f"batch must be a SlotBatch (il.SlotBatch.from_token_slots(token_slots, num_slots)) or "
+                        f"None (the base sink), got {type(batch).__name__}")
+    if batch.num_tokens != num_tokens:
+        raise ValueError(f"the batch describes {batch.num_tokens} tokens but {what} {num_tokens}")
+    if ops.buffers is not None:
+        if batch.num_slots != ops.slots:
+            raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
+        check_pool_fits(ops)
+        check_pool_dtype(ops)
+    check_batch_slots(batch, ops.slots if ops.buffers is not None else batch.num_slots)
+
+
+def check_out(out: object, x: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The caller's ``out`` for a forward of ``x [T, H]`` (or ``[..., H]``) as ``[T, H]``
+    rows (a view: the forward writes the caller's memory), after checking that it is a
+    contiguous tensor of ``x``'s shape, of ``dtype`` (the backend's result: the sink's,
+    float64 for ``reference``) on ``device``. Raises ``TypeError`` (not a tensor, wrong
+    dtype), ``ValueError`` (shape, device, layout), each naming ``out``;
+    nothing has been computed or written then."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor of x's shape (or None: a new one), got {type(out).__name__}")
+    if out.shape != x.shape:
+        raise ValueError(f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}: pass a tensor of x's shape "
+                         f"(torch.empty_like(x))")
+    if out.dtype is not dtype:
+        raise TypeError(f"out is {out.dtype} but this forward returns {dtype}: pass a tensor of {dtype}")
+    # Not ISL-K151's fix (out.to(device)): a moved copy would be written, not the caller's tensor.
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, the sink on {device}: pass a tensor on {device}")
+    # The kernels write rows of H at a stride of H: another layout would leave the caller's view wrong.
+    if not out.is_contiguous():
+        raise ValueError(f"out is not contiguous (strides {tuple(out.stride())}): pass a contiguous tensor "
+                         f"(torch.empty_like(x)); out.contiguous() would be a copy, not this tensor")
+    return out if out.dim() == 2 else out.view(-1, out.shape[-1])
+
+
 def run_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, batch: SlotBatch | None = None,
-                backend: str = "auto") -> torch.Tensor:
+                backend: str = "auto", *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Base plus LoRA for ``x [T, H]`` (or ``[B, L, H]``) and ``gammas [T, n]``.
 
     ``x`` and ``gammas`` must have the sink's dtype and device; the batch must describe
     ``T`` tokens over the pool's ``S`` slots, and the pool must be of the sink's ``F``
-(``check_pool_fits``). Returns ``x``'s shape; the ``reference``
-    backend returns float64.
+    (``check_pool_fits``). Returns ``x``'s shape; the ``reference`` backend returns
+    float64. ``out``: a contiguous tensor of ``x``'s shape and the result's dtype on the
+    sink's device (``check_out``), written and returned instead of a new tensor; every
+    check runs before anything is written. Tensors from ``static_io`` passed as ``x``,
+    ``gammas`` and ``out`` are read and written in place by the ``triton`` backend's graph
+    (no copy in, none out).
     """
     x2, g2 = check_tokens(x, gammas, n=ops.n, hidden=ops.hidden, dtype=ops.dtype, device=ops.device)
-    if batch is not None and not isinstance(batch, SlotBatch):
-        raise TypeError(f"batch must be a SlotBatch (il.SlotBatch.from_token_slots(token_slots, num_slots)) or "
-                        f"None (the base sink), got {type(batch).__name__}")
     if batch is not None:
-        if batch.num_tokens != x2.shape[0]:
-            raise ValueError(f"the batch describes {batch.num_tokens} tokens but x has {x2.shape[0]}")
-        if ops.buffers is not None:
-            if batch.num_slots != ops.slots:
-                raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
-            check_pool_fits(ops)
-            check_pool_dtype(ops)
-        check_batch_slots(batch, ops.slots if ops.buffers is not None else batch.num_slots)
-    fn = BACKENDS.get(pick_backend(x2) if backend == "auto" else backend)
+        check_batch(ops, batch, x2.shape[0], "x has")
+    name = pick_backend(x2) if backend == "auto" else backend
+    fn = BACKENDS.get(name)
     if fn is None:
         raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['auto']}")
-    out = fn(ops, x2, g2, batch)
-    return out if x2 is x else out.reshape(x.shape)  # x2 is x: x was [T, H] already
+    if out is None:
+        res = fn(ops, x2, g2, batch)
+        return res if x2 is x else res.reshape(x.shape)  # x2 is x: x was [T, H] already
+    fn(ops, x2, g2, batch, check_out(out, x, torch.float64 if name == "reference" else ops.dtype, ops.device))
+    return out
+
+
+def static_io(ops: SinkOperands, batch: SlotBatch | None, tokens: int | None = None,
+              backend: str = "auto") -> StaticIO:
+    """The tensors of ``StaticIO`` for a forward of ``batch`` (``tokens``: its token count,
+    read from the batch when not given; required without one) on ``backend``.
+
+    For the ``triton`` backend's graph path (CUDA, a batch, up to ``GRAPH_TOKENS`` tokens)
+    they are the plan's static tensors, the same for every call with this batch object
+    (its graphs are captured around them); ``gammas`` is float32 (sglang's router
+    weights) unless an earlier call captured the graph with another dtype. Otherwise new
+    zero-filled tensors (``gammas`` float32), read and written in place like any others;
+    ``reference``'s ``out`` is float64, as its result."""
+    if tokens is None:
+        if batch is None:
+            raise ValueError("static_io without a batch needs tokens= (the token count T)")
+        tokens = batch.num_tokens if isinstance(batch, SlotBatch) else 0
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be a whole number of at least 0, got {tokens!r}")
+    if batch is not None:
+        check_batch(ops, batch, tokens, "tokens is")
+    probe = torch.empty(0, dtype=ops.dtype, device=ops.device)
+    name = pick_backend(probe) if backend == "auto" else backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS) + ['auto']}")
+    if name == "triton":
+        io = importlib.import_module(".triton_backend", __name__).static_io(ops, batch, tokens)
+        if io is not None:
+            return io
+    io = StaticIO.empty(ops, tokens)
+    if name == "reference":
+        return replace(io, out=io.out.to(torch.float64))
+    return io

@@ -16,8 +16,9 @@ from ..sink import gate_up_rows
 
 
 def reference_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
-                      batch: SlotBatch | None) -> torch.Tensor:
-    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in float64 on ``x``'s device (base plus LoRA)."""
+                      batch: SlotBatch | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in float64 on ``x``'s device (base plus LoRA;
+    ``out``: a float64 ``[T, H]`` tensor the result is copied into and returned)."""
     f64, device = torch.float64, x.device
     n, F = ops.n, ops.intermediate
     w13, w2 = ops.w13.detach().to(device, f64), ops.w2.detach().to(device, f64)
@@ -43,11 +44,11 @@ def reference_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
             gate[tokens, e] += scaling * (xs[tokens] @ ga[o, :R].T) @ gb[e, :F].T
             up[tokens, e] += scaling * (xs[tokens] @ ga[o, R:].T) @ gb[e, F:].T
     act = torch.nn.functional.silu(gate) * up * gs[..., None]     # [T, n, F]
-    out = torch.einsum("tef,ehf->th", act, w2)
+    res = torch.einsum("tef,ehf->th", act, w2)
     for tokens, (_, _, da, db), scaling in slots:
         shrink = torch.einsum("tef,erf->ter", act[tokens], da)    # [t, n, R]: each expert's down A
         if db.shape[0] == 1:                                      # shared down B: sum the shrinks, expand once
-            out[tokens] += scaling * shrink.sum(1) @ db[0].T
+            res[tokens] += scaling * shrink.sum(1) @ db[0].T
         else:
-            out[tokens] += scaling * torch.einsum("ter,ehr->th", shrink, db)
-    return out
+            res[tokens] += scaling * torch.einsum("ter,ehr->th", shrink, db)
+    return res if out is None else out.copy_(res)

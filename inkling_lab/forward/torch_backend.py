@@ -56,8 +56,9 @@ def expand_down(ops: SinkOperands, s: int, shrunk: torch.Tensor) -> torch.Tensor
 
 
 def torch_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
-                  batch: SlotBatch | None) -> torch.Tensor:
-    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype."""
+                  batch: SlotBatch | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (``out``: a tensor of
+    that shape and dtype the result is written into and returned)."""
     n, F = ops.n, ops.intermediate
     y = (x @ ops.w13_lin.T).view(-1, n, 2 * F)
     groups = _slot_tokens(batch, x.device) if batch is not None and ops.has_pool else {}
@@ -67,7 +68,7 @@ def torch_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
             y[idx] += float(batch.scalings[s]) * expand_gate_up(ops, s, shrink_gate_up(ops, s, x[idx]))
     act = swiglu_sink(y, gammas, ops.interleaved)                          # [T, n, F]
     acc = accumulation_dtype(x.dtype)
-    out = (act.reshape(-1, n * F) @ ops.w2_lin).to(acc)
+    res = (act.reshape(-1, n * F) @ ops.w2_lin).to(acc)
     for s, idx in groups.items():
-        out[idx] += (float(batch.scalings[s]) * expand_down(ops, s, shrink_down(ops, s, act[idx]))).to(acc)
-    return out.to(x.dtype)
+        res[idx] += (float(batch.scalings[s]) * expand_down(ops, s, shrink_down(ops, s, act[idx]))).to(acc)
+    return res.to(x.dtype) if out is None else out.copy_(res)  # copy_ casts, as .to would

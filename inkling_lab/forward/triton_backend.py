@@ -28,6 +28,7 @@ from ..catalog import message
 from ..operands import SinkOperands
 from . import kernels
 from .launch_cache import run as _run
+from .static import StaticIO
 
 
 TRITON_ON_CUDA = message("ISL-E014")
@@ -442,15 +443,18 @@ GRAPH_TOKENS = 256
 
 
 def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
-                   batch: SlotBatch | None) -> torch.Tensor:
-    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (base plus LoRA).
+                   batch: SlotBatch | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` in ``x``'s dtype (base plus LoRA;
+    ``out``: a contiguous tensor of that shape and dtype to write into and return).
 
     The plan is made once per batch object (``cached_plan``). For few tokens on CUDA
     the host's launch work, not the GPU, sets the pace (120-240 µs a call on the H200
     machine, ``history/h200_graph_v6.json``), so an eager call with a batch replays a graph:
-    the first call launches, the second captures the launches against copies of the
-    inputs, every later one copies ``x`` and ``gammas`` in, replays and returns a copy
-    of the output. The graph reads the batch's device tensors and the pool at every
+    the first call launches, the second captures the launches against the plan's static
+    tensors (``static_io``: copies of the inputs where the caller has not asked for them
+    first), every later one copies ``x`` and ``gammas`` in, replays and returns a copy
+    of the output; ``x``, ``gammas`` or ``out`` that are those static tensors themselves
+    are not copied. The graph reads the batch's device tensors and the pool at every
     replay, so in-place updates of a ``SlotBatch.to(device)`` batch and of the pool
     are followed; new weight or pool storage makes a new graph. Inside a capture of
     the caller's own, the launches are enqueued directly. On the CPU it runs only under
@@ -458,9 +462,44 @@ def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
     if not x.is_cuda and not interpreting():
         raise RuntimeError(TRITON_ON_CUDA)
     p = cached_plan(ops, x.shape[0], batch, x.device)
-    if batch is None or not x.is_cuda or x.shape[0] > GRAPH_TOKENS or torch.cuda.is_current_stream_capturing():
-        return launch(ops, x, gammas, p)
-    return _replay(ops, x, gammas, p)
+    if not takes_graph(batch, x.device, x.shape[0]) or torch.cuda.is_current_stream_capturing():
+        return launch(ops, x, gammas, p, out)
+    return _replay(ops, x, gammas, p, out)
+
+
+def takes_graph(batch: SlotBatch | None, device: torch.device, tokens: int) -> bool:
+    """An eager forward of ``tokens`` tokens with ``batch`` on ``device`` replays a graph
+    (``_replay``): a batch, CUDA, up to ``GRAPH_TOKENS`` tokens."""
+    return batch is not None and device.type == "cuda" and tokens <= GRAPH_TOKENS
+
+
+def static_io(ops: SinkOperands, batch: SlotBatch | None, tokens: int) -> StaticIO | None:
+    """The static tensors of ``batch``'s graphs (``StaticIO``: ``x [T, H]``,
+    ``gammas [T, n]``, ``out [T, H]``), made now where no call has made them (float32
+    ``gammas``), so that the caller writes its inputs there and the replays copy nothing;
+    ``None`` where a forward of ``tokens`` takes no graph (``takes_graph``). One set per plan: every graph of the plan (a new one after new
+    pool storage) is captured around the same tensors."""
+    if not takes_graph(batch, ops.device, tokens):
+        return None
+    p = cached_plan(ops, tokens, batch, ops.device)
+    io = p.fast.get("io")
+    if io is None:
+        io = p.fast["io"] = StaticIO.empty(ops, tokens)
+    return io
+
+
+def _capture(ops: SinkOperands, p: Plan, io: StaticIO) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``launch`` on plan ``p``, reading ``io.x`` and ``io.gammas`` and
+    writing ``io.out`` (a warm-up launch on a side stream first, as torch's capture wants)."""
+    side = torch.cuda.Stream(io.x.device)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(ops, io.x, io.gammas, p, io.out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(ops, io.x, io.gammas, p, io.out)
+    return graph
 
 
 def graph_key(ops: SinkOperands, x: torch.Tensor) -> tuple:
@@ -474,27 +513,33 @@ def graph_key(ops: SinkOperands, x: torch.Tensor) -> tuple:
             None if a_cat is None else a_cat.data_ptr())
 
 
-def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan) -> torch.Tensor:
+def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """The graph of ``launch`` on plan ``p`` for ``x [T, H]``, ``gammas [T, n]`` (see
-    ``triton_forward``) -> a new ``out [T, H]``."""
+    ``triton_forward``) -> ``out [T, H]``: the caller's, else a new one. The plan's
+    static tensors (``p.fast["io"]``, a ``StaticIO``) are the graph's inputs and output."""
     key = graph_key(ops, x)
-    entry = p.fast.get(key)
-    if entry is None:  # first call: launch (compiles, fills the launch cache)
+    graph = p.fast.get(key)
+    if graph is None:  # first call: launch (compiles, fills the launch cache)
         p.fast[key] = "launched"
-        return launch(ops, x, gammas, p)
-    if entry == "launched":  # second call: capture against static copies of the inputs
-        xs, gs, outs = x.contiguous().clone(), gammas.contiguous().clone(), torch.empty_like(x)
-        side = torch.cuda.Stream(x.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            launch(ops, xs, gs, p, outs)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            launch(ops, xs, gs, p, outs)
-        entry = p.fast[key] = (graph, xs, gs, outs)
-    graph, xs, gs, outs = entry
-    # One dispatcher call, and on CUDA one kernel where x and gammas share a dtype.
-    torch._foreach_copy_([xs, gs], [x, gammas])
+        return launch(ops, x, gammas, p, out)
+    io = p.fast.get("io")
+    if graph == "launched":  # second call: capture against the static tensors
+        if io is None:  # copies of this call's inputs (static_io makes them first where asked)
+            io = p.fast["io"] = StaticIO(x.contiguous().clone(), gammas.contiguous().clone(), torch.empty_like(x))
+        graph = p.fast[key] = _capture(ops, p, io)
+    # Identity, not values: the caller's own static tensors are already the graph's inputs.
+    # Both copies are one dispatcher call (on CUDA one kernel where x and gammas share a dtype).
+    if x is not io.x:
+        if gammas is not io.gammas:
+            torch._foreach_copy_([io.x, io.gammas], [x, gammas])
+        else:
+            io.x.copy_(x)
+    elif gammas is not io.gammas:
+        io.gammas.copy_(gammas)
     graph.replay()
-    return outs.clone()  # outs is the graph's: the next replay overwrites it
+    if out is None:
+        return io.out.clone()  # io.out is the graph's: the next replay overwrites it
+    if out is not io.out:
+        out.copy_(io.out)
+    return out

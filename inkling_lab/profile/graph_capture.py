@@ -87,7 +87,8 @@ def _host_breakdown(sink, x, gammas, batch, calls: int) -> dict[str, float]:
 
     ops = sink.operands()
     p = cached_plan(ops, x.shape[0], batch, x.device)
-    graph, xs, gs, outs = p.fast[graph_key(ops, x)]
+    graph, io = p.fast[graph_key(ops, x)], p.fast["io"]
+    xs, gs, outs = io.x, io.gammas, io.out
     steps = {"operands": lambda: sink.operands(),
              "check_tokens": lambda: check_tokens(x, gammas, n=ops.n, hidden=ops.hidden, dtype=ops.dtype,
                                                   device=ops.device),
