@@ -14,6 +14,11 @@ gave one token before v14), sglang 0.5.23's no-LoRA base taken from its wheel, a
    winner for that shape) and ``sglang_base``.
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_gemv.py --wheel WHEEL --out $OUT/h200_gemv.json
+
+``--host-only --host-seconds S`` (``--wheel none``): the host cost per call alone (target 4):
+``h200_pdl.host_phases`` (the plain call, ``out=``, the static tensors, beside a fixed Python
+loop), then ``static_check`` (the static tensors at T 1, 8, 32 against the reference, and
+their host µs); exit status 1 if a check failed.
 """
 from __future__ import annotations
 
@@ -130,8 +135,65 @@ def contenders(names, upstream_cls):
     return fns_for
 
 
+def static_check(tokens=(1, 8, 32), calls: int = 200) -> list[dict]:
+    """The forward on the graph's own static tensors (``sink.static_io``), A R16 S4, per
+    token count and batch (device-resident, host): four calls with new inputs written into
+    ``io.x`` / ``io.gammas`` (the first launches, the second captures and replays, the
+    third replays, the fourth after the resident batch's slots were rewritten in place),
+    each against the float64 reference, checking that ``io.out`` is what comes back and
+    that the plan's graph was captured around ``io``; a caller's ``out=`` and the plain
+    call on the same inputs; then the median host µs per call of the three ways."""
+    rows = []
+    for T in tokens:
+        c = pr.Case.of("A", 16, 4, T)
+        sc = c.scenario("cuda", seed=T)
+        sink, x, gammas, host = sc.sink, sc.x, sc.gammas, sc.batch
+        gen = torch.Generator().manual_seed(T)
+        for label, batch in (("resident", host.to("cuda")), ("host_batch", host)):
+            ops, now = sink.operands(), host
+            io = sink.static_io(batch, backend="triton")
+            row, errs, same = {**c.record(), "batch": label}, [], []
+            for step in range(4):
+                if step == 3 and label == "resident":  # new slots, written in place: the graph follows them
+                    ids = torch.randint(-1, 4, host.weight_indices.shape, generator=gen)
+                    batch.weight_indices.copy_(ids)
+                    now = replace(host, weight_indices=ids)
+                xs, gs = torch.randn_like(x), torch.rand_like(gammas)
+                io.x.copy_(xs)
+                io.gammas.copy_(gs)
+                got = sink(io.x, io.gammas, batch=batch, backend="triton", out=io.out)
+                torch.cuda.synchronize()
+                same.append(got is io.out)
+                errs.append(records.relative_error(got, reference_forward(ops, xs, gs, now), "fro"))
+            ref = reference_forward(ops, x, gammas, now)
+            mine = torch.full_like(x, float("nan"))
+            row["static_rel_err"] = errs
+            row["static_out_returned"] = all(same)
+            row["captured_around_io"] = tb.cached_plan(ops, T, batch, x.device).fast.get("io") is io
+            row["out_rel_err"] = records.relative_error(sink(x, gammas, batch=batch, backend="triton", out=mine),
+                                                        ref, "fro")
+            row["plain_rel_err"] = records.relative_error(sink(x, gammas, batch=batch, backend="triton"), ref, "fro")
+            row["host_us"] = {}
+            for kind, fn in (("plain", lambda: sink(x, gammas, batch=batch, backend="triton")),
+                             ("out", lambda: sink(x, gammas, batch=batch, backend="triton", out=mine)),
+                             ("static", lambda: sink(io.x, io.gammas, batch=batch, backend="triton", out=io.out))):
+                torch.cuda.synchronize()
+                row["host_us"][kind] = pr.host_us(fn, calls)
+            torch.cuda.synchronize()
+            row["ok"] = (row["static_out_returned"] and row["captured_around_io"]
+                         and max(errs + [row["out_rel_err"], row["plain_rel_err"]]) < 1e-2)
+            rows.append(row)
+            print(f"static T={T} {label}: ok {row['ok']} errs {max(errs):.1e} host µs "
+                  + " ".join(f"{k} {v:.1f}" for k, v in row["host_us"].items()), flush=True)
+    return rows
+
+
+HOST_COLUMNS = ("resident_us", "resident_out_us", "resident_static_us", "host_batch_us", "host_batch_out_us",
+                "host_batch_static_us", "python_loop_us")
+
+
 def print_host(host: list[dict]) -> None:
-    for label in ("resident_us", "host_batch_us", "python_loop_us") if host else ():
+    for label in HOST_COLUMNS if host else ():
         v = sorted(r[label] for r in host)
         print(f"host {label}: min {v[0]:.1f} median {statistics.median(v):.1f} max {v[-1]:.1f}")
         print("   ", " ".join(f"{r[label]:.1f}" for r in host))
@@ -144,7 +206,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(pr.SHAPES))
     ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
-    ap.add_argument("--host-only", action="store_true", help="only the host cost (with --host-seconds)")
+    ap.add_argument("--host-only", action="store_true",
+                    help="only the host cost (with --host-seconds), then the static-tensor check (static_check)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink, unpack
 
@@ -152,9 +215,13 @@ def main() -> int:
     env = records.environment("python3 " + " ".join(sys.argv))
     host = h200_pdl.host_phases(args.host_seconds) if args.host_seconds else []  # first: the process's first seconds
     if args.host_only:
-        records.write_json(args.out, {"environment": env, "host_phases": host, "seconds": round(time.time() - t0, 1)})
+        rec = {"environment": env, "host_phases": host, "seconds": round(time.time() - t0, 1)}
+        records.write_json(args.out, rec)  # first: the phases survive a later failure
         print_host(host)
-        return 0
+        rec["static_check"] = static_check()
+        rec["seconds"] = round(time.time() - t0, 1)
+        records.write_json(args.out, rec)
+        return 0 if all(r["ok"] for r in rec["static_check"]) else 1
     ceilings = pr.measure_ceilings()
     print(env, ceilings, flush=True)
     rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES, "host_phases": host,

@@ -164,20 +164,28 @@ def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) 
 
 def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
     """Per window: median host µs of a user-level call (A, R 16, S 4, T 8, resident and host
-    batch) and of a fixed pure-Python loop."""
+    batch) and of a fixed pure-Python loop; each batch three ways, one after the other in
+    the window: the plain call (``{batch}_us``: a new output, the inputs copied in), with a
+    caller's ``out=`` (``{batch}_out_us``: one output copy, no new tensor), and on the graph's
+    own static tensors (``{batch}_static_us``: ``sink.static_io``, nothing copied)."""
     sc = pr.Case.of("A", 16, 4, 8).scenario("cuda")
     sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
-    resident = batch.to("cuda")
+    resident, out = batch.to("cuda"), torch.empty_like(x)
     for b in (resident, batch):
         for _ in range(3):
             sink(x, gammas, batch=b, backend="triton")
+    ios = {id(b): sink.static_io(b, backend="triton") for b in (resident, batch)}  # the captured graphs' own
     torch.cuda.synchronize()
     t_start, rows = time.perf_counter(), []
     while time.perf_counter() - t_start < seconds:
         row = {"t_s": round(time.perf_counter() - t_start, 3)}
-        for label, b in (("resident_us", resident), ("host_batch_us", batch)):
-            row[label] = pr.host_us(lambda: sink(x, gammas, batch=b, backend="triton"), 100)
-            torch.cuda.synchronize()
+        for label, b in (("resident", resident), ("host_batch", batch)):
+            io = ios[id(b)]
+            for kind, fn in (("", lambda: sink(x, gammas, batch=b, backend="triton")),
+                             ("_out", lambda: sink(x, gammas, batch=b, backend="triton", out=out)),
+                             ("_static", lambda: sink(io.x, io.gammas, batch=b, backend="triton", out=io.out))):
+                row[f"{label}{kind}_us"] = pr.host_us(fn, 100)
+                torch.cuda.synchronize()
         row["python_loop_us"] = pr.host_us(lambda: sum(range(200)), 100)
         rows.append(row)
         rest = window - (time.perf_counter() - t_start - row["t_s"])
