@@ -149,12 +149,13 @@ def check_batch(ops: SinkOperands, batch: object, num_tokens: int, what: str) ->
                         f"None (the base sink), got {type(batch).__name__}")
     if batch.num_tokens != num_tokens:
         raise ValueError(f"the batch describes {batch.num_tokens} tokens but {what} {num_tokens}")
+    slots = batch.num_slots
     if ops.buffers is not None:
-        if batch.num_slots != ops.slots:
-            raise ValueError(f"the batch is for {batch.num_slots} slots but the pool has {ops.slots}")
+        if slots != ops.slots:
+            raise ValueError(f"the batch is for {slots} slots but the pool has {ops.slots}")
         check_pool_fits(ops)
         check_pool_dtype(ops)
-    check_batch_slots(batch, ops.slots if ops.buffers is not None else batch.num_slots)
+    check_batch_slots(batch, slots)  # the pool's count where there is one: the same, checked above
 
 
 def check_out(out: object, x: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
