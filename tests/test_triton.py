@@ -25,7 +25,7 @@ from inkling_lab.lora import SharedSinkLoRA
 from inkling_lab.records import relative_error
 from inkling_lab.scenario import Scenario
 
-tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
+tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.swap_kernels", "inkling_lab.forward.triton_backend")
 tb.MIN_SPLIT_K = 16  # the split-K reduction runs at these tiny sizes too (on the H200 it starts at K >= 2048)
 
 
