@@ -29,14 +29,30 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _split_reduce, _tile_slots
+from .kernels import _split_reduce
+
+
+@triton.jit
+def _slot_rows(slot, scale_ptr, c, R, BR: tl.constexpr, SC: tl.constexpr):
+    """Every slot's LoRA rows side by side, ``SC`` at a time from row ``c``, so that one dot
+    serves several slots of a tile and the chunks' loads pipeline (a loop over slots was
+    one dependent memory trip per slot): row ``j`` is rank ``r = j % BR`` of slot
+    ``j // BR``. -> ``rows``, ``r``, which rows are real (``r < R``, the slot used by some
+    token of the tile: ``slot [BN]``, ``-1`` for none), ``match [SC, BN]`` (row ``j``
+    belongs to token ``t``'s slot) and each row's slot scaling."""
+    rows = c + tl.arange(0, SC)
+    r = rows % BR
+    match = (slot[None, :] == (rows // BR)[:, None]) & (r < R)[:, None]
+    rows_ok = tl.max(match.to(tl.int32), axis=1) > 0
+    scl = tl.load(scale_ptr + rows // BR, mask=rows_ok, other=0.0)
+    return rows, r, rows_ok, match, scl
 
 
 @triton.jit
 def swap_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
                    ws_ptr, cnt_ptr, T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BN: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
-                   BR: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+                   BR: tl.constexpr, SB: tl.constexpr, SC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """Grid ``(cdiv(T, BN) * n * cdiv(F, BF) * SPLIT,)``: ``SPLIT`` consecutive programs share
     one tile (``BN`` tokens by ``BF`` features of expert ``e``: gate row of feature ``f`` is
     ``e*2F + f*ROW_STEP``, its up row ``UP_OFFSET`` further), each reducing a slice of ``H``;
@@ -78,24 +94,20 @@ def swap_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
         t_ok = t_ok & ((toks * 0 + arrived) == SPLIT - 1)  # only the last program writes (every store is masked by t_ok)
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BF, 2, BN)), (0, 2, 1)))                    # [BF, BN] each
 
+    o = e * O_STEP
     if HAS_LORA:
-        slot, smin, smax = _tile_slots(slot_ptr, toks, t_ok)
-        o = e * O_STEP
-        r = tl.arange(0, BR)
-        r_ok = r < R
-        for s in range(smin, smax + 1):
-            sel = t_ok & (slot == s)
-            scale = tl.load(scale_ptr + s)
+        slot = tl.load(slot_ptr + toks, mask=t_ok, other=-1)
+        for c in range(0, SB, SC):
+            rows, r, rows_ok, match, scl = _slot_rows(slot, scale_ptr, c, R, BR, SC)
             src = sh_ptr + toks[None, :] * (O * 2 * R) + o * 2 * R + r[:, None]
-            ld = r_ok[:, None] & sel[None, :]
-            b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
-            bmask = f_ok[:, None] & r_ok[None, :]
-            bg = tl.load(b_base + fs[:, None] * R + r[None, :], mask=bmask, other=0.0)           # [BF, BR]
-            bu = tl.load(b_base + (F + fs)[:, None] * R + r[None, :], mask=bmask, other=0.0)
-            sg = tl.load(src, mask=ld, other=0.0)                                                # [BR, BN]
-            su = tl.load(src + R, mask=ld, other=0.0)
-            gate += scale * tl.dot(bg, sg.to(bg.dtype))
-            up += scale * tl.dot(bu, su.to(bu.dtype))
+            sg = tl.load(src, mask=match, other=0.0) * scl[:, None]                            # [SC, BN]
+            su = tl.load(src + R, mask=match, other=0.0) * scl[:, None]
+            b_row = ((rows // BR * N_EXP + e) * 2 * F + fs[:, None]) * R + r[None, :]          # [BF, SC]
+            bmask = f_ok[:, None] & rows_ok[None, :]
+            bg = tl.load(gb_ptr + b_row, mask=bmask, other=0.0)
+            bu = tl.load(gb_ptr + b_row + F * R, mask=bmask, other=0.0)
+            gate += tl.dot(bg, sg.to(bg.dtype))
+            up += tl.dot(bu, su.to(bu.dtype))
 
     gam = tl.load(gam_ptr + toks * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
     act = gate / (1.0 + tl.exp(-gate)) * up * gam[None, :]
@@ -103,20 +115,19 @@ def swap_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     tl.store(act_ptr + toks[None, :] * (N_EXP * F) + e * F + fs[:, None], act_lp, mask=f_ok[:, None] & t_ok[None, :])
 
     if HAS_LORA:
-        for s in range(smin, smax + 1):
-            sel = t_ok & (slot == s)
-            a_sel = tl.where(sel[None, :], act_lp, 0.0).to(act_lp.dtype)
-            da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[:, None] * F + fs[None, :],
-                         mask=r_ok[:, None] & f_ok[None, :], other=0.0)                          # [BR, BF]
-            m = tl.dot(da, a_sel)                                                                # [BR, BN]
-            tl.atomic_add(mid_ptr + toks[None, :] * (O * R) + o * R + r[:, None], m, mask=r_ok[:, None] & sel[None, :])
+        for c in range(0, SB, SC):
+            rows, r, rows_ok, match, scl = _slot_rows(slot, scale_ptr, c, R, BR, SC)
+            da = tl.load(da_ptr + ((rows // BR * N_EXP + e) * R + r)[:, None] * F + fs[None, :],
+                         mask=rows_ok[:, None] & f_ok[None, :], other=0.0)                       # [SC, BF]
+            m = tl.dot(da, act_lp)                                                               # [SC, BN]
+            tl.atomic_add(mid_ptr + toks[None, :] * (O * R) + o * R + r[:, None], m, mask=match)
 
 
 @triton.jit
 def swap_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, ws_ptr, cnt_ptr,
                      T, H, F, R, O, N_EXP,
                      HAS_LORA: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
-                     BR: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+                     BR: tl.constexpr, SB: tl.constexpr, SC: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """Grid ``(cdiv(T, BN) * cdiv(H, BH) * SPLIT,)``: ``out^T [BH, BN]`` over ``K = n*F`` in
     ``cdiv(F, BK)`` steps inside each expert (every load contiguous in ``F``), split over
     ``SPLIT`` consecutive programs reduced through ``ws [T, H]`` and ``cnt`` as the up kernel
@@ -151,18 +162,14 @@ def swap_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
         t_ok = t_ok & ((toks * 0 + arrived) == SPLIT - 1)  # only the last program writes
 
     if HAS_LORA:
-        slot, smin, smax = _tile_slots(slot_ptr, toks, t_ok)
-        r = tl.arange(0, BR)
-        r_ok = r < R
-        for s in range(smin, smax + 1):
-            sel = t_ok & (slot == s)
-            scale = tl.load(scale_ptr + s)
-            for o in range(0, O):
-                m = tl.load(mid_ptr + toks[None, :] * (O * R) + o * R + r[:, None], mask=r_ok[:, None] & sel[None, :],
-                            other=0.0)                                                          # [BR, BN]
-                b = tl.load(db_ptr + ((s * O + o) * H + hs)[:, None] * R + r[None, :], mask=h_ok[:, None] & r_ok[None, :],
-                            other=0.0)                                                          # [BH, BR]
-                acc += scale * tl.dot(b, m.to(b.dtype))
+        slot = tl.load(slot_ptr + toks, mask=t_ok, other=-1)
+        for i in range(0, O * SB, SC):  # (outer, chunk of slot rows) pairs, one loop
+            o, c = i // SB, i % SB
+            rows, r, rows_ok, match, scl = _slot_rows(slot, scale_ptr, c, R, BR, SC)
+            m = tl.load(mid_ptr + toks[None, :] * (O * R) + o * R + r[:, None], mask=match, other=0.0) * scl[:, None]
+            b = tl.load(db_ptr + ((rows // BR * O + o) * H + hs[:, None]) * R + r[None, :],
+                        mask=h_ok[:, None] & rows_ok[None, :], other=0.0)                       # [BH, SC]
+            acc += tl.dot(b, m.to(b.dtype))
         if pid_h == 0:
             j = tl.arange(0, 2 * BR)
             for o in range(0, O):

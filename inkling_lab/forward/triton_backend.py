@@ -410,16 +410,23 @@ def _swap(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     pdl = t.pdl and not interpreting()
     m = triton.cdiv(T, t.bm)
+    sb = triton.next_power_of_2(p.scalings.numel()) * lora.br  # every slot's rank rows side by side,
+    sc = min(sb, SWAP_SLOT_ROWS)                                # so many at a time
     _run(swap_kernels.swap_up_kernel, (m * n * triton.cdiv(F, t.bf) * sp.up,),
          (x, ops.w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, sp.ws_up, sp.cnt_up,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
-         fast=(p.fast, ("swap_up", key)), HAS_LORA=lora.on, BN=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, SPLIT=sp.up,
+         fast=(p.fast, ("swap_up", key)), HAS_LORA=lora.on, BN=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, SB=sb, SC=sc, SPLIT=sp.up,
          PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
     _run(swap_kernels.swap_down_kernel, (m * triton.cdiv(H, t.bn) * sp.down,),
          (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, sp.ws_down,
           sp.cnt_down, T, H, F, lora.R, lora.O, n),
-         fast=(p.fast, ("swap_down", key)), HAS_LORA=lora.on, BN=t.bm, BH=t.bn, BK=t.dk, BR=lora.br, SPLIT=sp.down,
+         fast=(p.fast, ("swap_down", key)), HAS_LORA=lora.on, BN=t.bm, BH=t.bn, BK=t.dk, BR=lora.br, SB=sb, SC=sc, SPLIT=sp.down,
          PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
+
+
+SWAP_SLOT_ROWS = 64
+"""LoRA rows (slots x rank) the swap-AB epilogues take per step: two slots at rank 64
+(more spilled registers on sm_90: 255 and 2.3 KB of stack at 8 slots in one step)."""
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
