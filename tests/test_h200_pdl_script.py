@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def script(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.syspath_prepend(str(ROOT / "scripts" / "gpu"))
-    tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.swap_kernels", "inkling_lab.forward.triton_backend")
+    tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
     module = import_interpreted("h200_pdl")
     sys.modules.pop("h200_pdl", None)
     monkeypatch.setattr(module, "tb", tb)

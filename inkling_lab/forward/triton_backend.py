@@ -26,7 +26,7 @@ import triton
 from ..batch import SlotBatch
 from ..catalog import message
 from ..operands import SinkOperands
-from . import kernels, swap_kernels
+from . import kernels
 from .launch_cache import run as _run
 from .static import StaticIO
 
@@ -50,10 +50,7 @@ class Tiles:
     of the launch before them, so each starts while that one runs (``use_pdl``);
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
-    per down step; ``swap`` (2-32 tokens): ``swap_kernels``' swap-AB launches instead of the
-    up and down kernels, ``bm`` tokens per tile on the MMA's N side, ``bf`` features
-    (``2*bf`` rows of ``w13``) and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and
-    ``dk`` of ``n*F`` per down step, ``stages`` deep."""
+    per down step."""
 
     bm: int
     bf: int
@@ -69,7 +66,6 @@ class Tiles:
     pdl: bool = False
     gemv: bool = False
     dk: int = 0
-    swap: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -107,13 +103,6 @@ def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: 
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
     the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
     return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl)
-
-
-def swap_tiles(bm: int = 16, bf: int = 16, bk: int = 256, bn: int = 16, dk: int = 256, warps: int = 4,
-               stages: int = 4, pdl: bool = False) -> Tiles:
-    """The swap-AB path's tiles (``Tiles.swap``), the shrink as the few-token path's
-    (its own token tile ``bm``, ``H`` in 128-wide slices)."""
-    return Tiles(bm=bm, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=stages, swap=True, dk=dk, pdl=pdl)
 
 
 def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
@@ -320,9 +309,6 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if t.gemv:  # one token (pick_tiles)
         _gemv(ops, x, gammas, act, out, p, lora, key)
         return out
-    if t.swap:  # 2-32 tokens (pick_tiles)
-        _swap(ops, x, gammas, act, out, p, lora, key)
-        return out
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
     _up(ops, x, y, gammas, act, p, lora, key + (single,))
     mid = lora.mid
@@ -400,33 +386,6 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n),
          fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
-
-
-def _swap(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tuple) -> None:
-    """``swap_up_kernel`` then ``swap_down_kernel`` (``swap_kernels``' docstrings name the
-    operands), each a programmatic dependent of the launch before it where ``pdl``, split
-    over ``K`` as the plan's ``Split`` says."""
-    (T, H), (n, F, t, sp) = x.shape, (ops.n, ops.intermediate, p.tiles, p.split)
-    row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
-    pdl = t.pdl and not interpreting()
-    m = triton.cdiv(T, t.bm)
-    sb = triton.next_power_of_2(p.scalings.numel()) * lora.br  # every slot's rank rows side by side,
-    sc = min(sb, SWAP_SLOT_ROWS)                                # so many at a time
-    _run(swap_kernels.swap_up_kernel, (m * n * triton.cdiv(F, t.bf) * sp.up,),
-         (x, ops.w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, sp.ws_up, sp.cnt_up,
-          T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
-         fast=(p.fast, ("swap_up", key)), HAS_LORA=lora.on, BN=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, SB=sb, SC=sc, SPLIT=sp.up,
-         PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
-    _run(swap_kernels.swap_down_kernel, (m * triton.cdiv(H, t.bn) * sp.down,),
-         (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, sp.ws_down,
-          sp.cnt_down, T, H, F, lora.R, lora.O, n),
-         fast=(p.fast, ("swap_down", key)), HAS_LORA=lora.on, BN=t.bm, BH=t.bn, BK=t.dk, BR=lora.br, SB=sb, SC=sc, SPLIT=sp.down,
-         PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
-
-
-SWAP_SLOT_ROWS = 64
-"""LoRA rows (slots x rank) the swap-AB epilogues take per step: two slots at rank 64
-(more spilled registers on sm_90: 255 and 2.3 KB of stack at 8 slots in one step)."""
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:

@@ -97,11 +97,10 @@ def correctness() -> list[dict]:
     return rows
 
 
-def time_point(c: pr.Case, fns_for, flush, reps: int, base=None, more_flushes=()):
+def time_point(c: pr.Case, fns_for, flush, reps: int, base=None):
     """Every contender of ``fns_for(sink, ops, x, gammas, batch)`` at case ``c``, checked
     against the float64 reference (base-only contenders, named ``*_base``, against the
-    reference without LoRA), then timed as graphs taking turns; -> (sink, row). The same
-    graphs are timed again after each of ``more_flushes`` (``row["us_<mode>"]``)."""
+    reference without LoRA), then timed as graphs taking turns; -> (sink, row)."""
     sc = c.scenario("cuda", sink=base)
     sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
     ops = sink.operands()
@@ -119,9 +118,7 @@ def time_point(c: pr.Case, fns_for, flush, reps: int, base=None, more_flushes=()
             errs[k] = float("nan")
             print(f"{c.shape} T{c.T} {k} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     times = {k: statistics.median(v) for k, v in pr.time_interleaved(graphs, flush, reps).items()}
-    more = {f"us_{f.mode}": {k: statistics.median(v) for k, v in pr.time_interleaved(graphs, f, reps).items()}
-            for f in more_flushes}
-    return sink, {**c.record(), "us": times, **more, "rel_err": errs}
+    return sink, {**c.record(), "us": times, "rel_err": errs}
 
 
 def contenders(names, upstream_cls):
