@@ -66,22 +66,10 @@ def _lora_k_steps(acc, d_desc, d_slot, d_off, sh_ptr, slot_ptr, scale_ptr, rows,
 
 
 @triton.jit
-def _lora_operands(d_ptr, d_row, sh_ptr, rows, row_ok, R2, WR: tl.constexpr, BR2: tl.constexpr, D_ROWS):
-    """The LoRA step's operands of one tile by plain loads, issued before the ``K`` loop
-    so that their latency hides under it (``PREFETCH``): ``sh[rows, :R2]`` and ``WR`` rows
-    of ``D`` (rows ``R2`` long) from row ``d_row``, rows past ``D_ROWS`` read as zero."""
-    r = tl.arange(0, BR2)
-    j = d_row + tl.arange(0, WR)
-    sh = tl.load(sh_ptr + rows[:, None] * R2 + r[None, :], mask=row_ok[:, None] & (r < R2)[None, :], other=0.0)
-    d = tl.load(d_ptr + j[:, None] * R2 + r[None, :], mask=(j < D_ROWS)[:, None] & (r < R2)[None, :], other=0.0)
-    return sh, d
-
-
-@triton.jit
-def fused_up_kernel(x_desc, w_desc, d_desc, act_desc, gam_ptr, slot_ptr, scale_ptr, sh_ptr, d_ptr,
-                    T, H, F, N_EXP, R2, NUM_PROGS, SLOT,
+def fused_up_kernel(x_desc, w_desc, d_desc, act_desc, gam_ptr, slot_ptr, scale_ptr, sh_ptr,
+                    T, H, F, N_EXP, R2, NUM_PROGS,
                     HAS_LORA: tl.constexpr, INTERLEAVED: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr,
-                    BK: tl.constexpr, BR2: tl.constexpr, GROUP_M: tl.constexpr, PREFETCH: tl.constexpr = False):
+                    BK: tl.constexpr, BR2: tl.constexpr, GROUP_M: tl.constexpr):
     """Tiles of ``BM`` tokens by ``BF`` features of expert ``e`` (``F % BF == 0``):
     ``act[:, e*F + f0 : +BF]``. ``w_desc`` over ``w13_lin`` with ``[2*BF, BK]`` blocks
     (interleaved) or ``[BF, BK]`` (contiguous), ``d_desc`` over ``w1_delta`` viewed
@@ -99,35 +87,22 @@ def fused_up_kernel(x_desc, w_desc, d_desc, act_desc, gam_ptr, slot_ptr, scale_p
         row_ok = rows < T
         if INTERLEAVED:
             r0 = e * 2 * F + 2 * f0
-            if HAS_LORA and PREFETCH:
-                sh, d = _lora_operands(d_ptr, SLOT * N_EXP * 2 * F + r0, sh_ptr, rows, row_ok, R2, 2 * BF, BR2,
-                                       (SLOT + 1) * N_EXP * 2 * F)
             acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
             for k in range(0, H, BK):
                 acc = tl.dot(x_desc.load([m0, k]), w_desc.load([r0, k]).T, acc)
-            if HAS_LORA and PREFETCH:
-                acc = tl.dot((sh.to(tl.float32) * tl.load(scale_ptr + SLOT)).to(DTYPE), tl.trans(d), acc)
-            elif HAS_LORA:
+            if HAS_LORA:
                 acc = _lora_k_steps(acc, d_desc, N_EXP * 2 * F, r0, sh_ptr, slot_ptr, scale_ptr, rows, row_ok,
                                     R2, R2, BR2, DTYPE)
             gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
         else:
             g0, u0 = e * 2 * F + f0, e * 2 * F + F + f0
-            if HAS_LORA and PREFETCH:
-                end = (SLOT + 1) * N_EXP * 2 * F
-                sh, dg = _lora_operands(d_ptr, SLOT * N_EXP * 2 * F + g0, sh_ptr, rows, row_ok, R2, BF, BR2, end)
-                _, du = _lora_operands(d_ptr, SLOT * N_EXP * 2 * F + u0, sh_ptr, rows, row_ok, R2, BF, BR2, end)
             gate = tl.zeros((BM, BF), dtype=tl.float32)
             up = tl.zeros((BM, BF), dtype=tl.float32)
             for k in range(0, H, BK):
                 xt = x_desc.load([m0, k])
                 gate = tl.dot(xt, w_desc.load([g0, k]).T, gate)
                 up = tl.dot(xt, w_desc.load([u0, k]).T, up)
-            if HAS_LORA and PREFETCH:
-                shs = (sh.to(tl.float32) * tl.load(scale_ptr + SLOT)).to(DTYPE)
-                gate = tl.dot(shs, tl.trans(dg), gate)
-                up = tl.dot(shs, tl.trans(du), up)
-            elif HAS_LORA:
+            if HAS_LORA:
                 gate = _lora_k_steps(gate, d_desc, N_EXP * 2 * F, g0, sh_ptr, slot_ptr, scale_ptr, rows, row_ok,
                                      R2, R2, BR2, DTYPE)
                 up = _lora_k_steps(up, d_desc, N_EXP * 2 * F, u0, sh_ptr, slot_ptr, scale_ptr, rows, row_ok,
@@ -138,10 +113,10 @@ def fused_up_kernel(x_desc, w_desc, d_desc, act_desc, gam_ptr, slot_ptr, scale_p
 
 
 @triton.jit
-def fused_down_kernel(a_desc, w2_desc, db_desc, out_desc, slot_ptr, scale_ptr, mid_ptr, db_ptr,
-                      T, K, H, R, NUM_PROGS, SLOT,
+def fused_down_kernel(a_desc, w2_desc, db_desc, out_desc, slot_ptr, scale_ptr, mid_ptr,
+                      T, K, H, R, NUM_PROGS,
                       HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      BR: tl.constexpr, GROUP_M: tl.constexpr, PREFETCH: tl.constexpr = False):
+                      BR: tl.constexpr, GROUP_M: tl.constexpr):
     """Tiles of ``BM`` tokens by ``BN`` hidden columns: ``out = act @ w2_lin`` over
     ``K = n*F`` (``a_desc`` ``[BM, BK]``, ``w2_desc`` ``[BK, BN]`` blocks) plus the LoRA
     steps over ``mid [T, R]`` against ``down_B`` viewed ``[S*H, R]`` (``db_desc``,
@@ -154,15 +129,10 @@ def fused_down_kernel(a_desc, w2_desc, db_desc, out_desc, slot_ptr, scale_ptr, m
         m0, n0 = pid_m * BM, pid_n * BN
         rows = m0 + tl.arange(0, BM)
         row_ok = rows < T
-        if HAS_LORA and PREFETCH:
-            mid, db = _lora_operands(db_ptr, SLOT * H + n0, mid_ptr, rows, row_ok, R, BN, BR,
-                                     (SLOT + 1) * H)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k in range(0, K, BK):
             acc = tl.dot(a_desc.load([m0, k]), w2_desc.load([k, n0]), acc)
-        if HAS_LORA and PREFETCH:
-            acc = tl.dot((mid.to(tl.float32) * tl.load(scale_ptr + SLOT)).to(DTYPE), tl.trans(db), acc)
-        elif HAS_LORA:
+        if HAS_LORA:
             acc = _lora_k_steps(acc, db_desc, H, n0, mid_ptr, slot_ptr, scale_ptr, rows, row_ok, R, R, BR, DTYPE)
         out_desc.store([m0, n0], acc.to(DTYPE))
 
@@ -212,7 +182,7 @@ def _desc(t: torch.Tensor, block: list[int]):
 
 
 def up(ops, x: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor,
-       sh: torch.Tensor | None, t, slot: int = -1) -> None:
+       sh: torch.Tensor | None, t) -> None:
     """``act [T, n*F] = swiglu(x @ w13_lin.T + LoRA expand of sh) * gammas`` in one launch
     (``sh [T, 2R]`` of any float dtype, unscaled; ``None``: the base alone); ``t`` a
     ``triton_backend.Tiles`` (``bm``, ``bf``, ``bk``, ``warps``, ``stages``, ``group_m``,
@@ -227,13 +197,13 @@ def up(ops, x: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, slots: tor
     programs = _programs(triton.cdiv(T, t.bm) * n * (F // t.bf), t, x.device)
     fused_up_kernel[(programs,)](
         _desc(x, [t.bm, t.bk]), _desc(ops.w13_lin, [wr, t.bk]), d, _desc(act, [t.bm, t.bf]),
-        gammas, slots, scalings, sh if on else x, ops.w1_delta if on else x, T, H, F, n, R2, programs, max(slot, 0),
+        gammas, slots, scalings, sh if on else x, T, H, F, n, R2, programs,
         HAS_LORA=on, INTERLEAVED=ops.interleaved, BM=t.bm, BF=t.bf, BK=t.bk, BR2=br2, GROUP_M=t.group_m,
-        PREFETCH=on and t.prefetch and slot >= 0, num_warps=t.warps, num_stages=t.stages)
+        num_warps=t.warps, num_stages=t.stages)
 
 
 def down(ops, act: torch.Tensor, out: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor,
-         mid: torch.Tensor | None, db: torch.Tensor | None, t, slot: int = -1) -> None:
+         mid: torch.Tensor | None, db: torch.Tensor | None, t) -> None:
     """``out [T, H] = act @ w2_lin + LoRA expand of mid`` in one launch (``mid [T, R]`` of
     any float dtype, unscaled, ``db = down_B [S, 1, H, R]``; ``None``: the base alone)."""
     T, H = out.shape
@@ -245,6 +215,5 @@ def down(ops, act: torch.Tensor, out: torch.Tensor, slots: torch.Tensor, scaling
     programs = _programs(triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn), t, out.device)
     fused_down_kernel[(programs,)](
         _desc(act, [t.bm, t.bk]), _desc(ops.w2_lin, [t.bk, t.bn]), dbd, _desc(out, [t.bm, t.bn]),
-        slots, scalings, mid if on else act, db if on else act, T, K, H, R, programs, max(slot, 0),
-        HAS_LORA=on, BM=t.bm, BN=t.bn, BK=t.bk, BR=br, GROUP_M=t.group_m, PREFETCH=on and t.prefetch and slot >= 0,
-        num_warps=t.warps, num_stages=t.stages)
+        slots, scalings, mid if on else act, T, K, H, R, programs,
+        HAS_LORA=on, BM=t.bm, BN=t.bn, BK=t.bk, BR=br, GROUP_M=t.group_m, num_warps=t.warps, num_stages=t.stages)

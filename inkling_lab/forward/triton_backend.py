@@ -71,7 +71,6 @@ class Tiles:
     dk: int = 0
     tma: bool = False
     programs: int = 0
-    prefetch: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -450,9 +449,9 @@ def _fused(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora) -> torch
     """The two fused GEMMs (``fused_gemm``) around cuBLAS's down shrink ``act @ a_cat[s].T``
     (``plan`` gives them one-slot host batches, or no adapter, only)."""
     t = p.tiles
-    fused_gemm.up(ops, x, gammas, act, p.slots, p.scalings, lora.sh if lora.on else None, t, p.single_slot)
+    fused_gemm.up(ops, x, gammas, act, p.slots, p.scalings, lora.sh if lora.on else None, t)
     mid = torch.mm(act, ops.a_cat[p.single_slot].T) if lora.on else None
-    fused_gemm.down(ops, act, out, p.slots, p.scalings, mid, lora.db if lora.on else None, t, p.single_slot)
+    fused_gemm.down(ops, act, out, p.slots, p.scalings, mid, lora.db if lora.on else None, t)
     return out
 
 

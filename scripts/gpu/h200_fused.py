@@ -15,7 +15,9 @@ one-slot cuBLAS path, multi-slot kernels and no-LoRA base, taken from its wheel.
 
 ``--confirm T,T,...``: the routing alone (``auto``'s tiles against the path without the
 fused GEMMs and upstream, A R 16/64 S 1, both flushes, two passes). The first run
-(``history/h200_fused_sweep.json``) also tried several slots: see KERNEL_NOTES.md v15.
+(``h200_fused_sweep.json``) also tried several slots, the third (``history/h200_fused_prefetch.json``,
+``--quick`` at commit 418497f, removed after it) the LoRA operands loaded before the K loop:
+see KERNEL_NOTES.md v15.
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_fused.py --wheel WHEEL --out $OUT/NAME.json [--confirm 64,96,128]
 """
@@ -197,60 +199,6 @@ def confirm(rec: dict, tokens: list[int], args, upstream_cls, t0: float) -> int:
     return 0
 
 
-PREFETCHED = {"routed_pf": None, "m128f64n128k128w8s3p_pf": dict(bk=128), "m128f128n256k64w8s3p_pf": dict(bf=128, bn=256)}
-"""The third run's candidates: the LoRA step's operands loaded before the K loop (``Tiles.prefetch``);
-``routed_pf``: ``fused_tiles``' own tiles so."""
-
-
-def quick(rec: dict, args, upstream_cls, t0: float) -> int:
-    from dataclasses import replace
-
-    def tiles_of(name, T):
-        kw = PREFETCHED[name]
-        return replace(tb.fused_tiles(128, 0, 64), prefetch=True) if kw is None else replace(fused(T, **kw), prefetch=True)
-
-    rec["correctness"] = []
-    for name in PREFETCHED:
-        for interleaved in (True, False):
-            c = pr.Case.of("A", 64, 3, 320, interleaved=interleaved)
-            sc = c.scenario("cuda", seed=320 + int(interleaved))
-            ops, x, gammas = sc.sink.operands(), sc.x, sc.gammas
-            one = SlotBatch.from_token_slots([2] * 320, 3, scalings=[0.7, 1.3, 1.9])
-            try:
-                err = records.relative_error(h200_pdl.run(ops, x, gammas, one, tiles_of(name, 320)),
-                                             reference_forward(ops, x, gammas, one), "fro")
-            except Exception as exc:  # recorded, and the run goes on
-                err = float("nan")
-                print(f"check {name} il={interleaved} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            rec["correctness"].append({**c.record(), "variant": name, "rel_err": {"one_slot": err},
-                                       "ok": err == err and err < 1e-2})
-            print(f"check {name} il={interleaved}: {err:.1e}", flush=True)
-    records.write_json(args.out, rec)
-    rec["points"] = []
-    for shape, T in (("A", 128), ("A", 8192), ("Inkling-TP8", 8192), ("B", 8192), ("A", 2048), ("Inkling", 2048)):
-        names = ["routed_pf"] if T <= 128 else [v for v in PREFETCHED if v != "routed_pf"]
-
-        def fns_for(sink, ops, x, gammas, batch, names=names):
-            fns = {}
-            for label, tiles in [("kit", None)] + [(v, tiles_of(v, x.shape[0])) for v in names]:
-                p, out = tb.plan(ops, x.shape[0], batch, x.device, tiles), torch.empty_like(x)
-                fns[label] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
-            one = upstream_cls(sink, batch)
-            fns["sglang_one_slot"] = lambda: one.forward(x, gammas)
-            fns["sglang_base"] = lambda: one.forward(x, gammas, lora=False)
-            return fns
-
-        _, row = time_point(pr.Case.of(shape, 64, 1, T), fns_for, {"read": pr.L2Flush("cuda")}, args.reps)
-        rec["points"].append(row)
-        records.write_json(args.out, rec)
-        print(f"{shape:<11} R64 S1 T{T:<4} " + " ".join(f"{k} {u:7.1f}" for k, u in row["us"].items())
-              + f"  {time.time() - t0:.0f} s", flush=True)
-    rec["compiled"] = compiled()
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
-    return 0
-
-
 DIAG = {"m128f64n128k128w8s3p": dict(bk=128), "m128f64n128k64w8s4p": dict(stages=4),
         "m128f128n256k64w8s3p": dict(bf=128, bn=256)}
 """Tiles of the diagnosis: each kernel alone, with and without its LoRA steps."""
@@ -317,8 +265,6 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(pr.SIDE_SHAPES))
     ap.add_argument("--budget", type=float, default=420.0, help="seconds: the grid stops before this")
-    ap.add_argument("--quick", action="store_true", help="the LoRA operands loaded before the K loop (prefetch): "
-                    "checked, then timed against the kit and upstream at a few one-slot points")
     ap.add_argument("--diagnose", action="store_true", help="with --confirm: each fused launch alone against cuBLAS")
     ap.add_argument("--confirm", default="", help="token counts: only the routing check (auto against the "
                     "path without the fused GEMMs and upstream) at A, R 16/64, S 1, both flushes, twice")
@@ -327,12 +273,10 @@ def main() -> int:
 
     t0 = time.time()
     env = records.environment("python3 " + " ".join(sys.argv))
-    ceilings = {} if args.quick else pr.measure_ceilings()
+    ceilings = pr.measure_ceilings()
     print(env, ceilings, flush=True)
     rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES,
            "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
-    if args.quick:
-        return quick(rec, args, UpstreamSink, t0)
     if args.confirm:
         return confirm(rec, [int(v) for v in args.confirm.split(",")], args, UpstreamSink, t0)
     rec["correctness"] = correctness(fused(300))
