@@ -6,10 +6,11 @@
 * stderr is not compared: torch and matplotlib warnings differ across versions.
 * Tests assert behaviour, never elapsed time: no hypothesis example has a deadline, and
   slow data generation on a busy machine is no failure (the ``kit`` profile).
-* Under ``-n 2 --dist loadscope`` (``make test``) the browser test's module, by far the
-  longest scope (every notebook, one after the other, in one JupyterLab), starts first:
-  the other worker runs the unit tests and the notebooks meanwhile, instead of the
-  browser test starting late and running alone at the end.
+* Under ``-n 2 --dist loadscope`` (``make test``) the browser test's two classes, by far
+  the longest scopes (each part of the course one notebook after the other in its own
+  JupyterLab), start first, one on each worker: the unit tests and the notebooks under
+  nbval fill in behind them, instead of a browser part starting late and running alone
+  at the end.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ settings.register_profile("kit", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("kit")
 
 _NB_STATS: dict[str, dict[str, int]] = {}
-_FIRST_SCOPES = ("tests/test_e2e_jupyterlab.py",)
+_FIRST_SCOPES = ("tests/test_e2e_jupyterlab.py::TestTheCourse",
+                 "tests/test_e2e_jupyterlab.py::TestTheErrorWalkthroughs")
 
 
 def _cuda() -> bool:
