@@ -15,8 +15,8 @@ the browser started (the session changed nothing git tracks), and the edit must
 survive a restart.
 
 The course is two parts, each a test class with its own JupyterLab, Chromium and working
-copies: the main notebooks (and the learner's session) and the error walkthroughs of
-``notebooks/03_errors/``. Under ``pytest -n 2 --dist loadscope`` (``make test``) a class is
+copies: the main notebooks, and the error walkthroughs (``03_error_walkthroughs.ipynb``
+and ``notebooks/03_errors/``) with the learner's session. Under ``pytest -n 2 --dist loadscope`` (``make test``) a class is
 one scope, so the two parts run side by side on the two workers (conftest.py hands them
 out first) instead of one chain of every notebook setting the run's length.
 
@@ -212,22 +212,26 @@ class _OneJupyterLab:
         _run_and_play(name, lab, tab, artifacts, timings)
 
 
+def _a_walkthrough(name: str) -> bool:
+    return name.startswith("03_error")  # 03_error_walkthroughs.ipynb, their index, and 03_errors/
+
+
 class TestTheCourse(_OneJupyterLab):
-    """The course's main notebooks, then a learner's session."""
+    """The course's notebooks, the error walkthroughs left out."""
 
     PART = "course"
-    NOTEBOOKS = tuple(name for name in NOTEBOOKS if "/" not in name)
+    NOTEBOOKS = tuple(name for name in NOTEBOOKS if not _a_walkthrough(name))
+
+
+class TestTheErrorWalkthroughs(_OneJupyterLab):
+    """The error walkthroughs (their index and notebooks/03_errors/), then a learner's session."""
+
+    PART = "walkthroughs"
+    NOTEBOOKS = tuple(name for name in NOTEBOOKS if _a_walkthrough(name))
 
     def test_a_learners_session_leaves_the_clone_clean_and_keeps_their_work(
             self, lab: LabServer, tab: Tab, clone_before: str) -> None:
         _learners_session(lab, tab, clone_before)
-
-
-class TestTheErrorWalkthroughs(_OneJupyterLab):
-    """The error walkthroughs of notebooks/03_errors/."""
-
-    PART = "walkthroughs"
-    NOTEBOOKS = tuple(name for name in NOTEBOOKS if "/" in name)
 
 
 def _run_and_play(name: str, lab: LabServer, tab: Tab, artifacts: Path, timings: dict) -> None:

@@ -315,7 +315,10 @@ class NotebookPage:
         end = track["x"] + track["width"] * (0.8 if left_half else 0.2)
         self.page.mouse.move(start, y)
         self.page.mouse.down()
-        self.page.mouse.move(end, y, steps=8)
+        # Two moves, halfway then there: the sliders update continuously, and the kernel
+        # draws every value a move passes (one after the other), so each extra step is a
+        # figure more to wait for, not a more thorough drag.
+        self.page.mouse.move(end, y, steps=2)
         self.page.mouse.up()
         return "slider"
 
