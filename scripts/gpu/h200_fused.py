@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-import h200_pdl  # this folder's (the script's own, first on sys.path): check, run, graph_replays
+import h200_pdl  # this folder's (the script's own, first on sys.path): check, run, graph_replays, time_point
 from inkling_lab import profile as pr, records
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import fused_gemm, triton_backend as tb
@@ -75,34 +75,6 @@ def contenders(names, upstream_cls, with_kit=True):
         fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
         return fns
     return fns_for
-
-
-def time_point(c: pr.Case, fns_for, flushes: dict, reps: int, base=None):
-    """Every contender of ``fns_for(sink, ops, x, gammas, batch)`` at case ``c``, checked
-    against the float64 reference (``*_base`` against the reference without LoRA), then
-    captured once and timed as graphs taking turns under each flush; -> (sink, row) with
-    ``us["<contender>@<flush>"]`` medians."""
-    sc = c.scenario("cuda", sink=base)
-    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
-    ops = sink.operands()
-    ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-    fns, errs, graphs = fns_for(sink, ops, x, gammas, batch), {}, {}
-    for k, fn in fns.items():
-        try:
-            fn()
-            o = fn()
-            torch.cuda.synchronize()
-            errs[k] = records.relative_error(o, ref_base if k.endswith("_base") else ref, "fro")
-            if errs[k] < 1e-2:
-                graphs[k] = pr.capture(fn)
-        except Exception as exc:  # recorded, and the run goes on
-            errs[k] = float("nan")
-            print(f"{c.shape} T{c.T} {k} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-    del ref, ref_base
-    us = {f"{k}@{mode}": statistics.median(v)
-          for mode, fl in flushes.items() for k, v in pr.time_interleaved(graphs, fl, reps).items()}
-    del graphs
-    return sink, {**c.record(), "us": us, "rel_err": errs}
 
 
 def correctness(t: tb.Tiles, T: int = 300) -> list[dict]:
@@ -184,7 +156,7 @@ def confirm(rec: dict, tokens: list[int], args, upstream_cls, t0: float) -> int:
         for R in (16, 64):
             for T in tokens:
                 c = pr.Case.of("A", R, 1, T)
-                base, row = time_point(c, fns_for, flushes, args.reps, base)
+                base, row = h200_pdl.time_point(c, fns_for, flushes, args.reps, base)
                 row.update(rep=rep, routed=tb.fused_tiles(T, c.geometry.n * c.geometry.intermediate * c.geometry.hidden,
                                                           R) is not None)
                 rec["points"].append(row)
@@ -290,7 +262,7 @@ def main() -> int:
         base = None
         for S, T in [(1, 32), (1, 128), (1, 512), (1, 2048), (1, 8192)]:
             names = [v for v in CANDIDATES if T > 128 or v.startswith("m64") or v == "m128f64n128k64w8s3"]
-            base, row = time_point(pr.Case.of(shape, 64, S, T), contenders(names, UpstreamSink), {"read": read},
+            base, row = h200_pdl.time_point(pr.Case.of(shape, 64, S, T), contenders(names, UpstreamSink), {"read": read},
                                    args.reps, base)
             rec["sweep"].append(row)
             us = {k.removesuffix("@read"): u for k, u in row["us"].items()}
@@ -312,7 +284,7 @@ def main() -> int:
                 if v is None:
                     continue
                 c = pr.Case.of(shape, R, S, T)
-                base, row = time_point(c, contenders([v], UpstreamSink), {"read": read, "write": write}, args.reps, base)
+                base, row = h200_pdl.time_point(c, contenders([v], UpstreamSink), {"read": read, "write": write}, args.reps, base)
                 row.update(fused_config=v, roofline_us=pr.roofline(c, **ceilings).us)
                 rec["points"].append(row)
                 us = row["us"]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-import h200_pdl  # this folder's (the script's own, first on sys.path): check(), the matrix of one layout
+import h200_pdl  # this folder's (the script's own, first on sys.path): check(), the matrix of one layout, time_point
 from inkling_lab import profile as pr, records
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
@@ -98,28 +98,11 @@ def correctness() -> list[dict]:
 
 
 def time_point(c: pr.Case, fns_for, flush, reps: int, base=None):
-    """Every contender of ``fns_for(sink, ops, x, gammas, batch)`` at case ``c``, checked
-    against the float64 reference (base-only contenders, named ``*_base``, against the
-    reference without LoRA), then timed as graphs taking turns; -> (sink, row)."""
-    sc = c.scenario("cuda", sink=base)
-    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
-    ops = sink.operands()
-    ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-    fns, errs, graphs = fns_for(sink, ops, x, gammas, batch), {}, {}
-    for k, fn in fns.items():
-        try:
-            fn()
-            o = fn()
-            torch.cuda.synchronize()
-            errs[k] = records.relative_error(o, ref_base if k.endswith("_base") else ref, "fro")
-            if errs[k] < 1e-2:
-                graphs[k] = pr.capture(fn)
-        except Exception as exc:  # recorded, and the run goes on
-            errs[k] = float("nan")
-            print(f"{c.shape} T{c.T} {k} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-    times = {k: statistics.median(v) for k, v in pr.time_interleaved(graphs, flush, reps).items()}
-    return sink, {**c.record(), "us": times, "rel_err": errs}
-
+    """``h200_pdl.time_point`` under the one flush of this script's records, whose ``us``
+    name each contender alone; -> (sink, row)."""
+    sink, row = h200_pdl.time_point(c, fns_for, {"read": flush}, reps, base)
+    row["us"] = {k.removesuffix("@read"): u for k, u in row["us"].items()}
+    return sink, row
 
 def contenders(names, upstream_cls):
     def fns_for(sink, ops, x, gammas, batch):

@@ -110,6 +110,34 @@ def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
     return errs
 
 
+def time_point(c: pr.Case, fns_for, flushes: dict, reps: int, base=None):
+    """Every contender of ``fns_for(sink, ops, x, gammas, batch)`` at case ``c``, checked
+    against the float64 reference (``*_base`` against the reference without LoRA), then
+    captured once and timed as graphs taking turns under each flush; -> (sink, row) with
+    ``us["<contender>@<flush>"]`` medians."""
+    sc = c.scenario("cuda", sink=base)
+    sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
+    ops = sink.operands()
+    ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
+    fns, errs, graphs = fns_for(sink, ops, x, gammas, batch), {}, {}
+    for k, fn in fns.items():
+        try:
+            fn()
+            o = fn()
+            torch.cuda.synchronize()
+            errs[k] = records.relative_error(o, ref_base if k.endswith("_base") else ref, "fro")
+            if errs[k] < 1e-2:
+                graphs[k] = pr.capture(fn)
+        except Exception as exc:  # recorded, and the run goes on
+            errs[k] = float("nan")
+            print(f"{c.shape} T{c.T} {k} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    del ref, ref_base
+    us = {f"{k}@{mode}": statistics.median(v)
+          for mode, fl in flushes.items() for k, v in pr.time_interleaved(graphs, fl, reps).items()}
+    del graphs
+    return sink, {**c.record(), "us": us, "rel_err": errs}
+
+
 def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) -> list[dict]:
     from inkling_lab.upstream_wheel import UpstreamSink, unpack
 
