@@ -230,6 +230,8 @@ class DoctorReport:
                   else str(f) for f in self.findings]
         lines.append(f"Exit status {self.exit_status}: " + (
             f"{self.release.label} loads it and serves the adapter's math" if self.ok else
+            f"the {self.release.label} server does not start with these target modules (ISL-E038), so it never "
+            f"loads the adapter" if self.error_code == "ISL-E038" else
             f"{self.release.label} fails to load it" if self.fails else
             f"the kit cannot tell whether {self.release.label} loads it" if self.load.outcome == "unknown" else
             f"{self.release.label} would not serve the adapter's math"))

@@ -355,3 +355,14 @@ def test_the_journey_figure_and_the_explorer_follow_the_doctor():
     adapter.value, n.value = "rank8", 3  # each change redraws through the doctor without raising
     max_rank.value, tp.value = 2, 2
     plt.close("all")
+
+
+def test_the_last_line_says_the_server_does_not_start_where_it_does_not():
+    # ISL-E038 is raised sizing the pool at server start (mem_pool.py: LoRAMemoryPool.init_buffers),
+    # so "fails to load it" would be untrue (the buffer-load failure of ISL-E036 keeps that wording:
+    # tests/test_buffer_load_names.py).
+    e038 = str(doctor(SAMPLES / "w_names", 2, 8, 6)).splitlines()[-1]
+    assert e038 == ("Exit status 1: the sglang 0.5.23 server does not start with these target modules (ISL-E038), "
+                    "so it never loads the adapter")
+    rank = doctor(SAMPLES / "rank_pattern", 2, 8, 6)
+    assert rank.error_code == "ISL-E038" and str(rank).endswith("so it never loads the adapter")
