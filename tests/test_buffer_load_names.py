@@ -119,9 +119,11 @@ def test_the_target_set_prints_sorted_whatever_the_hash_seed():
     code = ("from inkling_lab.sglang_path import check_buffer_names; import torch; "
             "print(check_buffer_names({0: {'layers.0.x.lora_A.weight': torch.zeros(1, 1)}}, [], "
             "{'qkv_proj', 'down_proj', 'gate_up_proj', 'o_proj'}, True).text)")
+    # Two seeds that iterate these four names in different orders (seed 1 orders them as 0
+    # does): each launch is a torch import, and a third seed would show no order not seen.
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}).stdout
-            for seed in ("0", "1", "2")}
+            for seed in ("0", "2")}
     assert outs == {"ValueError: Cannot find target module name for layers.0.x.lora_A.weight in "
                     "{'down_proj', 'gate_up_proj', 'o_proj', 'qkv_proj'}\n"}
     assert targets_text({"b", "a"}) == "{'a', 'b'}" and targets_text(set()) == "set()"

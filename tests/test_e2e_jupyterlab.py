@@ -16,9 +16,10 @@ survive a restart.
 
 The course is two parts, each a test class with its own JupyterLab, Chromium and working
 copies: the main notebooks, and the error walkthroughs (``03_error_walkthroughs.ipynb``
-and ``notebooks/03_errors/``) with the learner's session. Under ``pytest -n 2 --dist loadscope`` (``make test``) a class is
-one scope, so the two parts run side by side on the two workers (conftest.py hands them
-out first) instead of one chain of every notebook setting the run's length.
+and ``notebooks/03_errors/``) with the learner's session. Under ``--dist loadscope``
+(``make test``) a class is one scope, so the two parts run side by side on two workers
+(conftest.py hands them out first) instead of one chain of every notebook setting the
+run's length.
 
 Screenshots, the server's log and ``timings.json`` (how long each notebook took to open
 and to run, and its cell count) go to artifacts/e2e/<part>/. With UPDATE_SCREENSHOT=1 the
