@@ -8,9 +8,9 @@
   slow data generation on a busy machine is no failure (the ``kit`` profile).
 * Under ``-n 2 --dist loadscope`` (``make test``) the browser test's two classes, by far
   the longest scopes (each part of the course one notebook after the other in its own
-  JupyterLab), start first, one on each worker: the unit tests and the notebooks under
-  nbval fill in behind them, instead of a browser part starting late and running alone
-  at the end.
+  JupyterLab), start first, one on each worker, then the longest unit modules: the
+  short scopes come last and even out the two workers' ends, instead of a browser part
+  or a long module starting late and running alone at the end.
 """
 from __future__ import annotations
 
@@ -25,8 +25,15 @@ settings.register_profile("kit", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("kit")
 
 _NB_STATS: dict[str, dict[str, int]] = {}
+# Handed out first, in this order: the browser test's two parts, then the unit modules
+# that take longest (measured), so that the run ends on short scopes on both workers
+# rather than on one long module on one of them (loadscope orders by number of tests,
+# which put these last). A module missing here only loses its place in the queue.
 _FIRST_SCOPES = ("tests/test_e2e_jupyterlab.py::TestTheCourse",
-                 "tests/test_e2e_jupyterlab.py::TestTheErrorWalkthroughs")
+                 "tests/test_e2e_jupyterlab.py::TestTheErrorWalkthroughs",
+                 "tests/test_parallel.py", "tests/test_triton.py", "tests/test_upstream_vllm.py",
+                 "tests/test_files_and_cli_safety.py", "tests/test_widgets.py", "tests/test_h200_pdl_script.py",
+                 "tests/test_hostile.py")
 
 
 def _cuda() -> bool:
@@ -89,11 +96,13 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class LongestFirst(LoadScopeScheduling):
-        """loadscope, with the scopes of ``_FIRST_SCOPES`` handed out before the others."""
+        """loadscope, with the scopes of ``_FIRST_SCOPES`` handed out before the others, in
+        that tuple's order."""
 
         def _assign_work_unit(self, node):
-            for scope in [s for s in self.workqueue if s in _FIRST_SCOPES][::-1]:
-                self.workqueue.move_to_end(scope, last=False)
+            for scope in reversed(_FIRST_SCOPES):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
     return LongestFirst(config, log)
