@@ -6,11 +6,11 @@
 * stderr is not compared: torch and matplotlib warnings differ across versions.
 * Tests assert behaviour, never elapsed time: no hypothesis example has a deadline, and
   slow data generation on a busy machine is no failure (the ``kit`` profile).
-* Under ``-n 2 --dist loadscope`` (``make test``) the browser test's two classes, by far
-  the longest scopes (each part of the course one notebook after the other in its own
-  JupyterLab), start first, one on each worker, then the longest unit modules: the
-  short scopes come last and even out the two workers' ends, instead of a browser part
-  or a long module starting late and running alone at the end.
+* Under ``-n 2 --dist loadscope`` (``make test``) the browser test's module, a long
+  scope (every notebook, one after the other, in one JupyterLab), starts first: the
+  other worker runs the unit tests and the notebooks meanwhile, the longest unit modules
+  first, so that both workers end on short scopes instead of the browser test or a long
+  module starting late and running alone at the end.
 """
 from __future__ import annotations
 
@@ -25,15 +25,14 @@ settings.register_profile("kit", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("kit")
 
 _NB_STATS: dict[str, dict[str, int]] = {}
-# Handed out first, in this order: the browser test's two parts, then the unit modules
-# that take longest (measured), so that the run ends on short scopes on both workers
-# rather than on one long module on one of them (loadscope orders by number of tests,
-# which put these last). A module missing here only loses its place in the queue.
-_FIRST_SCOPES = ("tests/test_e2e_jupyterlab.py::TestTheCourse",
-                 "tests/test_e2e_jupyterlab.py::TestTheErrorWalkthroughs",
-                 "tests/test_parallel.py", "tests/test_triton.py", "tests/test_upstream_vllm.py",
-                 "tests/test_files_and_cli_safety.py", "tests/test_widgets.py", "tests/test_h200_pdl_script.py",
-                 "tests/test_hostile.py")
+# Handed out first, in this order: the browser test (one scope, every notebook one after
+# the other in one JupyterLab), then the unit modules that take longest (measured), so
+# that the run ends on short scopes on both workers rather than on one long module on
+# one of them (loadscope orders by number of tests, which put these last). A module
+# missing here only loses its place in the queue.
+_FIRST_SCOPES = ("tests/test_e2e_jupyterlab.py", "tests/test_parallel.py", "tests/test_triton.py",
+                 "tests/test_upstream_vllm.py", "tests/test_files_and_cli_safety.py", "tests/test_widgets.py",
+                 "tests/test_h200_pdl_script.py", "tests/test_hostile.py")
 
 
 def _cuda() -> bool:

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv}"
-lab="${LAB_DIR:-lab}"  # the browser test keeps its own copies (LAB_DIR=lab-e2e-*), never yours
+lab="${LAB_DIR:-lab}"  # the browser test keeps its own copies (LAB_DIR=lab-e2e), never yours
 # One Python for the two steps before JupyterLab (importing the kit, and torch with it,
 # is most of their time): the working copies (scripts/lab_copies.py), then JupyterLab's
 # "would you like news?" toast and update check, off for the kit's own environment (its

@@ -2,8 +2,8 @@
 
 JupyterLab starts through scripts/lab.sh (what ``make lab`` runs) on loopback with a
 random token and a free port, with its defaults (autosave on); Debian's Chromium, driven
-by Playwright, opens every notebook's working copy (the test's own, ``lab-e2e-<part>/``,
-made by lab.sh as a learner's ``lab/`` is) one after the other in one JupyterLab tab, saves it
+by Playwright, opens every notebook's working copy (the test's own, ``lab-e2e/``, made
+by lab.sh as a learner's ``lab/`` is) one after the other in one JupyterLab tab, saves it
 (which must not change a byte against the tracked notebook: one kernelspec, no widget
 state), runs all its cells from the Run menu as a reader on a CPU laptop does, and
 checks that every cell ran, that no cell shows an error it is not tagged to raise, that no
@@ -12,17 +12,10 @@ fallback, and that moving the first slider or dropdown, and ticking every checkb
 changes what its cell shows without a traceback or a blank figure. Last, a learner's
 session: one trigger edited and re-run, then ``git status`` must read as it did before
 the browser started (the session changed nothing git tracks), and the edit must
-survive a restart.
+survive a restart. How long each notebook took to open and to run, and its cell count,
+go to artifacts/e2e/timings.json.
 
-The course is two parts, each a test class with its own JupyterLab, Chromium and working
-copies: the main notebooks, and the error walkthroughs (``03_error_walkthroughs.ipynb``
-and ``notebooks/03_errors/``) with the learner's session. Under ``--dist loadscope``
-(``make test``) a class is one scope, so the two parts run side by side on two workers
-(conftest.py hands them out first) instead of one chain of every notebook setting the
-run's length.
-
-Screenshots, the server's log and ``timings.json`` (how long each notebook took to open
-and to run, and its cell count) go to artifacts/e2e/<part>/. With UPDATE_SCREENSHOT=1 the
+Screenshots and the server's log go to artifacts/e2e/. With UPDATE_SCREENSHOT=1 the
 pictures of README_SCREENSHOTS also replace the ones the README shows.
 """
 from __future__ import annotations
@@ -43,7 +36,7 @@ import pytest
 from playwright.sync_api import BrowserContext, ConsoleMessage, Error as PlaywrightError, Page
 
 from e2e.chromium import BrowserUnavailable, chromium_context
-from e2e.lab import LAB_DIR_PREFIX, LabServer, LabUnavailable
+from e2e.lab import LAB_DIR, LabServer, LabUnavailable
 from e2e.notebook import WIDGET_FALLBACKS, Cell, NotebookPage
 
 pytestmark = pytest.mark.e2e
@@ -55,6 +48,7 @@ NOTEBOOKS = tuple(p.relative_to(REPO / "notebooks").as_posix() for p in sorted((
                   if ".ipynb_checkpoints" not in p.parts)
 EDITED = ("03_errors/06_set_lora_info.ipynb", "ISL-E001-trigger")
 """The learner's edit of the session test: a walkthrough's trigger."""
+TIMINGS: dict[str, dict[str, float]] = {}
 # notebook: (which of its screenshots, the README's picture of it)
 README_SCREENSHOTS = {
     "00_start_here.ipynb": ("widget", REPO / "docs" / "screenshots" / "jupyterlab.png"),
@@ -63,31 +57,18 @@ README_SCREENSHOTS = {
 EXPECTED_ERROR_TAG = "raises-exception"
 
 
-@pytest.fixture(scope="class")
-def part(request: pytest.FixtureRequest) -> str:
-    """The name of the class's part of the course (its folders are named after it)."""
-    return request.cls.PART
-
-
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def scratch() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="inkling-e2e-") as path:
         yield Path(path)
 
 
-@pytest.fixture(scope="class")
-def artifacts(part: str) -> Path:
-    """artifacts/e2e/<part>/, emptied: what a person looks at belongs to this run only."""
-    folder = ARTIFACTS / part
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
-
-
-@pytest.fixture(scope="class")
-def timings() -> dict[str, dict[str, float]]:
-    """How long each notebook of the class took to open and to run, and its cell count."""
-    return {}
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    """artifacts/e2e/, emptied: what a person looks at belongs to this run only."""
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    return ARTIFACTS
 
 
 def _git_status() -> str:
@@ -96,15 +77,15 @@ def _git_status() -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def clone_before() -> str:
     """``git status`` before the browser starts: the session must leave it so."""
     return _git_status()
 
 
-@pytest.fixture(scope="class")
-def lab(part: str, scratch: Path, artifacts: Path, timings: dict, clone_before: str) -> Iterator[LabServer]:
-    server = LabServer(REPO, LAB_DIR_PREFIX + part, scratch / "jupyter", artifacts / "jupyterlab.log")
+@pytest.fixture(scope="module")
+def lab(scratch: Path, artifacts: Path, clone_before: str) -> Iterator[LabServer]:
+    server = LabServer(REPO, scratch / "jupyter", artifacts / "jupyterlab.log")
     try:
         try:
             server.start()
@@ -113,11 +94,11 @@ def lab(part: str, scratch: Path, artifacts: Path, timings: dict, clone_before: 
         yield server
     finally:
         server.stop()
-        (artifacts / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
-        shutil.rmtree(REPO / server.lab_dir, ignore_errors=True)
+        (artifacts / "timings.json").write_text(json.dumps(TIMINGS, indent=1) + "\n")
+        shutil.rmtree(REPO / LAB_DIR, ignore_errors=True)
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def browser(scratch: Path) -> Iterator[BrowserContext]:
     try:
         with chromium_context(scratch / "chromium-profile") as context:
@@ -147,7 +128,7 @@ class Tab:
                 page.close()
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def tab(browser: BrowserContext) -> Iterator[Tab]:
     tab = Tab(browser)
     yield tab
@@ -197,46 +178,10 @@ def _assert_no_widget_tracebacks(path: str, cells: list[Cell], moved: str) -> No
     assert not broken, f"{path}: widgets show tracebacks after the {moved} moved:\n" + "\n".join(broken)
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "name" in metafunc.fixturenames:  # each part's own notebooks
-        metafunc.parametrize("name", metafunc.cls.NOTEBOOKS)
-
-
-class _OneJupyterLab:
-    """The notebooks of ``NOTEBOOKS``, one after the other in one JupyterLab tab."""
-
-    PART: str
-    NOTEBOOKS: tuple[str, ...]
-
-    def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
-            self, name: str, lab: LabServer, tab: Tab, artifacts: Path, timings: dict) -> None:
-        _run_and_play(name, lab, tab, artifacts, timings)
-
-
-def _a_walkthrough(name: str) -> bool:
-    return name.startswith("03_error")  # 03_error_walkthroughs.ipynb, their index, and 03_errors/
-
-
-class TestTheCourse(_OneJupyterLab):
-    """The course's notebooks, the error walkthroughs left out."""
-
-    PART = "course"
-    NOTEBOOKS = tuple(name for name in NOTEBOOKS if not _a_walkthrough(name))
-
-
-class TestTheErrorWalkthroughs(_OneJupyterLab):
-    """The error walkthroughs (their index and notebooks/03_errors/), then a learner's session."""
-
-    PART = "walkthroughs"
-    NOTEBOOKS = tuple(name for name in NOTEBOOKS if _a_walkthrough(name))
-
-    def test_a_learners_session_leaves_the_clone_clean_and_keeps_their_work(
-            self, lab: LabServer, tab: Tab, clone_before: str) -> None:
-        _learners_session(lab, tab, clone_before)
-
-
-def _run_and_play(name: str, lab: LabServer, tab: Tab, artifacts: Path, timings: dict) -> None:
-    tracked, path = REPO / "notebooks" / name, f"{lab.lab_dir}/{name}"
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_and_its_widgets_respond_in_jupyterlab(
+        name: str, lab: LabServer, tab: Tab) -> None:
+    tracked, path = REPO / "notebooks" / name, f"{LAB_DIR}/{name}"
     assert (REPO / path).exists(), f"{path} is missing: scripts/lab.sh copies every notebook of notebooks/"
     original = tracked.read_bytes()
     stem = name.removesuffix(".ipynb").replace("/", "-")
@@ -257,46 +202,47 @@ def _run_and_play(name: str, lab: LabServer, tab: Tab, artifacts: Path, timings:
             f"{path}: opening and saving it in JupyterLab changed it against notebooks/{name} "
             "(kernelspec, metadata or widget state): a learner's save would differ from the course")
         notebook.run_all()
-        timings[name] = {"open_s": round(opened - started, 1), "run_all_s": round(time.monotonic() - opened, 1)}
-        notebook.screenshot(artifacts / f"{stem}.png")
+        TIMINGS[name] = {"open_s": round(opened - started, 1), "run_all_s": round(time.monotonic() - opened, 1)}
+        notebook.screenshot(ARTIFACTS / f"{stem}.png")
         cells = [cell for cell in notebook.cells() if cell.kind == "code"]
-        timings[name]["cells"] = len(json.loads(original)["cells"])
+        TIMINGS[name]["cells"] = len(json.loads(original)["cells"])
         _assert_ran_cleanly(path, cells)
         _assert_no_blank_figures(path, cells, "after Run All")
         if _shows_widgets(tracked):
             _assert_widgets_drawn(path, cells)
             moved = notebook.change_first_widget()
-            notebook.screenshot(artifacts / f"{stem}-widget.png", at_first_widget=True)
+            notebook.screenshot(ARTIFACTS / f"{stem}-widget.png", at_first_widget=True)
             ticked = notebook.toggle_checkboxes()
             after = f"after the first {moved} moved and {ticked} checkbox(es) were ticked"
             shown = notebook.cells()
             _assert_no_widget_tracebacks(path, shown, after)
             _assert_no_blank_figures(path, shown, after)
         if name == EDITED[0]:
-            notebook.screenshot(artifacts / f"{stem}-walkthrough.png", at_cell=EDITED[1].replace("trigger", "title"))
+            notebook.screenshot(ARTIFACTS / f"{stem}-walkthrough.png", at_cell=EDITED[1].replace("trigger", "title"))
         if name in README_SCREENSHOTS and os.environ.get("UPDATE_SCREENSHOT") == "1":
             which, target = README_SCREENSHOTS[name]
-            _replace_atomically(artifacts / f"{stem}-{which}.png", target)
+            _replace_atomically(ARTIFACTS / f"{stem}-{which}.png", target)
     except BaseException:
         with contextlib.suppress(PlaywrightError):  # the picture helps; the first error matters
-            notebook.screenshot(artifacts / f"{stem}-failure.png")
+            notebook.screenshot(ARTIFACTS / f"{stem}-failure.png")
         with contextlib.suppress(PlaywrightError):
             notebook.close()
         tab.discard()
         raise
     finally:
-        (artifacts / f"{stem}-console.log").write_text("\n".join(console))
+        (ARTIFACTS / f"{stem}-console.log").write_text("\n".join(console))
         with contextlib.suppress(PlaywrightError):
             page.remove_listener("console", listen)
     notebook.close()
     assert tracked.read_bytes() == original, f"notebooks/{name} changed on disk while the browser ran its copy"
 
 
-def _learners_session(lab: LabServer, tab: Tab, clone_before: str) -> None:
-    """After every notebook of its JupyterLab ran (autosave on), a trigger edited, re-run and saved: git
+def test_a_learners_session_leaves_the_clone_clean_and_keeps_their_work(
+        lab: LabServer, tab: Tab, clone_before: str) -> None:
+    """After every notebook ran (autosave on), a trigger edited, re-run and saved: git
     sees nothing new, the edit is in the working copy, and a restart keeps it."""
     name, cell = EDITED
-    notebook = NotebookPage(tab.page(), lab, f"{lab.lab_dir}/{name}")
+    notebook = NotebookPage(tab.page(), lab, f"{LAB_DIR}/{name}")
     edit = "\n# my own try"
     try:
         notebook.open()
@@ -311,9 +257,9 @@ def _learners_session(lab: LabServer, tab: Tab, clone_before: str) -> None:
     assert _git_status() == clone_before, (
         "a session in JupyterLab changed what git sees:\n" + _git_status() + "\nbefore:\n" + clone_before)
     lab.stop()  # a restart: lab.sh copies only what is missing, never over the learner's copy
-    subprocess.run([sys.executable, str(REPO / "scripts" / "lab_copies.py"), "--lab", lab.lab_dir], cwd=REPO,
+    subprocess.run([sys.executable, str(REPO / "scripts" / "lab_copies.py"), "--lab", LAB_DIR], cwd=REPO,
                    check=True, capture_output=True)
-    saved = json.loads((REPO / lab.lab_dir / name).read_text())
+    saved = json.loads((REPO / LAB_DIR / name).read_text())
     sources = {c.get("id", ""): "".join(c["source"]) for c in saved["cells"]}
     assert any(k.endswith(cell) and v.endswith(edit) for k, v in sources.items()), \
-        f"{lab.lab_dir}/{name}: the learner's edit of {cell} did not survive a restart"
+        f"{LAB_DIR}/{name}: the learner's edit of {cell} did not survive a restart"

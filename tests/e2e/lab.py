@@ -3,8 +3,7 @@
 The server gets a random token, a free port and its own Jupyter config, data, runtime,
 settings and workspace directories (and IPython's), so neither the user's Jupyter setup nor an earlier run changes what the
 test sees, and the test changes nothing of theirs. Its working copies are its own
-(``lab_dir``, a git-ignored ``lab-e2e-*`` folder beside ``notebooks/``, one per server, so
-that two servers of one run never share a copy), never a learner's ``lab/``.
+(``LAB_DIR``, a git-ignored folder beside ``notebooks/``), never a learner's ``lab/``.
 JupyterLab runs with its defaults, autosave on, as a learner's does: the test proves
 that a session changes nothing git tracks.
 """
@@ -24,9 +23,8 @@ from pathlib import Path
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 15.0
 
-LAB_DIR_PREFIX = "lab-e2e-"
-"""The test's working copies, ``lab-e2e-<name>`` beside notebooks/ (git-ignored, at the
-depth of ``lab/``: the notebooks' ``../data`` paths hold); emptied before each start."""
+LAB_DIR = "lab-e2e"
+"""The test's working copies, beside notebooks/ (git-ignored); emptied before each run."""
 
 
 class LabUnavailable(RuntimeError):
@@ -79,14 +77,10 @@ def _kill_survivors(processes: set[tuple[int, int]]) -> None:
 
 
 class LabServer:
-    """One JupyterLab process tree, from ``start`` to ``stop``, on the working copies in
-    ``repo / lab_dir``; its log goes to ``log_path``."""
+    """One JupyterLab process tree, from ``start`` to ``stop``; its log goes to ``log_path``."""
 
-    def __init__(self, repo: Path, lab_dir: str, state_dir: Path, log_path: Path) -> None:
-        if not lab_dir.startswith(LAB_DIR_PREFIX) or "/" in lab_dir:
-            raise ValueError(f"LabServer: lab_dir must be a folder name starting {LAB_DIR_PREFIX!r}, got {lab_dir!r}")
+    def __init__(self, repo: Path, state_dir: Path, log_path: Path) -> None:
         self.repo = repo
-        self.lab_dir = lab_dir
         self.state_dir = state_dir
         self.log_path = log_path
         self.token = secrets.token_hex(24)
@@ -105,7 +99,7 @@ class LabServer:
                           ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"), ("IPYTHONDIR", "ipython")):
             env[name] = str(self.state_dir / sub)
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
-        env["LAB_DIR"] = self.lab_dir
+        env["LAB_DIR"] = LAB_DIR
         return env
 
     def url(self, path: str) -> str:
@@ -129,7 +123,7 @@ class LabServer:
             "--LabApp.expose_app_in_browser=True",
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self.repo / self.lab_dir, ignore_errors=True)  # fresh copies, as on a first run
+        shutil.rmtree(self.repo / LAB_DIR, ignore_errors=True)  # fresh copies, as on a first run
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(
                 command, cwd=self.repo, env=self._environment(), stdout=log,
