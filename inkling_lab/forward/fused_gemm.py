@@ -10,7 +10,7 @@ its own:
 1. ``fused_up_kernel``: per tile of ``BM`` tokens by ``BF`` features of one expert,
    ``y = x @ w13_lin[rows].T`` over ``H``, then for each slot ``s`` present in the tile
    ``y += (scalings[s] * sh[tokens of s]) @ w1_delta[s, rows].T`` (``K`` extended by
-   ``2R``: ``w1_delta`` maps the shrink onto ``y``'s own rows, SPEC §4), then
+   ``2R``: ``w1_delta`` maps the shrink onto ``y``'s own rows, docs/reference.md#the-forward), then
    ``act = silu(gate) * up * gamma`` in float32, stored once (``act [T, n*F]``).
    Interleaved ``w13``: one ``[2*BF, BK]`` weight tile of gate/up pairs, split after the
    loop; contiguous: a gate tile and an up tile, two accumulators.
