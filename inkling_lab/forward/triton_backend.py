@@ -335,8 +335,10 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     x, gammas = x.contiguous(), gammas.contiguous()
     t = p.tiles
     single = p.single_slot >= 0 and (t.cublas or t.tma) and ops.shared_outer
+    if single and not t.tma and ONE_SLOT_CHAIN:
+        return _launch_single(ops, x, gammas, p, out, fold=T >= FOLD_TOKENS)
     if single and T >= FOLD_TOKENS and not t.tma:
-        return _launch_single(ops, x, gammas, p, out)
+        return _launch_single_v15(ops, x, gammas, p, out)
     # What may differ between calls on this plan, for the repeat-launch cache (launch_cache).
     key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
@@ -455,7 +457,80 @@ def _fused(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora) -> torch
     return out
 
 
-def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
+ONE_SLOT_CHAIN = True
+"""v17 (experiment switch, removed after the run): one-slot batches on the cuBLAS path take
+``_launch_single`` at every token count; ``False``: v15's chain."""
+
+
+_SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+
+
+class _Beside:
+    """Work enqueued inside ``with beside:`` runs on a side stream of ``x``'s device that
+    first waits for the current stream; ``join()`` makes the current stream wait for it. A
+    CUDA graph captures the pair as two branches that run at once (sglang 0.5.23 does this for
+    its gate/up shrink up to 32 tokens, ``srt/lora/trtllm_lora_temp/inkling_dense.py:
+    forward_with_lora``). On the CPU (Triton's interpreter), or ``on=False``, both are no-ops. Tensors the side
+    work writes are allocated before it, on the current stream, which joins before it frees them."""
+
+    def __init__(self, x: torch.Tensor, on: bool = True) -> None:
+        self.main = torch.cuda.current_stream(x.device) if on and x.is_cuda else None
+        if self.main is not None:
+            index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+            side = _SIDE_STREAMS.get(index)
+            if side is None:
+                side = _SIDE_STREAMS[index] = torch.cuda.Stream(x.device)
+            self.side = side
+
+    def __enter__(self) -> None:
+        if self.main is not None:
+            self.side.wait_stream(self.main)
+            self._ctx = torch.cuda.stream(self.side)
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        if self.main is not None:
+            self._ctx.__exit__(*exc)
+
+    def join(self) -> None:
+        if self.main is not None:
+            self.main.wait_stream(self.side)
+
+
+def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool,
+                   beside: bool = True) -> torch.Tensor:
+    """Every token on one slot ``s``, the cuBLAS path, shared outer: each shrink a cuBLAS GEMM
+    on a side stream beside the base GEMM that reads the same input (``_Beside``), so the chain
+    is four steps deep: ``sh = x A_s^T`` beside ``y = x w13_lin^T``; the activation (``_up``,
+    ``Y_IN``), with the expand ``scale_s * sh W1Δ_s^T`` in its epilogue, or (``fold``) first
+    added onto ``y`` by cuBLAS (``addmm``, ``alpha = scale_s``); ``mid = act a_cat_s^T`` beside
+    ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``). ``beside=False``: the same
+    launches one after the other."""
+    s, scale = p.single_slot, p.single_scale
+    ga, gb, da, db = ops.buffers
+    T, R = x.shape[0], ga.shape[2] // 2
+    side = _Beside(x, beside)
+    sh = torch.empty(T, 2 * R, dtype=x.dtype, device=x.device)
+    with side:
+        torch.mm(x, ga[s, 0].T, out=sh)                # [T, 2R]
+    y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
+    side.join()
+    act = torch.empty(T, ops.n * ops.intermediate, dtype=x.dtype, device=x.device)
+    if fold:
+        y.addmm_(sh, ops.w1_delta[s].T, alpha=scale)
+        _up(ops, x, y, gammas, act, p, Lora.none(x))
+    else:
+        _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, max(16, triton.next_power_of_2(R))))
+    mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
+    with side:
+        torch.mm(act, ops.a_cat[s].T, out=mid)         # [T, R]
+    torch.mm(act, ops.w2_lin, out=out)
+    side.join()
+    out.addmm_(mid, db[s, 0].T, alpha=scale)
+    return out
+
+
+def _launch_single_v15(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
     """Every token on one slot ``s``, many tokens, shared outer: the LoRA folded into
     cuBLAS calls around the base GEMMs, each product written once: ``y = (x A_s^T) W1Δ_s^T``
     then cuBLAS adds ``x w13_lin^T`` onto it (``beta = 1``: read in the GEMM's epilogue,

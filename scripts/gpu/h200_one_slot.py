@@ -1,0 +1,228 @@
+"""v17 on a CUDA GPU (issue 26 target 2): the one-slot cuBLAS chain (``triton_backend._launch_single``)
+with each shrink on a side stream beside the base GEMM that reads the same input, against the
+kit's v15 chain (``ONE_SLOT_CHAIN = False``) and sglang 0.5.23's one-slot cuBLAS path taken from
+its wheel, at every S = 1 point from 32 tokens on (both flushes); then each launch of both chains
+alone, at the worst points, to say where the time goes.
+
+1. Correctness first, against the float64 reference on fresh random inputs: bf16 and fp16, both
+   gate/up layouts, one slot at scaling 0.7 in a pool with a rank-0 slot, the expand in the
+   activation's epilogue and folded into cuBLAS, side stream on and off, a graph of it replayed
+   twice (NaN-poisoned outputs), at a partial tile (37 tokens) and at 300.
+2. The sweep (``VARIANTS``): ``epi``/``fold`` (where the expand goes), ``_seq`` (no side stream),
+   ``_t2`` (the activation on 32 x 64 tiles, 4 warps, instead of ``pick_tiles``'), beside ``kit``
+   (the v15 chain that ``auto`` ran before) and ``sglang_one_slot``; medians, read and write flush.
+3. ``--breakdown``: each launch of both chains alone (read flush).
+
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_one_slot.py --wheel WHEEL --out $OUT/NAME.json
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+import h200_pdl  # this folder's (the script's own, first on sys.path): time_point
+from inkling_lab import profile as pr, records
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward import triton_backend as tb
+from inkling_lab.forward.reference import reference_forward
+
+VARIANTS = {"epi": dict(fold=False), "fold": dict(fold=True),
+            "epi_seq": dict(fold=False, beside=False), "fold_seq": dict(fold=True, beside=False),
+            "epi_t2": dict(fold=False, tiles="t2"), "fold_t2": dict(fold=True, tiles="t2")}
+POINTS = [(T, shapes) for T, shapes in ((32, ("B", "Inkling", "Inkling-TP8")),
+                                         (128, pr.SIDE_SHAPES), (512, pr.SIDE_SHAPES),
+                                         (2048, pr.SIDE_SHAPES), (8192, pr.SIDE_SHAPES))]
+BREAKDOWN = [("Inkling-TP8", 64, 512), ("Inkling", 64, 512), ("Inkling", 64, 128), ("A", 64, 2048),
+             ("Inkling-TP8", 64, 32), ("B", 64, 512)]
+
+
+def cublas_tiles(T: int, ops, which: str = "auto") -> tb.Tiles:
+    """``pick_tiles``' cuBLAS-path tiles at ``T`` (its 33-128-token ones where it streams
+    weights there instead); ``"t2"``: the activation on 32 x 64 tiles, 4 warps, 2 stages."""
+    t = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden, tma=False)
+    if not t.cublas:
+        t = tb.pick_tiles(128, 1 << 40, ops.hidden, tma=False)
+    return replace(t, bm=32, bf=64, warps=4, stages=2) if which == "t2" else t
+
+
+def chain(ops, x, gammas, batch, out, fold: bool, beside: bool = True, tiles: str = "auto"):
+    p = tb.plan(ops, x.shape[0], batch, x.device, cublas_tiles(x.shape[0], ops, tiles))
+    assert p.single_slot >= 0
+    return lambda: tb._launch_single(ops, x, gammas, p, out, fold=fold, beside=beside)
+
+
+def v15(ops, x, gammas, batch, out):
+    """``auto``'s plan and launch as before v17 (``ONE_SLOT_CHAIN = False`` while it enqueues)."""
+    p = tb.plan(ops, x.shape[0], batch, x.device)
+
+    def fn():
+        tb.ONE_SLOT_CHAIN = False
+        try:
+            return tb.launch(ops, x, gammas, p, out)
+        finally:
+            tb.ONE_SLOT_CHAIN = True
+    return fn
+
+
+def correctness() -> list[dict]:
+    rows = []
+    for shape in ("A", "Inkling-TP8"):
+        for interleaved in (True, False):
+            for dtype in ("bfloat16", "float16"):
+                for T in (37, 300):
+                    c = pr.Case.of(shape, 16, 3, T, interleaved=interleaved, dtype=dtype)
+                    sc = c.scenario("cuda", seed=T + int(interleaved))
+                    x, gammas, g = sc.x, sc.gammas, c.geometry
+                    one = SlotBatch.from_token_slots([2] * T, g.slots, lora_ranks=[g.max_rank, 0, g.max_rank],
+                                                     scalings=[0.7, 1.3, 0.7])
+                    ops = sc.sink.operands()
+                    ref = reference_forward(ops, x, gammas, one)
+                    errs = {}
+                    for name, kw in VARIANTS.items():
+                        try:
+                            out = torch.full_like(x, float("nan"))
+                            fn = chain(ops, x, gammas, one, out, **kw)
+                            fn()
+                            out.fill_(float("nan"))
+                            fn()
+                            torch.cuda.synchronize()
+                            errs[name] = records.relative_error(out, ref, "fro")
+                            if name in ("epi", "fold"):
+                                graph = pr.capture(fn)
+                                out.fill_(float("nan"))
+                                graph.replay()
+                                out.fill_(float("nan"))
+                                graph.replay()
+                                torch.cuda.synchronize()
+                                errs[name + "_graph"] = records.relative_error(out, ref, "fro")
+                        except Exception as exc:  # recorded, and the run goes on
+                            errs[name] = float("nan")
+                            print(f"check {shape} T{T} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}",
+                                  flush=True)
+                    ok = all(e == e and e < 1e-2 for e in errs.values())
+                    rows.append({**c.record(), "rel_err": errs, "ok": ok})
+                    print(f"check {shape} T{T} il={interleaved} {dtype}: worst {max(errs.values()):.1e}", flush=True)
+    return rows
+
+
+def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
+    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+
+    def fns_for(sink, ops, x, gammas, batch):
+        fns = {"kit": v15(ops, x, gammas, batch, torch.empty_like(x))}
+        for name, kw in VARIANTS.items():
+            fns[name] = chain(ops, x, gammas, batch, torch.empty_like(x), **kw)
+        one = upstream_cls(sink, batch)
+        fns["sglang_one_slot"] = lambda: one.forward(x, gammas)
+        return fns
+
+    rows = []
+    for shape in shapes:
+        base = None
+        for R in (16, 64):
+            for T, where in POINTS:
+                if shape not in where:
+                    continue
+                base, row = h200_pdl.time_point(pr.Case.of(shape, R, 1, T), fns_for, flushes, reps, base)
+                rows.append(row)
+                us = row["us"]
+                for fl in flushes:
+                    up = us.get(f"sglang_one_slot@{fl}", float("nan"))
+                    got = {k.split("@")[0]: u for k, u in us.items() if k.endswith("@" + fl)}
+                    best = min((k for k in got if k != "sglang_one_slot"), key=got.get)
+                    print(f"{shape:<11} R{R:<2} T{T:<4} {fl:<5} " + " ".join(f"{k} {u:.1f}" for k, u in got.items())
+                          + f"  best {best} {got[best] / up:.3f}x sglang", flush=True)
+    return rows
+
+
+def breakdown(upstream_cls, reps: int) -> list[dict]:
+    """Each launch of sglang's one-slot chain and of the kit's alone, read flush, at ``BREAKDOWN``."""
+    flush, rows = pr.L2Flush("cuda"), []
+    for shape, R, T in BREAKDOWN:
+        c = pr.Case.of(shape, R, 1, T)
+        sc = c.scenario("cuda")
+        sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
+        ops = sink.operands()
+        n, F, H = ops.n, ops.intermediate, ops.hidden
+        ga, gb, da, db = ops.buffers
+        s = 0
+        one = upstream_cls(sink, batch)
+        y = torch.mm(x, ops.w13_lin.T)
+        sh = torch.mm(x, ga[s, 0].T)
+        act = torch.empty(T, n * F, dtype=x.dtype, device="cuda")
+        mid = torch.mm(torch.randn_like(act), ops.a_cat[s].T)
+        out = torch.empty_like(x)
+        lora = tb.Lora(True, sh, gb, da, db, x, R, 1, 0, max(16, R))
+        plans = {w: tb.plan(ops, T, batch, x.device, cublas_tiles(T, ops, w)) for w in ("auto", "t2")}
+        fns = {"mm_up": lambda: torch.mm(x, ops.w13_lin.T, out=y),
+               "mm_shrink_up": lambda: torch.mm(x, ga[s, 0].T, out=sh),
+               "addmm_expand": lambda: y.addmm_(sh, ops.w1_delta[s].T),
+               "sglang_swiglu": lambda: one.layer._swiglu(y.view(T, n, -1), gammas),
+               "mm_down": lambda: torch.mm(act, ops.w2_lin, out=out),
+               "addmm_down_base": lambda: out.addmm_(act, ops.w2_lin),
+               "mm_shrink_down": lambda: torch.mm(act, ops.a_cat[s].T, out=mid),
+               "addmm_down_lora": lambda: out.addmm_(mid, db[s, 0].T),
+               "sglang_one_slot": lambda: one.forward(x, gammas),
+               "kit_v15": v15(ops, x, gammas, batch, torch.empty_like(x))}
+        for w, p in plans.items():
+            fns[f"up_act_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, tb.Lora.none(x))
+            fns[f"up_act_expand_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, lora)
+        for name in ("epi", "fold"):
+            fns[name] = chain(ops, x, gammas, batch, torch.empty_like(x), **VARIANTS[name])
+        graphs = {}
+        for k, fn in fns.items():
+            try:
+                fn()
+                graphs[k] = pr.capture(fn)
+            except Exception as exc:  # recorded, and the run goes on
+                rows.append({"shape": shape, "R": R, "T": T, "launch": k, "failure": f"{type(exc).__name__}: {exc}"[:300]})
+                print(f"breakdown {shape} {k} FAILED: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        for k, v in pr.time_interleaved(graphs, flush, reps).items():
+            rows.append({"shape": shape, "R": R, "T": T, "launch": k, "us": statistics.median(v)})
+            print(f"breakdown {shape:<11} R{R} T{T:<4} {k:<20} {statistics.median(v):7.1f} us", flush=True)
+        del graphs, fns
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--wheel", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--shapes", default=",".join(pr.SIDE_SHAPES))
+    ap.add_argument("--breakdown", action="store_true")
+    args = ap.parse_args()
+    from inkling_lab.upstream_wheel import UpstreamSink, unpack
+
+    t0 = time.time()
+    env = records.environment("python3 " + " ".join(sys.argv))
+    ceilings = pr.measure_ceilings()
+    print(env, ceilings, flush=True)
+    rec = {"environment": env, "ceilings": ceilings, "variants": VARIANTS,
+           "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
+    rec["correctness"] = correctness()
+    records.write_json(args.out, rec)
+    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
+          f"{time.time() - t0:.0f} s", flush=True)
+    if args.breakdown:
+        rec["breakdown"] = breakdown(UpstreamSink, args.reps)
+        records.write_json(args.out, rec)
+    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
+    rec["seconds"] = round(time.time() - t0, 1)
+    records.write_json(args.out, rec)
+    for fl in ("read", "write"):
+        wins = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) < r["us"]["sglang_one_slot@" + fl])
+                for k in ["kit", *VARIANTS]}
+        print(f"{fl}: points faster than sglang's one-slot path (of {len(rec['points'])}):", wins)
+    print(f"{rec['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
