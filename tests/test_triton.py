@@ -244,16 +244,35 @@ def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert tb.pick_tiles(8192).cublas and tb.pick_tiles(8192).bm >= 64
 
 
-@pytest.mark.parametrize("fold", [False, True], ids=["cublas_shrinks", "folded_into_cublas"])
+@pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, fold, monkeypatch):
-    monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if fold else 1 << 30)
+def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, path, monkeypatch):
+    monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if path == "folded_into_cublas" else 1 << 30)
+    monkeypatch.setattr(tb, "SMALL_WEIGHTS", 0)  # these tiny weights stand for B-sized ones
+    monkeypatch.setattr(tb, "FOLD_ELEMS", 1 if path == "cublas_expand" else 1 << 60)
+    monkeypatch.setattr(tb, "FOLD_MIN_RANK", 1)
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 19, True, interleaved, seed=21)
     batch = SlotBatch.from_segments([19], [2], 3, lora_ranks=[5, 5, 5], scalings=[1.0, 1.0, 0.7])
     out, p = run(sink, x, gammas, batch, CUBLAS)
     assert p.single_slot == 2
     assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
     assert torch.count_nonzero(p.sh) == 0
+
+
+def test_auto_sends_one_slot_batches_past_16_tokens_to_the_cublas_chain(monkeypatch):
+    monkeypatch.setattr(tb, "SMALL_WEIGHTS", 0)  # these tiny weights stand for B-sized ones
+    sink, x, gammas, _ = make_case(2, 40, 24, 4, 3, 21, True, True, seed=8)
+    ops = sink.operands()
+    one = SlotBatch.from_segments([21], [1], 3, lora_ranks=[4, 4, 0], scalings=[1.0, 0.6, 1.0])
+    p = tb.plan(ops, 21, one, x.device)
+    assert p.tiles == tb.ONE_SLOT_TILES and p.split is None and p.single_slot == 1
+    out, _ = run(sink, x, gammas, one)
+    assert rel(out, reference_forward(ops, x, gammas, one)) < 1e-5
+    mixed = SlotBatch.from_segments([10, 11], [1, -1], 3, lora_ranks=[4, 4, 0])
+    assert not tb.plan(ops, 21, mixed, x.device).tiles.cublas  # the weight-streaming launches keep it
+    assert not tb.plan(ops, 16, one, x.device).tiles.cublas
+    assert tb.chain_tokens(129, 0) and not tb.chain_tokens(128, 0) and not tb.chain_tokens(tb.FOLD_TOKENS, 1)
+    assert tb.folds(tb.FOLD_TOKENS, 1) and not tb.folds(tb.FOLD_TOKENS, 0)  # A-sized weights keep the chain
 
 
 @pytest.mark.parametrize("tiles", [FUSED, CUBLAS], ids=["fused", "cublas_path"])

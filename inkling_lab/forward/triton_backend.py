@@ -2,9 +2,11 @@
 ``GEMV_WEIGHTS``, the shrink and two GEMV launches (``gemv_up_kernel``,
 ``gemv_down_kernel``); three launches per forward for other few-token batches (the up
 and down GEMVs split over ``K`` where rows are long); for many,
-cuBLAS's two base GEMMs with the kernels around them, and for a batch whose tokens all
-use one slot the LoRA folded into cuBLAS calls from 2048 tokens on; one-slot batches of
-65-128 tokens on small weights run ``fused_gemm``'s two GEMMs instead (``fused_tiles``).
+cuBLAS's two base GEMMs with the kernels around them. A batch whose tokens all use one
+slot runs cuBLAS GEMMs with its shrinks on a side stream beside the base GEMMs from 17
+tokens (``_launch_single``, ``chain_tokens``) and the LoRA folded into the base GEMMs from
+``FOLD_TOKENS`` (``_launch_folded``); one-slot batches of 65-128 tokens on small weights run
+``fused_gemm``'s two GEMMs instead (``fused_tiles``).
 
 ``launch(ops, x, gammas, plan(...))`` only enqueues kernels, so a CUDA graph can
 capture it and replay it against the same plan. ``plan`` turns the ``SlotBatch`` into
@@ -131,6 +133,23 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     # multiprocessors busy than it costs in atomics (up to ~4096 tokens on the H200).
     k_chunk = 512 if num_tokens <= 4096 else 1 << 30
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
+
+
+def chain_tokens(num_tokens: int, weight_elems: int) -> bool:
+    """A one-slot host batch of ``num_tokens`` on weights of ``n*F*H = weight_elems`` (shared outer)
+    takes ``_launch_single``'s chain (``ONE_SLOT_TILES``) instead of ``pick_tiles``' choice: from 17
+    tokens, on A-sized weights (``SMALL_WEIGHTS``) from 129, where the weight-streaming launches and
+    the fused GEMMs stay; not where ``folds`` (measured at 32 tokens on B, Inkling and TP8 and at
+    128-8192 everywhere, ``h200_one_slot.json``; 16 and fewer tokens were not)."""
+    return 16 < num_tokens and (num_tokens > 128 or weight_elems > SMALL_WEIGHTS) \
+        and not folds(num_tokens, weight_elems)
+
+
+def folds(num_tokens: int, weight_elems: int) -> bool:
+    """A one-slot batch on the cuBLAS path folds its LoRA into the base GEMMs (``_launch_folded``):
+    ``FOLD_TOKENS`` or more tokens on weights over ``SMALL_WEIGHTS`` (on A-sized ones the chain of
+    ``_launch_single`` measured faster at 8192 tokens too: 0.89-0.96x sglang against 0.97-0.98x)."""
+    return num_tokens >= FOLD_TOKENS and weight_elems > SMALL_WEIGHTS
 
 
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True) -> Tiles:
@@ -274,6 +293,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     if not explicit and use_pdl(num_tokens, weight_elems, len(active)):
         tiles = replace(tiles, pdl=True)
     single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
+    if single >= 0 and not explicit and ops.shared_outer and chain_tokens(num_tokens, weight_elems):
+        tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
     return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
                 sh, True, tiles, single, float(batch.scalings[single]) if single >= 0 else 1.0, split=split)
 
@@ -334,11 +355,13 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         return out
     x, gammas = x.contiguous(), gammas.contiguous()
     t = p.tiles
-    single = p.single_slot >= 0 and (t.cublas or t.tma) and ops.shared_outer
-    if single and not t.tma and ONE_SLOT_CHAIN:
-        return _launch_single(ops, x, gammas, p, out, fold=T >= FOLD_TOKENS)
-    if single and T >= FOLD_TOKENS and not t.tma:
-        return _launch_single_v15(ops, x, gammas, p, out)
+    single = p.single_slot >= 0 and ops.shared_outer
+    if single and t.cublas:
+        if folds(T, n * F * H):
+            return _launch_folded(ops, x, gammas, p, out)
+        fold = ops.buffers[0].shape[2] // 2 >= FOLD_MIN_RANK and T * n * F >= FOLD_ELEMS
+        return _launch_single(ops, x, gammas, p, out, fold)
+    single = single and t.tma
     # What may differ between calls on this plan, for the repeat-launch cache (launch_cache).
     key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
@@ -354,8 +377,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         br = max(16, triton.next_power_of_2(R))
-        if single:  # one slot for every token: its gate/up shrink is one cuBLAS GEMM
-            sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made after the up kernel
+        if single:  # the fused GEMMs' one slot: its gate/up shrink is one cuBLAS GEMM
+            sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made by _fused
         else:
             sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R, a_outer=2 * R,
@@ -369,21 +392,19 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if t.tma:
         return _fused(ops, x, gammas, act, out, p, lora)
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
-    _up(ops, x, y, gammas, act, p, lora, key + (single,))
+    _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
     if t.cublas:
         if not lora.on:
             return torch.mm(act, ops.w2_lin, out=out)
         R, O, br = lora.R, lora.O, lora.br
-        if single:  # and its down shrink over a_cat [S, R, n*F] another
-            mid = torch.mm(act, ops.a_cat[p.single_slot].T)
-        elif O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
+        if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
             _shrink(act, p, ops.a_cat, mid, mid, k=n * F, ldx=n * F, x_o_off=0, rank=R, outer=1, a_slot=R,
                     a_outer=0, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
         else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
             _shrink(act, p, lora.da, mid, mid, k=F, ldx=n * F, x_o_off=F, rank=R, outer=O, a_slot=n * R,
                     a_outer=R, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
-    _down(ops, act, out, p, lora, mid, key + (single,))
+    _down(ops, act, out, p, lora, mid, key)
     if t.cublas:
         out.addmm_(act, ops.w2_lin)  # cuBLAS adds the base down GEMM to the LoRA term
     return out
@@ -457,11 +478,6 @@ def _fused(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora) -> torch
     return out
 
 
-ONE_SLOT_CHAIN = True
-"""v17 (experiment switch, removed after the run): one-slot batches on the cuBLAS path take
-``_launch_single`` at every token count; ``False``: v15's chain."""
-
-
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 
 
@@ -497,19 +513,19 @@ class _Beside:
             self.main.wait_stream(self.side)
 
 
-def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool,
-                   beside: bool = True) -> torch.Tensor:
+def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool) -> torch.Tensor:
     """Every token on one slot ``s``, the cuBLAS path, shared outer: each shrink a cuBLAS GEMM
     on a side stream beside the base GEMM that reads the same input (``_Beside``), so the chain
     is four steps deep: ``sh = x A_s^T`` beside ``y = x w13_lin^T``; the activation (``_up``,
     ``Y_IN``), with the expand ``scale_s * sh W1Δ_s^T`` in its epilogue, or (``fold``) first
     added onto ``y`` by cuBLAS (``addmm``, ``alpha = scale_s``); ``mid = act a_cat_s^T`` beside
-    ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``). ``beside=False``: the same
-    launches one after the other."""
+    ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``; ``fold``: ``FOLD_ELEMS``). Where ``chain_tokens``:
+    ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
+    flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17)."""
     s, scale = p.single_slot, p.single_scale
     ga, gb, da, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
-    side = _Beside(x, beside)
+    side = _Beside(x)
     sh = torch.empty(T, 2 * R, dtype=x.dtype, device=x.device)
     with side:
         torch.mm(x, ga[s, 0].T, out=sh)                # [T, 2R]
@@ -530,8 +546,8 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fol
     return out
 
 
-def _launch_single_v15(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
-    """Every token on one slot ``s``, many tokens, shared outer: the LoRA folded into
+def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
+    """Every token on one slot ``s``, many tokens (``folds``), shared outer: the LoRA folded into
     cuBLAS calls around the base GEMMs, each product written once: ``y = (x A_s^T) W1Δ_s^T``
     then cuBLAS adds ``x w13_lin^T`` onto it (``beta = 1``: read in the GEMM's epilogue,
     nearly free while the GEMM is compute-bound), the activation kernel, and the same
@@ -574,11 +590,26 @@ def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: t
          num_warps=t.swarps, num_stages=3)
 
 
-FOLD_TOKENS = 2048
-"""From this many tokens a one-slot batch folds its LoRA into cuBLAS calls
-(``_launch_single``); below, its shrinks are cuBLAS GEMMs and the expand stays in the
-activation kernel (two launches fewer: 41-42 vs 42-43 µs at A 512, 78.9 vs 83.0 µs
-at A 2048 the other way, ``h200_side_by_side_v5/v6.json``)."""
+FOLD_TOKENS = 4096
+"""From this many tokens a one-slot batch on weights over ``SMALL_WEIGHTS`` folds its LoRA into
+the base GEMMs' ``beta = 1``
+(``folds``, ``_launch_folded``: no ``y`` or ``out`` round trip, which costs more than the side
+streams save once the GEMMs fill the GPU: at 8192 tokens on B, Inkling, TP8 0.95-0.97x sglang's
+one-slot chain against 0.96-0.99x for ``_launch_single``, ``h200_one_slot.json``; at 2048 the other way round,
+0.98-1.03x against 0.95-0.99x; 4096, between the two, was not measured)."""
+
+FOLD_ELEMS = 1 << 21
+FOLD_MIN_RANK = 33
+"""``_launch_single`` adds the expand onto ``y`` by cuBLAS (``fold``) where the pool's rank is at
+least ``FOLD_MIN_RANK`` and ``T * n * F`` reaches ``FOLD_ELEMS``, else in the activation's epilogue:
+the epilogue's dots grow with the rank, the fold's ``addmm`` is one more launch and a ``y`` round
+trip (``h200_one_slot.json``, R 64: the fold 0.97-0.99x sglang's one-slot chain at B 512, Inkling
+512 and 2048, A 2048, where the epilogue was 0.97-1.01x; below, the epilogue ahead, e.g. TP8 T512
+0.95-0.99x against 0.98-1.02x; at R 16 the epilogue ahead at every token count, 0.80-0.98x)."""
+
+ONE_SLOT_TILES = Tiles(bm=32, bf=64, bn=64, bk=64, k_chunk=512, warps=4, stages=2, cublas=True, sbm=64)
+"""``_launch_single``'s activation tiles (``plan``): 32 tokens by 64 features, 4 warps (192 programs
+at TP8 T = 512, where ``pick_tiles``' 64 x 128 gave 48): 0.95-0.99x sglang there against 0.97-1.01x."""
 
 GRAPH_TOKENS = 256
 """Up to this many tokens an eager call on CUDA replays a CUDA graph of its launches."""

@@ -1,16 +1,18 @@
 """v17 on a CUDA GPU (issue 26 target 2): the one-slot cuBLAS chain (``triton_backend._launch_single``)
-with each shrink on a side stream beside the base GEMM that reads the same input, against the
-kit's v15 chain (``ONE_SLOT_CHAIN = False``) and sglang 0.5.23's one-slot cuBLAS path taken from
-its wheel, at every S = 1 point from 32 tokens on (both flushes); then each launch of both chains
-alone, at the worst points, to say where the time goes.
+with each shrink on a side stream beside the base GEMM that reads the same input, against what
+``auto`` runs (``kit``) and sglang 0.5.23's one-slot cuBLAS path taken from its wheel, at every
+S = 1 point from 32 tokens on (both flushes); then each launch of both chains alone, at the
+worst points, to say where the time goes. (The recorded run, ``data/profiles/h200_one_slot.json``
+at 90edd14, also timed each variant without the side stream and the kit's v15 chains, whose
+code was removed after it: see KERNEL_NOTES.md v17.)
 
 1. Correctness first, against the float64 reference on fresh random inputs: bf16 and fp16, both
    gate/up layouts, one slot at scaling 0.7 in a pool with a rank-0 slot, the expand in the
-   activation's epilogue and folded into cuBLAS, side stream on and off, a graph of it replayed
-   twice (NaN-poisoned outputs), at a partial tile (37 tokens) and at 300.
-2. The sweep (``VARIANTS``): ``epi``/``fold`` (where the expand goes), ``_seq`` (no side stream),
-   ``_t2`` (the activation on 32 x 64 tiles, 4 warps, instead of ``pick_tiles``'), beside ``kit``
-   (the v15 chain that ``auto`` ran before) and ``sglang_one_slot``; medians, read and write flush.
+   activation's epilogue and folded into cuBLAS, a graph of it replayed twice (NaN-poisoned
+   outputs), at a partial tile (37 tokens) and at 300.
+2. The sweep (``VARIANTS``): ``epi``/``fold`` (where the expand goes) on ``pick_tiles``' cuBLAS-path
+   tiles, ``_t2`` on ``ONE_SLOT_TILES`` (32 x 64, 4 warps), beside ``kit`` (``auto``) and
+   ``sglang_one_slot``; medians, read and write flush.
 3. ``--breakdown``: each launch of both chains alone (read flush).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_one_slot.py --wheel WHEEL --out $OUT/NAME.json
@@ -21,7 +23,6 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,7 +34,6 @@ from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
 VARIANTS = {"epi": dict(fold=False), "fold": dict(fold=True),
-            "epi_seq": dict(fold=False, beside=False), "fold_seq": dict(fold=True, beside=False),
             "epi_t2": dict(fold=False, tiles="t2"), "fold_t2": dict(fold=True, tiles="t2")}
 POINTS = [(T, shapes) for T, shapes in ((32, ("B", "Inkling", "Inkling-TP8")),
                                          (128, pr.SIDE_SHAPES), (512, pr.SIDE_SHAPES),
@@ -44,30 +44,23 @@ BREAKDOWN = [("Inkling-TP8", 64, 512), ("Inkling", 64, 512), ("Inkling", 64, 128
 
 def cublas_tiles(T: int, ops, which: str = "auto") -> tb.Tiles:
     """``pick_tiles``' cuBLAS-path tiles at ``T`` (its 33-128-token ones where it streams
-    weights there instead); ``"t2"``: the activation on 32 x 64 tiles, 4 warps, 2 stages."""
+    weights there instead); ``"t2"``: ``ONE_SLOT_TILES``."""
+    if which == "t2":
+        return tb.ONE_SLOT_TILES
     t = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden, tma=False)
-    if not t.cublas:
-        t = tb.pick_tiles(128, 1 << 40, ops.hidden, tma=False)
-    return replace(t, bm=32, bf=64, warps=4, stages=2) if which == "t2" else t
+    return t if t.cublas else tb.pick_tiles(128, 1 << 40, ops.hidden, tma=False)
 
 
-def chain(ops, x, gammas, batch, out, fold: bool, beside: bool = True, tiles: str = "auto"):
+def chain(ops, x, gammas, batch, out, fold: bool, tiles: str = "auto"):
     p = tb.plan(ops, x.shape[0], batch, x.device, cublas_tiles(x.shape[0], ops, tiles))
     assert p.single_slot >= 0
-    return lambda: tb._launch_single(ops, x, gammas, p, out, fold=fold, beside=beside)
+    return lambda: tb._launch_single(ops, x, gammas, p, out, fold=fold)
 
 
-def v15(ops, x, gammas, batch, out):
-    """``auto``'s plan and launch as before v17 (``ONE_SLOT_CHAIN = False`` while it enqueues)."""
+def kit(ops, x, gammas, batch, out):
+    """``auto``: ``plan``'s own tiles."""
     p = tb.plan(ops, x.shape[0], batch, x.device)
-
-    def fn():
-        tb.ONE_SLOT_CHAIN = False
-        try:
-            return tb.launch(ops, x, gammas, p, out)
-        finally:
-            tb.ONE_SLOT_CHAIN = True
-    return fn
+    return lambda: tb.launch(ops, x, gammas, p, out)
 
 
 def correctness() -> list[dict]:
@@ -115,7 +108,7 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
-        fns = {"kit": v15(ops, x, gammas, batch, torch.empty_like(x))}
+        fns = {"kit": kit(ops, x, gammas, batch, torch.empty_like(x))}
         for name, kw in VARIANTS.items():
             fns[name] = chain(ops, x, gammas, batch, torch.empty_like(x), **kw)
         one = upstream_cls(sink, batch)
@@ -169,7 +162,7 @@ def breakdown(upstream_cls, reps: int) -> list[dict]:
                "mm_shrink_down": lambda: torch.mm(act, ops.a_cat[s].T, out=mid),
                "addmm_down_lora": lambda: out.addmm_(mid, db[s, 0].T),
                "sglang_one_slot": lambda: one.forward(x, gammas),
-               "kit_v15": v15(ops, x, gammas, batch, torch.empty_like(x))}
+               "kit": kit(ops, x, gammas, batch, torch.empty_like(x))}
         for w, p in plans.items():
             fns[f"up_act_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, tb.Lora.none(x))
             fns[f"up_act_expand_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, lora)
