@@ -11,7 +11,11 @@ all-reduce, so adapters cost no extra communication.
 Backends: ``gloo`` on CPU, ``nccl`` on GPUs (one per rank). ``run_tp`` starts the
 ranks with ``torch.multiprocessing`` (works from a notebook: what the ranks run lives
 here, so it is importable); ``python -m inkling_lab.parallel --tp 2`` does the same
-from the shell, and runs as one rank per process under ``torchrun``.
+from the shell, and runs as one rank per process under ``torchrun``. The ranks are
+forked from a fork server that imported torch and the kit once (``forkserver``,
+where the platform has it, else ``spawn``): a run no longer pays one torch import per
+rank, and the server itself never touched CUDA or a thread pool, so forking it is safe.
+Each rank runs in the caller's current environment, as a spawned one would.
 """
 from __future__ import annotations
 
@@ -362,8 +366,15 @@ def _in_group(task: str, args: tuple, dist_backend: str, rank: int, tp: int, loc
 
 
 def _spawned_rank(rank: int, tp: int, task: str, args: tuple, dist_backend: str, init_method: str,
-                  results: Any) -> None:
+                  results: Any, environ: dict[str, str]) -> None:
+    # The fork server's environment is the caller's of its first run: take today's.
+    os.environ.clear()
+    os.environ.update(environ)
     results.put((rank, _in_group(task, args, dist_backend, rank, tp, rank, init_method)))
+
+
+_START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+"""How ``run_tp`` starts its ranks (see the module docstring)."""
 
 
 # -- the launcher ------------------------------------------------------------------------
@@ -383,11 +394,15 @@ def resolve_dist_backend(dist_backend: str, tp: int) -> str:
 def _spawn(task: str, args: tuple, tp: int, dist_backend: str, timeout_s: float) -> list[dict[str, Any]]:
     """Start ``tp`` ranks, run ``task`` in one process group, return rank 0's records."""
     store = tempfile.mkdtemp(prefix="inkling_tp_")
-    results = mp.get_context("spawn").Queue()
+    context = mp.get_context(_START_METHOD)
+    if _START_METHOD == "forkserver":  # takes effect when the server starts (its first run)
+        context.set_forkserver_preload(["__main__", "inkling_lab"])
+    results = context.Queue()
     ctx = None
     try:
-        ctx = mp.spawn(_spawned_rank, args=(tp, task, args, dist_backend, f"file://{store}/rendezvous",
-                                            results), nprocs=tp, join=False)
+        ctx = mp.start_processes(_spawned_rank, args=(tp, task, args, dist_backend, f"file://{store}/rendezvous",
+                                                      results, dict(os.environ)),
+                                 nprocs=tp, join=False, start_method=_START_METHOD)
         got: dict[int, list[dict[str, Any]]] = {}
         waited = 0.0
         # Read while the ranks live: a rank exits only once its results are taken.
