@@ -26,6 +26,30 @@ def interpreter_on() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = saved
 
 
+@contextmanager
+def without_overflow_checks() -> Iterator[None]:
+    """Triton's interpreter without its int32 overflow sanitizer inside, with it after.
+
+    The interpreter checks every integer add, sub and mul of a kernel for int32 overflow
+    (a cast to int64, two compares and an assert, each interpreted): about half of an
+    interpreted launch's time. A compiled kernel has no such check (it is a debug option).
+    Only for tests whose point is what a kernel computes where the check adds nothing:
+    vLLM's kernels (upstream's code, the kit claims only their output) and a GPU script
+    driving the kit's own kernels, which ``test_triton.py`` runs with the check at these
+    sizes. Needs triton imported for the interpreter (``conftest.py`` does it)."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    saved = builder.options
+    builder.options = dataclasses.replace(saved, sanitize_overflow=False)
+    try:
+        yield
+    finally:
+        builder.options = saved
+
+
 def import_triton_for_the_interpreter() -> None:
     """Without a GPU, import triton for the first time under ``TRITON_INTERPRET=1``.
 

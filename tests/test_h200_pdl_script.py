@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interpreted import import_interpreted
+from interpreted import import_interpreted, without_overflow_checks
 from inkling_lab import profile as pr
 from inkling_lab.geometry import PRESETS
 from inkling_lab.batch import SlotBatch
@@ -35,7 +35,8 @@ def script(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     to = SlotBatch.to
     monkeypatch.setattr(SlotBatch, "to", lambda self, device: to(self, "cpu"))
-    return module
+    with without_overflow_checks():  # test_triton.py runs these kernels with the check
+        yield module
 
 
 @pytest.mark.slow

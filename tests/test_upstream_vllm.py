@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from interpreted import interpreter_on
+from interpreted import interpreter_on, without_overflow_checks
 from inkling_lab import upstream_vllm as uv
 from inkling_lab.forward.reference import reference_forward
 from inkling_lab.geometry import Geometry
@@ -52,7 +52,7 @@ def test_vllm_punica_forward_matches_the_reference(tmp_path, monkeypatch, interl
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # the stub platform asks
     saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
     try:
-        with interpreter_on():
+        with interpreter_on(), without_overflow_checks():
             for k in saved:
                 del sys.modules[k]
             uv.load(tmp_path)
