@@ -11,11 +11,19 @@
   other worker runs the unit tests and the notebooks meanwhile, the longest unit modules
   first, so that both workers end on short scopes instead of the browser test or a long
   module starting late and running alone at the end.
+* Notebook kernels (nbval's, and the browser test's JupyterLab's) fork from warm servers
+  of this run's own (scripts/warm_kernel.py, in a folder named by INKLING_LAB_KERNEL_DIR,
+  which the workers and JupyterLab inherit), stopped as the run ends.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -33,6 +41,21 @@ _NB_STATS: dict[str, dict[str, int]] = {}
 _FIRST_SCOPES = ("tests/test_e2e_jupyterlab.py", "tests/test_parallel.py", "tests/test_triton.py",
                  "tests/test_upstream_vllm.py", "tests/test_files_and_cli_safety.py", "tests/test_widgets.py",
                  "tests/test_h200_pdl_script.py", "tests/test_hostile.py")
+
+
+_KERNEL_SERVERS: list[str] = []  # the folder this run made for its warm kernel servers
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and "INKLING_LAB_KERNEL_DIR" not in os.environ:
+        _KERNEL_SERVERS.append(tempfile.mkdtemp(prefix="inkling-kernels-"))
+        os.environ["INKLING_LAB_KERNEL_DIR"] = _KERNEL_SERVERS[0]
+
+
+def pytest_unconfigure(config):
+    for folder in _KERNEL_SERVERS:  # `stop` returns once they have exited
+        subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "warm_kernel.py"), "stop", folder])
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _cuda() -> bool:
