@@ -9,20 +9,19 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
 
-pytest.importorskip("peft", reason="needs peft >= 0.18 (the test extra)")
+from inkling_lab import export as export_module
+from inkling_lab.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter, synthetic_adapter
+from inkling_lab.cli import main
+from inkling_lab.compare import factor_deltas
+from inkling_lab.export import export_for_sglang, shared_outer, verify_export
+from inkling_lab.pool import LoRAFactors
+from inkling_lab.records import relative_error
+from inkling_lab.sglang_path import run_sglang
+from peers import installed
 
-from peft import LoraConfig, get_peft_model  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
-
-from inkling_lab import export as export_module  # noqa: E402
-from inkling_lab.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter, synthetic_adapter  # noqa: E402
-from inkling_lab.cli import main  # noqa: E402
-from inkling_lab.compare import factor_deltas  # noqa: E402
-from inkling_lab.export import export_for_sglang, shared_outer, verify_export  # noqa: E402
-from inkling_lab.pool import LoRAFactors  # noqa: E402
-from inkling_lab.records import relative_error  # noqa: E402
-from inkling_lab.sglang_path import run_sglang  # noqa: E402
+pytestmark = pytest.mark.skipif(not installed("peft"), reason="needs peft >= 0.18 (the test extra)")
 
 D = torch.float64
 SINK = ("gate_proj", "up_proj", "down_proj")
@@ -53,6 +52,8 @@ def peft_classic(folder, n, H, F, r, *, layers=1, targets=SINK, attention=False,
     (``gate_proj``/``up_proj`` Linear ``H -> n*F``, ``down_proj`` ``n*F -> H``), factors
     representable in ``dtype``, saved in ``dtype``. Returns PEFT's own delta of every LoRA
     module (``get_delta_weight``, float64), by module name."""
+    from peft import LoraConfig, get_peft_model
+
     torch.manual_seed(seed)
     model = torch.nn.Module()
     model.model = torch.nn.Module()

@@ -16,16 +16,15 @@ import warnings
 import pytest
 import torch
 
-pytest.importorskip("peft", reason="peft is not installed in this environment")
-pytest.importorskip("transformers.models.inkling", reason="transformers >= 5.24 (Inkling) is not installed")
+from inkling_lab.adapters import load_adapter
+from inkling_lab.compare import factor_deltas
+from inkling_lab.convert import convert
+from inkling_lab.doctor import doctor
+from peers import installed
 
-from peft import LoraConfig, get_peft_model  # noqa: E402
-from transformers import InklingForCausalLM, InklingTextConfig  # noqa: E402
-
-from inkling_lab.adapters import load_adapter  # noqa: E402
-from inkling_lab.compare import factor_deltas  # noqa: E402
-from inkling_lab.convert import convert  # noqa: E402
-from inkling_lab.doctor import doctor  # noqa: E402
+pytestmark = [pytest.mark.skipif(not installed("peft"), reason="peft is not installed in this environment"),
+              pytest.mark.skipif(not installed("transformers.models.inkling"),
+                                 reason="transformers >= 5.24 (Inkling) is not installed")]
 
 N, H, F = 2, 32, 16
 """transformers' Inkling text tester's sink (tests/models/inkling/test_modeling_inkling.py on
@@ -75,6 +74,8 @@ CASES = {
 def _tiny_inkling() -> InklingForCausalLM:
     """The text tester's model (hidden 32, gelu, 2 layers), every layer's MLP sparse so that
     both layers hold a shared sink (the tester's second layer is the sparse one)."""
+    from transformers import InklingForCausalLM, InklingTextConfig
+
     torch.manual_seed(0)
     config = InklingTextConfig(vocab_size=99, hidden_size=H, num_hidden_layers=2, num_attention_heads=2,
                                num_key_value_heads=2, intermediate_size=37, hidden_act="gelu", pad_token_id=0,
@@ -85,6 +86,8 @@ def _tiny_inkling() -> InklingForCausalLM:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_peft_s_configurations_on_inkling_convert_to_peft_s_own_merged_weights(case, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
     model = _tiny_inkling()
     base = {k: v.detach().clone() for k, v in model.named_parameters() if "shared_experts" in k}
     try:
@@ -132,6 +135,8 @@ def test_a_second_adapter_reuses_the_wrapper_and_is_read_from_its_own_folder(tmp
     """tests/test_target_parameters.py, the MoE tests: a second adapter on the same parameters
     goes into the existing ParamWrapper (no deeper nesting), and PEFT saves it in a subfolder
     named after it; the kit reads each at its own folder as PEFT's own math."""
+    from peft import LoraConfig, get_peft_model
+
     model = _tiny_inkling()
     base = {k: v.detach().clone() for k, v in model.named_parameters() if "shared_experts" in k}
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=[], target_parameters=ALL,

@@ -16,15 +16,12 @@ import warnings
 import pytest
 import torch
 
-pytest.importorskip("transformers.models.inkling", reason="transformers >= 5.24 (Inkling) is not installed")
+from inkling_lab.sink import ACTIVATIONS
+from inkling_lab.transformers_interop import sink_from_checkpoint, sink_from_transformers
+from peers import installed
 
-from transformers import (InklingConfig, InklingForCausalLM, InklingForConditionalGeneration,  # noqa: E402
-                          InklingTextConfig)
-from transformers.activations import ACT2FN  # noqa: E402
-from transformers.models.inkling import modeling_inkling  # noqa: E402
-
-from inkling_lab.sink import ACTIVATIONS  # noqa: E402
-from inkling_lab.transformers_interop import sink_from_checkpoint, sink_from_transformers  # noqa: E402
+pytestmark = pytest.mark.skipif(not installed("transformers.models.inkling"),
+                                reason="transformers >= 5.24 (Inkling) is not installed")
 
 TEXT_TESTER = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                    intermediate_size=37, hidden_act="gelu", max_position_embeddings=512, pad_token_id=0,
@@ -38,6 +35,8 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
 def _text_model(hidden_act: str = "gelu", dtype: torch.dtype = torch.float32) -> InklingForCausalLM:
+    from transformers import InklingForCausalLM, InklingTextConfig
+
     torch.manual_seed(0)
     return InklingForCausalLM(InklingTextConfig(**{**TEXT_TESTER, "hidden_act": hidden_act})).to(dtype).eval()
 
@@ -46,6 +45,9 @@ def _multimodal_model(monkeypatch: pytest.MonkeyPatch) -> InklingForConditionalG
     """InklingForConditionalGeneration of the audio tester's config. Its vision tower needs
     scipy to plan its scales; where scipy is absent the tower (no part of the sink nor of
     its checkpoint names) is left out."""
+    from transformers import InklingConfig, InklingForConditionalGeneration
+    from transformers.models.inkling import modeling_inkling
+
     try:
         import scipy  # noqa: F401
     except ImportError:
@@ -59,6 +61,8 @@ def _multimodal_model(monkeypatch: pytest.MonkeyPatch) -> InklingForConditionalG
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 def test_every_activation_the_kit_computes_is_transformers_own(name):
     """ACT2FN (transformers.activations) is what InklingSharedExperts calls: the kit's table agrees."""
+    from transformers.activations import ACT2FN
+
     x = torch.linspace(-8, 8, 1001, dtype=torch.float64)
     torch.testing.assert_close(ACTIVATIONS[name](x), ACT2FN[name](x), rtol=1e-12, atol=1e-12)
 

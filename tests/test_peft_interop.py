@@ -7,24 +7,23 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import save_file
 
-pytest.importorskip("transformers.models.inkling", reason="needs transformers >= 5.24 (the test extra)")
-pytest.importorskip("peft", reason="needs peft >= 0.18 (the test extra)")
-
-from safetensors.torch import save_file  # noqa: E402
-from transformers import InklingTextConfig  # noqa: E402
-from transformers.models.inkling.modeling_inkling import InklingSharedExperts  # noqa: E402
-
-from inkling_lab.adapters import (  # noqa: E402
+from inkling_lab.adapters import (
     CONFIG_FILE, WEIGHTS_FILE, is_target_parameters_export, load_adapter, peft_target_parameter_keys, save_adapter)
-from inkling_lab.batch import SlotBatch  # noqa: E402
-from inkling_lab.convert import convert  # noqa: E402
-from inkling_lab.doctor import doctor  # noqa: E402
-from inkling_lab.errors import expect_error  # noqa: E402
-from inkling_lab.records import relative_error  # noqa: E402
-from inkling_lab.transformers_interop import (  # noqa: E402
+from inkling_lab.batch import SlotBatch
+from inkling_lab.convert import convert
+from inkling_lab.doctor import doctor
+from inkling_lab.errors import expect_error
+from inkling_lab.records import relative_error
+from inkling_lab.transformers_interop import (
     PARAMETERS, make_peft_sink_adapter, peft_agreement, sink_from_checkpoint, sink_from_transformers, to_transformers,
     transformers_state)
+from peers import installed
+
+pytestmark = [pytest.mark.skipif(not installed("transformers.models.inkling"),
+                                 reason="needs transformers >= 5.24 (the test extra)"),
+              pytest.mark.skipif(not installed("peft"), reason="needs peft >= 0.18 (the test extra)")]
 
 D = torch.float64
 
@@ -35,6 +34,9 @@ def _inputs(T, H, n, seed):
 
 
 def _hf_sink(n, H, F, seed, dtype=D):
+    from transformers import InklingTextConfig
+    from transformers.models.inkling.modeling_inkling import InklingSharedExperts
+
     module = InklingSharedExperts(InklingTextConfig(hidden_size=H, moe_intermediate_size=F, n_shared_experts=n))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

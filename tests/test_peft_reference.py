@@ -12,8 +12,9 @@ import torch
 from inkling_lab.adapters import Adapter, PeftConfig, load_adapter
 from inkling_lab.compare import compare
 from inkling_lab.peft_reference import PeftRefused, kit_reading, peft_reference
+from peers import installed
 
-pytest.importorskip("peft", reason="peft is not installed in this environment")
+pytestmark = pytest.mark.skipif(not installed("peft"), reason="peft is not installed in this environment")
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "adapters"
 MANIFEST = {m["name"]: m for m in json.loads((SAMPLES / "MANIFEST.json").read_text())}
