@@ -23,8 +23,9 @@ epilogues, but each program streams a few weight rows across all of ``K`` with n
 For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
 ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
 (``Y_IN``) instead of computing it, a second ``shrink_kernel`` launch computes the
-down shrink from ``act``, and ``down_kernel`` writes only the LoRA term into ``out``,
-to which cuBLAS's in-place ``addmm`` adds ``act @ w2_lin``.
+down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
+the same input, ``triton_backend._Beside``), and ``down_kernel`` adds only the LoRA term
+onto cuBLAS's ``out = act @ w2_lin``.
 
 Each slot's LoRA terms are scaled by ``scalings[s]`` of the batch (1 unless told:
 the pool folds ``lora_alpha / r`` into B). No token order is assumed: every tile reads its tokens' slots and loops over the
@@ -246,7 +247,7 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                 PDL: tl.constexpr = False):
     """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
     ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
-    ``BASE=False``: only the LoRA term is written (cuBLAS adds ``act @ w2_lin`` to it).
+    ``BASE=False``: ``out`` holds cuBLAS's ``act @ w2_lin`` already and the LoRA term is added to it.
     The first column of tiles then zeroes ``sh`` for the next forward. ``SPLIT > 1``:
     consecutive programs split the ``K`` steps of a tile and reduce through
     ``ws [T, H]`` and ``cnt`` as ``up_kernel`` does; the last adds the LoRA term.
@@ -263,6 +264,9 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
     hs = pid_n * BN + tl.arange(0, BN)
     h_ok = hs < H
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if not BASE:
+        acc = tl.load(out_ptr + rows[:, None] * H + hs[None, :], mask=row_ok[:, None] & h_ok[None, :],
+                      other=0.0).to(tl.float32)
     if BASE:
         kb = tl.cdiv(F, BK)
         per = tl.cdiv(N_EXP * kb, SPLIT)

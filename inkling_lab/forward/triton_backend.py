@@ -372,6 +372,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         _run(kernels.slots_kernel, (b.num_segments,),
              (b.seg_indptr, b.weight_indices, b.lora_ranks, b.permutation if b.permutation is not None else p.slots,
               p.slots), fast=(p.fast, ("slots", key)), HAS_PERM=b.permutation is not None, BLOCK=128)
+    # cuBLAS path: each shrink beside the cuBLAS GEMM that reads the same input (_Beside)
+    side = _Beside(x, t.cublas and p.has_lora and MULTI_BESIDE)
     if p.has_lora:
         ga, gb, da, db = (b.contiguous() for b in ops.buffers)
         S, O, two_r, _ = ga.shape
@@ -381,8 +383,9 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
             sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made by _fused
         else:
             sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-            _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R, a_outer=2 * R,
-                    halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
+            with side:
+                _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
+                        a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
         lora = Lora.none(x)
@@ -392,21 +395,23 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if t.tma:
         return _fused(ops, x, gammas, act, out, p, lora)
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
+    side.join()
     _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
     if t.cublas:
         if not lora.on:
             return torch.mm(act, ops.w2_lin, out=out)
         R, O, br = lora.R, lora.O, lora.br
-        if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
-            _shrink(act, p, ops.a_cat, mid, mid, k=n * F, ldx=n * F, x_o_off=0, rank=R, outer=1, a_slot=R,
-                    a_outer=0, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
-        else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
-            _shrink(act, p, lora.da, mid, mid, k=F, ldx=n * F, x_o_off=F, rank=R, outer=O, a_slot=n * R,
-                    a_outer=R, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
-    _down(ops, act, out, p, lora, mid, key)
-    if t.cublas:
-        out.addmm_(act, ops.w2_lin)  # cuBLAS adds the base down GEMM to the LoRA term
+        with side:
+            if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
+                _shrink(act, p, ops.a_cat, mid, mid, k=n * F, ldx=n * F, x_o_off=0, rank=R, outer=1, a_slot=R,
+                        a_outer=0, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
+            else:       # down_A [S, n, R, F]: expert e reads its own F columns of act
+                _shrink(act, p, lora.da, mid, mid, k=F, ldx=n * F, x_o_off=F, rank=R, outer=O, a_slot=n * R,
+                        a_outer=R, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
+        torch.mm(act, ops.w2_lin, out=out)
+        side.join()
+    _down(ops, act, out, p, lora, mid, key)  # on the cuBLAS path: adds the LoRA term onto out
     return out
 
 
@@ -477,6 +482,10 @@ def _fused(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora) -> torch
     fused_gemm.down(ops, act, out, p.slots, p.scalings, mid, lora.db if lora.on else None, t)
     return out
 
+
+MULTI_BESIDE = True
+"""v17b (experiment switch, removed after its run): the multi-slot cuBLAS path's shrinks on the
+side stream (``False``: one after the other, as before)."""
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 

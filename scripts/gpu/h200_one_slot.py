@@ -15,6 +15,12 @@ code was removed after it: see KERNEL_NOTES.md v17.)
    ``sglang_one_slot``; medians, read and write flush.
 3. ``--breakdown``: each launch of both chains alone (read flush).
 
+``--multi``: the multi-slot cuBLAS path (v17b) with its two shrink launches on the side stream
+(``kit``) against the same launches one after the other (``kit_seq``: ``MULTI_BESIDE = False``
+while it enqueues) and sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes;
+its correctness matrix first (mixed slots with base-only and rank-0 tokens, both outer layouts,
+a device-resident batch, graph replays).
+
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_one_slot.py --wheel WHEEL --out $OUT/NAME.json
 """
 from __future__ import annotations
@@ -183,6 +189,69 @@ def breakdown(upstream_cls, reps: int) -> list[dict]:
     return rows
 
 
+MULTI_TOKENS = (128, 512, 2048, 8192)
+
+
+def multi_correctness() -> list[dict]:
+    rows = []
+    layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
+    for shape, T in (("A", 200), ("Inkling-TP8", 100)):
+        for o, i, d in layouts:
+            c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
+            sc = c.scenario("cuda", seed=T + o)
+            x, gammas, g = sc.x, sc.gammas, c.geometry
+            ids = torch.randint(-1, g.slots, (T,), generator=torch.Generator().manual_seed(T + o))
+            ids[0] = 0
+            batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0],
+                                               scalings=[0.7, 1.3, 1.0])
+            ops = sc.sink.operands()
+            t = tb.plan(ops, T, batch, x.device).tiles
+            assert t.cublas
+            ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
+            try:
+                errs = h200_pdl.check(ops, x, gammas, batch, t, ref, ref_base, c)
+            except Exception as exc:  # recorded, and the run goes on
+                errs = {"failure": float("nan")}
+                print(f"check {shape} O={o} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            ok = all(e == e and e < 1e-2 for e in errs.values())
+            rows.append({**c.record(), "rel_err": errs, "ok": ok})
+            print(f"check {shape} T{T} O={o} il={i} {d}: worst {max(errs.values()):.1e}", flush=True)
+    return rows
+
+
+def multi_sweep(upstream_cls, reps: int, shapes) -> list[dict]:
+    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+
+    def fns_for(sink, ops, x, gammas, batch):
+        p = tb.plan(ops, x.shape[0], batch, x.device)
+        assert p.tiles.cublas and p.single_slot < 0
+        out, out_seq = torch.empty_like(x), torch.empty_like(x)
+
+        def seq():
+            tb.MULTI_BESIDE = False
+            try:
+                return tb.launch(ops, x, gammas, p, out_seq)
+            finally:
+                tb.MULTI_BESIDE = True
+        multi = upstream_cls(sink, batch, min_slots=2)
+        return {"kit": lambda: tb.launch(ops, x, gammas, p, out), "kit_seq": seq,
+                "sglang_multi": lambda: multi.forward(x, gammas)}
+
+    rows = []
+    for shape in shapes:
+        base = None
+        for R in (16, 64):
+            for S in (4, 8):
+                for T in MULTI_TOKENS:
+                    base, row = h200_pdl.time_point(pr.Case.of(shape, R, S, T), fns_for, flushes, reps, base)
+                    rows.append(row)
+                    us = row["us"]
+                    print(f"{shape:<11} R{R:<2} S{S} T{T:<4} " + " ".join(f"{k} {u:.1f}" for k, u in us.items())
+                          + " kit/multi {:.3f} {:.3f}".format(*(us[f"kit@{f}"] / us[f"sglang_multi@{f}"]
+                                                              for f in flushes)), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wheel", required=True)
@@ -190,6 +259,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(pr.SIDE_SHAPES))
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink, unpack
 
@@ -199,6 +269,19 @@ def main() -> int:
     print(env, ceilings, flush=True)
     rec = {"environment": env, "ceilings": ceilings, "variants": VARIANTS,
            "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
+    if args.multi:
+        rec["correctness"] = multi_correctness()
+        records.write_json(args.out, rec)
+        print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok", flush=True)
+        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","))
+        rec["seconds"] = round(time.time() - t0, 1)
+        records.write_json(args.out, rec)
+        for fl in ("read", "write"):
+            wins = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) < r["us"]["sglang_multi@" + fl])
+                    for k in ("kit", "kit_seq")}
+            print(f"{fl}: points faster than sglang's multi-slot path (of {len(rec['points'])}):", wins)
+        print(f"{rec['seconds']} s")
+        return 0
     rec["correctness"] = correctness()
     records.write_json(args.out, rec)
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
