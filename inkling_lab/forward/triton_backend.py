@@ -372,8 +372,9 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         _run(kernels.slots_kernel, (b.num_segments,),
              (b.seg_indptr, b.weight_indices, b.lora_ranks, b.permutation if b.permutation is not None else p.slots,
               p.slots), fast=(p.fast, ("slots", key)), HAS_PERM=b.permutation is not None, BLOCK=128)
-    # cuBLAS path: each shrink beside the cuBLAS GEMM that reads the same input (_Beside)
-    side = _Beside(x, t.cublas and p.has_lora and MULTI_BESIDE)
+    # The cuBLAS path: each shrink beside the cuBLAS GEMM that reads the same input (_Beside;
+    # h200_multi_beside.json: 0.89-1.03x the same launches in one stream, faster at 53/60 points).
+    side = _Beside(x, t.cublas and p.has_lora)
     if p.has_lora:
         ga, gb, da, db = (b.contiguous() for b in ops.buffers)
         S, O, two_r, _ = ga.shape
@@ -482,10 +483,6 @@ def _fused(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora) -> torch
     fused_gemm.down(ops, act, out, p.slots, p.scalings, mid, lora.db if lora.on else None, t)
     return out
 
-
-MULTI_BESIDE = True
-"""v17b (experiment switch, removed after its run): the multi-slot cuBLAS path's shrinks on the
-side stream (``False``: one after the other, as before)."""
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 

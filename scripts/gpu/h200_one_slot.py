@@ -16,10 +16,10 @@ code was removed after it: see KERNEL_NOTES.md v17.)
 3. ``--breakdown``: each launch of both chains alone (read flush).
 
 ``--multi``: the multi-slot cuBLAS path (v17b) with its two shrink launches on the side stream
-(``kit``) against the same launches one after the other (``kit_seq``: ``MULTI_BESIDE = False``
-while it enqueues) and sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes;
-its correctness matrix first (mixed slots with base-only and rank-0 tokens, both outer layouts,
-a device-resident batch, graph replays).
+(``kit``) against sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes; its
+correctness matrix first (mixed slots with base-only and rank-0 tokens, both outer layouts, a
+device-resident batch, graph replays). The recorded run (``h200_multi_beside.json`` at 44d80d6)
+also timed the same launches in one stream (``kit_seq``, a switch removed after it).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_one_slot.py --wheel WHEEL --out $OUT/NAME.json
 """
@@ -225,17 +225,9 @@ def multi_sweep(upstream_cls, reps: int, shapes) -> list[dict]:
     def fns_for(sink, ops, x, gammas, batch):
         p = tb.plan(ops, x.shape[0], batch, x.device)
         assert p.tiles.cublas and p.single_slot < 0
-        out, out_seq = torch.empty_like(x), torch.empty_like(x)
-
-        def seq():
-            tb.MULTI_BESIDE = False
-            try:
-                return tb.launch(ops, x, gammas, p, out_seq)
-            finally:
-                tb.MULTI_BESIDE = True
+        out = torch.empty_like(x)
         multi = upstream_cls(sink, batch, min_slots=2)
-        return {"kit": lambda: tb.launch(ops, x, gammas, p, out), "kit_seq": seq,
-                "sglang_multi": lambda: multi.forward(x, gammas)}
+        return {"kit": lambda: tb.launch(ops, x, gammas, p, out), "sglang_multi": lambda: multi.forward(x, gammas)}
 
     rows = []
     for shape in shapes:
@@ -280,8 +272,7 @@ def main() -> int:
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         for fl in ("read", "write"):
-            wins = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) < r["us"]["sglang_multi@" + fl])
-                    for k in ("kit", "kit_seq")}
+            wins = sum(1 for r in rec["points"] if r["us"][f"kit@{fl}"] < r["us"]["sglang_multi@" + fl])
             print(f"{fl}: points faster than sglang's multi-slot path (of {len(rec['points'])}):", wins)
         print(f"{rec['seconds']} s")
         return 0
