@@ -3,6 +3,7 @@ that match no target module are warned about (ISL-W002) and then fail
 ``load_lora_weight_to_buffer``'s per-layer loop (ISL-E036, every release); 0.5.23 refuses an
 indexed shared-expert weight on a layer whose sink is not wrapped (ISL-E037). ``selfcheck``'s
 ``loading`` area checks the same against each wheel's own function (test_selfcheck.py)."""
+import ast
 import os
 import subprocess
 import sys
@@ -116,16 +117,25 @@ def test_get_target_module_name_is_the_longest_target_in_the_name(targets, name)
 
 
 def test_the_target_set_prints_sorted_whatever_the_hash_seed():
+    names = "{'qkv_proj', 'down_proj', 'gate_up_proj', 'o_proj'}"
     code = ("from inkling_lab.sglang_path import check_buffer_names; import torch; "
-            "print(check_buffer_names({0: {'layers.0.x.lora_A.weight': torch.zeros(1, 1)}}, [], "
-            "{'qkv_proj', 'down_proj', 'gate_up_proj', 'o_proj'}, True).text)")
-    # Two seeds that iterate these four names in different orders (seed 1 orders them as 0
-    # does): each launch is a torch import, and a third seed would show no order not seen.
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}).stdout
-            for seed in ("0", "2")}
-    assert outs == {"ValueError: Cannot find target module name for layers.0.x.lora_A.weight in "
-                    "{'down_proj', 'gate_up_proj', 'o_proj', 'qkv_proj'}\n"}
+            f"print(list({names})); print(check_buffer_names({{0: {{'layers.0.x.lora_A.weight': torch.zeros(1, 1)}}}}, "
+            f"[], {names}, True).text)")
+    want = ("ValueError: Cannot find target module name for layers.0.x.lora_A.weight in "
+            "{'down_proj', 'gate_up_proj', 'o_proj', 'qkv_proj'}\n")
+    here = check_buffer_names({0: {"layers.0.x.lora_A.weight": torch.zeros(1, 1)}}, [], ast.literal_eval(names), True).text
+    runs = {str(list(ast.literal_eval(names))): here + "\n"}  # this process's hash seed, and its order of the set
+    # Seeds 0 and 2 iterate these four names in different orders (seed 1 orders them as 0
+    # does): a process of the first whose order this one has not shown yet (each launch is
+    # a torch import), so the text is seen under at least two orders.
+    for seed in ("0", "2"):
+        order, text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                     env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)},
+                                     ).stdout.split("\n", 1)
+        runs[order] = text
+        if len(runs) > 1:
+            break
+    assert len(runs) == 2 and set(runs.values()) == {want}, runs
     assert targets_text({"b", "a"}) == "{'a', 'b'}" and targets_text(set()) == "set()"
 
 
