@@ -18,6 +18,10 @@ lab="${LAB_DIR:-lab}"  # the browser test keeps its own copies (LAB_DIR=lab-e2e)
 # "would you like news?" toast and update check, off for the kit's own environment (its
 # app-wide overrides; a person's own settings are not touched).
 overrides="$venv/share/jupyter/lab/settings/overrides.json"
+# The notebook kernels' warm server (scripts/warm_kernel.py) imports torch and the kit
+# while the rest starts, so that the first notebook's kernel starts warm too (it does
+# nothing when the kernelspec Jupyter finds is not the kit's).
+"$venv/bin/python" scripts/warm_kernel.py start || true
 "$venv/bin/python" - "$lab" "$overrides" <<'PY'
 import json, sys
 from pathlib import Path

@@ -24,7 +24,8 @@ all start their kernels through it. One file, one job, three parts:
   launcher was killed). The server reaps each kernel and tells its launcher the exit
   status; it exits after ``IDLE_EXIT_S`` with no kernel, on ``stop``, or at once when a
   file it imported changed (a later launcher then starts a fresh one).
-* ``install [--prefix P]`` writes the kernelspec (ipykernel's own, with this argv), and
+* ``install [--prefix P]`` writes the kernelspec (ipykernel's own, with this argv);
+  ``start`` starts the server of its environment ahead of the first kernel (scripts/lab.sh);
   ``stop DIR`` asks every server under DIR to exit (the test run's, at its end).
 """
 from __future__ import annotations
@@ -51,7 +52,14 @@ IDLE_EXIT_S = 600.0
 VOLATILE_PREFIXES = ("JPY_", "PYTEST_")
 """Variables that differ from kernel to kernel of one JupyterLab or one pytest run and
 that nothing a server imports reads at import (ipykernel reads ``JPY_PARENT_PID`` as a
-default, passed to each kernel explicitly): left out of the server's key and environment."""
+default, passed to each kernel explicitly): left out of the server's key and environment,
+with bash's own ``_`` (the command it ran last) and ``SHLVL`` (one less for what it
+``exec``s): scripts/lab.sh's ``start`` and the JupyterLab it ``exec``s differ there."""
+VOLATILE_NAMES = ("_", "SHLVL")
+
+
+def _kept(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in VOLATILE_NAMES and not k.startswith(VOLATILE_PREFIXES)}
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 SPAWN_TIMEOUT_S = 60.0
 """How long a launcher waits for a server it started to listen (it listens before it imports)."""
@@ -68,7 +76,7 @@ def server_key(env: dict[str, str], flags: list[str]) -> str:
     options, this file's version and every variable that can change what an import gives
     (PYTHONPATH, the locale, thread counts, MPLBACKEND, ...), i.e. all but the volatile ones."""
     mark = SCRIPT.stat()
-    kept = sorted((k, v) for k, v in env.items() if not k.startswith(VOLATILE_PREFIXES))
+    kept = sorted(_kept(env).items())
     blob = json.dumps([sys.executable, flags, str(SCRIPT), mark.st_mtime_ns, mark.st_size, kept])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -170,7 +178,7 @@ def _spawn(path: Path, flags: list[str], env: dict[str, str]) -> socket.socket |
         with open(path.with_suffix(".log"), "ab") as log:
             server = subprocess.Popen(
                 [sys.executable, *flags, str(SCRIPT), "serve", str(path)], cwd=path.parent,
-                env={k: v for k, v in env.items() if not k.startswith(VOLATILE_PREFIXES)},
+                env=_kept(env),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
         while server.poll() is None and time.monotonic() < deadline:
@@ -361,9 +369,11 @@ class _Server:
                 if entry.endswith(suffix):
                     name = entry[:-len(suffix)].partition(".")[0]
                     break
-            if name in self.shadowable and (entry != name or os.path.isfile(
-                    os.path.join(request["cwd"], entry, "__init__.py"))):
-                return f"{os.path.join(request['cwd'], entry)} would shadow the imported {name}"
+            found = os.path.join(request["cwd"], entry, "__init__.py") if entry == name else os.path.join(
+                request["cwd"], entry)
+            imported = getattr(sys.modules.get(name), "__file__", None) if name in self.shadowable else None
+            if imported and os.path.isfile(found) and not os.path.samefile(found, imported):
+                return f"{found} would shadow the imported {name} ({imported})"
         return None
 
     def _retire(self) -> None:
@@ -404,6 +414,9 @@ class _Server:
             data = b""
             while not data.endswith(b"\n"):
                 chunk, more, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                if not chunk and not data:  # a look (``start``): nothing to serve
+                    conn.close()
+                    return None
                 if not chunk:
                     raise OSError("closed before its request ended")
                 data, fds = data + chunk, fds + more
@@ -549,6 +562,30 @@ def install(prefix: str | None = None) -> Path:
         return Path(KernelSpecManager().install_kernel_spec(staged, KERNEL_NAME, prefix=prefix or sys.prefix))
 
 
+def start_server() -> bool:
+    """Start the server a kernel of this environment would ask for, if the kernelspec
+    ``python3`` Jupyter finds here is this file's (``make lab`` does, as JupyterLab boots,
+    so that the first notebook's kernel is warm too); returns whether one listens."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        argv = KernelSpecManager().get_kernel_spec(KERNEL_NAME).argv
+        flags = argv[1:argv.index(str(SCRIPT))]
+    except (NoSuchKernel, ValueError):
+        return False
+    if argv[0] != sys.executable:
+        return False
+    env = dict(os.environ)
+    try:
+        conn = _spawn(server_dir(env) / f"{server_key(env, flags)}.sock", flags, env)
+    except OSError:
+        return False
+    if conn is None:
+        return False
+    conn.close()
+    return True
+
+
 def stop_servers(directory: Path, wait_s: float = 10.0) -> list[int]:
     """Ask every server under ``directory`` to exit (each does once its kernels have) and
     wait up to ``wait_s`` for them to be gone; returns the pids that answered."""
@@ -592,6 +629,8 @@ def main(argv: list[str]) -> int:
             raise SystemExit("usage: warm_kernel.py install [--prefix PREFIX]")
         print(f"installed kernelspec {KERNEL_NAME} in {install(prefix)}")
         return 0
+    if argv == ["start"]:
+        return 0 if start_server() else 1
     if argv[:1] == ["stop"] and len(argv) == 2:
         stop_servers(Path(argv[1]))
         return 0

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,11 +61,16 @@ def servers(tmp_path_factory):
     assert stopped and not any(warm_kernel.running(pid) for pid in stopped), "a server outlived stop"
 
 
+def _environment(kernels_dir: Path, servers: Path) -> dict[str, str]:
+    """The test's environment, its servers in ``servers``, Jupyter finding the spec first."""
+    return {**os.environ, warm_kernel.DIR_VARIABLE: str(servers), "JUPYTER_PATH": str(kernels_dir.parent)}
+
+
 @contextlib.contextmanager
 def _kernel(kernels_dir: Path, servers: Path, cwd: Path, **env: str):
     km = KernelManager(kernel_name=warm_kernel.KERNEL_NAME,
                        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)]))
-    km.start_kernel(cwd=str(cwd), env={**os.environ, warm_kernel.DIR_VARIABLE: str(servers), **env})
+    km.start_kernel(cwd=str(cwd), env={**_environment(kernels_dir, servers), **env})
     kc = km.client()
     kc.start_channels()
     try:
@@ -104,8 +110,11 @@ def _wait_gone(pid: int) -> bool:
 def two(kernels_dir, servers, tmp_path_factory):
     """Two warm kernels side by side of one server, each probed once at its start (umask
     027 here). Their environments differ only where JupyterLab's kernels differ, in
-    ``JPY_SESSION_NAME``: the server has neither's, each kernel must see its own."""
+    ``JPY_SESSION_NAME``: the server has neither's, each kernel must see its own. The
+    server was started ahead of them, as scripts/lab.sh does (``start``)."""
     cwd = tmp_path_factory.mktemp("cwd")
+    subprocess.run([sys.executable, str(warm_kernel.SCRIPT), "start"], env=_environment(kernels_dir, servers),
+                   check=True)
     old = os.umask(0o027)
     try:
         with _kernel(kernels_dir, servers, cwd, JPY_SESSION_NAME="first.ipynb") as a:
@@ -116,7 +125,7 @@ def two(kernels_dir, servers, tmp_path_factory):
         os.umask(old)
 
 
-def test_a_kernel_is_forked_warm_with_its_own_directory_environment_umask_and_seeds(two):
+def test_a_kernel_is_forked_warm_with_its_own_directory_environment_umask_and_seeds(two, servers):
     cwd, kernels = two
     (km_a, _, a), (km_b, _, b) = kernels
     for km, seen, session in ((km_a, a, "first.ipynb"), (km_b, b, "second.ipynb")):
@@ -124,6 +133,8 @@ def test_a_kernel_is_forked_warm_with_its_own_directory_environment_umask_and_se
         assert seen["pid"] != km.provisioner.pid, "the launcher ran the kernel itself (the cold fallback)"
         assert (seen["cwd"], seen["session"], seen["umask"]) == (str(cwd), session, 0o027)
     assert a["ppid"] == b["ppid"], "one environment, one server"
+    logs = [p.read_text() for p in servers.glob("*.log")]
+    assert sum(log.count("warm in") for log in logs) == 1, "not the server `start` started"
     # random, numpy and torch: each kernel draws its own, as two new processes would.
     assert all(x != y for x, y in zip(a["draws"], b["draws"], strict=True)), (a["draws"], b["draws"])
 
@@ -153,6 +164,21 @@ def test_a_killed_launcher_takes_its_kernel_with_it(two):
     assert _wait_gone(seen["pid"]), "the kernel outlived its launcher"
 
 
+def test_a_directory_that_would_shadow_an_imported_module_gets_a_cold_kernel(kernels_dir, servers, tmp_path):
+    import inkling_lab
+
+    (tmp_path / "torch.py").write_text("raise ImportError('the working directory has its own torch')\n")
+    with _kernel(kernels_dir, servers, tmp_path) as (km, kc):
+        shadowed = _probe(kc)
+    assert shadowed["pid"] == km.provisioner.pid and not shadowed["torch"], "a warm kernel's torch is not its own"
+    assert "would shadow the imported torch" in "".join(p.read_text() for p in servers.glob("*.log"))
+    # The clone's own folder holds the kit a kernel imports from it: the same files, warm.
+    with _kernel(kernels_dir, servers, ROOT) as (km, kc):
+        here = _probe(kc)
+    same = os.path.samefile(ROOT / "inkling_lab" / "__init__.py", inkling_lab.__file__)
+    assert (here["pid"] != km.provisioner.pid) == same and here["cwd"] == str(ROOT)
+
+
 def test_a_server_that_cannot_start_leaves_the_kernel_cold(kernels_dir, servers, tmp_path):
     # A PYTHONPATH whose torch cannot be imported: its own server (a new environment gets a
     # new one, the warm one of the tests above is not asked) dies warming up.
@@ -173,7 +199,7 @@ def test_the_server_key_follows_what_imports_read_and_nothing_volatile():
     env = {"PATH": "/usr/bin", "PYTHONPATH": "/a", "JPY_PARENT_PID": "1", "PYTEST_CURRENT_TEST": "x"}
     key = warm_kernel.server_key(env, [])
     assert warm_kernel.server_key({**env, "JPY_PARENT_PID": "2", "JPY_SESSION_NAME": "n.ipynb",
-                                   "PYTEST_XDIST_WORKER": "gw1"}, []) == key
+                                   "PYTEST_XDIST_WORKER": "gw1", "SHLVL": "0", "_": "/usr/bin/jupyter"}, []) == key
     assert warm_kernel.server_key({**env, "PYTHONPATH": "/b"}, []) != key
     assert warm_kernel.server_key({**env, "MPLBACKEND": "Agg"}, []) != key
     assert warm_kernel.server_key(env, ["-Xfrozen_modules=off"]) != key
