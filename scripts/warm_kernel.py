@@ -538,6 +538,8 @@ def serve(path: Path) -> int:
         return 1
     child = server.run()
     if child is None:
+        used = os.times()
+        _log(f"exiting; CPU {used.user + used.system:.1f} s, its kernels' {used.children_user + used.children_system:.1f} s")
         return 0
     _become_kernel(server, *child)
     return 0

@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import warm_kernel  # noqa: E402  the kernelspec make setup installs
+
+sys.path.pop(0)
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 WALKTHROUGHS = sorted((ROOT / "notebooks" / "03_errors").glob("*.ipynb"))
 """Notebook 03's walkthroughs, one notebook per origin (generated; no exercises of their own)."""
@@ -119,11 +123,11 @@ def test_links_into_the_reference_name_sections_that_exist():
 
 @pytest.mark.parametrize("path", EVERY_NOTEBOOK, ids=lambda p: p.stem)
 def test_saving_a_notebook_changes_nothing(path):
-    """One kernelspec, the one `make setup` installs; no widget state or views (their
-    model ids are new on every run)."""
+    """One kernelspec, the one `make setup` installs (scripts/warm_kernel.py); no widget
+    state or views (their model ids are new on every run)."""
     nb = json.loads(path.read_text())
-    display = re.search(r'--display-name "([^"]+)"', (ROOT / "Makefile").read_text()).group(1)
-    assert nb["metadata"]["kernelspec"] == {"display_name": display, "language": "python", "name": "python3"}
+    assert nb["metadata"]["kernelspec"] == {"display_name": warm_kernel.DISPLAY_NAME, "language": "python",
+                                            "name": warm_kernel.KERNEL_NAME}
     assert "widgets" not in nb["metadata"], f"{path.name}: widget state in the metadata (re-run the executor)"
     views = [i for i, c in enumerate(nb["cells"]) for o in c.get("outputs", [])
              if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
