@@ -44,25 +44,32 @@ def test_extract_checks_every_file_against_record_and_load_checks_them_again(tmp
         uv.load(tmp_path / "files")
 
 
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory) -> Path:
+    """The wheel's files, taken out once (the wheel's sha256 reads its 336 MB) for both layouts."""
+    dest = tmp_path_factory.mktemp("vllm")
+    uv.extract(REAL_WHEEL, dest)
+    return dest
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL_WHEEL.exists(), reason="needs the vllm 0.33.0 wheel (pip download --no-deps)")
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_vllm_punica_forward_matches_the_reference(tmp_path, monkeypatch, interleaved):
-    uv.extract(REAL_WHEEL, tmp_path)
+def test_vllm_punica_forward_matches_the_reference(extracted, monkeypatch, interleaved):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # the stub platform asks
     saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
     try:
         with interpreter_on(), without_overflow_checks():
             for k in saved:
                 del sys.modules[k]
-            uv.load(tmp_path)
+            uv.load(extracted)
             g = Geometry(n=2, hidden=64, intermediate=32, max_rank=16, slots=3, outer=1)
             sc = Scenario.random(g, tokens=7, seed=3, dtype=torch.float16, interleaved=interleaved,
                                  token_slots=[0, 0, 1, -1, 2, 2, 1])
             batch = SlotBatch.from_token_slots([0, 0, 1, -1, 2, 2, 1], 3, lora_ranks=[16, 0, 16])  # slot 1: rank 0
             out = uv.VllmSink(sc.sink, batch).forward(sc.x, sc.gammas)
     finally:
-        sys.path.remove(str(tmp_path))
+        sys.path.remove(str(extracted))
         for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
             del sys.modules[k]
         sys.modules.update(saved)
