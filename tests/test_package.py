@@ -1,7 +1,5 @@
-import subprocess
-import sys
-
 import inkling_lab as il
+from fresh_interpreter import fresh_imports
 
 
 def test_every_public_name_resolves():
@@ -12,11 +10,7 @@ def test_every_public_name_resolves():
 
 
 def test_importing_the_package_needs_only_torch():
-    code = ("import sys, inkling_lab as il; "
-            "heavy = [m for m in ('matplotlib', 'ipywidgets', 'safetensors', 'triton') if m in sys.modules]; "
-            "print(heavy)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    assert fresh_imports()["heavy_after_the_package"] == []  # a fresh interpreter's
 
 
 def test_unknown_names_fail_plainly():

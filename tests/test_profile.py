@@ -1,8 +1,6 @@
 """The roofline arithmetic, the record format and the command line of ``profile``."""
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import torch
 from inkling_lab import profile as pr
 from inkling_lab import records
 from inkling_lab.geometry import PRESETS
+from fresh_interpreter import fresh_imports
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_grid.json"
 
@@ -123,11 +122,4 @@ def test_a_case_is_a_geometry_plus_tokens_and_its_inputs_come_from_the_scenario_
 
 
 def test_importing_profile_reads_no_file():
-    code = ("import builtins, io; opened = []; real = io.open\n"
-            "def spy(f, *a, **k): opened.append(str(f)); return real(f, *a, **k)\n"
-            "io.open = builtins.open = spy\n"
-            "import inkling_lab.profile\n"
-            "print([f for f in opened if f.endswith('.json')])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert fresh_imports()["json_opened"] == []  # a fresh interpreter's
