@@ -8,12 +8,17 @@ with the encoding and error handler ``PYTHONIOENCODING`` names (stderr keeps
 environment the test sets, warnings printed to stderr once per run as a fresh
 interpreter prints them, and argparse's ``SystemExit`` as the exit status. An exception
 the command lets out is not caught: the test fails on it, where the process would have
-printed a traceback. Tests whose point is the process (signals, hang guards on what
-could block, resource limits, the console script) launch it instead."""
+printed a traceback. Tests whose point is the process (signals, resource limits, the
+console script) launch it instead; a command that could block on what it is given (a
+FIFO, ``/dev/zero``) runs in a forked child (``forked_cli``), whose hang guard is the
+parent's."""
 from __future__ import annotations
 
 import io
 import os
+import pickle
+import select
+import signal
 import subprocess
 import sys
 import warnings
@@ -54,3 +59,35 @@ def run_cli(*argv: str, env: Mapping[str, str] | None = None, input: bytes = b""
         os.environ.update(saved_env)
     return subprocess.CompletedProcess(["inkling-lab", *argv], code or 0, stdout.buffer.getvalue(),
                                        stderr.buffer.getvalue())
+
+
+def forked_cli(*argv: str, hang_guard: float) -> subprocess.CompletedProcess:
+    """``run_cli(*argv)`` in a forked child of this process, for a command that could block
+    forever on what it is given (a FIFO, ``/dev/zero``): the child has nothing to import,
+    and the hang guard is the parent's, an event: it waits until the child's result comes
+    through a pipe (at once when the command returns), for at most ``hang_guard`` seconds,
+    then kills the child and fails. The child never returns into the test session."""
+    readable, writable = os.pipe()
+    child = os.fork()
+    if child == 0:
+        status = 70
+        try:
+            os.close(readable)
+            result = run_cli(*argv)
+            with os.fdopen(writable, "wb") as pipe:
+                pipe.write(pickle.dumps((result.returncode, result.stdout, result.stderr)))
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writable)
+    with os.fdopen(readable, "rb") as pipe:
+        ready, _, _ = select.select([pipe], [], [], hang_guard)
+        if not ready:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            raise AssertionError(f"inkling-lab {' '.join(argv)} did not return within {hang_guard} s")
+        data = pipe.read()
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and data, f"the forked run died: status {status}"
+    code, stdout, stderr = pickle.loads(data)
+    return subprocess.CompletedProcess(["inkling-lab", *argv], code, stdout, stderr)

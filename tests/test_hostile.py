@@ -19,12 +19,12 @@ import inkling_lab as il
 from inkling_lab.cli import main
 from inkling_lab.errors import expect_error, find_entry
 from inkling_lab.geometry import SIZE_LIMIT
-from in_process import run_cli
+from in_process import forked_cli, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "data" / "adapters"
 TOY = ["-n", "2", "--hidden", "8", "--intermediate", "6"]
-HANG_GUARD = 300  # seconds: a generous bound on a subprocess that must end, never a timing assertion
+HANG_GUARD = 300  # seconds: a generous bound on a process that must end, never a timing assertion
 
 
 def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -237,16 +237,9 @@ def test_a_value_out_of_its_domain_is_refused_by_the_kit(call, words):
 def test_no_hang_selfcheck_refuses_a_wheel_that_is_no_regular_file(tmp_path):
     fifo = tmp_path / "sglang.whl"
     os.mkfifo(fifo)
-    # The hang guard: a FIFO blocks a read forever, /dev/zero never ends. One process (one
-    # torch import) runs the command on each, printing each exit status after its stderr.
-    code = ("import sys\nfrom inkling_lab.cli import main\nfor wheel in sys.argv[1:]:\n"
-            "    print('exit', main(['selfcheck', '--wheel', wheel, '--cases', '1']), file=sys.stderr, flush=True)\n")
-    result = subprocess.run([sys.executable, "-c", code, str(fifo), "/dev/zero"], capture_output=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL, timeout=HANG_GUARD)
-    runs = result.stderr.split(b"exit 1\n")
-    assert result.returncode == 0 and len(runs) == 3 and runs[2] == b"", result.stderr
-    for wheel, err in zip((b"sglang.whl", b"zero"), runs):
-        assert err.startswith(b"inkling-lab selfcheck: ValueError: " + wheel + b": not a regular file") and b"ISL-K232" in err
+    for wheel in (fifo, "/dev/zero"):  # the hang guard: a FIFO blocks a read forever, /dev/zero never ends
+        result = forked_cli("selfcheck", "--wheel", str(wheel), "--cases", "1", hang_guard=HANG_GUARD)
+        assert result.returncode == 1 and b"ISL-K232" in result.stderr and b"Traceback" not in result.stderr
     (tmp_path / "junk.whl").write_bytes(b"not a zip")
     result = run_cli("selfcheck", "--wheel", str(tmp_path / "junk.whl"), "--cases", "1")  # nothing to block on
     assert result.returncode == 1 and b"junk.whl: not a wheel" in result.stderr
@@ -438,7 +431,7 @@ def test_slot_batch_to_a_device_it_cannot_reach_is_refused_by_name(device):
 def test_no_hang_profile_show_of_a_fifo_is_refused_unopened(tmp_path):
     fifo = tmp_path / "record.json"
     os.mkfifo(fifo)
-    result = _cli("profile", "--show", str(fifo))  # the hang guard: a FIFO blocked the read forever
+    result = forked_cli("profile", "--show", str(fifo), hang_guard=HANG_GUARD)  # a FIFO blocked the read forever
     assert result.returncode == 2 and b"ISL-K232" not in result.stdout and b"not a regular file" in result.stderr
     (tmp_path / "junk.json").write_text("{")
     result = run_cli("profile", "--show", str(tmp_path / "junk.json"))  # nothing to block on
