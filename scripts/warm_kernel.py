@@ -60,7 +60,8 @@ VOLATILE_NAMES = ("_", "SHLVL")
 
 def _kept(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in VOLATILE_NAMES and not k.startswith(VOLATILE_PREFIXES)}
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                  if hasattr(signal, name))  # where there is no fork (Windows) the kernel starts cold
 SPAWN_TIMEOUT_S = 60.0
 """How long a launcher waits for a server it started to listen (it listens before it imports)."""
 
@@ -314,6 +315,8 @@ class _Server:
         # Top-level modules a cold kernel imports with its working directory first on
         # sys.path: a folder holding one of them would shadow it there (_refusal).
         self.shadowable = _top_level(set(sys.modules) - before) - _top_level(before)
+        # What these imports set in the environment (an import may: torch's inductor sets
+        # TORCHINDUCTOR_CACHE_DIR), each kernel's environment gets too, as a cold one would.
         self.env_added = {k: v for k, v in os.environ.items() if env.get(k) != v}
         self.files = self._files()
         self.threads = _threads()
