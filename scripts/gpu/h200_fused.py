@@ -27,7 +27,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -241,14 +240,11 @@ def main() -> int:
     ap.add_argument("--confirm", default="", help="token counts: only the routing check (auto against the "
                     "path without the fused GEMMs and upstream) at A, R 16/64, S 1, both flushes, twice")
     args = ap.parse_args()
-    from inkling_lab.upstream_wheel import UpstreamSink, unpack
+    from inkling_lab.upstream_wheel import UpstreamSink
 
     t0 = time.time()
-    env = records.environment("python3 " + " ".join(sys.argv))
-    ceilings = pr.measure_ceilings()
-    print(env, ceilings, flush=True)
-    rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES,
-           "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
+    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, candidates=CANDIDATES)
+    ceilings = rec["ceilings"]
     if args.confirm:
         return confirm(rec, [int(v) for v in args.confirm.split(",")], args, UpstreamSink, t0)
     rec["correctness"] = correctness(fused(300))

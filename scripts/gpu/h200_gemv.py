@@ -192,10 +192,10 @@ def main() -> int:
     ap.add_argument("--host-only", action="store_true",
                     help="only the host cost (with --host-seconds), then the static-tensor check (static_check)")
     args = ap.parse_args()
-    from inkling_lab.upstream_wheel import UpstreamSink, unpack
+    from inkling_lab.upstream_wheel import UpstreamSink
 
     t0 = time.time()
-    env = records.environment("python3 " + " ".join(sys.argv))
+    env = h200_pdl.run_environment()
     host = h200_pdl.host_phases(args.host_seconds) if args.host_seconds else []  # first: the process's first seconds
     if args.host_only:
         rec = {"environment": env, "host_phases": host, "seconds": round(time.time() - t0, 1)}
@@ -205,10 +205,8 @@ def main() -> int:
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         return 0 if all(r["ok"] for r in rec["static_check"]) else 1
-    ceilings = pr.measure_ceilings()
-    print(env, ceilings, flush=True)
-    rec = {"environment": env, "ceilings": ceilings, "candidates": CANDIDATES, "host_phases": host,
-           "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
+    rec = h200_pdl.record_head(env, args.wheel, candidates=CANDIDATES, host_phases=host)
+    ceilings = rec["ceilings"]
     rec["correctness"] = correctness()
     records.write_json(args.out, rec)
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, {time.time() - t0:.0f} s",

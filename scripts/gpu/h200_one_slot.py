@@ -29,7 +29,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -256,14 +255,10 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
     args = ap.parse_args()
-    from inkling_lab.upstream_wheel import UpstreamSink, unpack
+    from inkling_lab.upstream_wheel import UpstreamSink
 
     t0 = time.time()
-    env = records.environment("python3 " + " ".join(sys.argv))
-    ceilings = pr.measure_ceilings()
-    print(env, ceilings, flush=True)
-    rec = {"environment": env, "ceilings": ceilings, "variants": VARIANTS,
-           "upstream": unpack(args.wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")}
+    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=VARIANTS)
     if args.multi:
         rec["correctness"] = multi_correctness()
         records.write_json(args.out, rec)

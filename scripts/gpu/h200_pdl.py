@@ -110,6 +110,24 @@ def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
     return errs
 
 
+def run_environment() -> dict:
+    """The record's ``environment``, its ``command`` this script's own command line."""
+    return records.environment("python3 " + " ".join(sys.argv))
+
+
+def record_head(env: dict, wheel: str | None = None, **fields) -> dict:
+    """What every H200 record of these scripts starts with: ``env``, this run's ceilings
+    (printed, as the run's first line of numbers), ``fields``, and with a ``wheel`` the
+    sglang files taken out of it (``upstream_wheel.unpack``, their RECORD check)."""
+    ceilings = pr.measure_ceilings()
+    print(env, ceilings, flush=True)
+    rec = {"environment": env, "ceilings": ceilings, **fields}
+    if wheel:
+        from inkling_lab.upstream_wheel import unpack
+        rec["upstream"] = unpack(wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")
+    return rec
+
+
 def time_point(c: pr.Case, fns_for, flushes: dict, reps: int, base=None):
     """Every contender of ``fns_for(sink, ops, x, gammas, batch)`` at case ``c``, checked
     against the float64 reference (``*_base`` against the reference without LoRA), then
@@ -232,11 +250,10 @@ def main() -> int:
     ap.add_argument("--host-seconds", type=float, default=20.0)
     args = ap.parse_args()
     t0 = time.time()
-    env = records.environment("python3 " + " ".join(sys.argv))
+    env = run_environment()
     hp = host_phases(args.host_seconds)  # first: the process's first seconds are one of the phases
-    ceilings = pr.measure_ceilings()
-    print(env, ceilings, flush=True)
-    rec = {"environment": env, "ceilings": ceilings, "variants": dict(VARIANTS), "host_phases": hp}
+    rec = record_head(env, variants=dict(VARIANTS), host_phases=hp)
+    ceilings = rec["ceilings"]
     records.write_json(args.out, rec)
     rec["correctness"] = correctness()
     records.write_json(args.out, rec)
