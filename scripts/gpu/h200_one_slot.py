@@ -109,7 +109,7 @@ def correctness() -> list[dict]:
     return rows
 
 
-def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
+def sweep(upstream_cls, reps: int, shapes, points=POINTS) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
@@ -124,7 +124,7 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
     for shape in shapes:
         base = None
         for R in (16, 64):
-            for T, where in POINTS:
+            for T, where in points:
                 if shape not in where:
                     continue
                 base, row = h200_pdl.time_point(pr.Case.of(shape, R, 1, T), fns_for, flushes, reps, base)
@@ -254,6 +254,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(pr.SIDE_SHAPES))
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
+    ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
+                    "--shapes, instead of POINTS (v17c: A at 33-128 tokens)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
@@ -278,7 +280,9 @@ def main() -> int:
     if args.breakdown:
         rec["breakdown"] = breakdown(UpstreamSink, args.reps)
         records.write_json(args.out, rec)
-    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
+    shapes = args.shapes.split(",")
+    points = [(int(T), tuple(shapes)) for T in args.tokens.split(",")] if args.tokens else POINTS
+    rec["points"] = sweep(UpstreamSink, args.reps, shapes, points)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     for fl in ("read", "write"):
