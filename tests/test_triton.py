@@ -271,7 +271,8 @@ def test_auto_sends_one_slot_batches_past_16_tokens_to_the_cublas_chain(monkeypa
     mixed = SlotBatch.from_segments([10, 11], [1, -1], 3, lora_ranks=[4, 4, 0])
     assert not tb.plan(ops, 21, mixed, x.device).tiles.cublas  # the weight-streaming launches keep it
     assert not tb.plan(ops, 16, one, x.device).tiles.cublas
-    assert tb.chain_tokens(129, 0) and not tb.chain_tokens(128, 0) and not tb.chain_tokens(tb.FOLD_TOKENS, 1)
+    small = tb.CHAIN_SMALL_TOKENS  # A-sized weights (0 here): the weight-streaming launches below it
+    assert tb.chain_tokens(small, 0) and not tb.chain_tokens(small - 1, 0) and not tb.chain_tokens(tb.FOLD_TOKENS, 1)
     assert tb.folds(tb.FOLD_TOKENS, 1) and not tb.folds(tb.FOLD_TOKENS, 0)  # A-sized weights keep the chain
 
 

@@ -4,9 +4,8 @@
 and down GEMVs split over ``K`` where rows are long); for many,
 cuBLAS's two base GEMMs with the kernels around them. A batch whose tokens all use one
 slot runs cuBLAS GEMMs with its shrinks on a side stream beside the base GEMMs from 17
-tokens (``_launch_single``, ``chain_tokens``) and the LoRA folded into the base GEMMs from
-``FOLD_TOKENS`` (``_launch_folded``); one-slot batches of 65-128 tokens on small weights run
-``fused_gemm``'s two GEMMs instead (``fused_tiles``).
+tokens (48 on small weights; ``_launch_single``, ``chain_tokens``) and the LoRA folded into the
+base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``).
 
 ``launch(ops, x, gammas, plan(...))`` only enqueues kernels, so a CUDA graph can
 capture it and replay it against the same plan. ``plan`` turns the ``SlotBatch`` into
@@ -29,7 +28,7 @@ import triton
 from ..batch import SlotBatch
 from ..catalog import message
 from ..operands import SinkOperands
-from . import fused_gemm, kernels
+from . import kernels
 from .launch_cache import run as _run
 from .static import StaticIO
 
@@ -53,9 +52,7 @@ class Tiles:
     of the launch before them, so each starts while that one runs (``use_pdl``);
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
-    per down step; ``tma`` (many tokens, shared outer): the two GEMMs with the LoRA
-    folded in (``fused_gemm``), ``programs`` of them (0: one per multiprocessor,
-    persistent; -1: one per tile)."""
+    per down step."""
 
     bm: int
     bf: int
@@ -71,8 +68,6 @@ class Tiles:
     pdl: bool = False
     gemv: bool = False
     dk: int = 0
-    tma: bool = False
-    programs: int = 0
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -84,43 +79,13 @@ GEMV_WEIGHTS = 16 << 20
 Inkling's 38 M the three launches measured faster, ``h200_gemv.json``)."""
 
 
-FUSED_TOKENS = (64, 128)
-"""Token counts ``lo < T <= hi`` at which a one-slot batch takes the fused GEMMs (``fused_tiles``)."""
-FUSED_MIN_RANK = 17
-"""The pool rank from which they do (``h200_fused.json``: at R 16 they were level with the other path)."""
-
-
-def fused_tiles(num_tokens: int, weight_elems: int, rank: int) -> Tiles | None:
-    """The fused GEMMs' tiles (``Tiles.tma``: 64-token tiles, one program per tile) for
-    ``num_tokens`` on weights of ``n*F*H = weight_elems`` and a pool of rank ``rank``, where
-    they measured faster than the kit's other paths and sglang's one-slot path; ``None``
-    elsewhere. ``plan`` keeps them for host batches whose LoRA tokens all use one slot.
-
-    Measured on the H200 (``data/profiles/h200_fused.json``, A, one slot, both flushes, two
-    passes): at 96-128 tokens and R 64 31.3-31.9 µs (33.3-33.9 write flush) against 35.9-36.3
-    (36.5-36.8) for the three weight-streaming launches and 35.3-35.5 (36.8-37.2) for
-    sglang's one-slot cuBLAS path; at R 16 level with the three launches (0.97-1.02); at 64
-    tokens level; from 192 tokens, and on B-, Inkling- and TP8-sized weights at every token
-    count, slower (``h200_fused_sweep.json``: the LoRA steps cost 2-4x their FLOPs, KERNEL_NOTES.md v15)."""
-    lo, hi = FUSED_TOKENS
-    if weight_elems <= SMALL_WEIGHTS and lo < num_tokens <= hi and rank >= FUSED_MIN_RANK:
-        return Tiles(bm=64, bf=32, bn=64, bk=128, k_chunk=128, warps=4, stages=4, tma=True, programs=-1)
-    return None
-
-
-def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int = 0, tma: bool = True,
-               rank: int = 0) -> Tiles:
-    """Tiles by token count (and ``weight_elems = n*F*H``, ``hidden = H``, the pool's ``rank``): one token on
+def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int = 0) -> Tiles:
+    """Tiles by token count (and ``weight_elems = n*F*H``, ``hidden = H``): one token on
     weights up to ``GEMV_WEIGHTS`` is two GEMV launches after the shrink (``gemv_tiles``:
     8 rows of ``w13`` by 1024 of ``H`` per step where ``H <= 2048``, else 16 by 512); few
     tokens stream weights (narrow tiles, many programs, the shrink split over ``H``,
     three launches); many tokens are a GEMM, run by cuBLAS with the kernels as prologue
-    and epilogues, or the fused GEMMs where ``fused_tiles`` says (``tma``: allowed; ``plan``
-    asks again without it where they cannot run). Chosen from the H200 sweeps recorded in
-    KERNEL_NOTES.md."""
-    fused = fused_tiles(num_tokens, weight_elems, rank) if tma else None
-    if fused is not None:
-        return fused
+    and epilogues. Chosen from the H200 sweeps recorded in KERNEL_NOTES.md."""
     if num_tokens == 1 and weight_elems <= GEMV_WEIGHTS:
         return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
     if num_tokens <= 16:
@@ -135,14 +100,22 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
 
 
+CHAIN_SMALL_TOKENS = 48
+"""The token count from which a one-slot batch on A-sized weights (``SMALL_WEIGHTS``) takes the
+chain (``chain_tokens``): ``h200_one_slot_a.json`` (A, R 16/64, S 1, both flushes) measured it
+ahead of the weight-streaming launches and the fused GEMMs (v15, since removed) at 48-128 tokens
+(27.1-30.8 µs against 27.9-35.3) and behind them at 33 tokens at R 16 (30.8 against 29.3)."""
+
+
 def chain_tokens(num_tokens: int, weight_elems: int) -> bool:
     """A one-slot host batch of ``num_tokens`` on weights of ``n*F*H = weight_elems`` (shared outer)
     takes ``_launch_single``'s chain (``ONE_SLOT_TILES``) instead of ``pick_tiles``' choice: from 17
-    tokens, on A-sized weights (``SMALL_WEIGHTS``) from 129, where the weight-streaming launches and
-    the fused GEMMs stay; not where ``folds`` (measured at 32 tokens on B, Inkling and TP8 and at
-    128-8192 everywhere, ``h200_one_slot.json``; 16 and fewer tokens were not)."""
-    return 16 < num_tokens and (num_tokens > 128 or weight_elems > SMALL_WEIGHTS) \
-        and not folds(num_tokens, weight_elems)
+    tokens, on A-sized weights (``SMALL_WEIGHTS``) from ``CHAIN_SMALL_TOKENS``, below which the
+    weight-streaming launches stay; not where ``folds`` (measured at 32 tokens on B, Inkling and
+    TP8, at 33-128 on A and at 128-8192 everywhere, ``h200_one_slot.json``, ``h200_one_slot_a.json``;
+    16 and fewer tokens were not)."""
+    first = CHAIN_SMALL_TOKENS if weight_elems <= SMALL_WEIGHTS else 17
+    return num_tokens >= first and not folds(num_tokens, weight_elems)
 
 
 def folds(num_tokens: int, weight_elems: int) -> bool:
@@ -225,7 +198,7 @@ one token) and cost 2-6 µs where rows are short (A, ``K = 1536``), ``h200_split
 def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split | None:
     """How far to split ``K`` so the up and down launches have ~``TARGET_PROGRAMS``
     programs, each reducing at least ``MIN_SPLIT_K``; ``None`` on the cuBLAS path."""
-    if t.cublas or t.gemv or t.tma:
+    if t.cublas or t.gemv:
         return None
     m = triton.cdiv(num_tokens, t.bm)
     up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
@@ -253,28 +226,10 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     read on the host at all: ``launch`` resolves its slots with one small kernel,
     so the plan can be made, and the forward captured, inside ``torch.cuda.graph``."""
     weight_elems = ops.n * ops.intermediate * ops.hidden
-    explicit, tiles = tiles is not None, tiles or pick_tiles(num_tokens, weight_elems, ops.hidden, rank=ops.max_rank)
+    explicit, tiles = tiles is not None, tiles or pick_tiles(num_tokens, weight_elems, ops.hidden)
     T = max(num_tokens, 1)
 
-    def without_fused(why: str) -> Tiles:
-        """The fused GEMMs run only a host batch whose LoRA tokens all use one slot (or,
-        asked for, no adapter): elsewhere ``pick_tiles``' choice without them."""
-        if explicit:
-            raise ValueError(f"tiles {tiles} ask for the fused GEMMs (fused_gemm), which cannot run this forward: {why}")
-        return pick_tiles(num_tokens, weight_elems, ops.hidden, tma=False)
-
-    if tiles.tma and not fused_gemm.supported(ops, device, tiles):
-        tiles = without_fused("fused_gemm.supported (per-expert outer, F % bf, 16-byte rows, a pre-Hopper GPU)")
     no_lora = batch is None or ops.buffers is None or (not _resident(batch, device) and not batch.active_slots())
-    if tiles.tma and not explicit and no_lora:
-        tiles = without_fused("no adapter")
-    if tiles.tma and not no_lora and _resident(batch, device):
-        tiles = without_fused("a device-resident batch (its slots are not read on the host)")
-    if tiles.tma and not no_lora:
-        token_slots = batch.token_slots()
-        active = batch.active_slots()
-        if len(active) != 1 or not bool((token_slots == active[0]).all()):
-            tiles = without_fused("the batch's tokens use more than one slot, or none")
     split = _splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device)
     if no_lora:
         empty = torch.full((T,), -1, dtype=torch.int32, device=device)
@@ -361,7 +316,6 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
             return _launch_folded(ops, x, gammas, p, out)
         fold = ops.buffers[0].shape[2] // 2 >= FOLD_MIN_RANK and T * n * F >= FOLD_ELEMS
         return _launch_single(ops, x, gammas, p, out, fold)
-    single = single and t.tma
     # What may differ between calls on this plan, for the repeat-launch cache (launch_cache).
     key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
@@ -380,21 +334,16 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         S, O, two_r, _ = ga.shape
         R = two_r // 2
         br = max(16, triton.next_power_of_2(R))
-        if single:  # the fused GEMMs' one slot: its gate/up shrink is one cuBLAS GEMM
-            sh, mid = torch.mm(x, ga[p.single_slot, 0].T), x  # mid: made by _fused
-        else:
-            sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-            with side:
-                _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
-                        a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
+        sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+        with side:
+            _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
+                    a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
         lora = Lora.none(x)
     if t.gemv:  # one token (pick_tiles)
         _gemv(ops, x, gammas, act, out, p, lora, key)
         return out
-    if t.tma:
-        return _fused(ops, x, gammas, act, out, p, lora)
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
     side.join()
     _up(ops, x, y, gammas, act, p, lora, key)
@@ -472,16 +421,6 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n),
          fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
-
-
-def _fused(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora) -> torch.Tensor:
-    """The two fused GEMMs (``fused_gemm``) around cuBLAS's down shrink ``act @ a_cat[s].T``
-    (``plan`` gives them one-slot host batches, or no adapter, only)."""
-    t = p.tiles
-    fused_gemm.up(ops, x, gammas, act, p.slots, p.scalings, lora.sh if lora.on else None, t)
-    mid = torch.mm(act, ops.a_cat[p.single_slot].T) if lora.on else None
-    fused_gemm.down(ops, act, out, p.slots, p.scalings, mid, lora.db if lora.on else None, t)
-    return out
 
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}

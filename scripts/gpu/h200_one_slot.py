@@ -52,8 +52,8 @@ def cublas_tiles(T: int, ops, which: str = "auto") -> tb.Tiles:
     weights there instead); ``"t2"``: ``ONE_SLOT_TILES``."""
     if which == "t2":
         return tb.ONE_SLOT_TILES
-    t = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden, tma=False)
-    return t if t.cublas else tb.pick_tiles(128, 1 << 40, ops.hidden, tma=False)
+    t = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden)
+    return t if t.cublas else tb.pick_tiles(128, 1 << 40, ops.hidden)
 
 
 def chain(ops, x, gammas, batch, out, fold: bool, tiles: str = "auto"):
