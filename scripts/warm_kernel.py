@@ -300,9 +300,8 @@ class _Server:
         working directory is on sys.path, as ipykernel_launcher does), then torch and the
         kit (a notebook's first import, with it). Nothing that depends on the kernel:
         matplotlib picks its backend from MPLBACKEND, which ipykernel sets at kernel start;
-        ipywidgets registers its comm target only inside a running kernel. Then PEFT,
-        where installed (a notebook's first doctor, compare or export imports it: 3-4 s of
-        CPU); it loads numpy.random, whose global generator each kernel reseeds (``_become_kernel``)."""
+        ipywidgets registers its comm target only inside a running kernel. numpy.random,
+        seeded at its import, stays unimported (each kernel seeds its own)."""
         started, env = time.monotonic(), dict(os.environ)
         if sys.path and Path(sys.path[0] or ".").resolve() == SCRIPT.parent:
             del sys.path[0]  # this file's folder: a cold kernel has no such entry
@@ -312,10 +311,6 @@ class _Server:
         before = set(sys.modules)
         import torch
         import inkling_lab  # noqa: F401
-        try:  # the first doctor, compare or export of a notebook imports it (3-4 s of CPU)
-            import peft  # noqa: F401  (it imports transformers, torch._dynamo and triton)
-        except ImportError:  # the test extra is not installed: those cells import nothing of it
-            pass
 
         # Top-level modules a cold kernel imports with its working directory first on
         # sys.path: a folder holding one of them would shadow it there (_refusal).
@@ -512,10 +507,7 @@ def _become_kernel(server: _Server, conn: socket.socket, request: dict, fds: lis
     os.environ.update(request["env"])
     os.environ.update(server.env_added)
     # Fresh seeds where a new process has them: Python's random reseeds itself in a forked
-    # child (random.py, os.register_at_fork); numpy's global generator, seeded when PEFT's
-    # imports loaded numpy.random (warm_up), is drawn afresh from the OS as at its import.
-    if "numpy.random" in sys.modules:
-        sys.modules["numpy.random"].seed()
+    # child (random.py, os.register_at_fork); numpy.random is not imported yet (warm_up).
     if server.reseed_torch:
         import torch
 
