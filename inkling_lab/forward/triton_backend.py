@@ -104,7 +104,8 @@ CHAIN_SMALL_TOKENS = 48
 """The token count from which a one-slot batch on A-sized weights (``SMALL_WEIGHTS``) takes the
 chain (``chain_tokens``): ``h200_one_slot_a.json`` (A, R 16/64, S 1, both flushes) measured it
 ahead of the weight-streaming launches and the fused GEMMs (v15, since removed) at 48-128 tokens
-(27.1-30.8 µs against 27.9-35.3) and behind them at 33 tokens at R 16 (30.8 against 29.3)."""
+(on ``ONE_SLOT_TILES``, as routed, 27.1-30.6 µs against 27.9-33.4, read flush) and behind them at
+33 tokens at R 16 (30.8 against 29.3)."""
 
 
 def chain_tokens(num_tokens: int, weight_elems: int) -> bool:
