@@ -22,7 +22,6 @@ their host µs); exit status 1 if a check failed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -183,11 +182,7 @@ def print_host(host: list[dict]) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--wheel", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--shapes", default=",".join(pr.SHAPES))
+    ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
     ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
     ap.add_argument("--host-only", action="store_true",
                     help="only the host cost (with --host-seconds), then the static-tensor check (static_check)")

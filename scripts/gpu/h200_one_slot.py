@@ -25,7 +25,6 @@ also timed the same launches in one stream (``kit_seq``, a switch removed after 
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -247,11 +246,7 @@ def multi_sweep(upstream_cls, reps: int, shapes) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--wheel", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--shapes", default=",".join(pr.SIDE_SHAPES))
+    ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "

@@ -110,6 +110,17 @@ def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
     return errs
 
 
+def run_arguments(doc: str, shapes) -> argparse.ArgumentParser:
+    """The options every H200 run script of this folder takes: the sglang wheel, the record's
+    path, the replays per point and the shapes (default ``shapes``); ``doc``'s first line describes it."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--wheel", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--shapes", default=",".join(shapes))
+    return ap
+
+
 def run_environment() -> dict:
     """The record's ``environment``, its ``command`` this script's own command line."""
     return records.environment("python3 " + " ".join(sys.argv))
@@ -241,11 +252,7 @@ def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--wheel", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--shapes", default=",".join(pr.SHAPES))
+    ap = run_arguments(__doc__, pr.SHAPES)
     ap.add_argument("--tokens", default="1,8,32")
     ap.add_argument("--host-seconds", type=float, default=20.0)
     args = ap.parse_args()
