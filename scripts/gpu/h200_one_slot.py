@@ -117,6 +117,7 @@ def sweep(upstream_cls, reps: int, shapes, points=POINTS) -> list[dict]:
             fns[name] = chain(ops, x, gammas, batch, torch.empty_like(x), **kw)
         one = upstream_cls(sink, batch)
         fns["sglang_one_slot"] = lambda: one.forward(x, gammas)
+        fns["sglang_base"] = lambda: one.forward(x, gammas, lora=False)  # the no-LoRA forward (target 1)
         return fns
 
     rows = []
@@ -132,9 +133,10 @@ def sweep(upstream_cls, reps: int, shapes, points=POINTS) -> list[dict]:
                 for fl in flushes:
                     up = us.get(f"sglang_one_slot@{fl}", float("nan"))
                     got = {k.split("@")[0]: u for k, u in us.items() if k.endswith("@" + fl)}
-                    best = min((k for k in got if k != "sglang_one_slot"), key=got.get)
+                    best = min((k for k in got if not k.startswith("sglang")), key=got.get)
                     print(f"{shape:<11} R{R:<2} T{T:<4} {fl:<5} " + " ".join(f"{k} {u:.1f}" for k, u in got.items())
-                          + f"  best {best} {got[best] / up:.3f}x sglang", flush=True)
+                          + f"  best {best} {got[best] / up:.3f}x sglang, {got[best] / got['sglang_base']:.3f}x its base",
+                          flush=True)
     return rows
 
 
@@ -250,7 +252,7 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
-                    "--shapes, instead of POINTS (v17c: A at 33-128 tokens)")
+                    "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
