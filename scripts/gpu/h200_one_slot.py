@@ -113,6 +113,10 @@ def sweep(upstream_cls, reps: int, shapes, points=POINTS) -> list[dict]:
 
     def fns_for(sink, ops, x, gammas, batch):
         fns = {"kit": kit(ops, x, gammas, batch, torch.empty_like(x))}
+        # pick_tiles' own launches, never the chain: what auto ran at 17-32 tokens before v17 (v17e)
+        p = tb.plan(ops, x.shape[0], batch, x.device, tb.pick_tiles(x.shape[0], ops.n * ops.intermediate * ops.hidden,
+                                                                      ops.hidden))
+        fns["launches"] = (lambda p=p, out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out))
         for name, kw in VARIANTS.items():
             fns[name] = chain(ops, x, gammas, batch, torch.empty_like(x), **kw)
         one = upstream_cls(sink, batch)
@@ -252,7 +256,7 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
-                    "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere)")
+                    "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
@@ -284,7 +288,7 @@ def main() -> int:
     records.write_json(args.out, rec)
     for fl in ("read", "write"):
         wins = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) < r["us"]["sglang_one_slot@" + fl])
-                for k in ["kit", *VARIANTS]}
+                for k in ["kit", "launches", *VARIANTS]}
         print(f"{fl}: points faster than sglang's one-slot path (of {len(rec['points'])}):", wins)
     print(f"{rec['seconds']} s")
     return 0
