@@ -100,21 +100,23 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
 
 
-CHAIN_SMALL_TOKENS = 48
+CHAIN_SMALL_TOKENS = 44
 """The token count from which a one-slot batch on A-sized weights (``SMALL_WEIGHTS``) takes the
-chain (``chain_tokens``): ``h200_one_slot_a.json`` (A, R 16/64, S 1, both flushes) measured it
-ahead of the weight-streaming launches and the fused GEMMs (v15, since removed) at 48-128 tokens
-(on ``ONE_SLOT_TILES``, as routed, 27.1-30.6 µs against 27.9-33.4, read flush) and behind them at
-33 tokens at R 16 (30.8 against 29.3)."""
+chain (``chain_tokens``): ``h200_one_slot_a.json`` and ``h200_one_slot_a2.json`` (A, R 16/64, S 1,
+both flushes) measured it ahead of the weight-streaming launches from 44 tokens at both ranks (and
+of the fused GEMMs, v15, since removed, at 48-128), behind them at 34-36 tokens at R 16 and level at
+40 (on ``ONE_SLOT_TILES``, as routed)."""
 
 
 def chain_tokens(num_tokens: int, weight_elems: int) -> bool:
     """A one-slot host batch of ``num_tokens`` on weights of ``n*F*H = weight_elems`` (shared outer)
     takes ``_launch_single``'s chain (``ONE_SLOT_TILES``) instead of ``pick_tiles``' choice: from 17
     tokens, on A-sized weights (``SMALL_WEIGHTS``) from ``CHAIN_SMALL_TOKENS``, below which the
-    weight-streaming launches stay; not where ``folds`` (measured at 32 tokens on B, Inkling and
-    TP8, at 33-128 on A and at 128-8192 everywhere, ``h200_one_slot.json``, ``h200_one_slot_a.json``;
-    16 and fewer tokens were not)."""
+    weight-streaming launches stay; not where ``folds``. Measured at 2-32 tokens on B, Inkling and
+    TP8 (``h200_one_slot_small.json``: v13's launches ahead at 2-16 but for R 64 from 12 tokens on B
+    and TP8; ``h200_one_slot_mid.json``: the chain ahead of ``pick_tiles``' launches at 17-32 on
+    Inkling and TP8, level at B R 64, 0.3-3 µs behind at B R 16), at 33-128 on A and at 128-8192
+    everywhere (``h200_one_slot.json``, ``h200_one_slot_a.json``, ``h200_one_slot_a2.json``)."""
     first = CHAIN_SMALL_TOKENS if weight_elems <= SMALL_WEIGHTS else 17
     return num_tokens >= first and not folds(num_tokens, weight_elems)
 
