@@ -14,6 +14,7 @@ from .geometry import PRESETS, Geometry
 from .lora import LoRABackend, SharedSinkLoRA
 from .pool import LoRAFactors, LoRAPool
 from .scenario import Scenario
+from .scratch import scratch_folder
 from .shard import slice_lora_a, slice_lora_b
 from .sink import SharedSink
 from .validate import Diagnosis, PoolLayout, diagnose_pool, validate_pool
@@ -69,6 +70,6 @@ __all__ = [
     "LoRAPool", "PRESETS", "PoolLayout", "SharedSink", "SharedSinkLoRA", "SlotBatch",
     "Scenario",
     "slice_lora_a", "slice_lora_b",
-    "diagnose_pool", "expect_error", "expect_finding", "explain", "validate_pool",
+    "diagnose_pool", "expect_error", "expect_finding", "explain", "scratch_folder", "validate_pool",
     *sorted(_LAZY_NAMES), "convert_adapters",
 ]

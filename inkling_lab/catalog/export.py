@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .entry import EVERY_RELEASE, KIT, KIT_NOTE, CatalogEntry
 
-_SETUP = ("import tempfile\nfrom pathlib import Path\n"
+_SETUP = ("from pathlib import Path\n"
           "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
           "from inkling_lab.export import export_for_sglang, verify_export\n"
-          "folder = Path(tempfile.mkdtemp()) / 'my_adapter'\n"
+          "folder = il.scratch_folder() / 'my_adapter'\n"
           "out = folder.parent / 'for_sglang'\n")
 _PLAIN = "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # r=4, lora_alpha=8\n"
 _EXPORT = "export_for_sglang(folder, out, 2).raise_if_refused()\n"
