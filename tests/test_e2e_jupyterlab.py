@@ -242,6 +242,10 @@ def test_a_learners_session_leaves_the_clone_clean_and_keeps_their_work(
     """After every notebook ran (autosave on), a trigger edited, re-run and saved: git
     sees nothing new, the edit is in the working copy, and a restart keeps it."""
     name, cell = EDITED
+    # A fresh page, as a learner coming back opens JupyterLab: the tab's JupyterLab may still
+    # hold the notebook's last session (closing does not wait for it to end), which a reopen
+    # of the same notebook right after would get back, with its kernel already shut down.
+    tab.discard()
     notebook = NotebookPage(tab.page(), lab, f"{LAB_DIR}/{name}")
     edit = "\n# my own try"
     try:

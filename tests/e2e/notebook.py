@@ -113,6 +113,14 @@ _SHOWN_BESIDE = """control => {
     return parts.join('');
 }"""
 
+# Where the active cell's editor stands for typing at its end: "unfocused" (keys go to the
+# notebook, where Enter enters the editor), "elsewhere" (the cursor is not at the end), "end".
+_EDITOR_STATE = f"""path => {{ {_PANEL}
+    const editor = panel.content.activeCell && panel.content.activeCell.editor;
+    if (!editor || !editor.hasFocus()) return 'unfocused';
+    const at = editor.getCursorPosition(), last = editor.lineCount - 1;
+    return at.line === last && at.column === editor.getLine(last).length ? 'end' : 'elsewhere'; }}"""
+
 _CONTROLS = ".jp-Notebook .widget-slider .noUi-handle, .jp-Notebook .widget-dropdown select"
 _CHECKBOXES = ".jp-Notebook .widget-checkbox input[type=checkbox]"
 
@@ -360,7 +368,18 @@ class NotebookPage:
             raise AssertionError(f"{self.path}: no cell {cell_id!r} to edit")
         editor = self.page.locator(".jp-Notebook .jp-Cell.jp-mod-active .cm-content").first
         editor.click()
-        self.page.keyboard.press("Control+End")
+        # As a person makes sure before typing: in the editor (a click that lands before the
+        # cell is drawn leaves the keys to the notebook, where Enter opens the editor), then
+        # at its end (Control+End). Keys sent blind would land where the click did.
+        state = ""
+        for _ in range(20):
+            state = self.page.evaluate(_EDITOR_STATE, self.path)
+            if state == "end":
+                break
+            self.page.keyboard.press("Enter" if state == "unfocused" else "Control+End")
+            self.page.wait_for_timeout(100)
+        else:
+            raise AssertionError(f"{self.path}: could not bring the cursor to the end of {cell_id!r} ({state})")
         self.page.keyboard.type(text)
         self.page.keyboard.press("Shift+Enter")
         self.page.wait_for_timeout(500)  # the run request reaches the kernel
