@@ -15,14 +15,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-_ROOTS: dict[int, Path] = {}
-"""This process's root, keyed on its pid: a kernel forked from a warm server after the
-server made one must not share it (or remove it at its own exit)."""
+_root: tuple[int, Path] | None = None
+"""(pid, folder) of the process that made the root: a kernel forked from a warm server
+after the server made one must make its own, and not remove the server's at its exit
+(a fork inherits the exit handler too)."""
 
 
-def _remove(pid: int) -> None:
-    root = _ROOTS.pop(pid, None)
-    if root is not None and os.getpid() == pid:
+def _remove(pid: int, root: Path) -> None:
+    if os.getpid() == pid:
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -30,10 +30,8 @@ def scratch_folder() -> Path:
     """A new empty folder, removed with everything in it when this Python process exits
     (a kernel shut down or restarted, a script ending). Use it for what a snippet or a
     notebook writes only to read back; keep what you want elsewhere."""
-    pid = os.getpid()
-    root = _ROOTS.get(pid)
-    if root is None or not root.is_dir():
-        root = Path(tempfile.mkdtemp())
-        _ROOTS[pid] = root
-        atexit.register(_remove, pid)
-    return Path(tempfile.mkdtemp(dir=root))
+    global _root
+    if _root is None or _root[0] != os.getpid() or not _root[1].is_dir():
+        _root = (os.getpid(), Path(tempfile.mkdtemp()))
+        atexit.register(_remove, *_root)
+    return Path(tempfile.mkdtemp(dir=_root[1]))

@@ -9,8 +9,7 @@ V2_SINK = ("sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermed
 ADAPTER = ("from inkling_lab.adapters import Adapter, synthetic_adapter\n"
            "ad = synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4)  # flat factors, PEFT names\n"
            "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n")
-FOLDER = ("from pathlib import Path\n"
-          "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+FOLDER = ("from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
           "folder = il.scratch_folder() / 'my_adapter'\n"
           "save_adapter(synthetic_adapter(n=2, hidden=8, intermediate=6, rank=4), folder)\n")
 DOCTOR_ADAPTER = ("from inkling_lab.adapters import Adapter, load_adapter, save_adapter, synthetic_adapter\n"
@@ -18,7 +17,7 @@ DOCTOR_ADAPTER = ("from inkling_lab.adapters import Adapter, load_adapter, save_
                   "  # r=4, lora_alpha=8, flat PEFT factors\n"
                   "key = 'base_model.model.model.layers.0.mlp.shared_experts.down_proj.lora_A.weight'\n")
 # The doctor's setup: ``saved(weights, **config)`` writes ``ad`` (changed) as a PEFT folder.
-SAVED = (DOCTOR_ADAPTER + "from pathlib import Path\n"
+SAVED = (DOCTOR_ADAPTER +
          "def saved(weights=None, **config):  # the adapter as a PEFT folder, config fields changed\n"
          "    config = {**ad.config, **config}\n"
          "    a = Adapter(ad.name, config['r'], config['lora_alpha'], config['target_modules'], weights or ad.weights,"

@@ -183,9 +183,9 @@ ENTRIES: list[CatalogEntry] = [
         "is given (lora_config.py, LoRAConfig.get_lora_config) and fails with FileNotFoundError; give it, and "
         "the kit, the subfolder.",
         "A model with several adapters (add_adapter) saved in one go.",
-        "from pathlib import Path\nroot = il.scratch_folder()\n"
+        "root = il.scratch_folder()\n"
         "save_adapter(ad, root / 'math')\nload_adapter(root)\n",
-        "from pathlib import Path\nroot = il.scratch_folder()\n"
+        "root = il.scratch_folder()\n"
         "save_adapter(ad, root / 'math')\nload_adapter(root / 'math')\n", exc_type=FileNotFoundError,
         remedy='Point sglang and the kit at one of the subfolders.',
         upstream='sglang/srt/lora/lora_config.py: LoRAConfig.get_lora_config opens <folder>/adapter_config.json: FileNotFoundError', releases=EVERY_RELEASE),

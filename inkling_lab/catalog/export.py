@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from .entry import EVERY_RELEASE, KIT, KIT_NOTE, CatalogEntry
 
-_SETUP = ("from pathlib import Path\n"
-          "from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
+_SETUP = ("from inkling_lab.adapters import load_adapter, save_adapter, synthetic_adapter\n"
           "from inkling_lab.export import export_for_sglang, verify_export\n"
           "folder = il.scratch_folder() / 'my_adapter'\n"
           "out = folder.parent / 'for_sglang'\n")

@@ -371,15 +371,12 @@ class NotebookPage:
         # As a person makes sure before typing: in the editor (a click that lands before the
         # cell is drawn leaves the keys to the notebook, where Enter opens the editor), then
         # at its end (Control+End). Keys sent blind would land where the click did.
-        state = ""
-        for _ in range(20):
-            state = self.page.evaluate(_EDITOR_STATE, self.path)
-            if state == "end":
-                break
+        deadline = time.monotonic() + WIDGET_TIMEOUT_MS / 1000  # a hang guard, not a speed check
+        while (state := self.page.evaluate(_EDITOR_STATE, self.path)) != "end":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.path}: could not bring the cursor to the end of {cell_id!r} ({state})")
             self.page.keyboard.press("Enter" if state == "unfocused" else "Control+End")
-            self.page.wait_for_timeout(100)
-        else:
-            raise AssertionError(f"{self.path}: could not bring the cursor to the end of {cell_id!r} ({state})")
+            self.page.wait_for_timeout(POLL_MS)
         self.page.keyboard.type(text)
         self.page.keyboard.press("Shift+Enter")
         self.page.wait_for_timeout(500)  # the run request reaches the kernel
