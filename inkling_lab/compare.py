@@ -38,6 +38,7 @@ from .convert import convert
 from .geometry import check_seed, check_size
 from .peft_reference import (Deltas, PeftRefused, ReferenceDeltas, ReferenceProbes, kit_reading, peft_probes,
                              peft_reference, probe)
+from .records import FLOAT64_ROUNDING
 from .releases import Release, release
 from .sglang_path import SglangRun, config_causes, exception_text, run_sglang
 
@@ -105,6 +106,9 @@ class Mismatch:
     max_rel: float
     max_rel_at: tuple[int, int]
     cause: str = ""
+    rounding: bool = False
+    """Every difference is float64 rounding (``records.FLOAT64_ROUNDING`` of the largest
+    value compared): the report then prints no number, which would be the CPU's."""
 
     @property
     def close(self) -> bool:
@@ -113,6 +117,8 @@ class Mismatch:
     def __str__(self) -> str:
         where = f"{self.module} slot {self.slot} ({self.adapter}) " + (
             f"expert {self.expert}" if self.expert is not None else "sink output (all experts)")
+        if self.close and self.rounding:
+            return f"{where}: {self.got} == peft (equal to float64 rounding)"
         if self.close:
             return f"{where}: {self.got} == peft (greatest absolute difference {self.max_abs:.3g})"
         return (f"{where}: {self.got} != peft\n"
@@ -130,9 +136,10 @@ def mismatch(out: torch.Tensor, peft: torch.Tensor, **labels: Any) -> Mismatch:
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)  # 0/0 is no difference
     bad = ~(diff <= ATOL + RTOL * peft.abs())
     at = lambda t: tuple(int(i) for i in divmod(int(torch.nan_to_num(t, nan=float("inf")).argmax()), t.shape[1]))  # noqa: E731
-    return Mismatch(mismatched=int(bad.sum()), total=diff.numel(), max_abs=float(diff.max()) if diff.numel() else 0.0,
-                    max_abs_at=at(diff), max_rel=float(rel.max()) if rel.numel() else 0.0, max_rel_at=at(rel),
-                    **labels)
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    rounding = peft.dtype == torch.float64 and max_abs <= FLOAT64_ROUNDING * (float(peft.abs().max()) if peft.numel() else 0.0)
+    return Mismatch(mismatched=int(bad.sum()), total=diff.numel(), max_abs=max_abs, max_abs_at=at(diff),
+                    max_rel=float(rel.max()) if rel.numel() else 0.0, max_rel_at=at(rel), rounding=rounding, **labels)
 
 
 @dataclass

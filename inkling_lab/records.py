@@ -41,6 +41,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+FLOAT64_ROUNDING = 64 * torch.finfo(torch.float64).eps
+"""Two float64 computations of one value whose difference is at most this (~1.4e-14, relative
+to the values compared) agree to rounding: how much, and where the largest difference falls,
+changes from one CPU to another with the machine's matrix kernels, so reports print neither."""
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor, norm: str = "max") -> float:
     """``|out - ref| / |ref|`` in float64, 0 when both are zero.
 

@@ -230,6 +230,21 @@ def test_compare_report_reads_like_assert_close():
     assert data["differences"]["kit"] == [0.0, 0.0] and min(data["differences"]["sglang"]) > 0
 
 
+def test_a_match_to_rounding_prints_no_number_a_real_difference_does():
+    from inkling_lab.compare import mismatch
+    from inkling_lab.records import FLOAT64_ROUNDING
+
+    peft = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    labels = dict(module="m", slot=0, adapter="a", expert=None, got="kit")
+    exact, ulp = mismatch(peft.clone(), peft, **labels), mismatch(peft.nextafter(peft + 1), peft, **labels)
+    assert exact.close and exact.rounding and ulp.close and ulp.rounding and ulp.max_abs > 0
+    assert str(exact) == str(ulp) == "m slot 0 (a) sink output (all experts): kit == peft (equal to float64 rounding)"
+    off = peft + 100 * FLOAT64_ROUNDING * peft.abs().max()  # within the tolerance, far above rounding
+    close = mismatch(off, peft, **labels)
+    assert close.close and not close.rounding and f"(greatest absolute difference {close.max_abs:.3g})" in str(close)
+    assert not mismatch(peft.float().double(), peft, **labels).rounding  # float32's rounding is a real difference
+
+
 def _peft_module(n, H, F):
     """A toy model whose shared experts are the three linear layers of SPEC §6 (gate and up
     of n*F rows, down of n*F columns), named as Inkling names them."""

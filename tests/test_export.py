@@ -1,6 +1,7 @@
 """The cure (issue 23): adapters made by PEFT itself, exported, read back through the kit's
 model of sglang 0.5.23's loading path; what sglang serves equals PEFT's own delta
 (``get_delta_weight`` / merged weights), computed by PEFT, never by the export."""
+import dataclasses
 import json
 import math
 import os
@@ -202,6 +203,26 @@ def test_identical_per_expert_outer_factors_collapse_to_rank_r():
                     factor_deltas(*other.tensors().values(), scaling=other.scaling)):
         assert torch.equal(s, w)  # blocks and zeros: exact, not merely close
 
+
+
+def test_an_exact_proof_names_no_comparison_and_reads_the_same_on_every_cpu(tmp_path):
+    # Scaling 8 / 4 = 2 folds into B without rounding: served and PEFT's delta differ only by
+    # float64's rounding, whose largest element depends on the CPU's BLAS kernels.
+    exact = export_for_sglang(save_adapter(synthetic_adapter(2, 8, 6, 4, per_expert=True, lora_alpha=8.0),
+                                           tmp_path / "exact"), tmp_path / "exact_out", 2)
+    assert exact.written and exact.max_rel_error <= export_module.FLOAT64_ROUNDING, exact
+    text = str(exact)
+    assert f"every module and expert matches to float64 rounding ({len(exact.proof)} comparisons" in text
+    assert "served ==" not in text  # no noise-picked "worst" comparison
+    shuffled = dataclasses.replace(exact, proof=exact.proof[::-1])
+    assert str(shuffled) == text
+    # Scaling 3 / 4 in a float32 export rounds B: a real difference, and the worst row is named.
+    rounded = export_for_sglang(save_adapter(synthetic_adapter(2, 8, 6, 4, per_expert=True, lora_alpha=3.0,
+                                                               dtype=torch.float32), tmp_path / "rounded"),
+                                tmp_path / "rounded_out", 2)
+    worst = max(rounded.proof, key=lambda r: r.max_rel)
+    assert rounded.written and worst.max_rel > export_module.FLOAT64_ROUNDING, rounded
+    assert f"  {worst}\n  every module and expert matches ({len(rounded.proof)} comparisons)" in str(rounded)
 
 # -- the proof catches a wrong export ------------------------------------------------------------------
 
