@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
 from typing import Iterator
 
@@ -95,3 +96,20 @@ def import_interpreted(*names: str) -> ModuleType:
         for name, value in saved_attrs.items():
             parent, _, attr = parents[name]
             setattr(sys.modules[parent], attr, value)
+
+
+GPU_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "gpu"
+
+
+@contextmanager
+def gpu_script(name: str) -> Iterator[ModuleType]:
+    """``scripts/gpu/<name>.py`` imported for the interpreter, its folder first on
+    ``sys.path`` (as when the script runs: it imports its neighbours by name) and
+    ``TRITON_INTERPRET=1`` inside (Triton reads it at each launch too)."""
+    sys.path.insert(0, str(GPU_SCRIPTS))
+    try:
+        module = import_interpreted(name)
+        with interpreter_on():
+            yield module
+    finally:
+        sys.path.remove(str(GPU_SCRIPTS))

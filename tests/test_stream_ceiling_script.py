@@ -1,31 +1,19 @@
 """``scripts/gpu/h200_stream_ceiling.py``'s read kernel in Triton's CPU interpreter: the sum it
 writes per program must add up to the buffer's float64 sum for any size, block and grid
 (a read kernel that skipped or re-read elements would time the wrong bytes)."""
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interpreted import import_interpreted
-
-ROOT = Path(__file__).resolve().parents[1]
+from interpreted import gpu_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-    try:
-        yield import_interpreted("h200_stream_ceiling")
-    finally:
-        sys.path.remove(str(ROOT / "scripts" / "gpu"))
-
-
-@pytest.fixture(autouse=True)
-def _interpreter_on(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton reads it at launch too
+    with gpu_script("h200_stream_ceiling") as module:
+        yield module
 
 
 @settings(max_examples=12, deadline=None)

@@ -3,31 +3,19 @@ both mappings (``up`` over ``w13_lin``, ``down`` over ``w2 [n, H, F]`` read in p
 and not, warp specialization asked for or not (the interpreter runs the same program), token
 counts below, at and past the 16-wide tile, against the float64 product. A stream that read
 a wrong expert's rows, dropped a split or a padded token would time the wrong GEMM."""
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interpreted import import_interpreted
-
-ROOT = Path(__file__).resolve().parents[1]
+from interpreted import gpu_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-    try:
-        yield import_interpreted("h200_warp_spec")
-    finally:
-        sys.path.remove(str(ROOT / "scripts" / "gpu"))
-
-
-@pytest.fixture(autouse=True)
-def _interpreter_on(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton reads it at launch too
+    with gpu_script("h200_warp_spec") as module:
+        yield module
 
 
 @settings(max_examples=12, deadline=None)

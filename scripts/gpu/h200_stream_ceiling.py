@@ -98,17 +98,23 @@ def measure(shape: str, reps: int, flush: pr.L2Flush, sms: int) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def start(doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, dict, dict, pr.L2Flush, int]:
+    """What a weight-stream script of this folder starts with: its options (``--out``,
+    ``--reps``, ``--shapes``; ``doc``'s first paragraph describes it), the record's
+    environment (its command this run's own), this run's ceilings, the read flush and the
+    multiprocessor count."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--shapes", default=",".join(SHAPES))
     args = p.parse_args(argv)
+    env = records.environment("python3 " + " ".join(sys.argv))
+    return args, env, pr.measure_ceilings(), pr.L2Flush("cuda"), torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
-    env = records.environment("python3 scripts/gpu/h200_stream_ceiling.py " + " ".join(sys.argv[1:]))
-    ceilings = pr.measure_ceilings()
-    flush = pr.L2Flush("cuda")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    args, env, ceilings, flush, sms = start(__doc__, argv)
     rows = [measure(s, args.reps, flush, sms) for s in args.shapes.split(",")]
     for r in rows:
         print(f"{r['shape']:<12} {r['bytes'] / 1e6:7.1f} MB  " +

@@ -25,9 +25,7 @@ Correctness first: every variant against the float64 reference on fresh random i
 """
 from __future__ import annotations
 
-import argparse
 import itertools
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -37,7 +35,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-SHAPES = {"A": (2, 1536, 768), "B": (2, 4096, 2048), "inkling": (2, 6144, 3072), "inkling-tp8": (2, 6144, 384)}
+from h200_stream_ceiling import SHAPES, median_us, start  # this folder's (the script's own, first on sys.path)
+from inkling_lab import records
+
 TOKENS = (8, 32)
 BM = 64
 """Weight rows per program: one warp group's wgmma M."""
@@ -145,19 +145,9 @@ def variants(rows: int, K: int, kw: int, sms: int) -> list[Variant]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from inkling_lab import profile as pr, records
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    args = p.parse_args(argv)
     t0 = time.time()
-    env = records.environment("python3 scripts/gpu/h200_warp_spec.py " + " ".join(sys.argv[1:]))
-    ceilings = pr.measure_ceilings()
-    flush = pr.L2Flush("cuda")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    med = lambda fn: statistics.median(pr.time_graph(fn, flush, args.reps))  # noqa: E731
+    args, env, ceilings, flush, sms = start(__doc__, argv)
+    med = lambda fn: median_us(fn, flush, args.reps)  # noqa: E731
     rows_out, checks, failures = [], [], []
     for shape in args.shapes.split(","):
         n, H, F = SHAPES[shape]
