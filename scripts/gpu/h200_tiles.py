@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from dataclasses import asdict
 
 import torch
@@ -35,7 +36,8 @@ LARGE = [  # cuBLAS base GEMMs with the kernels as prologue/epilogues, and the a
 
 EPILOGUES = [(64, 128, 128, 8), (128, 64, 128, 8), (32, 128, 64, 4), (64, 64, 64, 4),
              (32, 64, 128, 4), (64, 32, 128, 4), (16, 128, 128, 4), (32, 32, 64, 2)]
-SHRINKS = [(64, 4, BIG), (64, 4, 512)]
+SHRINKS = [(64, 4, BIG), (64, 4, 512), (128, 4, BIG), (128, 8, BIG), (64, 8, BIG)]
+"""(``sbm``, ``swarps``, ``k_chunk``) of the shrink; the last three since v19."""
 
 
 def epilogue_candidates() -> list[Tiles]:
@@ -58,12 +60,13 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,16,32,64,128,256,1024,2048,8192")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--epilogues", action="store_true", help="sweep the cuBLAS path's epilogue and shrink tiles")
+    ap.add_argument("--shapes", default="A,B", help="benchmark shapes (profile.SHAPES' names)")
     args = ap.parse_args()
     ceilings = pr.measure_ceilings()
     print("ceilings", ceilings, flush=True)
     flush = pr.L2Flush("cuda")
     rows = []
-    for shape in ("A", "B"):
+    for shape in args.shapes.split(","):
         base = None
         for T in [int(v) for v in args.tokens.split(",")]:
             c = pr.Case.of(shape, 64, args.slots, T)
@@ -93,7 +96,7 @@ def main() -> None:
                   f"{tuple(best['tiles'].values())}  {others}", flush=True)
             for r in sorted(here, key=lambda r: r["us"]):
                 print("    ", round(r["us"], 1), r["tiles"] if isinstance(r["tiles"], str) else tuple(r["tiles"].values()))
-    records.write_json(args.out, {"environment": records.environment("scripts/gpu/h200_tiles.py"), "ceilings": ceilings,
+    records.write_json(args.out, {"environment": records.environment("python3 " + " ".join(sys.argv)), "ceilings": ceilings,
                              "rows": rows})
 
 
