@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", default="1,16,32,64,128,256,1024,2048,8192")
     ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--rank", type=int, default=64)
     ap.add_argument("--epilogues", action="store_true", help="sweep the cuBLAS path's epilogue and shrink tiles")
     ap.add_argument("--shapes", default="A,B", help="benchmark shapes (profile.SHAPES' names)")
     args = ap.parse_args()
@@ -69,7 +70,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         base = None
         for T in [int(v) for v in args.tokens.split(",")]:
-            c = pr.Case.of(shape, 64, args.slots, T)
+            c = pr.Case.of(shape, args.rank, args.slots, T)
             sc = c.scenario("cuda", sink=base)
             sink, x, g, batch = sc.sink, sc.x, sc.gammas, sc.batch
             base = sink
