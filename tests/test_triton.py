@@ -244,6 +244,15 @@ def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert tb.pick_tiles(8192).cublas and tb.pick_tiles(8192).bm >= 64
 
 
+@pytest.mark.parametrize("T", [129, 512, 2048, 8192])
+def test_few_features_take_narrow_epilogue_tiles_on_the_cublas_path(T):
+    tp8, a = tb.pick_tiles(T, 2 * 384 * 6144, 6144), tb.pick_tiles(T, 2 * 768 * 1536, 1536)  # n*F 768 and 1536
+    assert tp8.cublas and (tp8.bm, tp8.bf, tp8.warps) == (32, 64, 4)
+    assert a.cublas and (a.bm, a.bf, a.warps) == (64, 128, 8)
+    assert tp8.k_chunk == a.k_chunk and tp8.sbm == a.sbm  # the shrinks as before
+    assert tb.pick_tiles(T, 2 * 384 * 6144) == tb.pick_tiles(T)  # no hidden size given: no narrowing
+
+
 @pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, path, monkeypatch):

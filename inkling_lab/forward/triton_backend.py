@@ -85,7 +85,8 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     8 rows of ``w13`` by 1024 of ``H`` per step where ``H <= 2048``, else 16 by 512); few
     tokens stream weights (narrow tiles, many programs, the shrink split over ``H``,
     three launches); many tokens are a GEMM, run by cuBLAS with the kernels as prologue
-    and epilogues. Chosen from the H200 sweeps recorded in KERNEL_NOTES.md."""
+    and epilogues (narrower epilogue tiles where the features are few, ``NARROW_FEATURES``).
+    Chosen from the H200 sweeps recorded in KERNEL_NOTES.md."""
     if num_tokens == 1 and weight_elems <= GEMV_WEIGHTS:
         return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
     if num_tokens <= 16:
@@ -97,7 +98,17 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     # Many tokens: the shrinks split K in 512-wide slices while that keeps more
     # multiprocessors busy than it costs in atomics (up to ~4096 tokens on the H200).
     k_chunk = 512 if num_tokens <= 4096 else 1 << 30
+    if 0 < weight_elems <= NARROW_FEATURES * hidden:
+        return Tiles(bm=32, bf=64, bn=128, bk=64, k_chunk=k_chunk, warps=4, stages=2, cublas=True, sbm=64)
     return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
+
+
+NARROW_FEATURES = 1024
+"""At most this many features in all (``n*F``, e.g. Inkling's TP-8 slice, 768), ``pick_tiles`` gives
+the cuBLAS path's activation and down epilogues 32 tokens by 64 features at 4 warps: 64 x 128 tiles
+left 6 feature blocks per token tile there (192 programs at 2048 tokens). Measured at 2048 and 8192
+tokens, S 4 and 8, R 16 and 64 (``h200_epilogues_v19*.json``): 0.93-0.97x the 64 x 128 tiles at every
+one of the 8 TP8 points; on A (1536 features) the same tiles were 0.96-1.02x, on B and Inkling 0.99-1.16x."""
 
 
 CHAIN_SMALL_TOKENS = 44
