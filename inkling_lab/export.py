@@ -106,7 +106,6 @@ PROBES = 8
 """How many random probe inputs the proof sends through each served and PEFT delta."""
 
 
-
 def probes(n: int, hidden: int, intermediate: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The proof's seeded random inputs, float64: ``x [H, k]`` for gate/up, ``u [n, F, k]``
     (expert e's ``u[e]``) for down. A delta that differs anywhere moves ``Δ·x`` for almost

@@ -108,7 +108,8 @@ NARROW_FEATURES = 1024
 the cuBLAS path's activation and down epilogues 32 tokens by 64 features at 4 warps: 64 x 128 tiles
 left 6 feature blocks per token tile there (192 programs at 2048 tokens). Measured at 2048 and 8192
 tokens, S 4 and 8, R 16 and 64 (``h200_epilogues_v19*.json``): 0.93-0.97x the 64 x 128 tiles at every
-one of the 8 TP8 points; on A (1536 features) the same tiles were 0.96-1.02x, on B and Inkling 0.99-1.16x."""
+one of the 8 TP8 points; on A (1536 features) the same tiles were 0.96-1.02x, on B and Inkling 0.99-1.16x.
+The side by side at 4765844: TP8 S 4 / 8 at 512-8192 tokens 0.93-0.97x the record before (v19b)."""
 
 
 CHAIN_SMALL_TOKENS = 44
