@@ -18,7 +18,7 @@ from inkling_lab.cli import main
 from inkling_lab.compare import factor_deltas
 from inkling_lab.export import export_for_sglang, shared_outer, verify_export
 from inkling_lab.pool import LoRAFactors
-from inkling_lab.records import relative_error
+from inkling_lab.records import FLOAT64_ROUNDING, relative_error
 from inkling_lab.sglang_path import run_sglang
 from peers import installed
 
@@ -210,7 +210,7 @@ def test_an_exact_proof_names_no_comparison_and_reads_the_same_on_every_cpu(tmp_
     # float64's rounding, whose largest element depends on the CPU's BLAS kernels.
     exact = export_for_sglang(save_adapter(synthetic_adapter(2, 8, 6, 4, per_expert=True, lora_alpha=8.0),
                                            tmp_path / "exact"), tmp_path / "exact_out", 2)
-    assert exact.written and exact.max_rel_error <= export_module.FLOAT64_ROUNDING, exact
+    assert exact.written and exact.max_rel_error <= FLOAT64_ROUNDING, exact
     text = str(exact)
     assert f"every module and expert matches to float64 rounding ({len(exact.proof)} comparisons" in text
     assert "served ==" not in text  # no noise-picked "worst" comparison
@@ -221,7 +221,7 @@ def test_an_exact_proof_names_no_comparison_and_reads_the_same_on_every_cpu(tmp_
                                                                dtype=torch.float32), tmp_path / "rounded"),
                                 tmp_path / "rounded_out", 2)
     worst = max(rounded.proof, key=lambda r: r.max_rel)
-    assert rounded.written and worst.max_rel > export_module.FLOAT64_ROUNDING, rounded
+    assert rounded.written and worst.max_rel > FLOAT64_ROUNDING, rounded
     assert f"  {worst}\n  every module and expert matches ({len(rounded.proof)} comparisons)" in str(rounded)
 
 # -- the proof catches a wrong export ------------------------------------------------------------------
