@@ -357,3 +357,40 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
             tb.launch(ops, x, gammas, p, out)
             assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
             assert p.sh is None or torch.count_nonzero(p.sh) == 0  # no pool slot in use: no workspace
+
+
+@pytest.mark.parametrize("mode", ["epi", "fold", "fold2"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, monkeypatch):
+    monkeypatch.setattr(tb, "GROUPED_TOKENS", 20)
+    monkeypatch.setattr(tb, "GROUPED_MODE", mode)
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)  # as at 512+ tokens on the H200
+    sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=5)
+    ops = sink.operands()
+    # slot 1 has no tokens (an empty group); uneven runs; scalings per slot
+    batch = SlotBatch.from_segments([7, 12, 10], [0, 2, 3], 4, lora_ranks=[8, 8, 8, 8], scalings=[0.6, 1.0, 1.4, 0.8])
+    p = tb.plan(ops, 29, batch, x.device)
+    assert p.offs is not None and p.offs.tolist() == [7, 7, 19, 29]
+    assert p.token_scale[:, 0].tolist() == pytest.approx([0.6] * 7 + [1.4] * 12 + [0.8] * 10)
+    out, _ = run(sink, x, gammas, batch)
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+    assert torch.count_nonzero(p.sh) == 0
+
+
+def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):
+    monkeypatch.setattr(tb, "GROUPED_TOKENS", 20)
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+    sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, True, seed=6)
+    ops = sink.operands()
+    ranks = [8, 8, 8, 8]
+    for segs, slots, why in (([10, 19], [2, 0], "out of order"), ([10, 19], [-1, 1], "base-only tokens")):
+        b = SlotBatch.from_segments(segs, slots, 4, lora_ranks=ranks)
+        assert tb.plan(ops, 29, b, x.device).offs is None, why
+    zero = SlotBatch.from_segments([10, 19], [0, 1], 4, lora_ranks=[8, 0, 8, 8])  # slot 1 at rank 0: no LoRA
+    assert tb.plan(ops, 29, zero, x.device).offs is None
+    assert tb.plan(ops, 19, SlotBatch.from_segments([9, 10], [0, 1], 4, lora_ranks=ranks), x.device).offs is None
+    b = SlotBatch.from_segments([10, 19], [0, 1], 4, lora_ranks=ranks)
+    assert tb.plan(ops, 29, b, x.device).offs is not None
+    assert not tb.groups(4096, ops, torch.device("cpu")) or ops.max_rank % 8 == 0
+    odd, *_ = make_case(2, 40, 24, 5, 4, 29, True, True, seed=6)
+    assert tb.plan(odd.operands(), 29, b, x.device).offs is None  # rank 5: rows of 10 bytes

@@ -183,6 +183,8 @@ class Plan:
     single_scale: float = 1.0
     batch: SlotBatch | None = None
     split: "Split | None" = None
+    offs: torch.Tensor | None = None
+    token_scale: torch.Tensor | None = None
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -265,8 +267,40 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
     if single >= 0 and not explicit and ops.shared_outer and chain_tokens(num_tokens, weight_elems):
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
-    return Plan(slots.to(device=device, dtype=torch.int32), batch.scalings.to(device=device, dtype=torch.float32),
-                sh, True, tiles, single, float(batch.scalings[single]) if single >= 0 else 1.0, split=split)
+    scalings = batch.scalings.to(device=device, dtype=torch.float32)
+    offs = segment_offsets(slots, ga.shape[0]) if single < 0 and not explicit and tiles.cublas else None
+    if offs is not None and not groups(num_tokens, ops, device):
+        offs = None
+    return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
+                float(batch.scalings[single]) if single >= 0 else 1.0, split=split,
+                **({} if offs is None else grouped_operands(offs, slots, scalings, ops.dtype, device)))
+
+
+def segment_offsets(slots: torch.Tensor, num_slots: int) -> torch.Tensor | None:
+    """``offs [S]`` for ``torch._grouped_mm``: how many tokens have slot ``<= s``, where every
+    token of ``slots [T]`` (effective, host) has a slot and they never decrease (each slot's tokens
+    one contiguous run, in slot order, as sglang's batches of one adapter per request are when
+    sorted); ``None`` otherwise (a base-only or rank-0 token, or slots out of order)."""
+    if slots.numel() == 0 or bool((slots < 0).any()) or bool((slots[1:] < slots[:-1]).any()):
+        return None
+    return torch.bincount(slots.long(), minlength=num_slots).cumsum(0).to(torch.int32)
+
+
+def grouped_operands(offs: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor, dtype: torch.dtype,
+                     device) -> dict:
+    """The ``Plan`` fields of ``_launch_grouped``: ``offs`` on ``device`` and each token's scaling,
+    ``token_scale [T, 1]`` in ``dtype``."""
+    return {"offs": offs.to(device), "token_scale": scalings[slots.to(scalings.device).long()][:, None].to(dtype)}
+
+
+def groups(num_tokens: int, ops: SinkOperands, device) -> bool:
+    """A multi-slot batch whose tokens run in slot order takes ``_launch_grouped``: shared outer,
+    ranks a multiple of 8 (16-byte rows for the grouped GEMM), from ``GROUPED_TOKENS``, and on CUDA
+    in bfloat16 only (torch's CUTLASS grouped GEMM; other dtypes fall back to a loop that reads the
+    offsets on the host). On the CPU (Triton's interpreter) any dtype: torch's own loop."""
+    if not ops.shared_outer or ops.max_rank % 8 or num_tokens < GROUPED_TOKENS:
+        return False
+    return torch.device(device).type != "cuda" or ops.dtype == torch.bfloat16
 
 
 _PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
@@ -326,6 +360,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     x, gammas = x.contiguous(), gammas.contiguous()
     t = p.tiles
     single = p.single_slot >= 0 and ops.shared_outer
+    if p.offs is not None:
+        return _launch_grouped(ops, x, gammas, p, out, GROUPED_MODE)
     if single and t.cublas:
         if folds(T, n * F * H):
             return _launch_folded(ops, x, gammas, p, out)
@@ -529,6 +565,51 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
     return out
 
 
+def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mode: str = "epi") -> torch.Tensor:
+    """Several slots, their tokens in slot order (``p.offs``, ``segment_offsets``), the cuBLAS path,
+    shared outer: each LoRA product one grouped GEMM over the slots' runs (``torch._grouped_mm``;
+    slot ``s``'s tokens against slot ``s``'s factor). ``mode`` ``"epi"``: the shrinks beside the base
+    GEMMs (``_Beside``; the base GEMM on the side stream, into its preallocated output), the
+    expands in the activation's and the down kernel's epilogues, each slot's scaling there;
+    ``"fold"``: the gate/up expand written first, the base GEMM adding onto it (``beta = 1``, as
+    ``_launch_folded``), the down side as ``"epi"``; ``"fold2"``: both sides so, ``out`` copied from
+    the down GEMM's result."""
+    ga, gb, da, db = ops.buffers
+    T, R = x.shape[0], ga.shape[2] // 2
+    n, F = ops.n, ops.intermediate
+    offs = p.offs
+    br = max(16, triton.next_power_of_2(R))
+    act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+    if mode == "epi":
+        y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
+        side = _Beside(x)
+        with side:
+            torch.mm(x, ops.w13_lin.T, out=y)
+        sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
+        side.join()
+        _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
+    else:
+        sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)
+        sh.mul_(p.token_scale)
+        y = torch._grouped_mm(sh, ops.w1_delta.transpose(1, 2), offs=offs)       # [T, n*2F]
+        y.addmm_(x, ops.w13_lin.T)
+        _up(ops, x, y, gammas, act, p, Lora.none(x))
+    if mode == "fold2":
+        mid = torch._grouped_mm(act, ops.a_cat.transpose(1, 2), offs=offs)       # [T, R]
+        mid.mul_(p.token_scale)
+        lo = torch._grouped_mm(mid, db[:, 0].transpose(1, 2), offs=offs)         # [T, H]
+        lo.addmm_(act, ops.w2_lin)
+        return out.copy_(lo)
+    side = _Beside(x)
+    with side:
+        torch.mm(act, ops.w2_lin, out=out)
+    mid = torch._grouped_mm(act, ops.a_cat.transpose(1, 2), offs=offs)
+    side.join()
+    key = (x.dtype, "grouped")
+    _down(ops, act, out, p, Lora(True, sh, gb, da, db, mid, R, 1, 0, br), mid, key)
+    return out
+
+
 def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, *, k: int, ldx: int,
             x_o_off: int, rank: int, outer: int, a_slot: int, a_outer: int, halves: int, br: int, zero_mid: bool,
             key: tuple, pdl: bool = False) -> None:
@@ -557,6 +638,10 @@ the base GEMMs' ``beta = 1``
 streams save once the GEMMs fill the GPU: at 8192 tokens on B, Inkling, TP8 0.95-0.97x sglang's
 one-slot chain against 0.96-0.99x for ``_launch_single``, ``h200_one_slot.json``; at 2048 the other way round,
 0.98-1.03x against 0.95-0.99x; 4096, between the two, was not measured)."""
+
+GROUPED_TOKENS = 512
+"""From this many tokens a multi-slot batch in slot order takes ``_launch_grouped`` (``groups``)."""
+GROUPED_MODE = "epi"
 
 FOLD_ELEMS = 1 << 21
 FOLD_MIN_RANK = 33
