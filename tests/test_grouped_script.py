@@ -43,7 +43,7 @@ def test_the_correctness_pass_checks_every_mode_and_flags_a_wrong_one(script, mo
     rows = module.correctness()
     assert len(rows) == 4  # A and the TP-8 slice, both gate/up layouts
     assert all(r["ok"] for r in rows), [r["rel_err"] for r in rows]
-    assert set(rows[0]["rel_err"]) == {k + g for k in ("kit", "g_epi", "g_fold", "g_fold2") for g in ("", "_graph")}
+    assert set(rows[0]["rel_err"]) == {k + g for k in ("kit", "g_epi", "g_fold") for g in ("", "_graph")}
     grouped = tb._launch_grouped
 
     def shifted(ops, x, gammas, p, out, mode):  # the groups one token off: slot runs misread

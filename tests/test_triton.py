@@ -10,6 +10,7 @@ import; ``sys.modules``, the package attributes and the environment are restored
 no other test module in the same worker sees an interpreted kernel or the variable.
 """
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from interpreted import import_interpreted
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import StaticIO
 from inkling_lab.forward.reference import reference_forward
-from inkling_lab.geometry import Geometry
+from inkling_lab.geometry import PRESETS, Geometry
 from inkling_lab.lora import SharedSinkLoRA
 from inkling_lab.records import relative_error
 from inkling_lab.scenario import Scenario
@@ -359,18 +360,18 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
             assert p.sh is None or torch.count_nonzero(p.sh) == 0  # no pool slot in use: no workspace
 
 
-@pytest.mark.parametrize("mode", ["epi", "fold", "fold2"])
+@pytest.mark.parametrize("mode", ["epi", "fold"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, monkeypatch):
     monkeypatch.setattr(tb, "GROUPED_TOKENS", 20)
-    monkeypatch.setattr(tb, "GROUPED_MODE", mode)
+    monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)  # as at 512+ tokens on the H200
     sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=5)
     ops = sink.operands()
     # slot 1 has no tokens (an empty group); uneven runs; scalings per slot
     batch = SlotBatch.from_segments([7, 12, 10], [0, 2, 3], 4, lora_ranks=[8, 8, 8, 8], scalings=[0.6, 1.0, 1.4, 0.8])
     p = tb.plan(ops, 29, batch, x.device)
-    assert p.offs is not None and p.offs.tolist() == [7, 7, 19, 29]
+    assert p.grouped == mode and p.offs.tolist() == [7, 7, 19, 29]
     assert p.token_scale[:, 0].tolist() == pytest.approx([0.6] * 7 + [1.4] * 12 + [0.8] * 10)
     out, _ = run(sink, x, gammas, batch)
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
@@ -390,7 +391,25 @@ def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):
     assert tb.plan(ops, 29, zero, x.device).offs is None
     assert tb.plan(ops, 19, SlotBatch.from_segments([9, 10], [0, 1], 4, lora_ranks=ranks), x.device).offs is None
     b = SlotBatch.from_segments([10, 19], [0, 1], 4, lora_ranks=ranks)
-    assert tb.plan(ops, 29, b, x.device).offs is not None
-    assert not tb.groups(4096, ops, torch.device("cpu")) or ops.max_rank % 8 == 0
+    assert tb.plan(ops, 29, b, x.device).grouped == "epi"
     odd, *_ = make_case(2, 40, 24, 5, 4, 29, True, True, seed=6)
     assert tb.plan(odd.operands(), 29, b, x.device).offs is None  # rank 5: rows of 10 bytes
+
+
+@pytest.mark.parametrize("shape", ["A", "B", "inkling", "inkling-tp8"])
+def test_grouped_mode_follows_the_measured_grid(shape):
+    """``grouped_mode`` as KERNEL_NOTES v20 measured it: rank 64 from 2048 tokens, rank 16 from 8192;
+    ``fold`` only at rank 64 from 4096 tokens on weights with many features (B, Inkling)."""
+    g = PRESETS[shape]
+    def ops(rank, **kw):
+        return SimpleNamespace(**{"shared_outer": True, "max_rank": rank, "dtype": torch.bfloat16, "n": g.n,
+                                  "intermediate": g.intermediate, "hidden": g.hidden, **kw})
+    cuda = torch.device("cuda")
+    many = shape in ("B", "inkling")
+    assert [tb.grouped_mode(T, ops(64), cuda) for T in (512, 2047, 2048, 4096, 8192)] == \
+        ["", "", "epi", "fold" if many else "epi", "fold" if many else "epi"]
+    assert [tb.grouped_mode(T, ops(16), cuda) for T in (2048, 8191, 8192)] == ["", "", "epi"]
+    assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), cuda) == ""  # torch's host-side loop
+    assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), torch.device("cpu")) != ""
+    assert tb.grouped_mode(8192, ops(64, shared_outer=False), cuda) == ""
+    assert tb.grouped_mode(8192, ops(60), cuda) == ""  # rows of 120 bytes: not 16-byte aligned

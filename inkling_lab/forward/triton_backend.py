@@ -172,7 +172,9 @@ class Plan:
     between forwards), ``has_lora``, the tiles; ``single_slot``: the one slot every
     token uses, when the host knows it (``-1`` otherwise; the cuBLAS path then runs
     the shrinks through cuBLAS too); ``batch``: a device-resident batch whose
-    metadata ``launch`` turns into ``slots`` on the device at every launch."""
+    metadata ``launch`` turns into ``slots`` on the device at every launch; ``grouped``:
+    ``_launch_grouped``'s mode (``grouped_mode``) with its ``offs [S]`` and ``token_scale [T, 1]``
+    (``grouped_operands``), ``""`` where the batch takes another path."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
@@ -185,6 +187,7 @@ class Plan:
     split: "Split | None" = None
     offs: torch.Tensor | None = None
     token_scale: torch.Tensor | None = None
+    grouped: str = ""
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -268,12 +271,11 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     if single >= 0 and not explicit and ops.shared_outer and chain_tokens(num_tokens, weight_elems):
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
     scalings = batch.scalings.to(device=device, dtype=torch.float32)
-    offs = segment_offsets(slots, ga.shape[0]) if single < 0 and not explicit and tiles.cublas else None
-    if offs is not None and not groups(num_tokens, ops, device):
-        offs = None
+    mode = grouped_mode(num_tokens, ops, device) if single < 0 and not explicit and tiles.cublas else ""
+    offs = segment_offsets(slots, ga.shape[0]) if mode else None
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
                 float(batch.scalings[single]) if single >= 0 else 1.0, split=split,
-                **({} if offs is None else grouped_operands(offs, slots, scalings, ops.dtype, device)))
+                **({} if offs is None else grouped_operands(offs, slots, scalings, ops.dtype, device, mode)))
 
 
 def segment_offsets(slots: torch.Tensor, num_slots: int) -> torch.Tensor | None:
@@ -287,20 +289,30 @@ def segment_offsets(slots: torch.Tensor, num_slots: int) -> torch.Tensor | None:
 
 
 def grouped_operands(offs: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor, dtype: torch.dtype,
-                     device) -> dict:
-    """The ``Plan`` fields of ``_launch_grouped``: ``offs`` on ``device`` and each token's scaling,
-    ``token_scale [T, 1]`` in ``dtype``."""
-    return {"offs": offs.to(device), "token_scale": scalings[slots.to(scalings.device).long()][:, None].to(dtype)}
+                     device, mode: str) -> dict:
+    """The ``Plan`` fields of ``_launch_grouped``: ``offs`` on ``device``, each token's scaling,
+    ``token_scale [T, 1]`` in ``dtype``, and the mode."""
+    return {"offs": offs.to(device), "token_scale": scalings[slots.to(scalings.device).long()][:, None].to(dtype),
+            "grouped": mode}
 
 
-def groups(num_tokens: int, ops: SinkOperands, device) -> bool:
-    """A multi-slot batch whose tokens run in slot order takes ``_launch_grouped``: shared outer,
-    ranks a multiple of 8 (16-byte rows for the grouped GEMM), from ``GROUPED_TOKENS``, and on CUDA
-    in bfloat16 only (torch's CUTLASS grouped GEMM; other dtypes fall back to a loop that reads the
-    offsets on the host). On the CPU (Triton's interpreter) any dtype: torch's own loop."""
-    if not ops.shared_outer or ops.max_rank % 8 or num_tokens < GROUPED_TOKENS:
-        return False
-    return torch.device(device).type != "cuda" or ops.dtype == torch.bfloat16
+def grouped_mode(num_tokens: int, ops: SinkOperands, device) -> str:
+    """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``)
+    takes ``_launch_grouped``: ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
+    shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from ``GROUPED_RANK_TOKENS``
+    tokens, at any rank from ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
+    the grouped GEMM), on CUDA in bfloat16 only (torch's CUTLASS grouped GEMM; other dtypes fall back
+    to a loop that reads the offsets on the host; on the CPU, Triton's interpreter, any dtype).
+    ``"fold"`` where the rank is that high, the batch ``folds`` and the features are not few
+    (``n*F > NARROW_FEATURES``), else ``"epi"``. Measured (``h200_grouped.json``, v20; the grid
+    below the constants)."""
+    R, nf = ops.max_rank, ops.n * ops.intermediate
+    if not ops.shared_outer or R % 8 or (torch.device(device).type == "cuda" and ops.dtype != torch.bfloat16):
+        return ""
+    high = R >= FOLD_MIN_RANK
+    if num_tokens < (GROUPED_RANK_TOKENS if high else GROUPED_TOKENS):
+        return ""
+    return "fold" if high and nf > NARROW_FEATURES and folds(num_tokens, nf * ops.hidden) else "epi"
 
 
 _PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
@@ -360,8 +372,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     x, gammas = x.contiguous(), gammas.contiguous()
     t = p.tiles
     single = p.single_slot >= 0 and ops.shared_outer
-    if p.offs is not None:
-        return _launch_grouped(ops, x, gammas, p, out, GROUPED_MODE)
+    if p.grouped:
+        return _launch_grouped(ops, x, gammas, p, out, p.grouped)
     if single and t.cublas:
         if folds(T, n * F * H):
             return _launch_folded(ops, x, gammas, p, out)
@@ -565,15 +577,15 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
     return out
 
 
-def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mode: str = "epi") -> torch.Tensor:
+def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mode: str) -> torch.Tensor:
     """Several slots, their tokens in slot order (``p.offs``, ``segment_offsets``), the cuBLAS path,
     shared outer: each LoRA product one grouped GEMM over the slots' runs (``torch._grouped_mm``;
     slot ``s``'s tokens against slot ``s``'s factor). ``mode`` ``"epi"``: the shrinks beside the base
     GEMMs (``_Beside``; the base GEMM on the side stream, into its preallocated output), the
     expands in the activation's and the down kernel's epilogues, each slot's scaling there;
     ``"fold"``: the gate/up expand written first, the base GEMM adding onto it (``beta = 1``, as
-    ``_launch_folded``), the down side as ``"epi"``; ``"fold2"``: both sides so, ``out`` copied from
-    the down GEMM's result."""
+    ``_launch_folded``), the down side as ``"epi"`` (folding it too costs a copy into ``out``: the
+    grouped GEMM takes no ``out=``; never the faster, v20)."""
     ga, gb, da, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
     n, F = ops.n, ops.intermediate
@@ -594,12 +606,6 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
         y = torch._grouped_mm(sh, ops.w1_delta.transpose(1, 2), offs=offs)       # [T, n*2F]
         y.addmm_(x, ops.w13_lin.T)
         _up(ops, x, y, gammas, act, p, Lora.none(x))
-    if mode == "fold2":
-        mid = torch._grouped_mm(act, ops.a_cat.transpose(1, 2), offs=offs)       # [T, R]
-        mid.mul_(p.token_scale)
-        lo = torch._grouped_mm(mid, db[:, 0].transpose(1, 2), offs=offs)         # [T, H]
-        lo.addmm_(act, ops.w2_lin)
-        return out.copy_(lo)
     side = _Beside(x)
     with side:
         torch.mm(act, ops.w2_lin, out=out)
@@ -639,9 +645,16 @@ streams save once the GEMMs fill the GPU: at 8192 tokens on B, Inkling, TP8 0.95
 one-slot chain against 0.96-0.99x for ``_launch_single``, ``h200_one_slot.json``; at 2048 the other way round,
 0.98-1.03x against 0.95-0.99x; 4096, between the two, was not measured)."""
 
-GROUPED_TOKENS = 512
-"""From this many tokens a multi-slot batch in slot order takes ``_launch_grouped`` (``groups``)."""
-GROUPED_MODE = "epi"
+GROUPED_TOKENS = 8192
+GROUPED_RANK_TOKENS = 2048
+"""From these many tokens (at any rank; at ranks from ``FOLD_MIN_RANK``) a multi-slot batch in slot
+order takes ``_launch_grouped`` (``grouped_mode``). Measured at S 4 and 8, 512/2048/8192 tokens on
+every shape, read flush (``h200_grouped.json``, v20, before the peel of v20b), the best mode against
+the multi-slot path: R 64 from 2048 tokens 0.88-0.95x; R 64 at 512 tokens 0.89-1.06x (ahead on B S 4
+and Inkling, behind on A, TP8 and B S 8); R 16 at 8192 0.98-1.00x, at 512 and 2048 0.99-1.36x
+(the grouped shrinks, ~20-30 µs each, cost more than the Triton shrinks save). ``fold`` was the
+faster mode at R 64 8192 tokens on B (0.89-0.90x against 0.92x) and Inkling (0.92x against 0.95x),
+``epi`` everywhere else."""
 
 FOLD_ELEMS = 1 << 21
 FOLD_MIN_RANK = 33
