@@ -54,25 +54,6 @@ def _tile_slots(slot_ptr, rows, row_ok):
 
 
 @triton.jit
-def _expand_operands(slot, row_ok, s, smax, scale_ptr, sh_ptr, gb_ptr, rows, r, r_ok, fs, f_ok, o, e, F, R, O, N_EXP):
-    """``up_kernel``'s gate/up expand operands of slot ``s`` for its tile: the shrink's gate and
-    up halves of the tile's tokens on ``s`` (others read as 0), ``gate_up_B[s, e]``'s rows of
-    the tile's features as ``[BR, BF]`` and ``s``'s scaling; all zero where ``s > smax`` (a tile
-    without LoRA tokens, whose ``smin`` is past every slot)."""
-    r_have = r_ok & ((r * 0 + s) <= smax)  # a vector: the interpreter rejects a scalar in a mask
-    s = tl.where(s <= smax, s, 0)  # an address inside the pool even where nothing is read
-    ld = (row_ok & (slot == s))[:, None] & r_have[None, :]
-    src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
-    sg = tl.load(src, mask=ld, other=0.0)
-    su = tl.load(src + R, mask=ld, other=0.0)
-    b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
-    bmask = r_have[:, None] & f_ok[None, :]
-    bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)        # [BR, BF]
-    bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
-    return sg, su, bg, bu, tl.load(scale_ptr + s)
-
-
-@triton.jit
 def _grouped_tile(pid, n_m, n_cols, GROUP_M: tl.constexpr):
     """Program ``pid`` -> (token tile, column tile) in grouped order: ``GROUP_M`` token
     tiles walk the same weight columns while those sit in L2."""
@@ -192,14 +173,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     w_ok = f_of_j < F
     fs = f0 + tl.arange(0, BF)
     f_ok = fs < F
-    o = e * O_STEP
-    r = tl.arange(0, BR)
-    r_ok = r < R
     if Y_IN:
-        if HAS_LORA:  # the first slot's expand operands, in flight together with y (one memory trip, not two)
-            slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
-            sg0, su0, bg0, bu0, sc0 = _expand_operands(slot, row_ok, smin, smax, scale_ptr, sh_ptr, gb_ptr, rows,
-                                                       r, r_ok, fs, f_ok, o, e, F, R, O, N_EXP)
         y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
         if INTERLEAVED:
             acc = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & w_ok[None, :],
@@ -229,15 +203,21 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
         gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
 
     if HAS_LORA:
-        if not Y_IN:  # after the split's reduction (row_ok) and the PDL wait (sh is the shrink's)
-            slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
-            sg0, su0, bg0, bu0, sc0 = _expand_operands(slot, row_ok, smin, smax, scale_ptr, sh_ptr, gb_ptr, rows,
-                                                       r, r_ok, fs, f_ok, o, e, F, R, O, N_EXP)
-        gate += sc0 * tl.dot(sg0.to(bg0.dtype), bg0)
-        up += sc0 * tl.dot(su0.to(bu0.dtype), bu0)
-        for s in range(smin + 1, smax + 1):
-            sg, su, bg, bu, scale = _expand_operands(slot, row_ok, s, smax, scale_ptr, sh_ptr, gb_ptr, rows,
-                                                     r, r_ok, fs, f_ok, o, e, F, R, O, N_EXP)
+        slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
+        o = e * O_STEP
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            scale = tl.load(scale_ptr + s)
+            src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
+            ld = sel[:, None] & r_ok[None, :]
+            sg = tl.load(src, mask=ld, other=0.0)
+            su = tl.load(src + R, mask=ld, other=0.0)
+            b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
+            bmask = r_ok[:, None] & f_ok[None, :]
+            bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)        # [BR, BF]
+            bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
             gate += scale * tl.dot(sg.to(bg.dtype), bg)
             up += scale * tl.dot(su.to(bu.dtype), bu)
 
@@ -256,20 +236,6 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
             m = tl.dot(a_sel, da)
             tl.atomic_add(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :], m,
                           mask=sel[:, None] & r_ok[None, :])
-
-
-@triton.jit
-def _down_operands(slot, row_ok, s, smax, o, scale_ptr, mid_ptr, db_ptr, rows, r, r_ok, hs, h_ok, H, R, O):
-    """``down_kernel``'s LoRA operands of slot ``s``, outer ``o`` for its tile: ``mid``'s rows of the
-    tile's tokens on ``s`` (others 0), ``down_B[s, o]``'s rows of the tile's columns as ``[BR, BN]``
-    and ``s``'s scaling; all zero where ``s > smax``."""
-    r_have = r_ok & ((r * 0 + s) <= smax)
-    s = tl.where(s <= smax, s, 0)
-    m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
-                mask=(row_ok & (slot == s))[:, None] & r_have[None, :], other=0.0)
-    b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
-                mask=r_have[:, None] & h_ok[None, :], other=0.0)              # [BR, BN]
-    return m, b, tl.load(scale_ptr + s)
 
 
 @triton.jit
@@ -298,13 +264,7 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
     hs = pid_n * BN + tl.arange(0, BN)
     h_ok = hs < H
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    r = tl.arange(0, BR)
-    r_ok = r < R
     if not BASE:
-        if HAS_LORA:  # the first slot's first outer operands, in flight together with out's tile
-            slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
-            m0, b0, sc0 = _down_operands(slot, row_ok, smin, smax, 0, scale_ptr, mid_ptr, db_ptr, rows, r, r_ok,
-                                         hs, h_ok, H, R, O)
         acc = tl.load(out_ptr + rows[:, None] * H + hs[None, :], mask=row_ok[:, None] & h_ok[None, :],
                       other=0.0).to(tl.float32)
     if BASE:
@@ -326,17 +286,18 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
             row_ok = row_ok & ((rows * 0 + arrived) == SPLIT - 1)  # only the last program writes
 
     if HAS_LORA:
-        if BASE:  # after the split's reduction (row_ok)
-            slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
-            m0, b0, sc0 = _down_operands(slot, row_ok, smin, smax, 0, scale_ptr, mid_ptr, db_ptr, rows, r, r_ok,
-                                         hs, h_ok, H, R, O)
-        acc += sc0 * tl.dot(m0.to(b0.dtype), b0)
-        # the rest of (slot, outer), in that order; none in a tile without LoRA tokens (smin past smax,
-        # clamped first: (smax + 1 - smin) * O would wrap around int32 for O = 3)
-        for i in range(1, tl.maximum(smax + 1 - smin, 0) * O):
-            m, b, scale = _down_operands(slot, row_ok, smin + i // O, smax, i % O, scale_ptr, mid_ptr, db_ptr, rows,
-                                         r, r_ok, hs, h_ok, H, R, O)
-            acc += scale * tl.dot(m.to(b.dtype), b)
+        slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        for s in range(smin, smax + 1):
+            sel = row_ok & (slot == s)
+            scale = tl.load(scale_ptr + s)
+            for o in range(0, O):
+                m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
+                            mask=sel[:, None] & r_ok[None, :], other=0.0)
+                b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
+                            mask=r_ok[:, None] & h_ok[None, :], other=0.0)              # [BR, BN]
+                acc += scale * tl.dot(m.to(b.dtype), b)
         if pid_n == 0:
             j = tl.arange(0, 2 * BR)
             for o in range(0, O):

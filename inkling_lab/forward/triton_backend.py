@@ -300,7 +300,8 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device) -> str:
     """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``)
     takes ``_launch_grouped``: ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
     shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from ``GROUPED_RANK_TOKENS``
-    tokens, at any rank from ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
+    tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank from
+    ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
     the grouped GEMM), on CUDA in bfloat16 only (torch's CUTLASS grouped GEMM; other dtypes fall back
     to a loop that reads the offsets on the host; on the CPU, Triton's interpreter, any dtype).
     ``"fold"`` where the rank is that high, the batch ``folds`` and the features are not few
@@ -309,10 +310,11 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device) -> str:
     R, nf = ops.max_rank, ops.n * ops.intermediate
     if not ops.shared_outer or R % 8 or (torch.device(device).type == "cuda" and ops.dtype != torch.bfloat16):
         return ""
-    high = R >= FOLD_MIN_RANK
-    if num_tokens < (GROUPED_RANK_TOKENS if high else GROUPED_TOKENS):
+    high, weights = R >= FOLD_MIN_RANK, nf * ops.hidden
+    first = (GROUPED_LARGE_TOKENS if weights > GROUPED_LARGE_WEIGHTS else GROUPED_RANK_TOKENS) if high else GROUPED_TOKENS
+    if num_tokens < first:
         return ""
-    return "fold" if high and nf > NARROW_FEATURES and folds(num_tokens, nf * ops.hidden) else "epi"
+    return "fold" if high and nf > NARROW_FEATURES and folds(num_tokens, weights) else "epi"
 
 
 _PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
@@ -647,11 +649,14 @@ one-slot chain against 0.96-0.99x for ``_launch_single``, ``h200_one_slot.json``
 
 GROUPED_TOKENS = 8192
 GROUPED_RANK_TOKENS = 2048
+GROUPED_LARGE_TOKENS = 512
+GROUPED_LARGE_WEIGHTS = 32 << 20
 """From these many tokens (at any rank; at ranks from ``FOLD_MIN_RANK``) a multi-slot batch in slot
 order takes ``_launch_grouped`` (``grouped_mode``). Measured at S 4 and 8, 512/2048/8192 tokens on
-every shape, read flush (``h200_grouped.json``, v20, before the peel of v20b), the best mode against
-the multi-slot path: R 64 from 2048 tokens 0.88-0.95x; R 64 at 512 tokens 0.89-1.06x (ahead on B S 4
-and Inkling, behind on A, TP8 and B S 8); R 16 at 8192 0.98-1.00x, at 512 and 2048 0.99-1.36x
+every shape, read flush (``history/h200_grouped_v20.json``), the best mode against the multi-slot
+path: R 64 from 2048 tokens 0.88-0.95x; R 64 at 512 tokens 0.89-1.06x (ahead on Inkling, ``n*F*H``
+38 M, at S 4 and 8: so from 512 tokens on weights over ``GROUPED_LARGE_WEIGHTS``; behind on A, TP8
+and B S 8, ahead on B S 4); R 16 at 8192 0.98-1.00x, at 512 and 2048 0.99-1.36x
 (the grouped shrinks, ~20-30 µs each, cost more than the Triton shrinks save). ``fold`` was the
 faster mode at R 64 8192 tokens on B (0.89-0.90x against 0.92x) and Inkling (0.92x against 0.95x),
 ``epi`` everywhere else."""

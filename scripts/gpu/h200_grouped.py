@@ -36,12 +36,15 @@ BREAKDOWN = [("A", 64, 4, 8192), ("B", 64, 4, 8192), ("Inkling-TP8", 64, 4, 2048
 
 def grouped_plan(ops, x, batch):
     """The plan with its groups at any token count and rank (``grouped_mode``'s thresholds at 0)."""
-    saved = tb.GROUPED_TOKENS, tb.GROUPED_RANK_TOKENS
-    tb.GROUPED_TOKENS = tb.GROUPED_RANK_TOKENS = 0
+    names = ("GROUPED_TOKENS", "GROUPED_RANK_TOKENS", "GROUPED_LARGE_TOKENS")
+    saved = [getattr(tb, k) for k in names]
+    for k in names:
+        setattr(tb, k, 0)
     try:
         return tb.plan(ops, x.shape[0], batch, x.device)
     finally:
-        tb.GROUPED_TOKENS, tb.GROUPED_RANK_TOKENS = saved
+        for k, v in zip(names, saved):
+            setattr(tb, k, v)
 
 
 def contenders(ops, x, gammas, batch) -> dict:
