@@ -653,7 +653,7 @@ GROUPED_LARGE_TOKENS = 512
 GROUPED_LARGE_WEIGHTS = 32 << 20
 """From these many tokens (at any rank; at ranks from ``FOLD_MIN_RANK``) a multi-slot batch in slot
 order takes ``_launch_grouped`` (``grouped_mode``). Measured at S 4 and 8, 512/2048/8192 tokens on
-every shape, read flush (``history/h200_grouped_v20.json``), the best mode against the multi-slot
+every shape, read flush (``h200_grouped.json``), the best mode against the multi-slot
 path: R 64 from 2048 tokens 0.88-0.95x; R 64 at 512 tokens 0.89-1.06x (ahead on Inkling, ``n*F*H``
 38 M, at S 4 and 8: so from 512 tokens on weights over ``GROUPED_LARGE_WEIGHTS``; behind on A, TP8
 and B S 8, ahead on B S 4); R 16 at 8192 0.98-1.00x, at 512 and 2048 0.99-1.36x
