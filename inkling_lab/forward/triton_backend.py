@@ -5,7 +5,9 @@ and down GEMVs split over ``K`` where rows are long); for many,
 cuBLAS's two base GEMMs with the kernels around them. A batch whose tokens all use one
 slot runs cuBLAS GEMMs with its shrinks on a side stream beside the base GEMMs from 17
 tokens (48 on small weights; ``_launch_single``, ``chain_tokens``) and the LoRA folded into the
-base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``).
+base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``). Several slots whose tokens run in slot order
+take grouped GEMMs for their LoRA products where ``grouped_mode`` says (``_launch_grouped``: rank 64
+from 2048 tokens, any rank from 8192).
 
 ``launch(ops, x, gammas, plan(...))`` only enqueues kernels, so a CUDA graph can
 capture it and replay it against the same plan. ``plan`` turns the ``SlotBatch`` into
@@ -109,7 +111,8 @@ the cuBLAS path's activation and down epilogues 32 tokens by 64 features at 4 wa
 left 6 feature blocks per token tile there (192 programs at 2048 tokens). Measured at 2048 and 8192
 tokens, S 4 and 8, R 16 and 64 (``h200_epilogues_v19*.json``): 0.93-0.97x the 64 x 128 tiles at every
 one of the 8 TP8 points; on A (1536 features) the same tiles were 0.96-1.02x, on B and Inkling 0.99-1.16x.
-The side by side at 4765844: TP8 S 4 / 8 at 512-8192 tokens 0.93-0.97x the record before (v19b)."""
+The side by side at 4765844 (``history/h200_side_by_side_v19b.json``): TP8 S 4 / 8 at 512-8192 tokens 0.93-0.97x
+the record before (v17e)."""
 
 
 CHAIN_SMALL_TOKENS = 44
