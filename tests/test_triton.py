@@ -363,7 +363,6 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
 @pytest.mark.parametrize("mode", ["epi", "fold"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, monkeypatch):
-    monkeypatch.setattr(tb, "GROUPED_TOKENS", 20)
     monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)  # as at 512+ tokens on the H200
     sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=5)

@@ -35,16 +35,15 @@ BREAKDOWN = [("A", 64, 4, 8192), ("B", 64, 4, 8192), ("Inkling-TP8", 64, 4, 2048
 
 
 def grouped_plan(ops, x, batch):
-    """The plan with its groups at any token count and rank (``grouped_mode``'s thresholds at 0)."""
-    names = ("GROUPED_TOKENS", "GROUPED_RANK_TOKENS", "GROUPED_LARGE_TOKENS")
-    saved = [getattr(tb, k) for k in names]
-    for k in names:
-        setattr(tb, k, 0)
-    try:
-        return tb.plan(ops, x.shape[0], batch, x.device)
-    finally:
-        for k, v in zip(names, saved):
-            setattr(tb, k, v)
+    """The plan with its groups (``epi``) at any token count and rank: the routed plan, given
+    ``segment_offsets``' fields where ``grouped_mode`` left them out."""
+    p = tb.plan(ops, x.shape[0], batch, x.device)
+    if p.grouped:
+        return p
+    slots = p.slots.cpu()
+    offs = tb.segment_offsets(slots, ops.slots)
+    return p if offs is None else dataclasses.replace(
+        p, **tb.grouped_operands(offs, slots, p.scalings, ops.dtype, x.device, "epi"))
 
 
 def contenders(ops, x, gammas, batch) -> dict:
