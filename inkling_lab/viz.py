@@ -374,6 +374,44 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
     return fig
 
 
+def side_by_side_figure(record: dict, R: int = 64, S: int = 4, flush: str = "read") -> Figure:
+    """A side-by-side record at one rank and slot count: for each shape, the kit's time and sglang's
+    LoRA paths' times over sglang's own forward without LoRA, against tokens (below 1: faster than
+    upstream serving no adapter at all), with issue 26's targets marked."""
+    from .profile import SIDE_SHAPES, TARGET_VS_BASE_LARGE_T, side_by_side_rows
+
+    rows = [r for r in side_by_side_rows(record, flush) if (r["R"], r["S"]) == (R, S)]
+    if not rows:
+        raise ValueError(f"the record has no points at R={R}, S={S}")
+    fig, axes = _subplots(1, len(SIDE_SHAPES), figsize=(3.4 * len(SIDE_SHAPES), 4.2), sharey=True,
+                          constrained_layout=True)
+    lines = {"kit_us": ("the kit (triton)", "#d62728", "o"), "sglang_multi_us": ("sglang multi-slot", "purple", "*"),
+             "sglang_one_slot_us": ("sglang one-slot cuBLAS", "purple", "P")}
+    for ax, shape in zip(axes, SIDE_SHAPES):
+        pts = sorted((r for r in rows if r["shape"] == shape), key=lambda r: r["T"])
+        for key, (label, color, marker) in lines.items():
+            xy = [(r["T"], r[key] / r["sglang_base_us"]) for r in pts if r[key] and r["sglang_base_us"]]
+            if xy:
+                ax.semilogx(*zip(*xy), marker=marker, color=color, ms=5, label=label, base=2,
+                            lw=2 if key == "kit_us" else 1, mfc="none" if key != "kit_us" else color)
+        ax.axhline(1, color="black", lw=1.5)
+        ax.axhspan(0, 1, color="green", alpha=0.06)
+        ax.hlines(TARGET_VS_BASE_LARGE_T, 2048, 8192, color="green", lw=2)
+        ax.set_title(f"{shape}: n {pts[0]['n']}, H {pts[0]['H']}, F {pts[0]['F']}", fontsize=9)
+        ax.set_xlabel("tokens T")
+    low = min([0.8] + [r["vs_base"] for r in rows if r["vs_base"]])
+    axes[0].set_ylim(low * 0.9, None)  # the shaded band starts just under the fastest point, not at 0
+    axes[0].set_ylabel("time / sglang without LoRA")
+    axes[0].text(16, 0.98, "faster than sglang without LoRA", fontsize=7, color="green", va="top")
+    axes[-1].plot([], [], color="green", lw=2, label=f"target at T >= 2048 ({TARGET_VS_BASE_LARGE_T:g}x)")
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines() if not h.get_label().startswith("_")}
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles), fontsize=8)
+    env = record["environment"]
+    fig.suptitle(f"R {R}, S {S}, L2 flush {flush}: {env['device']}, commit {env['git_commit'][:7]}, "
+                 f"{env['date'][:10]}", fontsize=9)
+    return fig
+
+
 def kernel_breakdown_figure(record: dict, backend: str = "triton") -> Figure:
     """Where the time goes: the profiler's kernels per forward, one bar per probed case."""
     tables = [t for t in record["kernel_tables"] if t["backend"] == backend]

@@ -356,6 +356,40 @@ def roofline_explorer(record: dict | None = None):
     return w.VBox([w.HTML("<b>Roofline explorer</b>: minimal bytes and useful FLOPs of one forward"),
                    w.HBox([shape, rank, slots]), tokens, out])
 
+def side_by_side_explorer_figure(record: dict, R: int, S: int, flush: str):
+    """``side_by_side_explorer``'s drawing: ``viz.side_by_side_figure`` at rank ``R``, ``S`` slots,
+    L2 flush ``flush``, and a line counting where the kit beats sglang's forward without LoRA.
+    Returns ``(text, Figure)``."""
+    from .profile import TARGET_VS_BASE_LARGE_T, side_by_side_rows
+    from .viz import side_by_side_figure
+
+    fig = side_by_side_figure(record, R, S, flush)
+    rows = [r for r in side_by_side_rows(record, flush) if (r["R"], r["S"]) == (R, S) and r["vs_base"]]
+    faster = sum(r["vs_base"] < 1 for r in rows)
+    large = [r for r in rows if r["T"] >= 2048]
+    near = sum(r["vs_base"] <= TARGET_VS_BASE_LARGE_T for r in large)
+    return (f"R {R}, S {S}: the kit with its LoRA is faster than sglang without LoRA at {faster} of {len(rows)} "
+            f"points; at T >= 2048 within {TARGET_VS_BASE_LARGE_T:g}x of it at {near} of {len(large)}"), fig
+
+
+def side_by_side_explorer(record: dict):
+    """Rank, slots and L2 flush of a side-by-side record (``data/profiles/h200_side_by_side.json``):
+    the kit's and sglang's LoRA paths' time over sglang's forward without LoRA, every shape."""
+    import functools
+
+    import ipywidgets as w
+
+    from .profile import GRID_RANKS, GRID_SLOTS
+
+    if not (isinstance(record, dict) and isinstance(record.get("points"), list)):
+        raise ValueError("side_by_side_explorer: record must be a side-by-side record "
+                         "(profile.load_side_by_side('data/profiles/h200_side_by_side.json'))")
+    controls = {"R": w.Dropdown(options=list(GRID_RANKS), value=64, description="rank R"),
+                "S": w.Dropdown(options=list(GRID_SLOTS), value=4, description="slots S"),
+                "flush": w.Dropdown(options=["read", "write"], value="read", description="L2 flush")}
+    return _figure_explorer(functools.partial(side_by_side_explorer_figure, record), controls,
+                            "<b>Side by side</b>: time over sglang's forward without LoRA (below 1: faster)")
+
 # -- tensor parallelism -------------------------------------------------------
 
 def tp_shard_explorer_figure(n: int, intermediate: int, tp: int, layout: str):

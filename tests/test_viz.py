@@ -98,3 +98,22 @@ def test_defect_outputs_figure_shares_its_scale():
     assert len({image.get_clim() for image in _images(fig)}) == 1
     assert any(ax.get_label() == "<colorbar>" for ax in fig.axes)
     assert torch.is_tensor(report.intended)
+
+
+def test_side_by_side_figure_plots_the_recorded_medians_over_the_base():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_side_by_side.json"
+    record = json.loads(path.read_text())
+    fig = viz.side_by_side_figure(record, R=64, S=4, flush="write")
+    assert len(fig.axes) == 4 and fig.axes[0].get_ylabel()
+    # the raw medians of the record, read here without the kit's rows
+    raw = sorted((p["case"]["T"], p["times"]["write"]["kit_triton"]["median_us"] / p["times"]["write"]["sglang_base"]["median_us"])
+                 for p in record["points"] if (p["case"]["shape"], p["case"]["R"], p["case"]["S"]) == ("Inkling", 64, 4))
+    kit = next(line for line in fig.axes[2].get_lines() if line.get_label() == "the kit (triton)")
+    assert list(kit.get_xdata()) == [t for t, _ in raw]
+    assert list(kit.get_ydata()) == pytest.approx([r for _, r in raw])
+    assert "Inkling" in fig.axes[2].get_title() and "target" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    with pytest.raises(ValueError, match="R=3"):
+        viz.side_by_side_figure(record, R=3)

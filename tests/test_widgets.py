@@ -137,3 +137,18 @@ def test_an_echoed_float_draws_nothing_new():
     assert calls == [(4.0, 2), (4.5, 2), (4.5, 3)]
     assert widgets._same_values({"a": 1.0, "b": 2}, {"a": 1.0 + 1e-15, "b": 2})
     assert not widgets._same_values({"a": 1.0, "b": 2}, {"a": 1.0, "b": 3})
+
+
+def test_side_by_side_explorer_counts_what_the_record_says():
+    import json
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_side_by_side.json").read_text())
+    text, fig = widgets.side_by_side_explorer_figure(record, 16, 1, "write")
+    t = [p["times"]["write"] for p in record["points"] if (p["case"]["R"], p["case"]["S"]) == (16, 1)]
+    faster = sum(x["kit_triton"]["median_us"] < x["sglang_base"]["median_us"] for x in t)
+    assert f"faster than sglang without LoRA at {faster} of {len(t)} points" in text and len(fig.axes) == 4
+    box = widgets.side_by_side_explorer(record)
+    assert [c.description for c in box.children[1].children] == ["rank R", "slots S", "L2 flush"]
+    with pytest.raises(ValueError, match="side-by-side record"):
+        widgets.side_by_side_explorer({"records": []})
