@@ -377,7 +377,9 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
 def side_by_side_figure(record: dict, R: int = 64, S: int = 4, flush: str = "read") -> Figure:
     """A side-by-side record at one rank and slot count: for each shape, the kit's time and sglang's
     LoRA paths' times over sglang's own forward without LoRA, against tokens (below 1: faster than
-    upstream serving no adapter at all), with issue 26's targets marked."""
+    upstream serving no adapter at all), with issue 26's targets marked. sglang's three paths are the
+    record's ``sglang_multi``, ``sglang_one_slot`` and ``sglang_base``: the wheel's ``forward_with_lora``
+    (``srt/lora/trtllm_lora_temp/inkling_dense.py``) as ``upstream_wheel.UpstreamSink`` runs it."""
     from .profile import SIDE_SHAPES, TARGET_VS_BASE_LARGE_T, side_by_side_rows
 
     rows = [r for r in side_by_side_rows(record, flush) if (r["R"], r["S"]) == (R, S)]
