@@ -1,7 +1,7 @@
-"""``scripts/gpu/h200_grouped.py``'s correctness pass on the CPU: Triton's interpreter, float32, a
-tiny shape, the CUDA-only steps stubbed (a graph replays by calling the launch again). So the H200
-call cannot die of a typo or a renamed helper, and the pass flags a grouped launch that leaves its
-output unwritten or adds a slot's LoRA to another slot's tokens."""
+"""``scripts/gpu/h200_grouped.py``'s and ``h200_merge.py``'s correctness passes on the CPU: Triton's
+interpreter, float32, a tiny shape, the CUDA-only steps stubbed (a graph replays by calling the launch
+again). So the H200 call cannot die of a typo or a renamed helper, and the pass flags a grouped or
+merged launch that leaves its output unwritten or adds a slot's LoRA to another slot's tokens."""
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,12 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def script(monkeypatch):
+def script(request, monkeypatch):
+    """``(script module, interpreted backend)`` for the script named by the test's parameter
+    (``h200_grouped`` unless told)."""
+    name = getattr(request, "param", "h200_grouped")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.syspath_prepend(str(ROOT / "scripts" / "gpu"))
     tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
-    module = import_interpreted("h200_grouped")
-    sys.modules.pop("h200_grouped", None)
+    module = import_interpreted(name)
+    sys.modules.pop(name, None)
     sys.modules.pop("h200_pdl", None)
     monkeypatch.setattr(module, "tb", tb)
     for preset in ("A", "Inkling-TP8"):
@@ -53,3 +56,25 @@ def test_the_correctness_pass_checks_every_mode_and_flags_a_wrong_one(script, mo
     rows = module.correctness()
     assert all(r["rel_err"]["kit"] < 1e-5 for r in rows) and not any(r["ok"] for r in rows)
     assert not any(r["rel_err"]["g_" + m] < 1e-4 for r in rows for m in module.MODES)  # NaN counts as wrong
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["h200_merge"], indirect=True)
+def test_the_merge_pass_checks_both_runs_and_one_slot_and_flags_a_misread_run(script, monkeypatch):
+    module, tb = script
+    rows = module.correctness()
+    assert len(rows) == 16  # A and TP-8, two dtypes, both gate/up layouts, uneven runs and one slot
+    assert all(r["ok"] for r in rows), [r["rel_err"] for r in rows]
+    several = [r for r in rows if r["runs"] > 1]
+    assert {k for r in several for k in r["rel_err"]} == {k + g for k in ("kit", "merge", "merge_runs")
+                                                             for g in ("", "_graph")}
+    assert all("merge" not in r["rel_err"] for r in several if r["dtype"] == "float16")  # grouped GEMM: bf16
+    merged = tb._launch_merged
+
+    def shifted(ops, x, gammas, p, out, runs=False):  # each run's rows one token late
+        late = tuple((a + 1, min(b + 1, x.shape[0])) for a, b in p.runs)
+        return merged(ops, x, gammas, replace(p, runs=late, offs=p.offs + 1), out, runs)
+
+    monkeypatch.setattr(tb, "_launch_merged", shifted)
+    rows = module.correctness()
+    assert all(r["rel_err"]["kit"] < 1e-5 for r in rows) and not any(r["ok"] for r in rows)

@@ -329,6 +329,35 @@ def slots_kernel(indptr_ptr, widx_ptr, rank_ptr, perm_ptr, slot_ptr,
         tl.store(slot_ptr + pos, tl.zeros((BLOCK,), dtype=tl.int32) + eff, mask=ok)
 
 
+@triton.jit
+def merge_kernel(w_ptr, p_ptr, q_ptr, out_ptr, slot_ptr, scale_ptr,
+                 M, N, K, W_SM, P_SS, P_SM, P_SK, Q_SS, Q_SK, Q_SN,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """A slot's LoRA merged into a base weight, read once and written once:
+    ``out[g] = W + scalings[s] * P[s] @ Q[s]`` for ``s = slots[g]``, ``W [M, N]`` (rows ``W_SM``
+    apart), ``P[s] [M, K]`` and ``Q[s] [K, N]`` at any strides, ``K <= BK`` (one dot), ``out [G, M, N]``
+    contiguous in the weight's dtype. The gate/up side: ``W = w13_lin [n*2F, H]``,
+    ``P = w1_delta [S, n*2F, 2R]``, ``Q = gate_up_A[:, 0] [S, 2R, H]``; the down side:
+    ``W = w2_lin [n*F, H]``, ``P = a_cat^T [S, n*F, R]``, ``Q = down_B[:, 0]^T [S, R, H]``.
+
+    Grid ``(cdiv(M, BM) * cdiv(N, BN), G)``; the sum in float32, rounded once."""
+    tile, g = tl.program_id(0), tl.program_id(1)
+    n_cols = tl.cdiv(N, BN)
+    rows = (tile // n_cols) * BM + tl.arange(0, BM)
+    cols = (tile % n_cols) * BN + tl.arange(0, BN)
+    kk = tl.arange(0, BK)
+    row_ok, col_ok, k_ok = rows < M, cols < N, kk < K
+    s = tl.load(slot_ptr + g)
+    pt = tl.load(p_ptr + s * P_SS + rows[:, None] * P_SM + kk[None, :] * P_SK, mask=row_ok[:, None] & k_ok[None, :],
+                 other=0.0)
+    qt = tl.load(q_ptr + s * Q_SS + kk[:, None] * Q_SK + cols[None, :] * Q_SN, mask=k_ok[:, None] & col_ok[None, :],
+                 other=0.0)
+    ok = row_ok[:, None] & col_ok[None, :]
+    w = tl.load(w_ptr + rows[:, None] * W_SM + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    merged = w + tl.load(scale_ptr + s) * tl.dot(pt, qt)
+    tl.store(out_ptr + g.to(tl.int64) * M * N + rows[:, None] * N + cols[None, :], merged, mask=ok)
+
+
 # The GEMV path (issue 26): for one token the forward is a weight stream, so each program
 # owns a few weight rows across all of K and keeps big steps of them in flight (the
 # stream-ceiling kernel's shape, ``scripts/gpu/h200_stream_ceiling.py``), instead of a

@@ -177,7 +177,9 @@ class Plan:
     the shrinks through cuBLAS too); ``batch``: a device-resident batch whose
     metadata ``launch`` turns into ``slots`` on the device at every launch; ``grouped``:
     ``_launch_grouped``'s mode (``grouped_mode``) with its ``offs [S]`` and ``token_scale [T, 1]``
-    (``grouped_operands``), ``""`` where the batch takes another path."""
+    (``grouped_operands``), ``""`` where the batch takes another path; ``"merge"`` (``_launch_merged``,
+    ``merge_operands``): ``merge_slots [G]`` int32, the slots that have tokens, in order, ``offs [G]``
+    their runs' ends and ``runs`` the same ``(start, end)`` on the host."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
@@ -191,6 +193,8 @@ class Plan:
     offs: torch.Tensor | None = None
     token_scale: torch.Tensor | None = None
     grouped: str = ""
+    merge_slots: torch.Tensor | None = None
+    runs: tuple[tuple[int, int], ...] = ()
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -377,6 +381,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     x, gammas = x.contiguous(), gammas.contiguous()
     t = p.tiles
     single = p.single_slot >= 0 and ops.shared_outer
+    if p.grouped == "merge":
+        return _launch_merged(ops, x, gammas, p, out)
     if p.grouped:
         return _launch_grouped(ops, x, gammas, p, out, p.grouped)
     if single and t.cublas:
@@ -619,6 +625,69 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
     key = (x.dtype, "grouped")
     _down(ops, act, out, p, Lora(True, sh, gb, da, db, mid, R, 1, 0, br), mid, key)
     return out
+
+
+def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, runs: bool = False) -> torch.Tensor:
+    """Tokens in runs of one slot each (``p.runs``, slots ``p.merge_slots``), the cuBLAS path, shared
+    outer: each run's slot merged into copies of the base weights, ``w13_s = w13_lin + scale_s W1Δ_s
+    A_s`` ``[G, n*2F, H]`` and ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[G, n*F, H]``
+    (``merge_kernel``: each weight read once and written once per slot; the down side's beside the
+    gate/up GEMM, ``_Beside``), then the base forward's GEMMs on the merged weights: one run
+    ``torch.mm``; several, the gate/up side one grouped GEMM over the runs (``runs``: a ``torch.mm``
+    per run) and the down side a ``torch.mm`` per run into its rows of ``out``. The LoRA then costs
+    ``2 G (n*3F*H)`` weight elements moved, not work per token: ahead where tokens are many and
+    slots few (``merges``)."""
+    ga, _, _, db = ops.buffers
+    T, H = x.shape
+    n, F = ops.n, ops.intermediate
+    idx, G = p.merge_slots, len(p.runs)
+    w13 = torch.empty(G, n * 2 * F, H, dtype=x.dtype, device=x.device)
+    w2 = torch.empty(G, n * F, H, dtype=x.dtype, device=x.device)
+    _merge(ops.w13_lin, ops.w1_delta, ga[:, 0], idx, p.scalings, w13)
+    side = _Beside(x)
+    with side:
+        _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), idx, p.scalings, w2)
+    if G == 1:
+        y = torch.mm(x, w13[0].T)
+    elif runs:
+        y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
+        for g, (a, b) in enumerate(p.runs):
+            torch.mm(x[a:b], w13[g].T, out=y[a:b])
+    else:
+        y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
+    act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+    _up(ops, x, y, gammas, act, p, Lora.none(x))
+    side.join()
+    for g, (a, b) in enumerate(p.runs):
+        torch.mm(act[a:b], w2[g], out=out[a:b])
+    return out
+
+
+MERGE_TILE = (64, 128)
+"""``merge_kernel``'s tile of weight rows by columns."""
+
+
+def _merge(w: torch.Tensor, p_: torch.Tensor, q: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor,
+           out: torch.Tensor) -> None:
+    """``out[g] = w + scalings[s] * p_[s] @ q[s]`` for ``s = slots[g]`` (``merge_kernel``): ``w [M, N]``
+    (rows contiguous), ``p_ [S, M, K]``, ``q [S, K, N]`` at any strides, ``out [G, M, N]`` contiguous."""
+    G, M, N = out.shape
+    K = p_.shape[-1]
+    bm, bn = MERGE_TILE
+    _run(kernels.merge_kernel, (triton.cdiv(M, bm) * triton.cdiv(N, bn), G),
+         (w, p_, q, out, slots, scalings, M, N, K, w.stride(0), *p_.stride(), *q.stride()),
+         BM=bm, BN=bn, BK=max(16, triton.next_power_of_2(K)), num_warps=4, num_stages=1)
+
+
+def merge_operands(slots: torch.Tensor, device) -> dict:
+    """The ``Plan`` fields of ``_launch_merged`` for effective ``slots [T]`` (host) that run in slot
+    order with no base-only token (``segment_offsets`` holds, or one slot throughout): the slots
+    that have tokens, their runs' ends on ``device`` and the runs on the host."""
+    active, counts = torch.unique_consecutive(slots.long(), return_counts=True)
+    ends = counts.cumsum(0)
+    starts = ends - counts
+    return {"merge_slots": active.to(device=device, dtype=torch.int32), "offs": ends.to(device=device, dtype=torch.int32),
+            "runs": tuple(zip(starts.tolist(), ends.tolist())), "grouped": "merge"}
 
 
 def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, *, k: int, ldx: int,

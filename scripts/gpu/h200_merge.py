@@ -1,0 +1,182 @@
+"""v21 on a CUDA GPU (issue 26 target 3): the LoRA merged into copies of the base weights per
+slot for each forward (``triton_backend._launch_merged``, ``merge_kernel``), then the base
+forward's GEMMs on them, against the path ``auto`` routes today (``kit``) and sglang 0.5.23's
+no-LoRA base: one slot at 512-8192 tokens, S 4 and 8 at 2048-8192, R 16 and 64, every shape,
+both flushes. ``merge``: one run a ``torch.mm``, several a grouped GEMM on the gate/up side;
+``merge_runs``: a ``torch.mm`` per run on both sides. Each point records what ``auto`` routes there.
+
+1. Correctness first, against the float64 reference on fresh random inputs (bfloat16 and float16,
+   both gate/up layouts; uneven runs with an empty slot between them and scalings 0.6-1.4, and one
+   slot throughout; 600 tokens), each contender launched twice and replayed from a graph twice into
+   NaN-poisoned outputs.
+2. The merge kernel alone against a copy of the same weight (``--breakdown``, read flush).
+3. The sweep; every contender is checked again at each point (``h200_pdl.time_point``).
+
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_merge.py --wheel WHEEL --out $OUT/NAME.json
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+
+import torch
+
+import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, run_arguments
+from inkling_lab import profile as pr, records
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward import triton_backend as tb
+from inkling_lab.forward.reference import reference_forward
+
+ONE_SLOT_TOKENS = (512, 1024, 2048, 4096, 8192)
+MULTI_TOKENS = (2048, 4096, 8192)
+MERGED = ("merge", "merge_runs")
+
+
+def merged_plan(ops, x, batch):
+    """The routed plan and the same batch as ``_launch_merged`` takes it."""
+    p = tb.plan(ops, x.shape[0], batch, x.device)
+    return p, dataclasses.replace(p, **tb.merge_operands(p.slots.cpu(), x.device), fast={})
+
+
+def contenders(ops, x, gammas, batch) -> dict:
+    p, m = merged_plan(ops, x, batch)
+    fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out)}
+    fns["merge"] = lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out)
+    if len(m.runs) > 1:
+        fns["merge_runs"] = lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out, runs=True)
+    return fns
+
+
+def correctness() -> list[dict]:
+    rows = []
+    for shape in ("A", "Inkling-TP8"):
+        for dtype in ("bfloat16", "float16"):
+            for interleaved in (True, False):
+                c = pr.Case.of(shape, 16, 4, 600, interleaved=interleaved, dtype=dtype)
+                sc = c.scenario("cuda", seed=7 + int(interleaved))
+                x, gammas = sc.x, sc.gammas
+                ops = sc.sink.operands()
+                for segs, slots in (([150, 0, 320, 130], [0, 1, 2, 3]), ([600], [2])):
+                    batch = SlotBatch.from_segments(segs, slots, 4, lora_ranks=[16] * 4, scalings=[0.6, 1.0, 1.4, 0.8])
+                    ref = reference_forward(ops, x, gammas, batch)
+                    errs = {}
+                    for name, fn in contenders(ops, x, gammas, batch).items():
+                        if name == "merge" and len(segs) > 1 and dtype != "bfloat16":
+                            continue  # torch's grouped GEMM: bfloat16 on CUDA only (grouped_mode)
+                        try:
+                            out = fn()
+                            out.fill_(float("nan"))
+                            out = fn()
+                            torch.cuda.synchronize()
+                            errs[name] = records.relative_error(out, ref, "fro")
+                            graph = pr.capture(fn)
+                            for _ in range(2):
+                                out.fill_(float("nan"))
+                                graph.replay()
+                            torch.cuda.synchronize()
+                            errs[name + "_graph"] = records.relative_error(out, ref, "fro")
+                        except Exception as exc:  # recorded, and the run goes on
+                            errs[name] = float("nan")
+                            print(f"check {shape} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    ok = all(e == e and e < 1e-2 for e in errs.values())
+                    rows.append({**c.record(), "runs": len(segs), "rel_err": errs, "ok": ok})
+                    print(f"check {shape} {dtype} il={interleaved} runs={len(segs)}: worst {max(errs.values()):.1e} "
+                          f"ok={ok}", flush=True)
+    return rows
+
+
+def breakdown(reps: int) -> list[dict]:
+    """``merge_kernel`` on each side alone at R 64, one slot and four, against ``clone`` of the same
+    base weight (a copy: the weight read once and written once, as the merge moves it)."""
+    flush, rows = pr.L2Flush("cuda"), []
+    for shape in pr.SIDE_SHAPES:
+        sc = pr.Case.of(shape, 64, 4, 64).scenario("cuda")
+        ops = sc.sink.operands()
+        ga, _, _, db = ops.buffers
+        scal = torch.ones(4, dtype=torch.float32, device="cuda")
+        n, F, H = ops.n, ops.intermediate, ops.hidden
+        fns = {"copy_w13": lambda: ops.w13_lin.clone(), "copy_w2": lambda: ops.w2_lin.clone()}
+        for G in (1, 4):
+            idx = torch.arange(G, dtype=torch.int32, device="cuda")
+            w13 = torch.empty(G, n * 2 * F, H, dtype=ops.dtype, device="cuda")
+            w2 = torch.empty(G, n * F, H, dtype=ops.dtype, device="cuda")
+            fns[f"merge_up_G{G}"] = lambda idx=idx, w13=w13: tb._merge(ops.w13_lin, ops.w1_delta, ga[:, 0], idx, scal, w13)
+            fns[f"merge_down_G{G}"] = lambda idx=idx, w2=w2: tb._merge(
+                ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), idx, scal, w2)
+        graphs = {}
+        for k, fn in fns.items():
+            fn()
+            graphs[k] = pr.capture(fn)
+        mb = {"w13": ops.w13_lin.numel() * 2 / 1e6, "w2": ops.w2_lin.numel() * 2 / 1e6}
+        for k, v in pr.time_interleaved(graphs, flush, reps).items():
+            side = "w13" if ("w13" in k or "up" in k) else "w2"
+            moved = 2 * mb[side] * (int(k[-1]) if "_G" in k else 1)  # MB read + written
+            us = statistics.median(v)
+            rows.append({"shape": shape, "launch": k, "us": us, "moved_mb": moved, "tb_s": moved / us / 1e6})
+            print(f"breakdown {shape:<11} {k:<14} {us:7.1f} us  {moved / us / 1e6:.2f} TB/s", flush=True)
+        del graphs, fns
+    return rows
+
+
+def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
+    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+    routed = {}
+
+    def fns_for(sink, ops, x, gammas, batch):
+        routed["at"] = tb.plan(ops, x.shape[0], batch, x.device).grouped == "merge" and "merge" or "kit"
+        fns = contenders(ops, x, gammas, batch)
+        multi = upstream_cls(sink, batch, min_slots=2)
+        fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
+        return fns
+
+    rows = []
+    for shape in shapes:
+        base = None
+        for R in (16, 64):
+            for S, tokens in ((1, ONE_SLOT_TOKENS), (4, MULTI_TOKENS), (8, MULTI_TOKENS)):
+                for T in tokens:
+                    base, row = h200_pdl.time_point(pr.Case.of(shape, R, S, T), fns_for, flushes, reps, base)
+                    rows.append({**row, "routed": routed["at"]})
+                    for fl in flushes:
+                        got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
+                        best = min((k for k in got if k.startswith("merge")), key=got.get)
+                        print(f"{shape:<11} R{R:<2} S{S} T{T:<4} {fl:<5} " + " ".join(f"{k} {u:.1f}" for k, u in got.items())
+                              + f"  {best} {got[best] / got['kit']:.3f}x kit, {got[best] / got['sglang_base']:.3f}x base,"
+                              f" kit {got['kit'] / got['sglang_base']:.3f}x base", flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
+    ap.add_argument("--breakdown", action="store_true")
+    args = ap.parse_args()
+    from inkling_lab.upstream_wheel import UpstreamSink
+
+    t0 = time.time()
+    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, modes=list(MERGED))
+    rec["correctness"] = correctness()
+    records.write_json(args.out, rec)
+    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
+          f"{time.time() - t0:.0f} s", flush=True)
+    if args.breakdown:
+        rec["breakdown"] = breakdown(args.reps)
+        records.write_json(args.out, rec)
+    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
+    rec["seconds"] = round(time.time() - t0, 1)
+    records.write_json(args.out, rec)
+    for fl in ("read", "write"):
+        pts = [r for r in rec["points"] if r["T"] >= 2048]
+        def within(k):
+            return sum(1 for r in pts if r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"][f"sglang_base@{fl}"])
+        best = sum(1 for r in pts if min(r["us"].get(f"{k}@{fl}", 1e9) for k in ("kit", *MERGED)) <= 1.1
+                   * r["us"][f"sglang_base@{fl}"])
+        print(f"{fl}: T>=2048 within 1.1x base (of {len(pts)}): kit {within('kit')}, merge {within('merge')}, "
+              f"merge_runs {within('merge_runs')}, best of all {best}", flush=True)
+    print(f"{rec['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
