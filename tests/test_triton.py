@@ -397,9 +397,9 @@ def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):
 
 @pytest.mark.parametrize("shape", ["A", "B", "inkling", "inkling-tp8"])
 def test_grouped_mode_follows_the_measured_grid(shape):
-    """``grouped_mode`` as KERNEL_NOTES v20 measured it: rank 64 from 2048 tokens (Inkling's weights
-    from 512), rank 16 from 8192; ``fold`` only at rank 64 from 4096 tokens on weights with many
-    features (B, Inkling)."""
+    """``grouped_mode`` as KERNEL_NOTES v20 and v21 measured it, four slots with tokens: rank 64 from 2048
+    tokens (Inkling's weights from 512), rank 16 from 8192; ``fold`` only at rank 64 from 4096 tokens on
+    weights with many features (B, Inkling); merged weights at 8192 tokens on A and TP-8 (``merges``)."""
     g = PRESETS[shape]
     def ops(rank, **kw):
         return SimpleNamespace(**{"shared_outer": True, "max_rank": rank, "dtype": torch.bfloat16, "n": g.n,
@@ -407,10 +407,85 @@ def test_grouped_mode_follows_the_measured_grid(shape):
     cuda = torch.device("cuda")
     many = shape in ("B", "inkling")
     large = shape == "inkling"  # n*F*H 38 M: from 512 tokens at rank 64
-    assert [tb.grouped_mode(T, ops(64), cuda) for T in (511, 512, 2047, 2048, 4096, 8192)] == \
-        ["", "epi" if large else "", "epi" if large else "", "epi", "fold" if many else "epi", "fold" if many else "epi"]
-    assert [tb.grouped_mode(T, ops(16), cuda) for T in (2048, 8191, 8192)] == ["", "", "epi"]
-    assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), cuda) == ""  # torch's host-side loop
-    assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), torch.device("cpu")) != ""
-    assert tb.grouped_mode(8192, ops(64, shared_outer=False), cuda) == ""
-    assert tb.grouped_mode(8192, ops(60), cuda) == ""  # rows of 120 bytes: not 16-byte aligned
+    merged = shape in ("A", "inkling-tp8")
+    assert [tb.grouped_mode(T, ops(64), cuda, 4) for T in (511, 512, 2047, 2048, 4096, 8192)] == \
+        ["", "epi" if large else "", "epi" if large else "", "epi", "fold" if many else "epi",
+         "merge" if merged else "fold" if many else "epi"]
+    assert [tb.grouped_mode(T, ops(16), cuda, 4) for T in (2048, 8191, 8192)] == \
+        ["", "merge" if merged else "", "merge" if merged else "epi"]  # A and TP-8 merge from 6144 and 5462
+    assert tb.grouped_mode(8192, ops(16), cuda, 8) == "epi"  # eight merges cost more than the LoRA they replace
+    assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), cuda, 4) == ""  # torch's host-side loop
+    assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), torch.device("cpu"), 4) != ""
+    assert tb.grouped_mode(8192, ops(64, shared_outer=False), cuda, 4) == ""
+    assert tb.grouped_mode(8192, ops(60), cuda, 4) == ""  # rows of 120 bytes: not 16-byte aligned
+
+
+@pytest.mark.parametrize("shape", ["A", "B", "inkling", "inkling-tp8"])
+def test_one_slot_merges_from_the_measured_token_count(shape):
+    """``merges`` for one slot as v21 measured it (``h200_merge.json``): A and TP-8 from 2048 tokens, B
+    from 4096, Inkling from 8192; never for the per-expert outer (no merged operands there)."""
+    g = PRESETS[shape]
+    ops = SimpleNamespace(shared_outer=True, n=g.n, intermediate=g.intermediate, hidden=g.hidden)
+    first = {"A": 2048, "inkling-tp8": 2048, "B": 4096, "inkling": 8192}[shape]
+    assert [tb.merges(T, ops, 1) for T in (1024, 2048, 4096, 8192)] == [T >= first for T in (1024, 2048, 4096, 8192)]
+    assert not tb.merges(8192, SimpleNamespace(**{**vars(ops), "shared_outer": False}), 1)
+    assert not tb.merges(1 << 20, ops, 0)
+
+
+def _merge_case(monkeypatch, interleaved, seed):
+    """A pool whose merges route at 29 tokens (``MERGE_RATIO`` small), tiles as on the cuBLAS path, and
+    ``merge_kernel`` steps small enough that its row blocks, column steps and splits all run."""
+    monkeypatch.setattr(tb, "MERGE_RATIO", 0.1)
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+    monkeypatch.setattr(tb, "MERGE_TILE", (16, 16, 1))
+    monkeypatch.setattr(tb, "MERGE_PROGRAMS", 9)
+    return make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=seed)
+
+
+@pytest.mark.parametrize("segments, slots", [([7, 12, 10], [0, 2, 3]), ([29], [2])], ids=["three_runs", "one_slot"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_merged_weights_match_the_reference(segments, slots, interleaved, monkeypatch):
+    sink, x, gammas, _ = _merge_case(monkeypatch, interleaved, seed=11 + int(interleaved))
+    ops = sink.operands()
+    w13, w2 = ops.w13.clone(), ops.w2.clone()
+    batch = SlotBatch.from_segments(segments, slots, 4, lora_ranks=[8, 8, 8, 8], scalings=[0.6, 1.0, 1.4, 0.8])
+    p = tb.plan(ops, 29, batch, x.device)
+    assert p.grouped == "merge" and p.merge_slots.tolist() == slots
+    assert p.runs == tuple(zip([0, *torch.tensor(segments).cumsum(0).tolist()[:-1]], torch.tensor(segments).cumsum(0).tolist()))
+    ref = reference_forward(ops, x, gammas, batch)
+    for _ in range(2):  # a repeat launch on the plan: nothing of the last one is reused
+        out, _ = run(sink, x, gammas, batch)
+        assert rel(out, ref) < 1e-5
+    assert torch.equal(ops.w13, w13) and torch.equal(ops.w2, w2)  # the base weights are read, never written
+    assert rel(sink.base_forward(x, gammas), ref) > 0.05
+
+
+def test_merged_weights_follow_an_in_place_pool_update(monkeypatch):
+    """The merge is made at every launch from the pool as it is then: an adapter written into its slot
+    between two launches on one plan (in place, then ``on_lora_slots_updated``, as sglang's loader
+    does) changes the second forward (nothing merged is cached)."""
+    sink, x, gammas, _ = _merge_case(monkeypatch, True, seed=13)
+    ops = sink.operands()
+    batch = SlotBatch.from_segments([29], [1], 4, lora_ranks=[8] * 4)
+    p = tb.plan(ops, 29, batch, x.device)
+    assert p.grouped == "merge"
+    first = tb.launch(ops, x, gammas, p)
+    for buf in ops.buffers:
+        buf[1].mul_(-0.5)
+    sink.on_lora_slots_updated([1])
+    second = tb.launch(ops, x, gammas, p)
+    assert rel(second, reference_forward(ops, x, gammas, batch)) < 1e-5
+    assert rel(first, second) > 1e-3
+
+
+def test_merges_only_where_every_token_has_a_slot_in_order(monkeypatch):
+    sink, x, gammas, _ = _merge_case(monkeypatch, True, seed=14)
+    ops = sink.operands()
+    ranks = [8, 8, 8, 8]
+    for segs, slots, why in (([10, 19], [2, 0], "out of order"), ([10, 19], [-1, 1], "base-only tokens")):
+        p = tb.plan(ops, 29, SlotBatch.from_segments(segs, slots, 4, lora_ranks=ranks), x.device)
+        assert p.grouped != "merge" and p.merge_slots is None, why
+    resident = SlotBatch.from_segments([29], [1], 4, lora_ranks=ranks).to(x.device)
+    assert tb.plan(ops, 29, resident, x.device).grouped == ""  # its slots are not read on the host
+    explicit = tb.plan(ops, 29, SlotBatch.from_segments([29], [1], 4, lora_ranks=ranks), x.device, CUBLAS)
+    assert explicit.grouped == ""  # tiles given: the caller's path, not the router's

@@ -278,11 +278,17 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     if single >= 0 and not explicit and ops.shared_outer and chain_tokens(num_tokens, weight_elems):
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
     scalings = batch.scalings.to(device=device, dtype=torch.float32)
-    mode = grouped_mode(num_tokens, ops, device) if single < 0 and not explicit and tiles.cublas else ""
-    offs = segment_offsets(slots, ga.shape[0]) if mode else None
+    routed = not explicit and tiles.cublas
+    if single >= 0:
+        mode = "merge" if routed and merges(num_tokens, ops, 1) else ""
+        offs = None
+    else:
+        mode = grouped_mode(num_tokens, ops, device, len(active)) if routed else ""
+        offs = segment_offsets(slots, ga.shape[0]) if mode else None
+    extra = merge_operands(slots, device) if mode == "merge" and (single >= 0 or offs is not None) else \
+        {} if offs is None else grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
-                float(batch.scalings[single]) if single >= 0 else 1.0, split=split,
-                **({} if offs is None else grouped_operands(offs, slots, scalings, ops.dtype, device, mode)))
+                float(batch.scalings[single]) if single >= 0 else 1.0, split=split, **extra)
 
 
 def segment_offsets(slots: torch.Tensor, num_slots: int) -> torch.Tensor | None:
@@ -303,9 +309,28 @@ def grouped_operands(offs: torch.Tensor, slots: torch.Tensor, scalings: torch.Te
             "grouped": mode}
 
 
-def grouped_mode(num_tokens: int, ops: SinkOperands, device) -> str:
-    """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``)
-    takes ``_launch_grouped``: ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
+def merges(num_tokens: int, ops: SinkOperands, used: int) -> bool:
+    """A batch of ``num_tokens`` in runs of ``used`` slots (shared outer, the cuBLAS path) takes
+    ``_launch_merged``: where the tokens reach ``MERGE_RATIO * used * n*F*H / (n*F + H)``. Merging
+    moves ``2 * used * n*3F*H`` weight elements whatever the tokens; the per-token LoRA it replaces
+    (shrinks, expands, the ``y`` and ``out`` round trips) grows with ``T * (n*F + H)``."""
+    nf, H = ops.n * ops.intermediate, ops.hidden
+    return ops.shared_outer and used > 0 and num_tokens >= MERGE_RATIO * used * nf * H / (nf + H)
+
+
+MERGE_RATIO = 2.0
+"""``merges``' constant, from ``h200_merge.json`` (v21: one slot at 512-8192 tokens, four and eight at
+2048-8192, R 16 / 64, every shape, both flushes): the merged path was ahead of the kit's at every
+point the rule routes but one (B R64 S1 T4096, level at 1.007-1.009x) and behind or level at every
+point it does not route but A S1 T512 / T1024 and TP8 R16 S1 T1024 (0.91-1.0x: the rule is the
+cautious side there). One slot: A and TP8 from 2048 tokens, B from 4096, Inkling from 8192; four
+slots: A and TP8 at 8192."""
+
+
+def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
+    """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``),
+    ``used`` slots with tokens, takes ``_launch_grouped`` or ``_launch_merged``: ``"merge"`` where
+    ``merges``, else ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
     shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from ``GROUPED_RANK_TOKENS``
     tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank from
     ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
@@ -319,6 +344,8 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device) -> str:
         return ""
     high, weights = R >= FOLD_MIN_RANK, nf * ops.hidden
     first = (GROUPED_LARGE_TOKENS if weights > GROUPED_LARGE_WEIGHTS else GROUPED_RANK_TOKENS) if high else GROUPED_TOKENS
+    if merges(num_tokens, ops, used):
+        return "merge"
     if num_tokens < first:
         return ""
     return "fold" if high and nf > NARROW_FEATURES and folds(num_tokens, weights) else "epi"
@@ -627,16 +654,16 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
     return out
 
 
-def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, runs: bool = False) -> torch.Tensor:
+def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
     """Tokens in runs of one slot each (``p.runs``, slots ``p.merge_slots``), the cuBLAS path, shared
     outer: each run's slot merged into copies of the base weights, ``w13_s = w13_lin + scale_s W1Δ_s
     A_s`` ``[G, n*2F, H]`` and ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[G, n*F, H]``
     (``merge_kernel``: each weight read once and written once per slot; the down side's beside the
     gate/up GEMM, ``_Beside``), then the base forward's GEMMs on the merged weights: one run
-    ``torch.mm``; several, the gate/up side one grouped GEMM over the runs (``runs``: a ``torch.mm``
-    per run) and the down side a ``torch.mm`` per run into its rows of ``out``. The LoRA then costs
-    ``2 G (n*3F*H)`` weight elements moved, not work per token: ahead where tokens are many and
-    slots few (``merges``)."""
+    ``torch.mm``; several, the gate/up side one grouped GEMM over the runs and the down side a
+    ``torch.mm`` per run into its rows of ``out`` (the grouped GEMM takes no ``out=``). The LoRA then
+    costs ``2 G n*3F*H`` weight elements moved, not work per token: ahead where tokens are many and
+    slots few (``merges``). Nothing is kept between forwards, so in-place pool updates are followed."""
     ga, _, _, db = ops.buffers
     T, H = x.shape
     n, F = ops.n, ops.intermediate
@@ -649,11 +676,7 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, run
         _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), idx, p.scalings, w2)
     if G == 1:
         y = torch.mm(x, w13[0].T)
-    elif runs:
-        y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
-        for g, (a, b) in enumerate(p.runs):
-            torch.mm(x[a:b], w13[g].T, out=y[a:b])
-    else:
+    else:  # a torch.mm per run measured level at 8192 tokens and slower at 2048 (v21)
         y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     _up(ops, x, y, gammas, act, p, Lora.none(x))
@@ -663,8 +686,11 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, run
     return out
 
 
-MERGE_TILE = (64, 128)
-"""``merge_kernel``'s tile of weight rows by columns."""
+MERGE_TILE = (64, 128, 3)
+"""``merge_kernel``'s rows and columns per step and its pipeline stages."""
+MERGE_PROGRAMS = 4 * 132
+"""``merge_kernel`` splits each weight's columns so the grid has about this many programs (four per
+multiprocessor of an H200), each walking its share in steps."""
 
 
 def _merge(w: torch.Tensor, p_: torch.Tensor, q: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor,
@@ -673,10 +699,13 @@ def _merge(w: torch.Tensor, p_: torch.Tensor, q: torch.Tensor, slots: torch.Tens
     (rows contiguous), ``p_ [S, M, K]``, ``q [S, K, N]`` at any strides, ``out [G, M, N]`` contiguous."""
     G, M, N = out.shape
     K = p_.shape[-1]
-    bm, bn = MERGE_TILE
-    _run(kernels.merge_kernel, (triton.cdiv(M, bm) * triton.cdiv(N, bn), G),
-         (w, p_, q, out, slots, scalings, M, N, K, w.stride(0), *p_.stride(), *q.stride()),
-         BM=bm, BN=bn, BK=max(16, triton.next_power_of_2(K)), num_warps=4, num_stages=1)
+    bm, bn, stages = MERGE_TILE
+    row_blocks, col_tiles = triton.cdiv(M, bm), triton.cdiv(N, bn)
+    splits = max(1, min(col_tiles, MERGE_PROGRAMS // (row_blocks * G)))
+    cols = triton.cdiv(col_tiles, splits) * bn
+    _run(kernels.merge_kernel, (row_blocks, triton.cdiv(N, cols), G),
+         (w, p_, q, out, slots, scalings, M, N, K, w.stride(0), *p_.stride(), *q.stride(), cols),
+         BM=bm, BN=bn, BK=max(16, triton.next_power_of_2(K)), num_warps=4, num_stages=stages)
 
 
 def merge_operands(slots: torch.Tensor, device) -> dict:

@@ -97,7 +97,7 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
     routed = {}
 
     def fns_for(sink, ops, x, gammas, batch):
-        mode = tb.grouped_mode(x.shape[0], ops, x.device)
+        mode = tb.grouped_mode(x.shape[0], ops, x.device, len(batch.active_slots()))
         routed["at"] = "g_" + mode if mode else "kit"  # what auto runs at this point
         fns = contenders(ops, x, gammas, batch)
         multi = upstream_cls(sink, batch, min_slots=2)
