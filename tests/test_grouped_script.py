@@ -63,8 +63,7 @@ def test_the_correctness_pass_checks_every_mode_and_flags_a_wrong_one(script, mo
 def test_the_merge_pass_checks_runs_and_one_slot_and_flags_a_misread_run(script, monkeypatch):
     module, tb = script
     monkeypatch.setattr(module, "CHECK_SHAPES", ("A",))  # the TP-8 slice runs the same code
-    monkeypatch.setattr(tb, "MERGE_TILE", (16, 16, 1))  # several row blocks, column steps and splits
-    monkeypatch.setattr(tb, "MERGE_PROGRAMS", 8)
+    monkeypatch.setattr(tb, "MERGE_TILE", (16, 16, 1))  # several row and column tiles  # several row blocks, column steps and splits
     rows = module.correctness()
     assert len(rows) == 8  # two dtypes, both gate/up layouts, uneven runs and one slot
     assert all(r["ok"] for r in rows), [r["rel_err"] for r in rows]

@@ -437,8 +437,7 @@ def _merge_case(monkeypatch, interleaved, seed):
     ``merge_kernel`` steps small enough that its row blocks, column steps and splits all run."""
     monkeypatch.setattr(tb, "MERGE_RATIO", 0.1)
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
-    monkeypatch.setattr(tb, "MERGE_TILE", (16, 16, 1))
-    monkeypatch.setattr(tb, "MERGE_PROGRAMS", 9)
+    monkeypatch.setattr(tb, "MERGE_TILE", (16, 16, 1))  # several row and column tiles
     return make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=seed)
 
 

@@ -331,35 +331,31 @@ def slots_kernel(indptr_ptr, widx_ptr, rank_ptr, perm_ptr, slot_ptr,
 
 @triton.jit
 def merge_kernel(w_ptr, p_ptr, q_ptr, out_ptr, slot_ptr, scale_ptr,
-                 M, N, K, W_SM, P_SS, P_SM, P_SK, Q_SS, Q_SK, Q_SN, COLS,
+                 M, N, K, W_SM, P_SS, P_SM, P_SK, Q_SS, Q_SK, Q_SN,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """A slot's LoRA merged into a base weight, read once and written once:
     ``out[g] = W + scalings[s] * P[s] @ Q[s]`` for ``s = slots[g]``, ``W [M, N]`` (rows ``W_SM``
-    apart), ``P[s] [M, K]`` and ``Q[s] [K, N]`` at any strides, ``K <= BK`` (one dot per tile),
-    ``out [G, M, N]`` contiguous in the weight's dtype. The gate/up side: ``W = w13_lin [n*2F, H]``,
+    apart), ``P[s] [M, K]`` and ``Q[s] [K, N]`` at any strides, ``K <= BK`` (one dot), ``out [G, M, N]``
+    contiguous in the weight's dtype. The gate/up side: ``W = w13_lin [n*2F, H]``,
     ``P = w1_delta [S, n*2F, 2R]``, ``Q = gate_up_A[:, 0] [S, 2R, H]``; the down side:
     ``W = w2_lin [n*F, H]``, ``P = a_cat^T [S, n*F, R]``, ``Q = down_B[:, 0]^T [S, R, H]``.
 
-    Grid ``(cdiv(M, BM), cdiv(N, COLS), G)``: each program keeps its ``[BM, K]`` rows of ``P`` in
-    registers and walks ``COLS`` columns of ``W`` in steps of ``BN`` (the loads of later steps in
-    flight while one is stored); the sum in float32, rounded once."""
-    pid_m, pid_c, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = pid_m * BM + tl.arange(0, BM)
+    Grid ``(cdiv(M, BM) * cdiv(N, BN), G)``; the sum in float32, rounded once."""
+    tile, g = tl.program_id(0), tl.program_id(1)
+    n_cols = tl.cdiv(N, BN)
+    rows = (tile // n_cols) * BM + tl.arange(0, BM)
+    cols = (tile % n_cols) * BN + tl.arange(0, BN)
     kk = tl.arange(0, BK)
-    row_ok, k_ok = rows < M, kk < K
+    row_ok, col_ok, k_ok = rows < M, cols < N, kk < K
     s = tl.load(slot_ptr + g)
-    scale = tl.load(scale_ptr + s)
     pt = tl.load(p_ptr + s * P_SS + rows[:, None] * P_SM + kk[None, :] * P_SK, mask=row_ok[:, None] & k_ok[None, :],
                  other=0.0)
-    dst = out_ptr + g.to(tl.int64) * M * N
-    for c in range(pid_c * COLS, tl.minimum(N, pid_c * COLS + COLS), BN):
-        cols = c + tl.arange(0, BN)
-        col_ok = cols < N
-        qt = tl.load(q_ptr + s * Q_SS + kk[:, None] * Q_SK + cols[None, :] * Q_SN,
-                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        ok = row_ok[:, None] & col_ok[None, :]
-        w = tl.load(w_ptr + rows[:, None] * W_SM + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        tl.store(dst + rows[:, None] * N + cols[None, :], w + scale * tl.dot(pt, qt), mask=ok)
+    qt = tl.load(q_ptr + s * Q_SS + kk[:, None] * Q_SK + cols[None, :] * Q_SN, mask=k_ok[:, None] & col_ok[None, :],
+                 other=0.0)
+    ok = row_ok[:, None] & col_ok[None, :]
+    w = tl.load(w_ptr + rows[:, None] * W_SM + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    merged = w + tl.load(scale_ptr + s) * tl.dot(pt, qt)
+    tl.store(out_ptr + g.to(tl.int64) * M * N + rows[:, None] * N + cols[None, :], merged, mask=ok)
 
 
 # The GEMV path (issue 26): for one token the forward is a weight stream, so each program

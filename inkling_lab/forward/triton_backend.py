@@ -727,26 +727,20 @@ def _chunks(rows: int, parts: int, step: int = 64) -> list[tuple[int, int]]:
     return [(a, min(rows, a + size)) for a in range(0, rows, size)]
 
 
-MERGE_TILE = (64, 128, 3)
-"""``merge_kernel``'s rows and columns per step and its pipeline stages."""
-MERGE_PROGRAMS = 4 * 132
-"""``merge_kernel`` splits each weight's columns so the grid has about this many programs (four per
-multiprocessor of an H200), each walking its share in steps."""
+MERGE_TILE = (64, 128, 4)
+"""``merge_kernel``'s tile (weight rows, columns) and warps: one tile per program."""
 
 
 def _merge(w: torch.Tensor, p_: torch.Tensor, q: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor,
-           out: torch.Tensor) -> None:
+           out: torch.Tensor, tile: tuple[int, int, int] | None = None) -> None:
     """``out[g] = w + scalings[s] * p_[s] @ q[s]`` for ``s = slots[g]`` (``merge_kernel``): ``w [M, N]``
     (rows contiguous), ``p_ [S, M, K]``, ``q [S, K, N]`` at any strides, ``out [G, M, N]`` contiguous."""
     G, M, N = out.shape
     K = p_.shape[-1]
-    bm, bn, stages = MERGE_TILE
-    row_blocks, col_tiles = triton.cdiv(M, bm), triton.cdiv(N, bn)
-    splits = max(1, min(col_tiles, MERGE_PROGRAMS // (row_blocks * G)))
-    cols = triton.cdiv(col_tiles, splits) * bn
-    _run(kernels.merge_kernel, (row_blocks, triton.cdiv(N, cols), G),
-         (w, p_, q, out, slots, scalings, M, N, K, w.stride(0), *p_.stride(), *q.stride(), cols),
-         BM=bm, BN=bn, BK=max(16, triton.next_power_of_2(K)), num_warps=4, num_stages=stages)
+    bm, bn, warps = tile or MERGE_TILE
+    _run(kernels.merge_kernel, (triton.cdiv(M, bm) * triton.cdiv(N, bn), G),
+         (w, p_, q, out, slots, scalings, M, N, K, w.stride(0), *p_.stride(), *q.stride()),
+         BM=bm, BN=bn, BK=max(16, triton.next_power_of_2(K)), num_warps=warps, num_stages=1)
 
 
 def merge_operands(slots: torch.Tensor, device) -> dict:

@@ -35,6 +35,8 @@ ONE_SLOT_TOKENS = (512, 1024, 2048, 4096, 8192)
 MULTI_TOKENS = (2048, 4096, 8192)
 MERGED = ("merge", "merge_pipe")
 CHECK_SHAPES, CHECK_DTYPES = ("A", "Inkling-TP8"), ("bfloat16", "float16")
+TILE_SWEEP = ((32, 128, 4), (64, 64, 4), (64, 256, 8), (128, 128, 8), (128, 64, 4))
+"""``--breakdown``: ``merge_kernel`` tiles (rows, columns, warps) beside ``MERGE_TILE``."""
 
 
 def unmerged_plan(ops, x, batch):
@@ -103,6 +105,14 @@ def breakdown(reps: int) -> list[dict]:
         scal = torch.ones(4, dtype=torch.float32, device="cuda")
         n, F, H = ops.n, ops.intermediate, ops.hidden
         fns = {"copy_w13": lambda: ops.w13_lin.clone(), "copy_w2": lambda: ops.w2_lin.clone()}
+        one = torch.zeros(1, dtype=torch.int32, device="cuda")
+        w13_1 = torch.empty(1, n * 2 * F, H, dtype=ops.dtype, device="cuda")
+        w2_1 = torch.empty(1, n * F, H, dtype=ops.dtype, device="cuda")
+        for bm, bn, warps in TILE_SWEEP:  # one slot: the tile's effect on each side
+            t = (bm, bn, warps)
+            fns[f"merge_up_{bm}x{bn}w{warps}"] = lambda t=t: tb._merge(ops.w13_lin, ops.w1_delta, ga[:, 0], one, scal, w13_1, t)
+            fns[f"merge_down_{bm}x{bn}w{warps}"] = lambda t=t: tb._merge(
+                ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), one, scal, w2_1, t)
         for G in (1, 4):
             idx = torch.arange(G, dtype=torch.int32, device="cuda")
             w13 = torch.empty(G, n * 2 * F, H, dtype=ops.dtype, device="cuda")
@@ -117,7 +127,7 @@ def breakdown(reps: int) -> list[dict]:
         mb = {"w13": ops.w13_lin.numel() * 2 / 1e6, "w2": ops.w2_lin.numel() * 2 / 1e6}
         for k, v in pr.time_interleaved(graphs, flush, reps).items():
             side = "w13" if ("w13" in k or "up" in k) else "w2"
-            moved = 2 * mb[side] * (int(k[-1]) if "_G" in k else 1)  # MB read + written
+            moved = 2 * mb[side] * (int(k[-1]) if "_G" in k else 1)  # MB read + written (G slots)
             us = statistics.median(v)
             rows.append({"shape": shape, "launch": k, "us": us, "moved_mb": moved, "tb_s": moved / us})
             print(f"breakdown {shape:<11} {k:<14} {us:7.1f} us  {moved / us:.2f} TB/s", flush=True)
@@ -149,7 +159,7 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
                         print(f"{shape:<11} R{R:<2} S{S} T{T:<4} {fl:<5} " + " ".join(f"{k} {u:.1f}" for k, u in got.items())
                               + f"  merge {got['merge'] / got['kit']:.3f}x kit, {got['merge'] / got['sglang_base']:.3f}x"
                               f" base, pipe {got['merge_pipe'] / got['kit']:.3f}x kit, {got['merge_pipe'] / got['sglang_base']:.3f}x"
-                              f" base, kit {got['kit'] / got['sglang_base']:.3f}x base, routed {row['routed']}", flush=True)
+                              f" base, kit {got['kit'] / got['sglang_base']:.3f}x base, routed {routed['at']}", flush=True)
     return rows
 
 
