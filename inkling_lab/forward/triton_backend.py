@@ -558,19 +558,6 @@ class _Beside:
         if self.main is not None:
             self.main.wait_stream(self.side)
 
-    def mark(self) -> "torch.cuda.Event | None":
-        """An event recorded on the side stream now (inside ``with beside:``), for ``wait``."""
-        if self.main is None:
-            return None
-        event = torch.cuda.Event()
-        event.record(self.side)
-        return event
-
-    def wait(self, event: "torch.cuda.Event | None") -> None:
-        """The current stream waits for the side work before ``event`` (``mark``), not all of it."""
-        if event is not None:
-            self.main.wait_event(event)
-
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool) -> torch.Tensor:
     """Every token on one slot ``s``, the cuBLAS path, shared outer: each shrink a cuBLAS GEMM
@@ -667,7 +654,7 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
     return out
 
 
-def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, pipelined: bool = False) -> torch.Tensor:
+def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
     """Tokens in runs of one slot each (``p.runs``, slots ``p.merge_slots``), the cuBLAS path, shared
     outer: each run's slot merged into copies of the base weights, ``w13_s = w13_lin + scale_s W1Δ_s
     A_s`` ``[G, n*2F, H]`` and ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[G, n*F, H]``
@@ -683,48 +670,20 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, pip
     idx, G = p.merge_slots, len(p.runs)
     w13 = torch.empty(G, n * 2 * F, H, dtype=x.dtype, device=x.device)
     w2 = torch.empty(G, n * F, H, dtype=x.dtype, device=x.device)
+    _merge(ops.w13_lin, ops.w1_delta, ga[:, 0], idx, p.scalings, w13)
     side = _Beside(x)
-    if pipelined:
-        y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
-        steps = [(g, a, b) for g in range(G) for a, b in _chunks(n * 2 * F, MERGE_CHUNKS if G == 1 else 1)]
-        ready = []
-        with side:
-            for g, a, b in steps:
-                _merge(ops.w13_lin[a:b], ops.w1_delta[:, a:b], ga[:, 0], idx[g:g + 1], p.scalings, w13[g:g + 1, a:b])
-                ready.append(side.mark())
-            _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), idx, p.scalings, w2)
-        for (g, a, b), event in zip(steps, ready):
-            side.wait(event)
-            if G == 1:
-                torch.mm(x, w13[0, a:b].T, out=y[:, a:b])
-            else:
-                ra, rb = p.runs[g]
-                torch.mm(x[ra:rb], w13[g].T, out=y[ra:rb])
-    else:
-        _merge(ops.w13_lin, ops.w1_delta, ga[:, 0], idx, p.scalings, w13)
-        with side:
-            _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), idx, p.scalings, w2)
-        if G == 1:
-            y = torch.mm(x, w13[0].T)
-        else:  # a torch.mm per run measured level at 8192 tokens and slower at 2048 (v21)
-            y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
+    with side:
+        _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), idx, p.scalings, w2)
+    if G == 1:
+        y = torch.mm(x, w13[0].T)
+    else:  # a torch.mm per run measured level at 8192 tokens and slower at 2048 (v21)
+        y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     _up(ops, x, y, gammas, act, p, Lora.none(x))
     side.join()
     for g, (a, b) in enumerate(p.runs):
         torch.mm(act[a:b], w2[g], out=out[a:b])
     return out
-
-
-MERGE_CHUNKS = 4
-"""``_launch_merged(pipelined=True)`` with one slot: the gate/up weight merged in this many row
-chunks on the side stream, each chunk's GEMM started as soon as its chunk is merged."""
-
-
-def _chunks(rows: int, parts: int, step: int = 64) -> list[tuple[int, int]]:
-    """``[0, rows)`` in ``parts`` consecutive ranges, each a multiple of ``step`` long but the last."""
-    size = triton.cdiv(triton.cdiv(rows, parts), step) * step
-    return [(a, min(rows, a + size)) for a in range(0, rows, size)]
 
 
 MERGE_TILE = (64, 128, 4)

@@ -3,9 +3,7 @@ slot for each forward (``triton_backend._launch_merged``, ``merge_kernel``), the
 forward's GEMMs on them, against the path ``auto`` took before it (``kit``: ``plan`` with ``merges``
 routing nothing) and sglang 0.5.23's no-LoRA base: one slot at 512-8192 tokens, S 4 and 8 at
 2048-8192, R 16 and 64, every shape, both flushes. ``merge``: one run a ``torch.mm``, several a grouped
-GEMM on the gate/up side and a ``torch.mm`` per run on the down side; ``merge_pipe``: every merge on
-the side stream, each gate/up GEMM (one slot: of a chunk of ``w13``'s rows, ``MERGE_CHUNKS``; several:
-of a run) waiting only for its own merge. Each point records what ``auto`` routes there (``routed``).
+GEMM on the gate/up side and a ``torch.mm`` per run on the down side. Each point records what ``auto`` routes there (``routed``).
 
 1. Correctness first, against the float64 reference on fresh random inputs (bfloat16 and float16,
    both gate/up layouts; uneven runs with an empty slot between them and scalings 0.6-1.4, and one
@@ -33,7 +31,7 @@ from inkling_lab.forward.reference import reference_forward
 
 ONE_SLOT_TOKENS = (512, 1024, 2048, 4096, 8192)
 MULTI_TOKENS = (2048, 4096, 8192)
-MERGED = ("merge", "merge_pipe")
+MERGED = ("merge",)
 CHECK_SHAPES, CHECK_DTYPES = ("A", "Inkling-TP8"), ("bfloat16", "float16")
 TILE_SWEEP = ((32, 128, 4), (64, 64, 4), (64, 256, 8), (128, 128, 8), (128, 64, 4))
 """``--breakdown``: ``merge_kernel`` tiles (rows, columns, warps) beside ``MERGE_TILE``."""
@@ -52,8 +50,7 @@ def contenders(ops, x, gammas, batch) -> dict:
     p = unmerged_plan(ops, x, batch)
     m = dataclasses.replace(p, **tb.merge_operands(p.slots.cpu(), x.device), fast={})
     return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
-            "merge": lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out),
-            "merge_pipe": lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out, pipelined=True)}
+            "merge": lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out)}
 
 
 def correctness() -> list[dict]:
@@ -158,7 +155,6 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
                         got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
                         print(f"{shape:<11} R{R:<2} S{S} T{T:<4} {fl:<5} " + " ".join(f"{k} {u:.1f}" for k, u in got.items())
                               + f"  merge {got['merge'] / got['kit']:.3f}x kit, {got['merge'] / got['sglang_base']:.3f}x"
-                              f" base, pipe {got['merge_pipe'] / got['kit']:.3f}x kit, {got['merge_pipe'] / got['sglang_base']:.3f}x"
                               f" base, kit {got['kit'] / got['sglang_base']:.3f}x base, routed {routed['at']}", flush=True)
     return rows
 
@@ -188,8 +184,7 @@ def main() -> int:
             return sum(1 for r in pts if r["us"][f"{k}@{fl}"] <= 1.1 * r["us"][f"sglang_base@{fl}"])
         fastest = sum(1 for r in rec["points"] if r["us"][f"{r['routed']}@{fl}"] <= 1.01 * min(
             r["us"][f"{k}@{fl}"] for k in ("kit", *MERGED)))
-        print(f"{fl}: T>=2048 within 1.1x base (of {len(pts)}): kit {within('kit')}, merge {within('merge')}, "
-              f"merge_pipe {within('merge_pipe')}; "
+        print(f"{fl}: T>=2048 within 1.1x base (of {len(pts)}): kit {within('kit')}, merge {within('merge')}; "
               f"routed within 1% of the faster: {fastest}/{len(rec['points'])}", flush=True)
     print(f"{rec['seconds']} s")
     return 0
