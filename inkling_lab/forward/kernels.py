@@ -25,7 +25,10 @@ ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
 (``Y_IN``) instead of computing it, a second ``shrink_kernel`` launch computes the
 down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
 the same input, ``triton_backend._Beside``), and ``down_kernel`` adds only the LoRA term
-onto cuBLAS's ``out = act @ w2_lin``.
+onto cuBLAS's ``out = act @ w2_lin``. Where the tokens per slot are many,
+``merge_kernel`` writes each slot's merged weights instead (``w13_lin + W1Δ_s A_s``,
+``w2_lin + a_cat_s^T B_s^T``) and cuBLAS runs the base forward's GEMMs on them
+(``triton_backend._launch_merged``): ``up_kernel`` is then the activation alone.
 
 Each slot's LoRA terms are scaled by ``scalings[s]`` of the batch (1 unless told:
 the pool folds ``lora_alpha / r`` into B). No token order is assumed: every tile reads its tokens' slots and loops over the

@@ -7,7 +7,9 @@ slot runs cuBLAS GEMMs with its shrinks on a side stream beside the base GEMMs f
 tokens (48 on small weights; ``_launch_single``, ``chain_tokens``) and the LoRA folded into the
 base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``). Several slots whose tokens run in slot order
 take grouped GEMMs for their LoRA products where ``grouped_mode`` says (``_launch_grouped``: rank 64
-from 2048 tokens, any rank from 8192).
+from 2048 tokens, any rank from 8192). Where the tokens per slot are many (``merges``), each slot's
+adapter is merged into a copy of the base weights for the forward and the base forward's GEMMs run on
+those (``_launch_merged``, ``kernels.merge_kernel``).
 
 ``launch(ops, x, gammas, plan(...))`` only enqueues kernels, so a CUDA graph can
 capture it and replay it against the same plan. ``plan`` turns the ``SlotBatch`` into

@@ -19,12 +19,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-import time
 
 import torch
 
-import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, run_arguments
-from inkling_lab import profile as pr, records
+import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, check_contender, sweep_main
+from inkling_lab import profile as pr
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
@@ -70,21 +69,7 @@ def correctness() -> list[dict]:
             ref = reference_forward(ops, x, gammas, batch)
             errs = {}
             for name, fn in contenders(ops, x, gammas, batch).items():
-                try:
-                    out = fn()
-                    out.fill_(float("nan"))
-                    out = fn()
-                    torch.cuda.synchronize()
-                    errs[name] = records.relative_error(out, ref, "fro")
-                    graph = pr.capture(fn)
-                    for _ in range(2):
-                        out.fill_(float("nan"))
-                        graph.replay()
-                    torch.cuda.synchronize()
-                    errs[name + "_graph"] = records.relative_error(out, ref, "fro")
-                except Exception as exc:  # recorded, and the run goes on
-                    errs[name] = float("nan")
-                    print(f"check {shape} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                h200_pdl.check_contender(name, fn, ref, errs, shape)
             ok = all(e == e and e < 1e-2 for e in errs.values())
             rows.append({**c.record(), "rel_err": errs, "ok": ok})
             print(f"check {shape} il={interleaved}: worst {max(errs.values()):.1e} ok={ok}", flush=True)
@@ -178,23 +163,7 @@ def breakdown(reps: int) -> list[dict]:
 
 
 def main() -> int:
-    ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
-    ap.add_argument("--breakdown", action="store_true")
-    args = ap.parse_args()
-    from inkling_lab.upstream_wheel import UpstreamSink
-
-    t0 = time.time()
-    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, modes=list(MODES))
-    rec["correctness"] = correctness()
-    records.write_json(args.out, rec)
-    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
-          f"{time.time() - t0:.0f} s", flush=True)
-    if args.breakdown:
-        rec["breakdown"] = breakdown(args.reps)
-        records.write_json(args.out, rec)
-    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
+    rec = h200_pdl.sweep_main(__doc__, MODES, correctness, breakdown, sweep)
     for fl in ("read", "write"):
         pts = rec["points"]
         best = {k: sum(1 for r in pts if r["us"].get(f"{k}@{fl}", 1e9) < r["us"][f"kit@{fl}"]) for k in

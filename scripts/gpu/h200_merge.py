@@ -3,7 +3,8 @@ slot for each forward (``triton_backend._launch_merged``, ``merge_kernel``), the
 forward's GEMMs on them, against the path ``auto`` took before it (``kit``: ``plan`` with ``merges``
 routing nothing) and sglang 0.5.23's no-LoRA base: one slot at 512-8192 tokens, S 4 and 8 at
 2048-8192, R 16 and 64, every shape, both flushes. ``merge``: one run a ``torch.mm``, several a grouped
-GEMM on the gate/up side and a ``torch.mm`` per run on the down side. Each point records what ``auto`` routes there (``routed``).
+GEMM on the gate/up side and a ``torch.mm`` per run on the down side. Each point records what ``auto``
+routes there (``routed``).
 
 1. Correctness first, against the float64 reference on fresh random inputs (bfloat16 and float16,
    both gate/up layouts; uneven runs with an empty slot between them and scalings 0.6-1.4, and one
@@ -19,12 +20,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-import time
 
 import torch
 
-import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, run_arguments
-from inkling_lab import profile as pr, records
+import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, check_contender, sweep_main
+from inkling_lab import profile as pr
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
@@ -69,21 +69,7 @@ def correctness() -> list[dict]:
                     for name, fn in contenders(ops, x, gammas, batch).items():
                         if name == "merge" and len(segs) > 1 and dtype != "bfloat16":
                             continue  # torch's grouped GEMM: bfloat16 on CUDA only (grouped_mode)
-                        try:
-                            out = fn()
-                            out.fill_(float("nan"))
-                            out = fn()
-                            torch.cuda.synchronize()
-                            errs[name] = records.relative_error(out, ref, "fro")
-                            graph = pr.capture(fn)
-                            for _ in range(2):
-                                out.fill_(float("nan"))
-                                graph.replay()
-                            torch.cuda.synchronize()
-                            errs[name + "_graph"] = records.relative_error(out, ref, "fro")
-                        except Exception as exc:  # recorded, and the run goes on
-                            errs[name] = float("nan")
-                            print(f"check {shape} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                        h200_pdl.check_contender(name, fn, ref, errs, shape)
                     ok = all(e == e and e < 1e-2 for e in errs.values())
                     rows.append({**c.record(), "runs": len(segs), "rel_err": errs, "ok": ok})
                     print(f"check {shape} {dtype} il={interleaved} runs={len(segs)}: worst {max(errs.values()):.1e} "
@@ -160,23 +146,7 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
 
 
 def main() -> int:
-    ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
-    ap.add_argument("--breakdown", action="store_true")
-    args = ap.parse_args()
-    from inkling_lab.upstream_wheel import UpstreamSink
-
-    t0 = time.time()
-    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, modes=list(MERGED))
-    rec["correctness"] = correctness()
-    records.write_json(args.out, rec)
-    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
-          f"{time.time() - t0:.0f} s", flush=True)
-    if args.breakdown:
-        rec["breakdown"] = breakdown(args.reps)
-        records.write_json(args.out, rec)
-    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
+    rec = h200_pdl.sweep_main(__doc__, MERGED, correctness, breakdown, sweep)
     for fl in ("read", "write"):
         pts = [r for r in rec["points"] if r["T"] >= 2048]
 

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-import h200_pdl  # this folder's (the script's own, first on sys.path): time_point
+import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, check_contender
 from inkling_lab import profile as pr, records
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
@@ -82,26 +82,15 @@ def correctness() -> list[dict]:
                     ref = reference_forward(ops, x, gammas, one)
                     errs = {}
                     for name, kw in VARIANTS.items():
+                        out = torch.full_like(x, float("nan"))
                         try:
-                            out = torch.full_like(x, float("nan"))
                             fn = chain(ops, x, gammas, one, out, **kw)
-                            fn()
-                            out.fill_(float("nan"))
-                            fn()
-                            torch.cuda.synchronize()
-                            errs[name] = records.relative_error(out, ref, "fro")
-                            if name in ("epi", "fold"):
-                                graph = pr.capture(fn)
-                                out.fill_(float("nan"))
-                                graph.replay()
-                                out.fill_(float("nan"))
-                                graph.replay()
-                                torch.cuda.synchronize()
-                                errs[name + "_graph"] = records.relative_error(out, ref, "fro")
                         except Exception as exc:  # recorded, and the run goes on
                             errs[name] = float("nan")
-                            print(f"check {shape} T{T} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}",
-                                  flush=True)
+                            print(f"check {shape} T{T} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                            continue
+                        h200_pdl.check_contender(name, lambda fn=fn, out=out: (fn(), out)[1], ref, errs, f"{shape} T{T}",
+                                                 graph=name in ("epi", "fold"))
                     ok = all(e == e and e < 1e-2 for e in errs.values())
                     rows.append({**c.record(), "rel_err": errs, "ok": ok})
                     print(f"check {shape} T{T} il={interleaved} {dtype}: worst {max(errs.values()):.1e}", flush=True)

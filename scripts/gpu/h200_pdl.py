@@ -139,6 +139,53 @@ def record_head(env: dict, wheel: str | None = None, **fields) -> dict:
     return rec
 
 
+def check_contender(name: str, fn, ref: torch.Tensor, errs: dict, label: str, graph: bool = True) -> None:
+    """``errs[name]``: ``fn()``'s relative error against ``ref`` on its second launch into a
+    NaN-poisoned output, then (``graph``) ``errs[name + "_graph"]`` after two graph replays the same
+    way; a failure is recorded as NaN (printed with ``label``) and the run goes on."""
+    try:
+        out = fn()
+        out.fill_(float("nan"))
+        out = fn()
+        torch.cuda.synchronize()
+        errs[name] = records.relative_error(out, ref, "fro")
+        if not graph:
+            return
+        replay = pr.capture(fn)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            replay.replay()
+        torch.cuda.synchronize()
+        errs[name + "_graph"] = records.relative_error(out, ref, "fro")
+    except Exception as exc:  # recorded, and the run goes on
+        errs[name] = float("nan")
+        print(f"check {label} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+
+
+def sweep_main(doc: str, modes, correctness, breakdown, sweep) -> dict:
+    """The body of a sweep script's ``main``: its arguments (``run_arguments`` and ``--breakdown``),
+    the record's head, ``correctness()``, ``breakdown(reps)`` where asked, then
+    ``sweep(UpstreamSink, reps, shapes)``, the record written after each step; -> the record."""
+    ap = run_arguments(doc, pr.SIDE_SHAPES)
+    ap.add_argument("--breakdown", action="store_true")
+    args = ap.parse_args()
+    from inkling_lab.upstream_wheel import UpstreamSink
+
+    t0 = time.time()
+    rec = record_head(run_environment(), args.wheel, modes=list(modes))
+    rec["correctness"] = correctness()
+    records.write_json(args.out, rec)
+    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
+          f"{time.time() - t0:.0f} s", flush=True)
+    if args.breakdown:
+        rec["breakdown"] = breakdown(args.reps)
+        records.write_json(args.out, rec)
+    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
+    rec["seconds"] = round(time.time() - t0, 1)
+    records.write_json(args.out, rec)
+    return rec
+
+
 def time_point(c: pr.Case, fns_for, flushes: dict, reps: int, base=None):
     """Every contender of ``fns_for(sink, ops, x, gammas, batch)`` at case ``c``, checked
     against the float64 reference (``*_base`` against the reference without LoRA), then
