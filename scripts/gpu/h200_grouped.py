@@ -170,8 +170,7 @@ def main() -> int:
                 ("g_" + m for m in MODES)}
         base = {k: sum(1 for r in pts if r["T"] >= 2048 and r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"][f"sglang_base@{fl}"])
                 for k in ("kit", *("g_" + m for m in MODES))}
-        fastest = sum(1 for r in pts if r["routed"] != "merge" and r["us"][f"{r['routed']}@{fl}"] <= 1.01 * min(
-            r["us"][f"{k}@{fl}"] for k in ("kit", *("g_" + m for m in MODES))))
+        fastest = h200_pdl.routed_fastest(pts, fl, ("kit", *("g_" + m for m in MODES)))
         print(f"{fl}: faster than kit (of {len(pts)}): {best}; T>=2048 within 1.1x base: {base}; "
               f"routed within 1% of the fastest: {fastest}/{len(pts)}", flush=True)
     print(f"{rec['seconds']} s")

@@ -152,8 +152,7 @@ def main() -> int:
 
         def within(k):
             return sum(1 for r in pts if r["us"][f"{k}@{fl}"] <= 1.1 * r["us"][f"sglang_base@{fl}"])
-        fastest = sum(1 for r in rec["points"] if r["us"][f"{r['routed']}@{fl}"] <= 1.01 * min(
-            r["us"][f"{k}@{fl}"] for k in ("kit", *MERGED)))
+        fastest = h200_pdl.routed_fastest(rec["points"], fl, ("kit", *MERGED))
         print(f"{fl}: T>=2048 within 1.1x base (of {len(pts)}): kit {within('kit')}, merge {within('merge')}; "
               f"routed within 1% of the faster: {fastest}/{len(rec['points'])}", flush=True)
     print(f"{rec['seconds']} s")

@@ -162,6 +162,13 @@ def check_contender(name: str, fn, ref: torch.Tensor, errs: dict, label: str, gr
         print(f"check {label} {name} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
 
 
+def routed_fastest(points: list[dict], flush: str, contenders) -> int:
+    """How many ``points`` time what ``auto`` routes (``routed``) within 1 % of the fastest of
+    ``contenders`` under ``flush``; a point routed to none of them does not count."""
+    return sum(1 for r in points if r["routed"] in contenders and r["us"][f"{r['routed']}@{flush}"] <= 1.01 * min(
+        r["us"][f"{k}@{flush}"] for k in contenders))
+
+
 def sweep_main(doc: str, modes, correctness, breakdown, sweep) -> dict:
     """The body of a sweep script's ``main``: its arguments (``run_arguments`` and ``--breakdown``),
     the record's head, ``correctness()``, ``breakdown(reps)`` where asked, then
