@@ -417,7 +417,9 @@ def test_grouped_mode_follows_the_measured_grid(shape):
     assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), cuda, 4) == ""  # torch's host-side loop
     assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), torch.device("cpu"), 4) != ""
     assert tb.grouped_mode(8192, ops(64, shared_outer=False), cuda, 4) == ""
-    assert tb.grouped_mode(8192, ops(60), cuda, 4) == ""  # rows of 120 bytes: not 16-byte aligned
+    # rows of 120 bytes: not 16-byte aligned for the grouped LoRA GEMMs; the merged weights have no rank rows
+    assert tb.grouped_mode(8192, ops(60), cuda, 4) == ("merge" if merged else "")
+    assert tb.grouped_mode(8192, ops(60), cuda, 8) == ""
 
 
 @pytest.mark.parametrize("shape", ["A", "B", "inkling", "inkling-tp8"])
@@ -488,3 +490,35 @@ def test_merges_only_where_every_token_has_a_slot_in_order(monkeypatch):
     assert tb.plan(ops, 29, resident, x.device).grouped == ""  # its slots are not read on the host
     explicit = tb.plan(ops, 29, SlotBatch.from_segments([29], [1], 4, lora_ranks=ranks), x.device, CUBLAS)
     assert explicit.grouped == ""  # tiles given: the caller's path, not the router's
+
+
+@settings(max_examples=6, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4), first=st.integers(0, 2),
+       gaps=st.lists(st.integers(1, 2), min_size=3, max_size=3), R=st.integers(1, 6), n=st.integers(1, 3),
+       interleaved=st.booleans(), scalings=st.lists(st.floats(0.25, 2.0), min_size=8, max_size=8),
+       seed=st.integers(0, 10_000))
+def test_merged_weights_match_the_reference_on_random_runs(lengths, first, gaps, R, n, interleaved, scalings, seed):
+    """Any runs of one slot each in slot order (empty slots between them, any rank, scalings and
+    expert count, one expert's transposed ``w2_lin`` view among them): ``merge_operands`` covers the
+    tokens run by run, and the merged forward is the reference's. Routed by ``merges`` with its
+    constant made small, as at 2048+ tokens on the H200."""
+    slots = [first]
+    for gap in gaps[:len(lengths) - 1]:
+        slots.append(slots[-1] + gap)
+    S = slots[-1] + 1
+    T = sum(lengths)
+    g = Geometry(n=n, hidden=24, intermediate=12, max_rank=R, slots=S, outer=1)  # rows of 16 bytes' multiples
+    sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
+    batch = SlotBatch.from_segments(lengths, slots, S, lora_ranks=[R] * S, scalings=scalings[:S])
+    ops = sc.sink.operands()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tb, "MERGE_RATIO", 1e-3)
+        m.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+        m.setattr(tb, "MERGE_TILE", (16, 16, 1))
+        p = tb.plan(ops, T, batch, sc.x.device)
+        assert p.grouped == "merge" and p.merge_slots.tolist() == slots
+        ends = torch.tensor(lengths).cumsum(0).tolist()
+        assert p.runs == tuple(zip([0, *ends[:-1]], ends)) and p.offs.tolist() == ends
+        out = torch.full_like(sc.x, float("nan"))
+        tb.launch(ops, sc.x, sc.gammas, p, out)
+    assert rel(out, reference_forward(ops, sc.x, sc.gammas, batch)) < 1e-5

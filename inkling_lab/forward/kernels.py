@@ -334,12 +334,12 @@ def slots_kernel(indptr_ptr, widx_ptr, rank_ptr, perm_ptr, slot_ptr,
 
 @triton.jit
 def merge_kernel(w_ptr, p_ptr, q_ptr, out_ptr, slot_ptr, scale_ptr,
-                 M, N, K, W_SM, P_SS, P_SM, P_SK, Q_SS, Q_SK, Q_SN,
+                 M, N, K, W_SM, W_SN, P_SS, P_SM, P_SK, Q_SS, Q_SK, Q_SN,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """A slot's LoRA merged into a base weight, read once and written once:
-    ``out[g] = W + scalings[s] * P[s] @ Q[s]`` for ``s = slots[g]``, ``W [M, N]`` (rows ``W_SM``
-    apart), ``P[s] [M, K]`` and ``Q[s] [K, N]`` at any strides, ``K <= BK`` (one dot), ``out [G, M, N]``
-    contiguous in the weight's dtype. The gate/up side: ``W = w13_lin [n*2F, H]``,
+    ``out[g] = W + scalings[s] * P[s] @ Q[s]`` for ``s = slots[g]``, ``W [M, N]``, ``P[s] [M, K]``
+    and ``Q[s] [K, N]`` at any strides (one expert's ``w2_lin`` is a transposed view), ``K <= BK``
+    (one dot), ``out [G, M, N]`` contiguous in the weight's dtype. The gate/up side: ``W = w13_lin [n*2F, H]``,
     ``P = w1_delta [S, n*2F, 2R]``, ``Q = gate_up_A[:, 0] [S, 2R, H]``; the down side:
     ``W = w2_lin [n*F, H]``, ``P = a_cat^T [S, n*F, R]``, ``Q = down_B[:, 0]^T [S, R, H]``.
 
@@ -356,7 +356,7 @@ def merge_kernel(w_ptr, p_ptr, q_ptr, out_ptr, slot_ptr, scale_ptr,
     qt = tl.load(q_ptr + s * Q_SS + kk[:, None] * Q_SK + cols[None, :] * Q_SN, mask=k_ok[:, None] & col_ok[None, :],
                  other=0.0)
     ok = row_ok[:, None] & col_ok[None, :]
-    w = tl.load(w_ptr + rows[:, None] * W_SM + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + rows[:, None] * W_SM + cols[None, :] * W_SN, mask=ok, other=0.0).to(tl.float32)
     merged = w + tl.load(scale_ptr + s) * tl.dot(pt, qt)
     tl.store(out_ptr + g.to(tl.int64) * M * N + rows[:, None] * N + cols[None, :], merged, mask=ok)
 

@@ -332,7 +332,8 @@ slots: A and TP8 at 8192."""
 def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``),
     ``used`` slots with tokens, takes ``_launch_grouped`` or ``_launch_merged``: ``"merge"`` where
-    ``merges``, else ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
+    ``merges`` (at any rank; ``H`` and ``n*2F`` multiples of 8 for the merged grouped GEMM's rows),
+    else ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
     shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from ``GROUPED_RANK_TOKENS``
     tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank from
     ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
@@ -342,12 +343,14 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     (``n*F > NARROW_FEATURES``), else ``"epi"``. Measured (``h200_grouped.json``, v20; the grid
     below the constants)."""
     R, nf = ops.max_rank, ops.n * ops.intermediate
-    if not ops.shared_outer or R % 8 or (torch.device(device).type == "cuda" and ops.dtype != torch.bfloat16):
+    if not ops.shared_outer or (torch.device(device).type == "cuda" and ops.dtype != torch.bfloat16):
+        return ""
+    if merges(num_tokens, ops, used) and ops.hidden % 8 == 0 and nf % 4 == 0:  # the merged GEMM's 16-byte rows
+        return "merge"
+    if R % 8:
         return ""
     high, weights = R >= FOLD_MIN_RANK, nf * ops.hidden
     first = (GROUPED_LARGE_TOKENS if weights > GROUPED_LARGE_WEIGHTS else GROUPED_RANK_TOKENS) if high else GROUPED_TOKENS
-    if merges(num_tokens, ops, used):
-        return "merge"
     if num_tokens < first:
         return ""
     return "fold" if high and nf > NARROW_FEATURES and folds(num_tokens, weights) else "epi"
@@ -694,13 +697,13 @@ MERGE_TILE = (64, 128, 4)
 
 def _merge(w: torch.Tensor, p_: torch.Tensor, q: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor,
            out: torch.Tensor, tile: tuple[int, int, int] | None = None) -> None:
-    """``out[g] = w + scalings[s] * p_[s] @ q[s]`` for ``s = slots[g]`` (``merge_kernel``): ``w [M, N]``
-    (rows contiguous), ``p_ [S, M, K]``, ``q [S, K, N]`` at any strides, ``out [G, M, N]`` contiguous."""
+    """``out[g] = w + scalings[s] * p_[s] @ q[s]`` for ``s = slots[g]`` (``merge_kernel``): ``w [M, N]``,
+    ``p_ [S, M, K]``, ``q [S, K, N]`` at any strides, ``out [G, M, N]`` contiguous."""
     G, M, N = out.shape
     K = p_.shape[-1]
     bm, bn, warps = tile or MERGE_TILE
     _run(kernels.merge_kernel, (triton.cdiv(M, bm) * triton.cdiv(N, bn), G),
-         (w, p_, q, out, slots, scalings, M, N, K, w.stride(0), *p_.stride(), *q.stride()),
+         (w, p_, q, out, slots, scalings, M, N, K, *w.stride(), *p_.stride(), *q.stride()),
          BM=bm, BN=bn, BK=max(16, triton.next_power_of_2(K)), num_warps=warps, num_stages=1)
 
 
