@@ -1,0 +1,40 @@
+"""``scripts/gpu/h200_merge.py``'s correctness pass on the CPU (``gpu_script``). So the H200 call
+cannot die of a typo or a renamed helper, and the pass flags a merged launch that misreads a slot's
+run (a slot's LoRA on another slot's tokens, or rows left unwritten). A module of its own: the two
+passes take about a minute each under the interpreter, and the CI's workers take a module each."""
+from dataclasses import replace
+
+import pytest
+
+from gpu_script import interpreted_script
+
+
+@pytest.fixture
+def script(monkeypatch):
+    with interpreted_script("h200_merge", monkeypatch) as loaded:
+        yield loaded
+
+
+@pytest.mark.slow
+def test_the_merge_pass_checks_runs_and_one_slot_and_flags_a_misread_run(script, monkeypatch):
+    module, tb = script
+    monkeypatch.setattr(module, "CHECK_SHAPES", ("A",))  # the TP-8 slice runs the same code
+    monkeypatch.setattr(tb, "MERGE_TILE", (16, 16, 1))  # several row and column tiles
+    rows = module.correctness()
+    assert len(rows) == 8  # two dtypes, both gate/up layouts, uneven runs and one slot
+    assert all(r["ok"] for r in rows), [r["rel_err"] for r in rows]
+    assert all(set(r["rel_err"]) == {k + g for k in ("kit", "merge") for g in ("", "_graph")}
+               for r in rows if r["runs"] == 1 or r["dtype"] == "bfloat16")
+    assert all(set(r["rel_err"]) == {"kit", "kit_graph"}  # the grouped GEMM is bfloat16-only on CUDA
+               for r in rows if r["runs"] > 1 and r["dtype"] == "float16")
+    merged = tb._launch_merged
+
+    def shifted(ops, x, gammas, p, out):  # each run's rows one token late
+        late = tuple((a + 1, min(b + 1, x.shape[0])) for a, b in p.runs)
+        return merged(ops, x, gammas, replace(p, runs=late, offs=(p.offs + 1).clamp(max=x.shape[0])), out)
+
+    monkeypatch.setattr(tb, "_launch_merged", shifted)
+    rows = module.correctness()
+    merged = [r for r in rows if "merge" in r["rel_err"]]
+    assert len(merged) == 6 and all(r["rel_err"]["kit"] < 1e-5 for r in rows)
+    assert not any(r["ok"] for r in merged) and not any(r["rel_err"]["merge"] < 1e-4 for r in merged)
