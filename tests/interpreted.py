@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator
@@ -113,3 +114,30 @@ def gpu_script(name: str) -> Iterator[ModuleType]:
             yield module
     finally:
         sys.path.remove(str(GPU_SCRIPTS))
+
+
+@contextmanager
+def sweep_script(name: str, monkeypatch) -> Iterator[tuple[ModuleType, ModuleType]]:
+    """``(module, backend)``: a sweep script of ``scripts/gpu`` (``h200_grouped``, ``h200_merge``) set up
+    for its correctness pass on the CPU (``gpu_script``): the interpreted backend as its ``tb``, float32
+    on the CPU, a tiny shape (A and the TP-8 slice at ``n = 2``, ``H = 32``, ``F = 24``), the CUDA-only
+    steps stubbed (a graph replays by calling the launch again), no int32 overflow checks."""
+    import torch
+
+    from inkling_lab import profile as pr
+    from inkling_lab.geometry import PRESETS
+
+    tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
+    with gpu_script(name) as module:
+        sys.modules.pop("h200_pdl", None)  # the script's neighbour, imported with it: no other test sees it
+        monkeypatch.setattr(module, "tb", tb)
+        for preset in ("A", "Inkling-TP8"):
+            key = pr.SHAPES[preset]
+            monkeypatch.setitem(PRESETS, key, PRESETS[key].with_(n=2, hidden=32, intermediate=24))
+        scenario = pr.Case.scenario
+        monkeypatch.setattr(pr.Case, "scenario",
+                            lambda c, device, **kw: scenario(replace(c, dtype="float32"), "cpu", **kw))
+        monkeypatch.setattr(pr, "capture", lambda fn: type("Graph", (), {"replay": staticmethod(fn)})())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        with without_overflow_checks():
+            yield module, tb

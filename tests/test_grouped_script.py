@@ -1,16 +1,16 @@
-"""``scripts/gpu/h200_grouped.py``'s correctness pass on the CPU (``gpu_script``). So the H200 call
-cannot die of a typo or a renamed helper, and the pass flags a grouped launch that leaves its output
-unwritten or adds a slot's LoRA to another slot's tokens."""
+"""``scripts/gpu/h200_grouped.py``'s correctness pass on the CPU (``interpreted.sweep_script``). So
+the H200 call cannot die of a typo or a renamed helper, and the pass flags a grouped launch that leaves
+its output unwritten or adds a slot's LoRA to another slot's tokens."""
 from dataclasses import replace
 
 import pytest
 
-from gpu_script import interpreted_script
+from interpreted import sweep_script
 
 
 @pytest.fixture
 def script(monkeypatch):
-    with interpreted_script("h200_grouped", monkeypatch) as loaded:
+    with sweep_script("h200_grouped", monkeypatch) as loaded:
         yield loaded
 
 

@@ -1,17 +1,17 @@
-"""``scripts/gpu/h200_merge.py``'s correctness pass on the CPU (``gpu_script``). So the H200 call
-cannot die of a typo or a renamed helper, and the pass flags a merged launch that misreads a slot's
-run (a slot's LoRA on another slot's tokens, or rows left unwritten). A module of its own: the two
-passes take about a minute each under the interpreter, and the CI's workers take a module each."""
+"""``scripts/gpu/h200_merge.py``'s correctness pass on the CPU (``interpreted.sweep_script``). So the
+H200 call cannot die of a typo or a renamed helper, and the pass flags a merged launch that misreads a
+slot's run (a slot's LoRA on another slot's tokens, or rows left unwritten). A module of its own: each
+of the two passes takes about a minute under the interpreter, and the CI's workers take a module each."""
 from dataclasses import replace
 
 import pytest
 
-from gpu_script import interpreted_script
+from interpreted import sweep_script
 
 
 @pytest.fixture
 def script(monkeypatch):
-    with interpreted_script("h200_merge", monkeypatch) as loaded:
+    with sweep_script("h200_merge", monkeypatch) as loaded:
         yield loaded
 
 
