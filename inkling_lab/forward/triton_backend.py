@@ -325,8 +325,9 @@ MERGE_RATIO = 2.0
 2048-8192, R 16 / 64, every shape, both flushes): the merged path was ahead of the kit's at every
 point the rule routes but one (B R64 S1 T4096, level at 1.007-1.009x) and behind or level at every
 point it does not route but A S1 T512 / T1024 and TP8 R16 S1 T1024 (0.91-1.0x: the rule is the
-cautious side there). One slot: A and TP8 from 2048 tokens, B from 4096, Inkling from 8192; four
-slots: A and TP8 at 8192."""
+cautious side there). One slot: A from 1536 tokens, TP8 from 1366, B from 4096, Inkling from 6144;
+four slots: A from 6144, TP8 from 5462 (on the measured grid: A and TP8 from 2048, B 4096, Inkling
+8192; four slots A and TP8 at 8192)."""
 
 
 def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
