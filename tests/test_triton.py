@@ -463,7 +463,8 @@ def test_merged_weights_match_the_reference(segments, slots, interleaved, monkey
 
 def test_merged_weights_follow_an_in_place_pool_update(monkeypatch):
     """The merge is made at every launch from the pool as it is then: an adapter written into its slot
-    between two launches on one plan (in place, then ``on_lora_slots_updated``, as sglang's loader
+    between two launches on one plan (in place, then ``on_lora_slots_updated``, as sglang 0.5.23's
+    ``srt/lora/lora_manager.py``: ``LoRAManager.fetch_new_loras`` -> ``_notify_lora_slots_updated``
     does) changes the second forward (nothing merged is cached)."""
     sink, x, gammas, _ = _merge_case(monkeypatch, True, seed=13)
     ops = sink.operands()

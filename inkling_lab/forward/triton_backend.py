@@ -280,15 +280,15 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     if single >= 0 and not explicit and ops.shared_outer and chain_tokens(num_tokens, weight_elems):
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
     scalings = batch.scalings.to(device=device, dtype=torch.float32)
-    routed = not explicit and tiles.cublas
+    routed, extra = not explicit and tiles.cublas, {}
     if single >= 0:
-        mode = "merge" if routed and merges(num_tokens, ops, 1) else ""
-        offs = None
-    else:
-        mode = grouped_mode(num_tokens, ops, device, len(active)) if routed else ""
-        offs = segment_offsets(slots, ga.shape[0]) if mode else None
-    extra = merge_operands(slots, device) if mode == "merge" and (single >= 0 or offs is not None) else \
-        {} if offs is None else grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
+        if routed and merges(num_tokens, ops, 1):
+            extra = merge_operands(slots, device)
+    elif routed and (mode := grouped_mode(num_tokens, ops, device, len(active))):
+        offs = segment_offsets(slots, ga.shape[0])  # None: not every token in its slot's run, in order
+        if offs is not None:
+            extra = merge_operands(slots, device) if mode == "merge" else \
+                grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
                 float(batch.scalings[single]) if single >= 0 else 1.0, split=split, **extra)
 
