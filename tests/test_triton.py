@@ -496,7 +496,7 @@ def test_merges_only_where_every_token_has_a_slot_in_order(monkeypatch):
 @settings(max_examples=6, deadline=None)
 @given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4), first=st.integers(0, 2),
        gaps=st.lists(st.integers(1, 2), min_size=3, max_size=3), R=st.integers(1, 6), n=st.integers(1, 3),
-       interleaved=st.booleans(), scalings=st.lists(st.floats(0.25, 2.0), min_size=8, max_size=8),
+       interleaved=st.booleans(), scalings=st.lists(st.floats(0.25, 2.0), min_size=9, max_size=9),
        seed=st.integers(0, 10_000))
 def test_merged_weights_match_the_reference_on_random_runs(lengths, first, gaps, R, n, interleaved, scalings, seed):
     """Any runs of one slot each in slot order (empty slots between them, any rank, scalings and
