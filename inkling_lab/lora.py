@@ -4,14 +4,15 @@ tensor-parallel slicing is ``shard.py``'s (§7)."""
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 import torch
 
 from . import shard
 from .batch import SlotBatch
 from .forward import StaticIO, check_out, run_forward, static_io
+from .merged import KeptMerge, check_keep, kept_merge, remerge
 from .operands import SinkOperands
 from .shard import Factor
 from .catalog import error
@@ -133,6 +134,8 @@ class SharedSinkLoRA(SharedSink):
         self.w1_delta: torch.Tensor | None = None
         self.a_cat: torch.Tensor | None = None
         self.down_cat: torch.Tensor | None = None  # the second generation's derived operand
+        self.kept: KeptMerge | None = None  # keep_merged's copies
+        self._keep: dict[int, float] = {}  # what keep_merged was asked for
         self._ops_cache: SinkOperands | None = None  # see operands()
 
     # -- eligibility -------------------------------------------------------------------
@@ -183,6 +186,7 @@ class SharedSinkLoRA(SharedSink):
         for pools of several shapes)."""
         self.lora_buffers = self.layout = None
         self.w1_delta = self.a_cat = self.down_cat = None
+        self.kept, self._keep = None, {}
 
     # -- the pool ----------------------------------------------------------------------
     @property
@@ -214,6 +218,7 @@ class SharedSinkLoRA(SharedSink):
         if not layout.shared_outer:
             self.lora_buffers, self.layout = buffers, layout
             self.w1_delta = self.a_cat = None  # a later shared-outer call starts afresh
+            self._merge_kept()
             return layout
         S, n, two_f, R = gate_up_b.shape
         if self.w1_delta is None or self.a_cat is None:
@@ -229,6 +234,7 @@ class SharedSinkLoRA(SharedSink):
             _write_slots(w1_delta, a_cat, gate_up_b, down_a, range(S), self.interleaved)
         self.w1_delta, self.a_cat = _into(self.w1_delta, w1_delta), _into(self.a_cat, a_cat)
         self.lora_buffers, self.layout = buffers, layout
+        self._merge_kept()
         return layout
 
     def _set_lora_info_v2(self, buffers: tuple[torch.Tensor, ...], layout: PoolLayout) -> None:
@@ -270,6 +276,7 @@ class SharedSinkLoRA(SharedSink):
         self.down_cat = _into(self.down_cat, down_cat)
         self.w1_delta, self.a_cat = w1_delta, self.down_cat if shared else None
         self.lora_buffers, self.layout = buffers, layout
+        self._merge_kept()
 
     def on_lora_slots_updated(self, slot_ids: Iterable[int] | None = None) -> None:
         """Re-derive the operands of the given slots after the pool changed them in place.
@@ -287,16 +294,52 @@ class SharedSinkLoRA(SharedSink):
             return
         if self.generation == "v2":
             self._refresh_v2(slot_ids)
-            return
-        if self.w1_delta is None or self.a_cat is None:
-            return
-        _, gate_up_b, down_a, _ = self.lora_buffers
-        S = gate_up_b.shape[0]
-        if slot_ids is None:
-            slot_ids = range(S)
-        elif any(s < 0 or s >= S for s in slot_ids):
-            raise IndexError(MSG_SLOT_RANGE.format(slot_ids=sorted(slot_ids)))
-        _write_slots(self.w1_delta, self.a_cat, gate_up_b, down_a, slot_ids, self.interleaved)
+        elif self.w1_delta is not None and self.a_cat is not None:
+            _, gate_up_b, down_a, _ = self.lora_buffers
+            S = gate_up_b.shape[0]
+            if slot_ids is None:
+                slot_ids = range(S)
+            elif any(s < 0 or s >= S for s in slot_ids):
+                raise IndexError(MSG_SLOT_RANGE.format(slot_ids=sorted(slot_ids)))
+            _write_slots(self.w1_delta, self.a_cat, gate_up_b, down_a, slot_ids, self.interleaved)
+        if self.kept is not None:
+            S = self.lora_buffers[0].shape[0]
+            remerge(self.operands(), self.kept, range(S) if slot_ids is None else {s % S for s in slot_ids})
+
+    # -- merged weights kept per slot (merged.py) ------------------------------------------------------------------
+    def keep_merged(self, scalings: Mapping[int, float] | None) -> int:
+        """Keep a merged copy of the base weights for each slot of ``scalings`` (slot -> the
+        adapter's scaling, alpha / r as the batch will carry it); ``None`` or ``{}`` keeps none.
+        Returns the device memory the copies take (``n*3F*H`` elements a slot).
+
+        A forward of a host batch whose used slots are all kept at the batch's own scalings then
+        runs the base GEMMs on the merged weights (the triton backend's cuBLAS path, from
+        two tokens on: ``forward.triton_backend.plan``), with no LoRA work per token. The copies
+        follow the pool: ``on_lora_slots_updated`` writes a kept slot's merge again in place (so
+        call it after every in-place write of a slot, as sglang 0.5.23 does), ``set_lora_info``
+        writes every kept slot again from the new pool (a pool that cannot merge, or has fewer slots,
+        drops those it cannot keep), and a change of the base weights is merged again at the next
+        forward. Shared outer pools only (``ISL-K166`` otherwise); a failed call changes nothing."""
+        scalings = dict(scalings or {})
+        ops = self.operands()
+        problem = check_keep(ops, scalings) if scalings else None
+        if problem is not None:
+            raise error("ISL-K166", problem=problem)
+        keep = {int(s): float(c) for s, c in scalings.items()}
+        self.kept = kept_merge(ops, keep, self._lin_key(), self.kept)
+        self._keep = keep
+        return 0 if self.kept is None else self.kept.nbytes
+
+    def _merge_kept(self) -> None:
+        """After a new pool: the merges asked for that it can hold, written again."""
+        old, self.kept = self.kept, None
+        ops = self.operands()
+        self._keep = {s: c for s, c in self._keep.items() if check_keep(ops, {s: c}) is None}
+        self.kept = kept_merge(ops, self._keep, self._lin_key(), old)
+
+    def _lin_key(self) -> tuple:
+        self.linearized()
+        return self._lin_cache[0]
 
     def _refresh_v2(self, slot_ids: list[int] | None) -> None:
         _, gate_up_b, down_a, down_b = self.lora_buffers
@@ -332,10 +375,14 @@ class SharedSinkLoRA(SharedSink):
         counts: a decode step is a few microseconds of GPU work).
         """
         ops, w13_lin = self._ops_cache, self.linearized()[0]
+        kept = self.kept
+        if kept is not None and kept.base != self._lin_cache[0]:  # the base weights changed under the merges
+            kept = self.kept = replace(kept, base=self._lin_cache[0])
+            remerge(self._operands(self.lora_buffers, self.w1_delta, self.a_cat), kept, kept.slots)
         if (ops is None or ops.w13_lin is not w13_lin or ops.buffers is not self.lora_buffers
                 or ops.w1_delta is not self.w1_delta or ops.a_cat is not self.a_cat
-                or ops.interleaved != self.interleaved):
-            ops = self._ops_cache = self._operands(self.lora_buffers, self.w1_delta, self.a_cat)
+                or ops.interleaved != self.interleaved or ops.kept is not kept):
+            ops = self._ops_cache = self._operands(self.lora_buffers, self.w1_delta, self.a_cat, kept)
         return ops
 
     def operands_for(self, gate_up_a: torch.Tensor, gate_up_b: torch.Tensor, down_a: torch.Tensor,
@@ -352,10 +399,11 @@ class SharedSinkLoRA(SharedSink):
         return self._operands((gate_up_a, gate_up_b, down_a, down_b), w1, a_cat)
 
     def _operands(self, buffers: tuple[torch.Tensor, ...] | None, w1_delta: torch.Tensor | None,
-                  a_cat: torch.Tensor | None) -> SinkOperands:
+                  a_cat: torch.Tensor | None, kept: KeptMerge | None = None) -> SinkOperands:
         w13_lin, w2_lin = self.linearized()
         return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
-                            interleaved=self.interleaved, buffers=buffers, w1_delta=w1_delta, a_cat=a_cat)
+                            interleaved=self.interleaved, buffers=buffers, w1_delta=w1_delta, a_cat=a_cat,
+                            kept=kept)
 
     def forward(self, x: torch.Tensor, gammas: torch.Tensor, batch: "SlotBatch | None" = None,
                 backend: str = "auto", *, out: torch.Tensor | None = None) -> torch.Tensor:

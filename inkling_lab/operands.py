@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .merged import KeptMerge
 
 
 @dataclass(frozen=True, eq=False)  # tensors have no single truth value: compare fields yourself
@@ -21,7 +25,8 @@ class SinkOperands:
     * ``buffers``: the four pool buffers ``gate_up_a [S, O, 2R, H]``,
       ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``, ``down_b [S, O, H, R]``,
       or ``None`` (no pool: the base sink);
-    * ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]`` (shared outer only, else ``None``).
+    * ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]`` (shared outer only, else ``None``);
+    * ``kept``: the slots whose merged weights the sink keeps (``merged.KeptMerge``), or ``None``.
 
     The sizes, dtype and device of the weights are read once (every forward asks for
     them, and the record's weight views are its own); the pool's are read each time.
@@ -35,6 +40,7 @@ class SinkOperands:
     buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     w1_delta: torch.Tensor | None = None
     a_cat: torch.Tensor | None = None
+    kept: "KeptMerge | None" = None
 
     @cached_property
     def n(self) -> int:

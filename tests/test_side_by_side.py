@@ -78,6 +78,18 @@ def test_side_by_side_rows_apply_issue_15_targets():
     assert "| A | 64 | 1 | 8192 | 200.0 | 500.0 | 190.0 | 185.0 |" in table and "beats_upstream" in table
 
 
+def test_the_kept_kit_is_counted_on_its_own_points():
+    """``kit_kept`` runs only where a pool can merge: its summary counts the points it ran at, and
+    the default kit's counts stay the default kit's."""
+    ran, skipped = _point(8192, 240.0, 500.0, 200.0, one=260.0), _point(8192, 300.0, 500.0, 200.0)
+    ran["times"]["read"]["kit_kept"] = {"median_us": 205.0}
+    rec = {"points": [ran, skipped]}
+    assert pr.kits(rec) == ["kit_triton", "kit_kept"] and pr.kits({"points": [skipped]}) == ["kit_triton"]
+    kept = pr.side_by_side_summary(rec, "read", "kit_kept")
+    assert "| A | 1 | 1/1 | 0/0 | 0/0 | 0/1 | 1/1 |" in kept  # 205 <= 1.1 * 200, over the roofline
+    assert "| A | 2 | 2/2 | 0/0 | 0/0 | 0/2 | 0/2 |" in pr.side_by_side_summary(rec, "read")
+
+
 @pytest.mark.skipif(not SIDE_RECORD.exists(), reason="no side-by-side record yet")
 def test_the_recorded_side_by_side_is_complete():
     rec = pr.load_side_by_side(SIDE_RECORD)

@@ -10,6 +10,7 @@ import; ``sys.modules``, the package attributes and the environment are restored
 no other test module in the same worker sees an interpreted kernel or the variable.
 """
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -520,6 +521,111 @@ def test_merged_weights_match_the_reference_on_random_runs(lengths, first, gaps,
         assert p.grouped == "merge" and p.merge_slots.tolist() == slots
         ends = torch.tensor(lengths).cumsum(0).tolist()
         assert p.runs == tuple(zip([0, *ends[:-1]], ends)) and p.offs.tolist() == ends
+        out = torch.full_like(sc.x, float("nan"))
+        tb.launch(ops, sc.x, sc.gammas, p, out)
+    assert rel(out, reference_forward(ops, sc.x, sc.gammas, batch)) < 1e-5
+
+
+def _kept_case(monkeypatch, seed, S=4, T=29):
+    """``_merge_case``'s pool with merges kept (``SharedSinkLoRA.keep_merged``) and no merge routed
+    at launch, so a ``"kept"`` plan can only come from the kept copies."""
+    monkeypatch.setattr(tb, "MERGE_RATIO", float("inf"))
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+    return make_case(2, 40, 24, 8, S, T, True, True, seed=seed)
+
+
+@pytest.mark.parametrize("segments, slots", [([29], [2]), ([7, 22], [0, 3]), ([5, 9, 15], [1, 2, 3])],
+                         ids=["one_slot", "two_runs_a_kept_slot_between", "three_runs"])
+def test_kept_merges_run_the_base_gemms_on_the_copies(segments, slots, monkeypatch):
+    sink, x, gammas, _ = _kept_case(monkeypatch, seed=21)
+    monkeypatch.setattr(tb, "KEEP_RATIO", 0.01)
+    scalings = [0.6, 1.0, 1.4, 0.8]
+    sink.keep_merged(dict(enumerate(scalings)))
+    ops = sink.operands()
+    batch = SlotBatch.from_segments(segments, slots, 4, lora_ranks=[8] * 4, scalings=scalings)
+    p = tb.plan(ops, 29, batch, x.device)
+    ends = torch.tensor(segments).cumsum(0).tolist()
+    assert p.grouped == "kept" and p.merge_rows == tuple(slots) and p.runs == tuple(zip([0, *ends[:-1]], ends))
+    # offs over the kept rows the runs span; a kept row between them without tokens ends where the one before does
+    span = list(range(slots[0], slots[-1] + 1))
+    assert p.offs.tolist() == [sum(n for n, s in zip(segments, slots) if s <= r) for r in span]
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+
+
+def test_kept_merges_route_only_where_every_used_slot_is_kept_at_the_batchs_scaling(monkeypatch):
+    sink, x, gammas, _ = _kept_case(monkeypatch, seed=22)
+    monkeypatch.setattr(tb, "KEEP_RATIO", 0.01)
+    sink.keep_merged({1: 0.5, 2: 1.25})
+    ops = sink.operands()
+
+    def routed(segments, slots, scalings=(1.0, 0.5, 1.25, 1.0), tokens=29, tiles=None, ranks=(8, 8, 8, 8)):
+        batch = SlotBatch.from_segments(segments, slots, 4, lora_ranks=list(ranks), scalings=list(scalings))
+        p = tb.plan(ops, tokens, batch, x.device, tiles)
+        if tokens == 29:  # every plan, kept or not, is the adapters' forward
+            out = torch.full_like(x, float("nan"))
+            tb.launch(ops, x, gammas, p, out)
+            assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+        return p.grouped == "kept"
+
+    assert routed([29], [1]) and routed([10, 19], [1, 2])
+    assert not routed([29], [1], scalings=(1.0, 0.75, 1.25, 1.0)), "another scaling than the kept one"
+    assert not routed([10, 19], [1, 3]), "slot 3 is not kept"
+    assert not routed([10, 19], [2, 1]), "runs out of slot order"
+    assert not routed([10, 19], [-1, 1]), "base-only tokens"
+    assert not routed([29], [1], tiles=CUBLAS), "tiles given: the caller's path"
+    assert not routed([29], [1], ranks=(8, 0, 8, 8)), "a rank-0 slot has no LoRA to merge"
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: replace(FUSED, gemv=True))
+    assert not routed([1], [1], tokens=1), "one token streams the weights with the LoRA (GEMV)"
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: FUSED)
+    assert routed([29], [1]), "a one-slot batch on the Triton tiles takes the kept copies on cuBLAS"
+    monkeypatch.setattr(tb, "KEEP_RATIO", 1e6)
+    assert routed([29], [1]) and not routed([10, 19], [1, 2]), "several slots: from keeps' token count"
+
+
+def test_kept_merges_follow_a_slot_write_through_the_same_plan(monkeypatch):
+    """After ``on_lora_slots_updated`` the plan made before the write is reused (same kept record, same
+    storage: a graph captured on it replays the new merge) and gives the new adapter's forward."""
+    sink, x, gammas, _ = _kept_case(monkeypatch, seed=23)
+    sink.keep_merged({2: 1.0})
+    batch = SlotBatch.from_segments([29], [2], 4, lora_ranks=[8] * 4)
+    ops = sink.operands()
+    p = tb.cached_plan(ops, 29, batch, x.device)
+    first = tb.launch(ops, x, gammas, p)
+    for buf in ops.buffers:
+        buf[2].mul_(-0.5)
+    sink.on_lora_slots_updated([2])
+    assert sink.operands() is ops and tb.cached_plan(sink.operands(), 29, batch, x.device) is p
+    second = tb.launch(ops, x, gammas, p)
+    assert rel(second, reference_forward(ops, x, gammas, batch)) < 1e-5 and rel(first, second) > 1e-3
+    sink.keep_merged({2: 1.0, 3: 1.0})  # another kept record: plans of the last one are not reused
+    assert tb.cached_plan(sink.operands(), 29, batch, x.device) is not p
+
+
+@settings(max_examples=8, deadline=None)
+@given(lengths=st.lists(st.integers(1, 7), min_size=1, max_size=4), first=st.integers(0, 2),
+       gaps=st.lists(st.integers(1, 2), min_size=3, max_size=3), extra=st.lists(st.integers(0, 8), max_size=3),
+       n=st.integers(1, 3), scalings=st.lists(st.floats(0.25, 2.0), min_size=9, max_size=9),
+       seed=st.integers(0, 10_000))
+def test_kept_merges_match_the_reference_on_random_runs(lengths, first, gaps, extra, n, scalings, seed):
+    """Runs of one slot each in slot order, every used slot kept and some unused ones too (rows with no
+    tokens inside the span and outside it), any expert count: the kept forward is the reference's."""
+    slots = [first]
+    for gap in gaps[:len(lengths) - 1]:
+        slots.append(slots[-1] + gap)
+    S, T = 9, sum(lengths)
+    g = Geometry(n=n, hidden=24, intermediate=12, max_rank=4, slots=S, outer=1)
+    sc = Scenario.random(g, tokens=T, seed=seed)
+    sc.sink.keep_merged({s: scalings[s] for s in {*slots, *extra}})
+    batch = SlotBatch.from_segments(lengths, slots, S, scalings=scalings)
+    ops = sc.sink.operands()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tb, "KEEP_RATIO", 1e-3)
+        m.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+        p = tb.plan(ops, T, batch, sc.x.device)
+        kept = sorted({*slots, *extra})
+        assert p.grouped == "kept" and p.merge_rows == tuple(kept.index(s) for s in slots)
         out = torch.full_like(sc.x, float("nan"))
         tb.launch(ops, sc.x, sc.gammas, p, out)
     assert rel(out, reference_forward(ops, sc.x, sc.gammas, batch)) < 1e-5

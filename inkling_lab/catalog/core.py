@@ -235,4 +235,28 @@ ENTRIES: list[CatalogEntry] = [
                  "sglang's pool always has the model's dtype (sglang/srt/lora/mem_pool.py: "
                  "LoRAMemoryPool.init_buffers), so it never meets this.",
         generation=KIT, related=("ISL-K161",), releases=EVERY_RELEASE),
+    CatalogEntry(
+        code="ISL-K166", title="merged weights asked for a slot the pool cannot merge", exc_type=ValueError,
+        message="keep_merged: {problem}; nothing was kept or changed",
+        meaning="keep_merged folds a slot's adapter into its own copy of the base weights, w13_lin + scaling * "
+                "w1_delta[s] @ gate_up_a[s, 0] and w2_lin + scaling * a_cat[s]^T @ down_b[s, 0]^T: one gate-up A "
+                "and one down B shared by the experts (the shared-outer pool, O = 1), a slot of the pool, and the "
+                "scaling the batch will carry for it. A per-expert pool has no single merge per slot, a slot past "
+                "the pool has nothing to merge, and a scaling that is not a finite number would make every weight "
+                "of the copy NaN or infinite: the kit refuses each before it allocates anything.",
+        when="keep_merged called before set_lora_info, on a per-expert pool, with a slot id past the pool or a "
+             "scaling read as None or NaN.",
+        setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6)\n"
+              "sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4).buffers())\n",
+        trigger="sink.keep_merged({3: 2.0})  # the pool has slots 0..2\n",
+        fix="sink.keep_merged({2: 2.0})\n",
+        remedy="Keep merges only of slots of a shared-outer pool (after set_lora_info), each at the finite "
+               "scaling its batches carry (the adapter's alpha / r).",
+        upstream="sglang 0.5.23 keeps no merged weights: its shared-sink layers run the LoRA factors at every "
+                 "forward (sglang/srt/models/inkling_common/lora.py: "
+                 "InklingBatchDenseMLPWithLoRA._forward_bf16_linearized -> "
+                 "sglang/srt/lora/trtllm_lora_temp/inkling_dense.py: forward_with_lora); "
+                 "the kit's copies follow the pool through the call upstream makes after it writes a slot "
+                 "(sglang/srt/lora/lora_manager.py: LoRAManager.fetch_new_loras -> _notify_lora_slots_updated).",
+        generation=KIT, related=("ISL-K165",), releases=EVERY_RELEASE),
 ]

@@ -181,7 +181,9 @@ class Plan:
     ``_launch_grouped``'s mode (``grouped_mode``) with its ``offs [S]`` and ``token_scale [T, 1]``
     (``grouped_operands``), ``""`` where the batch takes another path; ``"merge"`` (``_launch_merged``,
     ``merge_operands``): ``merge_slots [G]`` int32, the slots that have tokens, in order, ``offs [G]``
-    their runs' ends and ``runs`` the same ``(start, end)`` on the host."""
+    their runs' ends and ``runs`` the same ``(start, end)`` on the host; ``"kept"`` (``_launch_merged``
+    on ``ops.kept``, ``kept_operands``): ``runs``, ``merge_rows`` the kept row of each run and ``offs``
+    the runs' ends over the kept rows they span."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
@@ -197,6 +199,7 @@ class Plan:
     grouped: str = ""
     merge_slots: torch.Tensor | None = None
     runs: tuple[tuple[int, int], ...] = ()
+    merge_rows: tuple[int, ...] = ()
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -281,7 +284,14 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
     scalings = batch.scalings.to(device=device, dtype=torch.float32)
     routed, extra = not explicit and tiles.cublas, {}
-    if single >= 0:
+    rows = None if explicit or tiles.gemv or ops.kept is None else \
+        ops.kept.rows(active, batch.scalings[active].tolist())
+    if rows is not None and (single >= 0 or (keeps(num_tokens, ops, len(active))
+                                             and segment_offsets(slots, ga.shape[0]) is not None)):
+        extra = kept_operands(slots, rows, device)
+        if not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
+            tiles, split = ONE_SLOT_TILES, None
+    elif single >= 0:
         if routed and merges(num_tokens, ops, 1):
             extra = merge_operands(slots, device)
     elif routed and (mode := grouped_mode(num_tokens, ops, device, len(active))):
@@ -362,12 +372,13 @@ _PLAN_CACHE_SIZE = 64
 
 
 def cached_plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: torch.device) -> Plan:
-    """``plan`` made once per (batch object, token count, pool shape, device) and reused:
+    """``plan`` made once per (batch object, token count, pool shape, device, kept merges) and reused:
     a decode loop that passes the same batch pays no host work for it again."""
     if batch is None:
         return plan(ops, num_tokens, None, device)
     shape = None if ops.buffers is None else ops.buffers[0].shape
-    key = (id(batch), num_tokens, shape, device, ops.n, ops.intermediate, ops.hidden, ops.dtype)
+    key = (id(batch), num_tokens, shape, device, ops.n, ops.intermediate, ops.hidden, ops.dtype,
+           None if ops.kept is None else ops.kept.version)
     hit = _PLANS.get(key)
     if hit is not None and hit[0]() is batch:
         return hit[1]
@@ -414,7 +425,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     x, gammas = x.contiguous(), gammas.contiguous()
     t = p.tiles
     single = p.single_slot >= 0 and ops.shared_outer
-    if p.grouped == "merge":
+    if p.grouped in ("merge", "kept"):
         return _launch_merged(ops, x, gammas, p, out)
     if p.grouped:
         return _launch_grouped(ops, x, gammas, p, out, p.grouped)
@@ -661,34 +672,40 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
 
 
 def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
-    """Tokens in runs of one slot each (``p.runs``, slots ``p.merge_slots``), the cuBLAS path, shared
-    outer: each run's slot merged into copies of the base weights, ``w13_s = w13_lin + scale_s W1Δ_s
-    A_s`` ``[G, n*2F, H]`` and ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[G, n*F, H]``
-    (``merge_kernel``: each weight read once and written once per slot; the down side's beside the
-    gate/up GEMM, ``_Beside``), then the base forward's GEMMs on the merged weights: one run
-    ``torch.mm``; several, the gate/up side one grouped GEMM over the runs and the down side a
-    ``torch.mm`` per run into its rows of ``out`` (the grouped GEMM takes no ``out=``). The LoRA then
-    costs ``2 G n*3F*H`` weight elements moved, not work per token: ahead where tokens are many and
-    slots few (``merges``). Nothing is kept between forwards, so in-place pool updates are followed."""
-    ga, _, _, db = ops.buffers
+    """Tokens in runs of one slot each (``p.runs``), the cuBLAS path, shared outer: the base forward's
+    GEMMs on each run's merged weights, ``w13_s = w13_lin + scale_s W1Δ_s A_s`` ``[n*2F, H]`` and
+    ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[n*F, H]``: one run ``torch.mm``; several, the
+    gate/up side one grouped GEMM over the runs and the down side a ``torch.mm`` per run into its rows
+    of ``out`` (the grouped GEMM takes no ``out=``). ``"kept"``: the merges ``ops.kept`` holds (rows
+    ``p.merge_rows``), so the LoRA costs no work here at all. ``"merge"``: the slots ``p.merge_slots``
+    merged now into new copies (``merge_kernel``: each weight read once and written once per slot; the
+    down side's beside the gate/up GEMM, ``_Beside``), ``2 G n*3F*H`` weight elements moved, not work
+    per token: ahead where tokens are many and slots few (``merges``); nothing is kept, so in-place
+    pool updates are followed."""
     T, H = x.shape
     n, F = ops.n, ops.intermediate
-    idx, G = p.merge_slots, len(p.runs)
-    w13 = torch.empty(G, n * 2 * F, H, dtype=x.dtype, device=x.device)
-    w2 = torch.empty(G, n * F, H, dtype=x.dtype, device=x.device)
-    _merge(ops.w13_lin, ops.w1_delta, ga[:, 0], idx, p.scalings, w13)
-    side = _Beside(x)
-    with side:
-        _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), idx, p.scalings, w2)
-    if G == 1:
-        y = torch.mm(x, w13[0].T)
+    side = _Beside(x, p.grouped == "merge")
+    if p.grouped == "kept":
+        first, rows = p.merge_rows[0], p.merge_rows
+        w13, w2 = ops.kept.w13[first:rows[-1] + 1], ops.kept.w2
+    else:
+        ga, _, _, db = ops.buffers
+        G = len(p.runs)
+        first, rows = 0, range(G)
+        w13 = torch.empty(G, n * 2 * F, H, dtype=x.dtype, device=x.device)
+        w2 = torch.empty(G, n * F, H, dtype=x.dtype, device=x.device)
+        _merge(ops.w13_lin, ops.w1_delta, ga[:, 0], p.merge_slots, p.scalings, w13)
+        with side:
+            _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), p.merge_slots, p.scalings, w2)
+    if len(p.runs) == 1:
+        y = torch.mm(x, w13[rows[0] - first].T)
     else:  # a torch.mm per run measured level at 8192 tokens and slower at 2048 (v21)
         y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     _up(ops, x, y, gammas, act, p, Lora.none(x))
     side.join()
-    for g, (a, b) in enumerate(p.runs):
-        torch.mm(act[a:b], w2[g], out=out[a:b])
+    for r, (a, b) in zip(rows, p.runs):
+        torch.mm(act[a:b], w2[r], out=out[a:b])
     return out
 
 
@@ -706,6 +723,35 @@ def _merge(w: torch.Tensor, p_: torch.Tensor, q: torch.Tensor, slots: torch.Tens
     _run(kernels.merge_kernel, (triton.cdiv(M, bm) * triton.cdiv(N, bn), G),
          (w, p_, q, out, slots, scalings, M, N, K, *w.stride(), *p_.stride(), *q.stride()),
          BM=bm, BN=bn, BK=max(16, triton.next_power_of_2(K)), num_warps=warps, num_stages=1)
+
+
+def kept_operands(slots: torch.Tensor, rows: list[int], device) -> dict:
+    """The ``Plan`` fields of ``_launch_merged`` on kept merges (``ops.kept``): effective ``slots [T]``
+    (host) in runs of one slot each, in slot order, ``rows`` the kept row of each run's slot
+    (ascending). ``offs`` ends the token runs of every kept row from the first run's to the last's
+    (a kept row between them with no tokens ends where the previous one does)."""
+    runs = merge_operands(slots, device)["runs"]
+    ends = [0] * (rows[-1] - rows[0] + 1)
+    for (_, b), r in zip(runs, rows):
+        ends[r - rows[0]] = b
+    for i in range(1, len(ends)):
+        ends[i] = max(ends[i], ends[i - 1])
+    return {"offs": torch.tensor(ends, dtype=torch.int32, device=device), "runs": runs,
+            "merge_rows": tuple(rows), "grouped": "kept"}
+
+
+def keeps(num_tokens: int, ops: SinkOperands, used: int) -> bool:
+    """A batch of ``num_tokens`` in runs of ``used`` slots whose merges are kept (``ops.kept``)
+    takes the kept merges where the tokens reach ``KEEP_RATIO * used * n*F*H / (n*F + H)``
+    (``merges``' rule without the merging: the grouped GEMM still streams ``used`` copies of the
+    weights); one slot at any count from two tokens (its forward is the base forward's)."""
+    nf, H = ops.n * ops.intermediate, ops.hidden
+    return used == 1 or num_tokens >= KEEP_RATIO * used * nf * H / (nf + H)
+
+
+KEEP_RATIO = 0.5
+"""``keeps``' constant for several slots (predicted, v22: the kept path reads each used slot's weights
+once, where a merge also writes them and reads them back)."""
 
 
 def merge_operands(slots: torch.Tensor, device) -> dict:
@@ -844,10 +890,11 @@ def graph_key(ops: SinkOperands, x: torch.Tensor) -> tuple:
     every storage the graph reads, read at each call (the pool's buffers are the
     caller's tensors, whose storage may be swapped under one record). The device is
     the plan's own: ``cached_plan`` keys on it."""
-    b, a_cat = ops.buffers, ops.a_cat
+    b, a_cat, kept = ops.buffers, ops.a_cat, ops.kept
     return ("graph", x.dtype, ops.w13.data_ptr(), ops.w2.data_ptr(),
             None if b is None else (b[0].data_ptr(), b[1].data_ptr(), b[2].data_ptr(), b[3].data_ptr()),
-            None if a_cat is None else a_cat.data_ptr())
+            None if a_cat is None else a_cat.data_ptr(),
+            None if kept is None else (kept.w13.data_ptr(), kept.w2.data_ptr()))
 
 
 def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,

@@ -23,7 +23,7 @@ from .graph_capture import graph_check
 from .roofline_model import (GRID_RANKS, GRID_SLOTS, GRID_TOKENS, RECORD_FIELDS, SHAPES, SIDE_SHAPES, SIDE_TOKENS,
                              TARGET_LARGE_T, TARGET_SMALL_T, TARGET_VS_BASE_LARGE_T, UPSTREAM_ISSUE4, Case, Issue4,
                              Roofline, case_bytes, case_flops, issue4_upstream, roofline, target_ratio, upstream_us)
-from .side_by_side import (UPSTREAM_VARIANTS, load_side_by_side, run_side_by_side, side_by_side_case,
+from .side_by_side import (KIT_VARIANTS, UPSTREAM_VARIANTS, kits, load_side_by_side, run_side_by_side, side_by_side_case,
                            side_by_side_cases, side_by_side_rows, side_by_side_summary, side_by_side_table,
                            side_by_side_variants)
 from .timing import (L2Flush, capture, host_us, measure_ceilings, quantile, stats, time_eager, time_graph,
@@ -38,6 +38,6 @@ __all__ = [
     "backend_runner", "check_correctness", "correctness_cases", "grid", "kernel_table", "load_record", "run_grid",
     "summary_table", "time_case",
     "load_side_by_side", "run_side_by_side", "side_by_side_case", "side_by_side_cases", "side_by_side_rows",
-    "side_by_side_summary", "side_by_side_table", "side_by_side_variants",
+    "side_by_side_summary", "side_by_side_table", "side_by_side_variants", "KIT_VARIANTS", "kits",
     "graph_check", "main", "profile_command", "register_cli",
 ]

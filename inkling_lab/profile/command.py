@@ -18,7 +18,7 @@ from ..records import environment, write_json
 from .graph_capture import graph_check
 from .benchmark import check_correctness, correctness_cases, grid, kernel_table, run_grid, summary_table
 from .roofline_model import GRID_RANKS, GRID_SLOTS, GRID_TOKENS, SHAPES, SIDE_SHAPES, SIDE_TOKENS, Case
-from .side_by_side import run_side_by_side, side_by_side_cases, side_by_side_summary, side_by_side_table
+from .side_by_side import kits, run_side_by_side, side_by_side_cases, side_by_side_summary, side_by_side_table
 from .timing import measure_ceilings
 
 
@@ -70,8 +70,10 @@ def profile_command(args: argparse.Namespace) -> int:
         env, ceil = rec["environment"], rec["ceilings"]
         if "points" in rec:  # a side-by-side record
             print(f"{env['device']}, {env['date']}, commit {env['git_commit']}; upstream {rec['upstream']['wheel']}")
-            for mode in rec["modes"]:
-                print(side_by_side_summary(rec, mode) + "\n\n" + side_by_side_table(rec, mode) + "\n")
+            for kit in kits(rec):
+                for mode in rec["modes"]:
+                    print(f"{kit}, flush {mode}:\n" + side_by_side_summary(rec, mode, kit) + "\n\n"
+                          + side_by_side_table(rec, mode, kit) + "\n")
             return 0
         print(f"{env['device']}, {env['date']}, torch {env['torch']}, triton {env['triton']}, commit {env['git_commit']}")
         print(f"ceilings: copy {ceil['copy_TBps']:.2f} TB/s, bf16 matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s\n")
@@ -144,8 +146,9 @@ def _vs_upstream_command(args: argparse.Namespace, env: dict, ceilings: dict, sh
                               args.reps, modes, checkpoint=lambda pts: write_json(path, {**head, "points": pts}))
     rec = {**head, "points": points}
     write_json(path, rec)
-    for mode in modes:
-        print(side_by_side_summary(rec, mode))
+    for kit in kits(rec):
+        for mode in modes:
+            print(f"{kit}, flush {mode}:\n" + side_by_side_summary(rec, mode, kit))
     print(f"wrote {path}")
     return 0
 

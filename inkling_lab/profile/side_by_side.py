@@ -24,7 +24,10 @@ def side_by_side_variants(sink, x, gammas, batch, S: int) -> dict[str, Callable[
     ``kit_triton`` (this kit), ``sglang_multi`` (upstream's multi-slot Triton kernels;
     a one-slot batch gets a pool padded to two slots so they run), ``sglang_one_slot``
     (``S == 1`` only: upstream's cuBLAS path), ``sglang_base`` (upstream with no
-    adapter active: the base sink alone). Upstream's paths need ``upstream_wheel.unpack`` first."""
+    adapter active: the base sink alone), and ``kit_kept`` where the pool is shared outer: the kit
+    with every used slot's merged weights kept (``SharedSinkLoRA.keep_merged``, made before the
+    timing as a slot write would make them; the sink keeps them until its pool is set again).
+    Upstream's paths need ``upstream_wheel.unpack`` first."""
     from ..forward.triton_backend import launch, plan
     from ..upstream_wheel import UpstreamSink
 
@@ -34,6 +37,11 @@ def side_by_side_variants(sink, x, gammas, batch, S: int) -> dict[str, Callable[
     multi = UpstreamSink(sink, batch, min_slots=2)
     fns = {"kit_triton": lambda: launch(ops, x, gammas, p, out),
            "sglang_multi": lambda: multi.forward(x, gammas)}
+    if ops.shared_outer and batch.active_slots():
+        sink.keep_merged({s: float(batch.scalings[s]) for s in batch.active_slots()})
+        kept = sink.operands()
+        pk, out_k = plan(kept, x.shape[0], batch, x.device), torch.empty_like(x)
+        fns["kit_kept"] = lambda: launch(kept, x, gammas, pk, out_k)
     if S == 1:
         one = UpstreamSink(sink, batch)
         fns["sglang_one_slot"] = lambda: one.forward(x, gammas)
@@ -70,7 +78,8 @@ def side_by_side_case(c: Case, ceilings: dict[str, float], flushes: dict[str, L2
     del graphs
     roof = roofline(c, **ceilings)
     return {"case": c.record(), "roofline_us": roof.us, "bound": roof.bound, "bytes": roof.bytes, "flops": roof.flops,
-            "rel_err": errors, "failures": failures, "times": times}
+            "rel_err": errors, "failures": failures, "times": times,
+            "kept_bytes": 0 if sink.kept is None else sink.kept.nbytes}
 
 
 
@@ -102,6 +111,14 @@ def run_side_by_side(cases: Sequence[Case], ceilings: dict[str, float], reps: in
 
 UPSTREAM_VARIANTS = ("sglang_multi", "sglang_one_slot")
 """The upstream paths with LoRA the kit must beat (``sglang_base`` has none)."""
+KIT_VARIANTS = ("kit_triton", "kit_kept")
+"""The kit's contenders: as it runs by default, and with every used slot's merges kept."""
+
+
+def kits(record: dict) -> list[str]:
+    """The kit's contenders a side-by-side record timed (``KIT_VARIANTS``), in that order."""
+    ran = {k for p in record["points"] for t in p["times"].values() for k in t}
+    return [k for k in KIT_VARIANTS if k in ran]
 
 
 def side_by_side_rows(record: dict, flush: str = "read", kit: str = "kit_triton") -> list[dict]:
@@ -140,7 +157,7 @@ def side_by_side_rows(record: dict, flush: str = "read", kit: str = "kit_triton"
     return rows
 
 
-def side_by_side_table(record: dict, flush: str = "read") -> str:
+def side_by_side_table(record: dict, flush: str = "read", kit: str = "kit_triton") -> str:
     """Markdown of ``side_by_side_rows``: µs per contender, the kit's ratios, the misses."""
     def f(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
@@ -151,7 +168,7 @@ def side_by_side_table(record: dict, flush: str = "read") -> str:
              "| shape | R | S | T | kit µs | sglang multi µs | sglang 1-slot µs | sglang base µs | roofline µs "
              "| ratio | vs up | vs base | missed |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in side_by_side_rows(record, flush):
+    for r in side_by_side_rows(record, flush, kit):
         missed = ", ".join(k for k, v in r["targets"].items() if not v)
         lines.append(f"| {r['shape']} | {r['R']} | {r['S']} | {r['T']} | {f(r['kit_us'])} | {f(r['sglang_multi_us'])} "
                      f"| {f(r['sglang_one_slot_us'])} | {f(r['sglang_base_us'])} | {f(r['roofline_us'])} "
@@ -160,9 +177,10 @@ def side_by_side_table(record: dict, flush: str = "read") -> str:
     return "\n".join(lines)
 
 
-def side_by_side_summary(record: dict, flush: str = "read") -> str:
-    """How many points meet each target, per shape (for the notes)."""
-    rows = side_by_side_rows(record, flush)
+def side_by_side_summary(record: dict, flush: str = "read", kit: str = "kit_triton") -> str:
+    """How many points meet each target, per shape (for the notes); ``kit``: the kit's contender
+    (``kit_kept``: with merged weights kept; its points are those it ran at)."""
+    rows = [r for r in side_by_side_rows(record, flush, kit) if r["kit_us"] is not None]
     out = ["| shape | points | beats upstream | T<=32 roofline | T<=32 beats base | T>=2048 roofline | T>=2048 vs base |",
            "|---|---|---|---|---|---|---|"]
     for shape in dict.fromkeys(r["shape"] for r in rows):

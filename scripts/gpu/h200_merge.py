@@ -1,10 +1,11 @@
-"""v21 on a CUDA GPU (issue 26 target 3): the LoRA merged into copies of the base weights per
+"""v21 and v22 on a CUDA GPU (issue 26 target 3): the LoRA merged into copies of the base weights per
 slot for each forward (``triton_backend._launch_merged``, ``merge_kernel``), then the base
 forward's GEMMs on them, against the path ``auto`` took before it (``kit``: ``plan`` with ``merges``
-routing nothing) and sglang 0.5.23's no-LoRA base: one slot at 512-8192 tokens, S 4 and 8 at
-2048-8192, R 16 and 64, every shape, both flushes. ``merge``: one run a ``torch.mm``, several a grouped
-GEMM on the gate/up side and a ``torch.mm`` per run on the down side. Each point records what ``auto``
-routes there (``routed``).
+routing nothing) and sglang 0.5.23's no-LoRA base: one slot and S 4 and 8 at 512-8192
+tokens, R 16 and 64, every shape, both flushes. ``merge``: one run a ``torch.mm``, several a grouped
+GEMM on the gate/up side and a ``torch.mm`` per run on the down side; ``kept`` (v22): the same GEMMs on
+copies kept from before the forward (``SharedSinkLoRA.keep_merged``), no merge in the forward. Each point
+records what ``auto`` routes there (``routed``; ``routed_kept``: whether it takes the kept copies).
 
 1. Correctness first, against the float64 reference on fresh random inputs (bfloat16 and float16,
    both gate/up layouts; uneven runs with an empty slot between them and scalings 0.6-1.4, and one
@@ -30,8 +31,8 @@ from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
 ONE_SLOT_TOKENS = (512, 1024, 2048, 4096, 8192)
-MULTI_TOKENS = (2048, 4096, 8192)
-MERGED = ("merge",)
+MULTI_TOKENS = (512, 1024, 2048, 4096, 8192)
+MERGED = ("merge", "kept")
 CHECK_SHAPES, CHECK_DTYPES = ("A", "Inkling-TP8"), ("bfloat16", "float16")
 TILE_SWEEP = ((32, 128, 4), (64, 64, 4), (64, 256, 8), (128, 128, 8), (128, 64, 4))
 """``--breakdown``: ``merge_kernel`` tiles (rows, columns, warps) beside ``MERGE_TILE``."""
@@ -46,11 +47,22 @@ def unmerged_plan(ops, x, batch):
         tb.MERGE_RATIO = ratio
 
 
-def contenders(ops, x, gammas, batch) -> dict:
+def contenders(sink, x, gammas, batch) -> dict:
+    """``kit`` and ``merge`` on ``sink``'s pool as it is, then ``kept`` (v22): every slot of the pool kept
+    merged at the batch's scalings (``keep_merged``), the batch forced onto the copies at any token count
+    (the rows of its runs' slots, ``kept_operands``), whatever ``keeps`` would route."""
+    sink.keep_merged(None)  # the kit's own path keeps nothing (the last point's copies are dropped)
+    ops = sink.operands()
     p = unmerged_plan(ops, x, batch)
     m = dataclasses.replace(p, **tb.merge_operands(p.slots.cpu(), x.device), fast={})
+    sink.keep_merged({s: float(c) for s, c in enumerate(batch.scalings.tolist())})
+    kept_ops = sink.operands()
+    used = torch.unique_consecutive(p.slots.cpu()).tolist()
+    k = dataclasses.replace(p, **tb.kept_operands(p.slots.cpu(), used, x.device), fast={}, split=None,
+                            tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
     return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
-            "merge": lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out)}
+            "merge": lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out),
+            "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)}
 
 
 def correctness() -> list[dict]:
@@ -61,13 +73,13 @@ def correctness() -> list[dict]:
                 c = pr.Case.of(shape, 16, 4, 600, interleaved=interleaved, dtype=dtype)
                 sc = c.scenario("cuda", seed=7 + int(interleaved))
                 x, gammas = sc.x, sc.gammas
-                ops = sc.sink.operands()
+                ops = sc.sink.operands()  # the reference reads the pool, never the kept merges
                 for segs, slots in (([150, 0, 320, 130], [0, 1, 2, 3]), ([600], [2])):
                     batch = SlotBatch.from_segments(segs, slots, 4, lora_ranks=[16] * 4, scalings=[0.6, 1.0, 1.4, 0.8])
                     ref = reference_forward(ops, x, gammas, batch)
                     errs = {}
-                    for name, fn in contenders(ops, x, gammas, batch).items():
-                        if name == "merge" and len(segs) > 1 and dtype != "bfloat16":
+                    for name, fn in contenders(sc.sink, x, gammas, batch).items():
+                        if name in MERGED and len(segs) > 1 and dtype != "bfloat16":
                             continue  # torch's grouped GEMM: bfloat16 on CUDA only (grouped_mode)
                         h200_pdl.check_contender(name, fn, ref, errs, shape)
                     ok = all(e == e and e < 1e-2 for e in errs.values())
@@ -124,7 +136,8 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
 
     def fns_for(sink, ops, x, gammas, batch):
         routed["at"] = "merge" if tb.plan(ops, x.shape[0], batch, x.device).grouped == "merge" else "kit"
-        fns = contenders(ops, x, gammas, batch)
+        fns = contenders(sink, x, gammas, batch)
+        routed["kept"] = tb.plan(sink.operands(), x.shape[0], batch, x.device).grouped == "kept"
         multi = upstream_cls(sink, batch, min_slots=2)
         fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
         return fns
@@ -136,12 +149,14 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
             for S, tokens in ((1, ONE_SLOT_TOKENS), (4, MULTI_TOKENS), (8, MULTI_TOKENS)):
                 for T in tokens:
                     base, row = h200_pdl.time_point(pr.Case.of(shape, R, S, T), fns_for, flushes, reps, base)
-                    rows.append({**row, "routed": routed["at"]})
+                    rows.append({**row, "routed": routed["at"], "routed_kept": routed["kept"]})
                     for fl in flushes:
                         got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
                         print(f"{shape:<11} R{R:<2} S{S} T{T:<4} {fl:<5} " + " ".join(f"{k} {u:.1f}" for k, u in got.items())
                               + f"  merge {got['merge'] / got['kit']:.3f}x kit, {got['merge'] / got['sglang_base']:.3f}x"
-                              f" base, kit {got['kit'] / got['sglang_base']:.3f}x base, routed {routed['at']}", flush=True)
+                              f" base, kept {got['kept'] / got['kit']:.3f}x kit, {got['kept'] / got['sglang_base']:.3f}x"
+                              f" base, kit {got['kit'] / got['sglang_base']:.3f}x base, routed {routed['at']}"
+                              f" (kept: {routed['kept']})", flush=True)
     return rows
 
 
@@ -153,7 +168,8 @@ def main() -> int:
         def within(k):
             return sum(1 for r in pts if r["us"][f"{k}@{fl}"] <= 1.1 * r["us"][f"sglang_base@{fl}"])
         fastest = h200_pdl.routed_fastest(rec["points"], fl, ("kit", *MERGED))
-        print(f"{fl}: T>=2048 within 1.1x base (of {len(pts)}): kit {within('kit')}, merge {within('merge')}; "
+        print(f"{fl}: T>=2048 within 1.1x base (of {len(pts)}): kit {within('kit')}, merge {within('merge')}, "
+              f"kept {within('kept')}; "
               f"routed within 1% of the faster: {fastest}/{len(rec['points'])}", flush=True)
     print(f"{rec['seconds']} s")
     return 0

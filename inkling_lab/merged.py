@@ -1,0 +1,118 @@
+"""Merged weights kept per slot: an adapter folded into its own copy of the base weights, made
+when the slot is written and read by every later forward of that slot (``SharedSinkLoRA.keep_merged``).
+
+For slot ``s`` at scaling ``c`` (shared outer, docs/reference.md#the-forward):
+``w13_s = w13_lin + c * w1_delta[s] @ gate_up_a[s, 0]`` ``[n*2F, H]`` and
+``w2_s = w2_lin + c * a_cat[s]^T @ down_b[s, 0]^T`` ``[n*F, H]``, accumulated in float32 and
+rounded once to the weights' dtype. A forward of that slot is then the base forward on
+``w13_s`` / ``w2_s``: no LoRA work per token, at the price of ``n*3F*H`` weight elements of
+memory per kept slot. The copies stay at one address (CUDA graphs replay against them) and are
+rewritten in place when the pool's slot changes (``on_lora_slots_updated``, which sglang 0.5.23
+calls after it writes a slot: ``srt/lora/lora_manager.py``: ``LoRAManager.fetch_new_loras`` ->
+``_notify_lora_slots_updated``), when the pool is set again, and when the base weights change.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import torch
+
+from .operands import SinkOperands
+
+MERGE_ROWS = 2048
+"""Weight rows merged per float32 step: the step's temporaries stay under ``MERGE_ROWS * H``
+float32 elements (50 MB at Inkling's ``H = 6144``) whatever the weights' size."""
+
+
+@dataclass(frozen=True, eq=False)  # tensors have no single truth value
+class KeptMerge:
+    """The kept merges of a sink: ``slots`` (ascending) at ``scalings`` (float32 values, one per
+    slot), ``w13 [K, n*2F, H]`` and ``w2 [K, n*F, H]`` (row ``k`` is ``slots[k]``'s, in the rows
+    of ``w13_lin`` / ``w2_lin``); ``base`` names the base weights they were made from
+    (``SharedSink.linearized``' key: storage and version); ``version``: this record's own number
+    (a plan made for one record is never reused for another)."""
+
+    slots: tuple[int, ...]
+    scalings: tuple[float, ...]
+    w13: torch.Tensor
+    w2: torch.Tensor
+    base: tuple = field(default=(), compare=False)
+    version: int = field(default_factory=itertools.count().__next__, compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        """The device memory the copies hold."""
+        return self.w13.nbytes + self.w2.nbytes
+
+    def rows(self, slots: list[int], scalings: list[float]) -> list[int] | None:
+        """The row of each of ``slots`` (ascending) where every one is kept at the given scaling
+        (float32 values, as a batch holds them), else ``None``: the forward then takes the LoRA path."""
+        index = dict(zip(self.slots, range(len(self.slots))))
+        rows = [index.get(s) for s in slots]
+        if any(r is None for r in rows) or any(self.scalings[r] != c for r, c in zip(rows, scalings)):
+            return None
+        return rows
+
+
+def float32(value: float) -> float:
+    """``value`` as a float32 holds it (a ``SlotBatch``'s scalings are float32)."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def check_keep(ops: SinkOperands, scalings: dict) -> str | None:
+    """Why ``scalings`` (slot -> scaling) cannot be kept merged on ``ops``, or ``None``."""
+    if ops.buffers is None:
+        return "the sink has no pool: call set_lora_info first"
+    if not ops.shared_outer or ops.w1_delta is None or ops.a_cat is None:
+        return ("the pool is in the per-expert layout (gate_up_a [S, n, 2R, H]): a merge needs one gate-up A "
+                "and one down B for every expert (the shared-outer layout, O = 1)")
+    S = ops.slots
+    for s, c in scalings.items():
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < S:
+            return f"slot {s!r} is not a slot of the pool (0..{S - 1})"
+        if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c):
+            return f"the scaling of slot {s} is {c!r}: pass a finite number (the adapter's alpha / r)"
+    return None
+
+
+def kept_merge(ops: SinkOperands, scalings: dict[int, float], base: tuple, old: KeptMerge | None = None
+               ) -> KeptMerge | None:
+    """The merges of ``scalings`` (slot -> scaling, checked: ``check_keep``) on ``ops``' weights and
+    pool, written into ``old``'s storage where it holds the same number of slots of the same
+    shapes (the address stays fixed), else new; ``None`` for no slot."""
+    if not scalings:
+        return None
+    slots = tuple(sorted(scalings))
+    K, H, nf = len(slots), ops.hidden, ops.n * ops.intermediate
+    if old is not None and old.w13.shape == (K, 2 * nf, H) and old.w2.shape == (K, nf, H) \
+            and old.w13.dtype == ops.dtype and old.w13.device == ops.device:
+        w13, w2 = old.w13, old.w2
+    else:
+        w13 = torch.empty(K, 2 * nf, H, dtype=ops.dtype, device=ops.device)
+        w2 = torch.empty(K, nf, H, dtype=ops.dtype, device=ops.device)
+    kept = KeptMerge(slots, tuple(float32(scalings[s]) for s in slots), w13, w2, base)
+    remerge(ops, kept, slots)
+    return kept
+
+
+def remerge(ops: SinkOperands, kept: KeptMerge, slots) -> None:
+    """Write the merges of those of ``slots`` that ``kept`` holds again, in place, from ``ops``."""
+    ga, _, _, db = ops.buffers
+    for k, s in enumerate(kept.slots):
+        if s in slots:
+            c = kept.scalings[k]
+            _merge_rows(ops.w13_lin, ops.w1_delta[s], ga[s, 0], c, kept.w13[k])
+            _merge_rows(ops.w2_lin, ops.a_cat[s].T, db[s, 0].T, c, kept.w2[k])
+
+
+def _merge_rows(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, c: float, out: torch.Tensor) -> None:
+    """``out = w + c * p @ q`` for ``w [M, N]``, ``p [M, K]``, ``q [K, N]``, in float32 steps of
+    ``MERGE_ROWS`` rows."""
+    with torch.no_grad():
+        q32 = q.float()
+        for a in range(0, w.shape[0], MERGE_ROWS):
+            b = a + MERGE_ROWS
+            out[a:b].copy_(torch.addmm(w[a:b].float(), p[a:b].float(), q32, alpha=c))
