@@ -317,9 +317,11 @@ class SharedSinkLoRA(SharedSink):
         two tokens on: ``forward.triton_backend.plan``), with no LoRA work per token. The copies
         follow the pool: ``on_lora_slots_updated`` writes a kept slot's merge again in place (so
         call it after every in-place write of a slot, as sglang 0.5.23 does), ``set_lora_info``
-        writes every kept slot again from the new pool (a pool that cannot merge, or has fewer slots,
-        drops those it cannot keep), and a change of the base weights is merged again at the next
-        forward. Shared outer pools only (``ISL-K166`` otherwise); a failed call changes nothing."""
+        writes every kept slot again from the new pool (one that does not fit the sink, or has fewer
+        slots, drops those it cannot keep), and a change of the base weights is merged again at the next
+        forward. Either outer layout merges (the merge reads the pool's own factors, expert by expert).
+        Refused (``ISL-K166``, nothing changed): no pool, a pool that does not fit the sink, a slot
+        past the pool, a scaling that is not a finite number."""
         scalings = dict(scalings or {})
         ops = self.operands()
         problem = check_keep(ops, scalings) if scalings else None

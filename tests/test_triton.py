@@ -606,16 +606,17 @@ def test_kept_merges_follow_a_slot_write_through_the_same_plan(monkeypatch):
 @settings(max_examples=8, deadline=None)
 @given(lengths=st.lists(st.integers(1, 7), min_size=1, max_size=4), first=st.integers(0, 2),
        gaps=st.lists(st.integers(1, 2), min_size=3, max_size=3), extra=st.lists(st.integers(0, 8), max_size=3),
-       n=st.integers(1, 3), scalings=st.lists(st.floats(0.25, 2.0), min_size=9, max_size=9),
+       n=st.integers(1, 3), per_expert=st.booleans(), scalings=st.lists(st.floats(0.25, 2.0), min_size=9, max_size=9),
        seed=st.integers(0, 10_000))
-def test_kept_merges_match_the_reference_on_random_runs(lengths, first, gaps, extra, n, scalings, seed):
+def test_kept_merges_match_the_reference_on_random_runs(lengths, first, gaps, extra, n, per_expert, scalings, seed):
     """Runs of one slot each in slot order, every used slot kept and some unused ones too (rows with no
-    tokens inside the span and outside it), any expert count: the kept forward is the reference's."""
+    tokens inside the span and outside it), any expert count, either outer layout: the kept forward is
+    the reference's."""
     slots = [first]
     for gap in gaps[:len(lengths) - 1]:
         slots.append(slots[-1] + gap)
     S, T = 9, sum(lengths)
-    g = Geometry(n=n, hidden=24, intermediate=12, max_rank=4, slots=S, outer=1)
+    g = Geometry(n=n, hidden=24, intermediate=12, max_rank=4, slots=S, outer=n if per_expert else 1)
     sc = Scenario.random(g, tokens=T, seed=seed)
     sc.sink.keep_merged({s: scalings[s] for s in {*slots, *extra}})
     batch = SlotBatch.from_segments(lengths, slots, S, scalings=scalings)

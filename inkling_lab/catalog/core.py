@@ -238,20 +238,20 @@ ENTRIES: list[CatalogEntry] = [
     CatalogEntry(
         code="ISL-K166", title="merged weights asked for a slot the pool cannot merge", exc_type=ValueError,
         message="keep_merged: {problem}; nothing was kept or changed",
-        meaning="keep_merged folds a slot's adapter into its own copy of the base weights, w13_lin + scaling * "
-                "w1_delta[s] @ gate_up_a[s, 0] and w2_lin + scaling * a_cat[s]^T @ down_b[s, 0]^T: one gate-up A "
-                "and one down B shared by the experts (the shared-outer pool, O = 1), a slot of the pool, and the "
-                "scaling the batch will carry for it. A per-expert pool has no single merge per slot, a slot past "
-                "the pool has nothing to merge, and a scaling that is not a finite number would make every weight "
-                "of the copy NaN or infinite: the kit refuses each before it allocates anything.",
-        when="keep_merged called before set_lora_info, on a per-expert pool, with a slot id past the pool or a "
-             "scaling read as None or NaN.",
+        meaning="keep_merged folds a slot's adapter into its own copy of the base weights: each expert's gate "
+                "and up rows of w13_lin plus scaling * gate_up_b @ gate_up_a, its rows of w2_lin plus scaling * "
+                "down_a^T @ down_b^T, read from the pool's own factors (either outer layout). That needs a pool, "
+                "one of the sink's F and dtype (the forward refuses others too: ISL-K153, ISL-K161), a slot of "
+                "it, and the finite scaling the batch will carry for it: a NaN or infinite scaling would make "
+                "every weight of the copy NaN or infinite. The kit refuses each before it allocates anything.",
+        when="keep_merged called before set_lora_info, with a slot id past the pool, or a scaling read as None "
+             "or NaN.",
         setup="sink = il.SharedSinkLoRA(n_shared_experts=2, hidden_size=8, intermediate_size=6)\n"
               "sink.set_lora_info(*il.LoRAPool(n=2, hidden=8, intermediate=6, slots=3, max_rank=4).buffers())\n",
         trigger="sink.keep_merged({3: 2.0})  # the pool has slots 0..2\n",
         fix="sink.keep_merged({2: 2.0})\n",
-        remedy="Keep merges only of slots of a shared-outer pool (after set_lora_info), each at the finite "
-               "scaling its batches carry (the adapter's alpha / r).",
+        remedy="Keep merges of the pool's slots after set_lora_info, each at the finite scaling its batches "
+               "carry (1.0 for a pool that folded alpha / r into its B factors, as the kit's LoRAPool does).",
         upstream="sglang 0.5.23 keeps no merged weights: its shared-sink layers run the LoRA factors at every "
                  "forward (sglang/srt/models/inkling_common/lora.py: "
                  "InklingBatchDenseMLPWithLoRA._forward_bf16_linearized -> "
