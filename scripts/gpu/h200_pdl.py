@@ -164,9 +164,11 @@ def check_contender(name: str, fn, ref: torch.Tensor, errs: dict, label: str, gr
 
 def routed_fastest(points: list[dict], flush: str, contenders) -> int:
     """How many ``points`` time what ``auto`` routes (``routed``) within 1 % of the fastest of
-    ``contenders`` under ``flush``; a point routed to none of them does not count."""
-    return sum(1 for r in points if r["routed"] in contenders and r["us"][f"{r['routed']}@{flush}"] <= 1.01 * min(
-        r["us"][f"{k}@{flush}"] for k in contenders))
+    ``contenders`` under ``flush``; a point routed to none of them, or whose routed contender failed
+    its check (no time), does not count."""
+    inf = float("inf")
+    return sum(1 for r in points if r["routed"] in contenders and r["us"].get(f"{r['routed']}@{flush}", inf)
+               <= 1.01 * min(r["us"].get(f"{k}@{flush}", inf) for k in contenders))
 
 
 def sweep_main(doc: str, modes, correctness, breakdown, sweep) -> dict:
