@@ -12,8 +12,8 @@ import torch
 from . import shard
 from .batch import SlotBatch
 from .forward import StaticIO, check_out, run_forward, static_io
-from .merged import KeptMerge, check_keep, kept_merge, remerge
-from .operands import SinkOperands
+from .merged import check_keep, kept_merge, remerge
+from .operands import KeptMerge, SinkOperands
 from .shard import Factor
 from .catalog import error
 from .sink import SharedSink

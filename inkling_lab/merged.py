@@ -14,49 +14,17 @@ calls after it writes a slot: ``srt/lora/lora_manager.py``: ``LoRAManager.fetch_
 """
 from __future__ import annotations
 
-import itertools
 import math
 import numbers
-from dataclasses import dataclass, field
 
 import torch
 
-from .operands import SinkOperands
+from .operands import KeptMerge, SinkOperands
 from .sink import accumulation_dtype, gate_up_rows
 
 MERGE_ROWS = 2048
 """Weight rows merged per step: the step's temporaries stay under ``MERGE_ROWS * H`` float32
 elements (50 MB at Inkling's ``H = 6144``) whatever the weights' size."""
-
-
-@dataclass(frozen=True, eq=False)  # tensors have no single truth value
-class KeptMerge:
-    """The kept merges of a sink: ``slots`` (ascending) at ``scalings`` (float32 values, one per
-    slot), ``w13 [K, n*2F, H]`` and ``w2 [K, n*F, H]`` (row ``k`` is ``slots[k]``'s, in the rows
-    of ``w13_lin`` / ``w2_lin``); ``base`` names the base weights they were made from
-    (``SharedSink.linearized``' key: storage and version); ``version``: this record's own number
-    (a plan made for one record is never reused for another)."""
-
-    slots: tuple[int, ...]
-    scalings: tuple[float, ...]
-    w13: torch.Tensor
-    w2: torch.Tensor
-    base: tuple = field(default=(), compare=False)
-    version: int = field(default_factory=itertools.count().__next__, compare=False)
-
-    @property
-    def nbytes(self) -> int:
-        """The device memory the copies hold."""
-        return self.w13.nbytes + self.w2.nbytes
-
-    def rows(self, slots: list[int], scalings: list[float]) -> list[int] | None:
-        """The row of each of ``slots`` (ascending) where every one is kept at the given scaling
-        (float32 values, as a batch holds them), else ``None``: the forward then takes the LoRA path."""
-        index = dict(zip(self.slots, range(len(self.slots))))
-        rows = [index.get(s) for s in slots]
-        if any(r is None for r in rows) or any(self.scalings[r] != c for r, c in zip(rows, scalings)):
-            return None
-        return rows
 
 
 def float32(value: float) -> float:

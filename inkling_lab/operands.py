@@ -1,18 +1,46 @@
-"""The frozen record a forward backend computes from: weights, layout, pool, derived operands.
+"""The frozen records a forward backend computes from: weights, layout, pool, derived operands
+(``SinkOperands``), and the merged weights a sink keeps per slot (``KeptMerge``, made by ``merged.py``).
 
 ``SharedSinkLoRA.operands()`` hands one out; ``forward/`` knows this record and
 ``SlotBatch`` and nothing else (the arrow runs module -> backends only).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .merged import KeptMerge
+
+@dataclass(frozen=True, eq=False)  # tensors have no single truth value
+class KeptMerge:
+    """The kept merges of a sink: ``slots`` (ascending) at ``scalings`` (float32 values, one per
+    slot), ``w13 [K, n*2F, H]`` and ``w2 [K, n*F, H]`` (row ``k`` is ``slots[k]``'s, in the rows
+    of ``w13_lin`` / ``w2_lin``); ``base`` names the base weights they were made from
+    (``SharedSink.linearized``' key: storage and version); ``version``: this record's own number
+    (a plan made for one record is never reused for another)."""
+
+    slots: tuple[int, ...]
+    scalings: tuple[float, ...]
+    w13: torch.Tensor
+    w2: torch.Tensor
+    base: tuple = field(default=(), compare=False)
+    version: int = field(default_factory=itertools.count().__next__, compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        """The device memory the copies hold."""
+        return self.w13.nbytes + self.w2.nbytes
+
+    def rows(self, slots: list[int], scalings: list[float]) -> list[int] | None:
+        """The row of each of ``slots`` (ascending) where every one is kept at the given scaling
+        (float32 values, as a batch holds them), else ``None``: the forward then takes the LoRA path."""
+        index = dict(zip(self.slots, range(len(self.slots))))
+        rows = [index.get(s) for s in slots]
+        if any(r is None for r in rows) or any(self.scalings[r] != c for r, c in zip(rows, scalings)):
+            return None
+        return rows
 
 
 @dataclass(frozen=True, eq=False)  # tensors have no single truth value: compare fields yourself
@@ -26,7 +54,7 @@ class SinkOperands:
       ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``, ``down_b [S, O, H, R]``,
       or ``None`` (no pool: the base sink);
     * ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]`` (shared outer only, else ``None``);
-    * ``kept``: the slots whose merged weights the sink keeps (``merged.KeptMerge``), or ``None``.
+    * ``kept``: the slots whose merged weights the sink keeps (``KeptMerge``, made by ``merged.py``), or ``None``.
 
     The sizes, dtype and device of the weights are read once (every forward asks for
     them, and the record's weight views are its own); the pool's are read each time.
@@ -40,7 +68,7 @@ class SinkOperands:
     buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     w1_delta: torch.Tensor | None = None
     a_cat: torch.Tensor | None = None
-    kept: "KeptMerge | None" = None
+    kept: KeptMerge | None = None
 
     @cached_property
     def n(self) -> int:
