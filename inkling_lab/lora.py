@@ -304,7 +304,10 @@ class SharedSinkLoRA(SharedSink):
             _write_slots(self.w1_delta, self.a_cat, gate_up_b, down_a, slot_ids, self.interleaved)
         if self.kept is not None:
             S = self.lora_buffers[0].shape[0]
-            remerge(self.operands(), self.kept, range(S) if slot_ids is None else {s % S for s in slot_ids})
+            # v1's per-expert refresh takes any ids, as upstream's does (those past the pool name no slot);
+            # v2's copy reads -1 as the last slot, as torch indexes
+            ids = range(S) if slot_ids is None else {s % S for s in slot_ids if -S <= s < S}
+            remerge(self.operands(), self.kept, ids)
 
     # -- merged weights kept per slot (merged.py) ------------------------------------------------------------------
     def keep_merged(self, scalings: Mapping[int, float] | None) -> int:

@@ -189,3 +189,18 @@ def test_kept_copies_are_peft_s_own_merged_weights(tmp_path, n, H, F, r, interle
     torch.testing.assert_close(sink.kept.w13[0], want13, rtol=0, atol=1e-12)
     torch.testing.assert_close(sink.kept.w2[0], want2, rtol=0, atol=1e-12)
     assert not torch.allclose(want13, sink.linearized()[0])  # PEFT's merge changed the weights
+
+
+def test_a_per_expert_refresh_of_ids_past_the_pool_merges_only_the_slots_named():
+    """sglang's first wrapper takes any ids for a per-expert pool (nothing is derived there): the kit's
+    copies are merged again for the ids that are slots, and a kept slot not named stays bit for bit."""
+    sc = _case(S=3, seed=13, outer=2)
+    sink = sc.sink
+    sink.keep_merged({0: 1.0, 1: 1.0})
+    before = sink.kept.w13.clone()
+    for buf in sink.lora_buffers:
+        buf[1].mul_(2.0)
+    sink.on_lora_slots_updated([1, 7, -9])
+    assert torch.equal(sink.kept.w13[0], before[0]) and not torch.equal(sink.kept.w13[1], before[1])
+    ref = reference_forward(sink.operands(), sc.x, sc.gammas, _one_slot(sc, 1, 1.0))
+    assert _rel(reference_forward(_as_base(sink, 1), sc.x, sc.gammas, None), ref) < 1e-5

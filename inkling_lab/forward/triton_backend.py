@@ -672,13 +672,13 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
 
 
 def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
-    """Tokens in runs of one slot each (``p.runs``), the cuBLAS path, shared outer: the base forward's
-    GEMMs on each run's merged weights, ``w13_s = w13_lin + scale_s W1Δ_s A_s`` ``[n*2F, H]`` and
+    """Tokens in runs of one slot each (``p.runs``), the cuBLAS path: the base forward's GEMMs on each
+    run's merged weights (shared outer shown; ``merged.remerge`` merges either layout), ``w13_s = w13_lin + scale_s W1Δ_s A_s`` ``[n*2F, H]`` and
     ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[n*F, H]``: one run ``torch.mm``; several, the
     gate/up side one grouped GEMM over the runs and the down side a ``torch.mm`` per run into its rows
     of ``out`` (the grouped GEMM takes no ``out=``). ``"kept"``: the merges ``ops.kept`` holds (rows
-    ``p.merge_rows``), so the LoRA costs no work here at all. ``"merge"``: the slots ``p.merge_slots``
-    merged now into new copies (``merge_kernel``: each weight read once and written once per slot; the
+    ``p.merge_rows``), so the LoRA costs no work here at all. ``"merge"`` (shared outer): the slots
+    ``p.merge_slots`` merged now into new copies (``merge_kernel``: each weight read once and written once per slot; the
     down side's beside the gate/up GEMM, ``_Beside``), ``2 G n*3F*H`` weight elements moved, not work
     per token: ahead where tokens are many and slots few (``merges``); nothing is kept, so in-place
     pool updates are followed."""
