@@ -163,6 +163,38 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
     return rows
 
 
+def keep_crossovers(points: list[dict], flush: str = "read") -> list[dict]:
+    """Per (shape, R, S) of several slots: the fewest tokens ``T0`` from which ``kept`` was at most the
+    kit's time at every larger token count of the grid under ``flush`` (``None``: nowhere), and ``T0``
+    as ``keeps``' ratio, ``T0 * (n*F + H) / (S * n*F * H)`` (every slot has tokens in the sweep's batch)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in points:
+        if r["S"] > 1:
+            groups.setdefault((r["shape"], r["R"], r["S"]), []).append(r)
+    out = []
+    for (shape, R, S), rows in groups.items():
+        rows = sorted(rows, key=lambda r: r["T"])
+        first = None
+        for r in reversed(rows):
+            kept, kit = r["us"].get(f"kept@{flush}"), r["us"].get(f"kit@{flush}")
+            if kept is None or kit is None or kept > kit:
+                break
+            first = r
+        ratio = None
+        if first is not None:
+            nf, H = first["n"] * first["F"], first["H"]
+            ratio = first["T"] * (nf + H) / (S * nf * H)
+        out.append({"shape": shape, "R": R, "S": S, "T0": None if first is None else first["T"], "ratio": ratio})
+    return out
+
+
+def suggested_keep_ratio(crossovers: list[dict]) -> float:
+    """The smallest ``KEEP_RATIO`` under which ``keeps`` routes no measured point where ``kept`` lost:
+    the largest crossover ratio (``inf`` where some group never crossed)."""
+    return max((c["ratio"] if c["ratio"] is not None else float("inf")) for c in crossovers) if crossovers \
+        else float("inf")
+
+
 def main() -> int:
     rec = h200_pdl.sweep_main(__doc__, MERGED, correctness, breakdown, sweep)
     for fl in ("read", "write"):
@@ -178,6 +210,12 @@ def main() -> int:
               f"kept {within('kept')}; with the copies kept, routed within 1% of the fastest of the three: "
               f"{fastest_kept}/{len(rec['points'])}; "
               f"routed within 1% of the faster: {fastest}/{len(rec['points'])}", flush=True)
+    for fl in ("read", "write"):
+        crossings = keep_crossovers(rec["points"], fl)
+        for c in crossings:
+            print(f"{fl}: kept from {c['T0']} tokens at {c['shape']} R{c['R']} S{c['S']} (ratio {c['ratio']})")
+        print(f"{fl}: KEEP_RATIO that routes no measured loss: {suggested_keep_ratio(crossings):.3f} "
+              f"(now {tb.KEEP_RATIO})", flush=True)
     print(f"{rec['seconds']} s")
     return 0
 
