@@ -22,6 +22,7 @@ a graph of its launches (host time, KERNEL_NOTES.md).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import weakref
 from dataclasses import dataclass, field, replace
@@ -730,14 +731,12 @@ def kept_operands(slots: torch.Tensor, rows: list[int], device) -> dict:
     (host) in runs of one slot each, in slot order, ``rows`` the kept row of each run's slot
     (ascending). ``offs`` ends the token runs of every kept row from the first run's to the last's
     (a kept row between them with no tokens ends where the previous one does)."""
-    runs = merge_operands(slots, device)["runs"]
+    _, runs = _runs(slots)
     ends = [0] * (rows[-1] - rows[0] + 1)
     for (_, b), r in zip(runs, rows):
         ends[r - rows[0]] = b
-    for i in range(1, len(ends)):
-        ends[i] = max(ends[i], ends[i - 1])
-    return {"offs": torch.tensor(ends, dtype=torch.int32, device=device), "runs": runs,
-            "merge_rows": tuple(rows), "grouped": "kept"}
+    return {"offs": torch.tensor(list(itertools.accumulate(ends, max)), dtype=torch.int32, device=device),
+            "runs": runs, "merge_rows": tuple(rows), "grouped": "kept"}
 
 
 def keeps(num_tokens: int, ops: SinkOperands, used: int) -> bool:
@@ -758,11 +757,17 @@ def merge_operands(slots: torch.Tensor, device) -> dict:
     """The ``Plan`` fields of ``_launch_merged`` for effective ``slots [T]`` (host) that run in slot
     order with no base-only token (``segment_offsets`` holds, or one slot throughout): the slots
     that have tokens, their runs' ends on ``device`` and the runs on the host."""
+    active, runs = _runs(slots)
+    return {"merge_slots": active.to(device=device, dtype=torch.int32),
+            "offs": torch.tensor([b for _, b in runs], dtype=torch.int32, device=device), "runs": runs,
+            "grouped": "merge"}
+
+
+def _runs(slots: torch.Tensor) -> tuple[torch.Tensor, tuple[tuple[int, int], ...]]:
+    """Effective ``slots [T]`` (host) in runs of one slot each: each run's slot and its ``(start, end)``."""
     active, counts = torch.unique_consecutive(slots.long(), return_counts=True)
     ends = counts.cumsum(0)
-    starts = ends - counts
-    return {"merge_slots": active.to(device=device, dtype=torch.int32), "offs": ends.to(device=device, dtype=torch.int32),
-            "runs": tuple(zip(starts.tolist(), ends.tolist())), "grouped": "merge"}
+    return active, tuple(zip((ends - counts).tolist(), ends.tolist()))
 
 
 def _shrink(x: torch.Tensor, p: Plan, a: torch.Tensor, dst: torch.Tensor, mid: torch.Tensor, *, k: int, ldx: int,
