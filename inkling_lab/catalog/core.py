@@ -255,7 +255,8 @@ ENTRIES: list[CatalogEntry] = [
         upstream="sglang 0.5.23 keeps no merged weights: its shared-sink layers run the LoRA factors at every "
                  "forward (sglang/srt/models/inkling_common/lora.py: "
                  "InklingBatchDenseMLPWithLoRA._forward_bf16_linearized -> "
-                 "sglang/srt/lora/trtllm_lora_temp/inkling_dense.py: forward_with_lora); "
+                 "sglang/srt/lora/trtllm_lora_temp/inkling_dense.py: forward_with_lora; "
+                 "InklingBatchDenseMLPWithLoRAV2._forward_bf16_linearized -> _lora_gemm); "
                  "the kit's copies follow the pool through the call upstream makes after it writes a slot "
                  "(sglang/srt/lora/lora_manager.py: LoRAManager.fetch_new_loras -> _notify_lora_slots_updated).",
         generation=KIT, related=("ISL-K165",), releases=EVERY_RELEASE),
