@@ -2,11 +2,15 @@
 H200 call cannot die of a typo or a renamed helper, and the pass flags a merged launch that misreads a
 slot's run (a slot's LoRA on another slot's tokens, or rows left unwritten), merged in the forward or kept. A module of its own: each
 of the two passes takes about a minute under the interpreter, and the CI's workers take a module each."""
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from interpreted import sweep_script
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -43,18 +47,30 @@ def test_the_merge_pass_checks_runs_and_one_slot_and_flags_a_misread_run(script,
 
 def test_the_keep_crossover_is_where_kept_stays_ahead_to_the_end_of_the_grid(script):
     """``keep_crossovers`` reads the sweep's points: a group where the copies win from 2048 tokens but
-    lose again at 8192 crosses at none of them (so the suggested ratio routes nothing measured as lost);
-    a group that wins from 1024 on crosses there, at ``keeps``' ratio of 1024 tokens."""
+    lose again at 8192 crosses at none of them; a group that wins from 1024 on crosses there, as
+    ``KEEP_TOKENS`` 1024 tokens over 4 slots at rank 64 (256 per slot, twice rank 16's)."""
     module, _ = script
 
     def point(shape, S, T, kept, kit):
-        return {"shape": shape, "R": 64, "S": S, "T": T, "n": 2, "F": 768, "H": 1536,
+        return {"shape": shape, "R": 64, "S": S, "T": T, "n": 2, "F": 768, "H": 1536, "routed": "kit",
                 "us": {"kept@read": kept, "kit@read": kit}}
 
     points = [point("A", 4, 512, 30.0, 25.0), point("A", 4, 1024, 40.0, 41.0), point("A", 4, 2048, 60.0, 70.0),
               point("A", 8, 2048, 60.0, 70.0), point("A", 8, 8192, 200.0, 190.0), point("A", 1, 512, 1.0, 9.0)]
     got = {c["S"]: c for c in module.keep_crossovers(points)}
-    assert set(got) == {4, 8} and got[4]["T0"] == 1024 and got[8]["T0"] is None
-    assert got[4]["ratio"] == 1024 * (1536 + 1536) / (4 * 1536 * 1536)
-    assert module.suggested_keep_ratio(list(got.values())) == float("inf")
-    assert module.suggested_keep_ratio([got[4]]) == got[4]["ratio"]
+    assert set(got) == {4, 8} and got[4]["T0"] == 1024 and got[8]["T0"] is None and got[8]["keep_tokens"] is None
+    assert got[4]["keep_tokens"] == 512.0
+    # 256 tokens a slot at rank 64: S 4 from 1024, S 8 from 2048, so only S 8's 8192 goes the wrong way
+    assert module.keep_score(points, "read", 512.0) == (4, 5)
+    assert module.keep_score(points, "read", 1e6) == (2, 5)  # nothing kept: three wins of the copies missed
+    assert module.keep_score(points, "read", 1.0) == (3, 5)  # everything kept: S 4's 512 and S 8's 8192 lost
+    assert module.keep_fit(points) == 512.0  # the candidates are the crossovers' and the constant now
+
+
+def test_keep_tokens_is_the_best_fit_of_the_committed_record(script):
+    """``KEEP_TOKENS`` is what ``keep_fit`` reads off ``data/profiles/h200_merge.json`` under both
+    flushes, and the rule routes the 153 of 160 points its docstring states."""
+    module, tb = script
+    points = json.loads((ROOT / "data" / "profiles" / "h200_merge.json").read_text())["points"]
+    assert [module.keep_fit(points, fl) for fl in ("read", "write")] == [tb.KEEP_TOKENS] * 2
+    assert sum(module.keep_score(points, fl, tb.KEEP_TOKENS)[0] for fl in ("read", "write")) == 153

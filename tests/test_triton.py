@@ -425,7 +425,7 @@ def test_grouped_mode_follows_the_measured_grid(shape):
 
 @pytest.mark.parametrize("shape", ["A", "B", "inkling", "inkling-tp8"])
 def test_one_slot_merges_from_the_measured_token_count(shape):
-    """``merges`` for one slot as v21 measured it (``h200_merge.json``): A and TP-8 from 2048 tokens, B
+    """``merges`` for one slot as v21 measured it (``history/h200_merge_v21c.json``): A and TP-8 from 2048 tokens, B
     from 4096, Inkling from 8192; never for the per-expert outer (no merged operands there)."""
     g = PRESETS[shape]
     ops = SimpleNamespace(shared_outer=True, n=g.n, intermediate=g.intermediate, hidden=g.hidden)
@@ -538,7 +538,7 @@ def _kept_case(monkeypatch, seed, S=4, T=29):
                          ids=["one_slot", "two_runs_a_kept_slot_between", "three_runs"])
 def test_kept_merges_run_the_base_gemms_on_the_copies(segments, slots, monkeypatch):
     sink, x, gammas, _ = _kept_case(monkeypatch, seed=21)
-    monkeypatch.setattr(tb, "KEEP_RATIO", 0.01)
+    monkeypatch.setattr(tb, "KEEP_TOKENS", 0.01)
     scalings = [0.6, 1.0, 1.4, 0.8]
     sink.keep_merged(dict(enumerate(scalings)))
     ops = sink.operands()
@@ -556,7 +556,7 @@ def test_kept_merges_run_the_base_gemms_on_the_copies(segments, slots, monkeypat
 
 def test_kept_merges_route_only_where_every_used_slot_is_kept_at_the_batchs_scaling(monkeypatch):
     sink, x, gammas, _ = _kept_case(monkeypatch, seed=22)
-    monkeypatch.setattr(tb, "KEEP_RATIO", 0.01)
+    monkeypatch.setattr(tb, "KEEP_TOKENS", 0.01)
     sink.keep_merged({1: 0.5, 2: 1.25})
     ops = sink.operands()
 
@@ -580,7 +580,7 @@ def test_kept_merges_route_only_where_every_used_slot_is_kept_at_the_batchs_scal
     assert not routed([1], [1], tokens=1), "one token streams the weights with the LoRA (GEMV)"
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: FUSED)
     assert routed([29], [1]), "a one-slot batch on the Triton tiles takes the kept copies on cuBLAS"
-    monkeypatch.setattr(tb, "KEEP_RATIO", 1e6)
+    monkeypatch.setattr(tb, "KEEP_TOKENS", 1e6)
     assert routed([29], [1]) and not routed([10, 19], [1, 2]), "several slots: from keeps' token count"
 
 
@@ -622,7 +622,7 @@ def test_kept_merges_match_the_reference_on_random_runs(lengths, first, gaps, ex
     batch = SlotBatch.from_segments(lengths, slots, S, scalings=scalings)
     ops = sc.sink.operands()
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(tb, "KEEP_RATIO", 1e-3)
+        m.setattr(tb, "KEEP_TOKENS", 1e-3)
         m.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
         p = tb.plan(ops, T, batch, sc.x.device)
         kept = sorted({*slots, *extra})

@@ -23,6 +23,7 @@ a graph of its launches (host time, KERNEL_NOTES.md).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import weakref
 from dataclasses import dataclass, field, replace
@@ -287,7 +288,7 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     routed, extra = not explicit and tiles.cublas, {}
     rows = None if explicit or tiles.gemv or ops.kept is None else \
         ops.kept.rows(active, batch.scalings[active].tolist())
-    if rows is not None and (single >= 0 or (keeps(num_tokens, ops, len(active))
+    if rows is not None and (single >= 0 or (keeps(num_tokens, ga.shape[2] // 2, len(active))
                                              and segment_offsets(slots, ga.shape[0]) is not None)):
         extra = kept_operands(slots, rows, device)
         if not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
@@ -332,7 +333,7 @@ def merges(num_tokens: int, ops: SinkOperands, used: int) -> bool:
 
 
 MERGE_RATIO = 2.0
-"""``merges``' constant, from ``h200_merge.json`` (v21: one slot at 512-8192 tokens, four and eight at
+"""``merges``' constant, from ``history/h200_merge_v21c.json`` (v21: one slot at 512-8192 tokens, four and eight at
 2048-8192, R 16 / 64, every shape, both flushes): the merged path was ahead of the kit's at every
 point the rule routes but one (B R64 S1 T4096, level at 1.007-1.009x) and behind or level at every
 point it does not route but A S1 T512 / T1024 and TP8 R16 S1 T1024 (0.91-1.0x: the rule is the
@@ -739,18 +740,23 @@ def kept_operands(slots: torch.Tensor, rows: list[int], device) -> dict:
             "runs": runs, "merge_rows": tuple(rows), "grouped": "kept"}
 
 
-def keeps(num_tokens: int, ops: SinkOperands, used: int) -> bool:
-    """A batch of ``num_tokens`` in runs of ``used`` slots whose merges are kept (``ops.kept``)
-    takes the kept merges where the tokens reach ``KEEP_RATIO * used * n*F*H / (n*F + H)``
-    (``merges``' rule without the merging: the grouped GEMM still streams ``used`` copies of the
-    weights); one slot at any count from two tokens (its forward is the base forward's)."""
-    nf, H = ops.n * ops.intermediate, ops.hidden
-    return used == 1 or num_tokens >= KEEP_RATIO * used * nf * H / (nf + H)
+def keeps(num_tokens: int, rank: int, used: int) -> bool:
+    """A batch of ``num_tokens`` in runs of ``used`` slots whose merges are kept (``ops.kept``), on a
+    pool of rank ``R``, takes the kept merges where each used slot has on average
+    ``KEEP_TOKENS * sqrt(16 / R)`` tokens; one slot at any count from two tokens (its forward is the base forward's).
+    The grouped GEMM on the copies streams ``used`` copies of the weights, so it pays once each slot's
+    GEMM has rows enough to keep the tensor cores busy (a machine balance, not a ratio of the shape's
+    sizes); the kit's path it replaces costs more with the rank, so the copies pay from fewer rows."""
+    return used == 1 or num_tokens >= used * KEEP_TOKENS * math.sqrt(16 / max(rank, 1))
 
 
-KEEP_RATIO = 0.5
-"""``keeps``' constant for several slots (predicted, v22: the kept path reads each used slot's weights
-once, where a merge also writes them and reads them back)."""
+KEEP_TOKENS = 512
+"""``keeps``' tokens per used slot at rank 16, from ``h200_merge.json`` (v22: one slot and S 4 / 8 at
+512-8192 tokens, R 16 / 64, every shape, both flushes): the copies were ahead of the kit's path from 512
+tokens per slot at R 16 in every group (from 256 at Inkling S 8) and from 256 at R 64 in all but A S 8
+(from 512; 1.05-1.09x behind at 2048 tokens); the square root of the rank meets both. The rule routes
+153 of the 160 multi-slot points within 1 % of the faster (``h200_merge.keep_fit``); v22's prediction,
+a ratio of the shape's sizes like ``merges``', routed 117 (0.5) or 98 (0.75, no measured loss)."""
 
 
 def merge_operands(slots: torch.Tensor, device) -> dict:

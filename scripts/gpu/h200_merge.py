@@ -19,6 +19,7 @@ records what ``auto`` routes there (``routed``; ``routed_kept``: whether it take
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import sys
 
@@ -166,33 +167,45 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
 def keep_crossovers(points: list[dict], flush: str = "read") -> list[dict]:
     """Per (shape, R, S) of several slots: the fewest tokens ``T0`` from which ``kept`` was at most the
     kit's time at every larger token count of the grid under ``flush`` (``None``: nowhere), and ``T0``
-    as ``keeps``' ratio, ``T0 * (n*F + H) / (S * n*F * H)`` (every slot has tokens in the sweep's batch)."""
+    as ``keeps``' ``KEEP_TOKENS``, ``T0 / S * sqrt(R / 16)`` (every slot has tokens in the sweep's batch)."""
     groups: dict[tuple, list[dict]] = {}
     for r in points:
         if r["S"] > 1:
             groups.setdefault((r["shape"], r["R"], r["S"]), []).append(r)
     out = []
     for (shape, R, S), rows in groups.items():
-        rows = sorted(rows, key=lambda r: r["T"])
         first = None
-        for r in reversed(rows):
+        for r in sorted(rows, key=lambda r: r["T"], reverse=True):
             kept, kit = r["us"].get(f"kept@{flush}"), r["us"].get(f"kit@{flush}")
             if kept is None or kit is None or kept > kit:
                 break
             first = r
-        ratio = None
-        if first is not None:
-            nf, H = first["n"] * first["F"], first["H"]
-            ratio = first["T"] * (nf + H) / (S * nf * H)
-        out.append({"shape": shape, "R": R, "S": S, "T0": None if first is None else first["T"], "ratio": ratio})
+        per_slot = None if first is None else first["T"] / S * math.sqrt(R / 16)
+        out.append({"shape": shape, "R": R, "S": S, "T0": None if first is None else first["T"],
+                    "keep_tokens": per_slot})
     return out
 
 
-def suggested_keep_ratio(crossovers: list[dict]) -> float:
-    """The smallest ``KEEP_RATIO`` under which ``keeps`` routes no measured point where ``kept`` lost:
-    the largest crossover ratio (``inf`` where some group never crossed)."""
-    return max((c["ratio"] if c["ratio"] is not None else float("inf")) for c in crossovers) if crossovers \
-        else float("inf")
+def keep_score(points: list[dict], flush: str, keep_tokens: float) -> tuple[int, int]:
+    """How many measured points of several slots ``keeps`` sends, at ``keep_tokens``, to the faster of
+    ``kept`` and the path ``plan`` took without the copies (``routed``), within 1 %; of how many."""
+    scored = [r for r in points if r["S"] > 1 and f"kept@{flush}" in r["us"] and f"{r['routed']}@{flush}" in r["us"]]
+    was, tb.KEEP_TOKENS = tb.KEEP_TOKENS, keep_tokens
+    try:
+        hits = 0
+        for r in scored:
+            kept, other = r["us"][f"kept@{flush}"], r["us"][f"{r['routed']}@{flush}"]
+            hits += (kept if tb.keeps(r["T"], r["R"], r["S"]) else other) <= 1.01 * min(kept, other)
+    finally:
+        tb.KEEP_TOKENS = was
+    return hits, len(scored)
+
+
+def keep_fit(points: list[dict], flush: str = "read") -> float:
+    """The ``KEEP_TOKENS`` with the best ``keep_score``: the candidates are the crossovers' values and
+    ``KEEP_TOKENS`` now; a tie keeps the larger (fewer forwards on the copies)."""
+    candidates = {tb.KEEP_TOKENS, *(c["keep_tokens"] for c in keep_crossovers(points, flush) if c["keep_tokens"])}
+    return max(sorted(candidates, reverse=True), key=lambda k: keep_score(points, flush, k)[0])
 
 
 def main() -> int:
@@ -213,9 +226,12 @@ def main() -> int:
     for fl in ("read", "write"):
         crossings = keep_crossovers(rec["points"], fl)
         for c in crossings:
-            print(f"{fl}: kept from {c['T0']} tokens at {c['shape']} R{c['R']} S{c['S']} (ratio {c['ratio']})")
-        print(f"{fl}: KEEP_RATIO that routes no measured loss: {suggested_keep_ratio(crossings):.3f} "
-              f"(now {tb.KEEP_RATIO})", flush=True)
+            print(f"{fl}: kept from {c['T0']} tokens at {c['shape']} R{c['R']} S{c['S']} "
+                  f"(KEEP_TOKENS {c['keep_tokens']})")
+        best = keep_fit(rec["points"], fl)
+        (hits, of), (now, _) = keep_score(rec["points"], fl, best), keep_score(rec["points"], fl, tb.KEEP_TOKENS)
+        print(f"{fl}: KEEP_TOKENS routing the most points to the faster: {best:g} ({hits}/{of}; "
+              f"now {tb.KEEP_TOKENS}: {now}/{of})", flush=True)
     print(f"{rec['seconds']} s")
     return 0
 
