@@ -3,8 +3,10 @@ when the slot is written and read by every later forward of that slot (``SharedS
 
 For slot ``s`` at scaling ``c`` (docs/reference.md#the-forward), shared outer:
 ``w13_s = w13_lin + c * w1_delta[s] @ gate_up_a[s, 0]`` ``[n*2F, H]`` and
-``w2_s = w2_lin + c * a_cat[s]^T @ down_b[s, 0]^T`` ``[n*F, H]``; per-expert outer, each expert's rows
-with its own outer factor (``remerge``). Summed in float32 (float64 for float64 weights) and
+``w2_s = w2_lin + c * a_cat[s]^T @ down_b[s, 0]^T`` ``[n*F, H]``, kept as its transpose ``[H, n*F]``
+(``F.linear``'s layout of the down weight: row ``h`` holds every expert's features, so one token's GEMV
+streams it as it streams ``w2 [n, H, F]``, and a GEMM reads it transposed); per-expert outer, each
+expert's rows with its own outer factor (``remerge``). Summed in float32 (float64 for float64 weights) and
 rounded once to the weights' dtype. A forward of that slot is then the base forward on
 ``w13_s`` / ``w2_s``: no LoRA work per token, at the price of ``n*3F*H`` weight elements of
 memory per kept slot. The copies stay at one address (CUDA graphs replay against them) and are
@@ -62,12 +64,12 @@ def kept_merge(ops: SinkOperands, scalings: dict[int, float], base: tuple, old: 
         return None
     slots = tuple(sorted(scalings))
     K, H, nf = len(slots), ops.hidden, ops.n * ops.intermediate
-    if old is not None and old.w13.shape == (K, 2 * nf, H) and old.w2.shape == (K, nf, H) \
+    if old is not None and old.w13.shape == (K, 2 * nf, H) and old.w2.shape == (K, H, nf) \
             and old.w13.dtype == ops.dtype and old.w13.device == ops.device:
         w13, w2 = old.w13, old.w2
     else:
         w13 = torch.empty(K, 2 * nf, H, dtype=ops.dtype, device=ops.device)
-        w2 = torch.empty(K, nf, H, dtype=ops.dtype, device=ops.device)
+        w2 = torch.empty(K, H, nf, dtype=ops.dtype, device=ops.device)
     kept = KeptMerge(slots, tuple(float32(scalings[s]) for s in slots), w13, w2, base)
     remerge(ops, kept, slots)
     return kept
@@ -77,12 +79,12 @@ def remerge(ops: SinkOperands, kept: KeptMerge, slots) -> None:
     """Write the merges of those of ``slots`` that ``kept`` holds again, in place, from ``ops``' base
     weights and pool buffers (not the derived operands: either outer layout merges), expert by expert:
     expert ``e``'s gate rows of ``w13_lin`` take ``c * gate_up_b[s, e, :F] @ gate_up_a[s, o, :R]``, its
-    up rows ``c * gate_up_b[s, e, F:] @ gate_up_a[s, o, R:]``, its ``F`` rows of ``w2_lin``
-    ``c * down_a[s, e]^T @ down_b[s, o]^T`` (``o`` is 0 shared outer, else ``e``)."""
+    up rows ``c * gate_up_b[s, e, F:] @ gate_up_a[s, o, R:]``, its ``F`` columns of ``w2_s^T`` (``w2[e]``)
+    ``c * down_b[s, o] @ down_a[s, e]`` (``o`` is 0 shared outer, else ``e``)."""
     ga, gb, da, db = ops.buffers
     n, F, R, shared = ops.n, ops.intermediate, gb.shape[-1], ga.shape[1] == 1
     gate, up = gate_up_rows(F, ops.interleaved, ops.device)
-    every = torch.arange(F, device=ops.device)
+    every = torch.arange(ops.hidden, device=ops.device)
     for k, s in enumerate(kept.slots):
         if s not in slots:
             continue
@@ -92,7 +94,7 @@ def remerge(ops: SinkOperands, kept: KeptMerge, slots) -> None:
             w13, out13 = ops.w13_lin[e * 2 * F:(e + 1) * 2 * F], kept.w13[k, e * 2 * F:(e + 1) * 2 * F]
             _merge_rows(w13, gate, gb[s, e, :F], ga[s, o, :R], c, out13)
             _merge_rows(w13, up, gb[s, e, F:], ga[s, o, R:], c, out13)
-            _merge_rows(ops.w2_lin[e * F:(e + 1) * F], every, da[s, e].T, db[s, o].T, c, kept.w2[k, e * F:(e + 1) * F])
+            _merge_rows(ops.w2[e], every, db[s, o], da[s, e], c, kept.w2[k, :, e * F:(e + 1) * F])
 
 
 def _merge_rows(w: torch.Tensor, rows: torch.Tensor, p: torch.Tensor, q: torch.Tensor, c: float,

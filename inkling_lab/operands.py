@@ -16,8 +16,8 @@ import torch
 @dataclass(frozen=True, eq=False)  # tensors have no single truth value
 class KeptMerge:
     """The kept merges of a sink: ``slots`` (ascending) at ``scalings`` (float32 values, one per
-    slot), ``w13 [K, n*2F, H]`` and ``w2 [K, n*F, H]`` (row ``k`` is ``slots[k]``'s, in the rows
-    of ``w13_lin`` / ``w2_lin``); ``base`` names the base weights they were made from
+    slot), ``w13 [K, n*2F, H]`` (row ``k`` is ``slots[k]``'s, in the rows of ``w13_lin``) and
+    ``w2 [K, H, n*F]`` (its ``w2_lin`` transposed: ``F.linear``'s layout, which one token's GEMV streams); ``base`` names the base weights they were made from
     (``SharedSink.linearized``' key: storage and version); ``version``: this record's own number
     (a plan made for one record is never reused for another)."""
 

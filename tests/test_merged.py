@@ -34,8 +34,8 @@ def _as_base(sink, k: int) -> SinkOperands:
     """Kept row ``k`` as the base weights of a sink with no pool (``w13 [n, 2F, H]``, ``w2 [n, H, F]``)."""
     n, F, H = sink.n_shared_experts, sink.intermediate_size, sink.hidden_size
     w13 = sink.kept.w13[k].view(n, 2 * F, H)
-    w2 = sink.kept.w2[k].view(n, F, H).transpose(1, 2)
-    return SinkOperands(w13=w13, w2=w2, w13_lin=sink.kept.w13[k], w2_lin=sink.kept.w2[k],
+    w2 = sink.kept.w2[k].view(H, n, F).transpose(0, 1)  # kept as w2_lin^T [H, n*F]
+    return SinkOperands(w13=w13, w2=w2, w13_lin=sink.kept.w13[k], w2_lin=sink.kept.w2[k].T,
                         interleaved=sink.interleaved)
 
 
@@ -187,7 +187,7 @@ def test_kept_copies_are_peft_s_own_merged_weights(tmp_path, n, H, F, r, interle
     sink.keep_merged({0: 1.0})  # the pool folded each module's alpha / r into its B factors
     want13, want2 = sink_from_transformers(made.merged, interleaved=interleaved).linearized()
     torch.testing.assert_close(sink.kept.w13[0], want13, rtol=0, atol=1e-12)
-    torch.testing.assert_close(sink.kept.w2[0], want2, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sink.kept.w2[0].T, want2, rtol=0, atol=1e-12)
     assert not torch.allclose(want13, sink.linearized()[0])  # PEFT's merge changed the weights
 
 

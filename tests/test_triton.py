@@ -577,11 +577,39 @@ def test_kept_merges_route_only_where_every_used_slot_is_kept_at_the_batchs_scal
     assert not routed([29], [1], tiles=CUBLAS), "tiles given: the caller's path"
     assert not routed([29], [1], ranks=(8, 0, 8, 8)), "a rank-0 slot has no LoRA to merge"
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: replace(FUSED, gemv=True))
-    assert not routed([1], [1], tokens=1), "one token streams the weights with the LoRA (GEMV)"
+    assert routed([1], [1], tokens=1), "one token streams its slot's copies (GEMV, no LoRA)"
+    assert not routed([1], [3], tokens=1), "one token of a slot not kept: the GEMV with its LoRA"
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: FUSED)
     assert routed([29], [1]), "a one-slot batch on the Triton tiles takes the kept copies on cuBLAS"
     monkeypatch.setattr(tb, "KEEP_TOKENS", 1e6)
     assert routed([29], [1]) and not routed([10, 19], [1, 2]), "several slots: from keeps' token count"
+
+
+@pytest.mark.parametrize("n, interleaved, per_expert, tiles", [
+    (2, True, False, "cublas"), (3, False, False, "fused"), (1, True, True, "gemv"), (2, False, True, "cublas")],
+    ids=["two_interleaved", "three_contiguous", "one_per_expert", "two_contiguous_per_expert"])
+def test_one_token_streams_its_kept_copies_through_the_gemv_kernels(n, interleaved, per_expert, tiles, monkeypatch):
+    """One token of a kept slot takes the GEMV tiles whatever ``pick_tiles`` gives for its weights (v23):
+    the up kernel on the slot's ``w13`` copy, the down kernel on its ``w2`` copy read at the copy's row
+    strides (``[H, n*F]``: experts ``F`` apart, rows ``n*F`` apart); the forward is the reference's for the
+    kept row past the first (the copies' offset), and the base weights' own GEMV is unchanged."""
+    small_gemv = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8)  # several feature and row tiles at these sizes
+    picked = {"cublas": CUBLAS, "fused": FUSED, "gemv": small_gemv}[tiles]
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: picked)
+    g = Geometry(n=n, hidden=40, intermediate=24, max_rank=8, slots=4, outer=n if per_expert else 1)
+    sc = Scenario.random(g, tokens=1, seed=31 + n, interleaved=interleaved)
+    scalings = [0.6, 1.0, 1.4, 0.8]
+    sc.sink.keep_merged({0: scalings[0], 2: scalings[2]})
+    ops = sc.sink.operands()
+    batch = SlotBatch.from_segments([1], [2], 4, scalings=scalings)
+    p = tb.plan(ops, 1, batch, sc.x.device)
+    assert p.grouped == "kept" and p.tiles.gemv and p.merge_rows == (1,)
+    out = torch.full_like(sc.x, float("nan"))
+    tb.launch(ops, sc.x, sc.gammas, p, out)
+    assert rel(out, reference_forward(ops, sc.x, sc.gammas, batch)) < 1e-5
+    assert rel(out, sc.sink.base_forward(sc.x, sc.gammas)) > 0.05  # the copies hold the adapter
+    base = tb.plan(ops, 1, None, sc.x.device, small_gemv)
+    assert rel(tb.launch(ops, sc.x, sc.gammas, base), reference_forward(ops, sc.x, sc.gammas, None)) < 1e-5
 
 
 def test_kept_merges_follow_a_slot_write_through_the_same_plan(monkeypatch):

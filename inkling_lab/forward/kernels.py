@@ -439,11 +439,11 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
 
 @triton.jit
 def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
-                     H, F, R, O, N_EXP,
+                     H, F, R, O, N_EXP, W2_E, W2_H,
                      HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
                      PDL: tl.constexpr = False):
     """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
-    ``w2 [n, H, F]`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
+    ``w2 [n, H, F]`` at strides ``(W2_E, W2_H, 1)`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
     unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
     (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. The
     token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
@@ -462,11 +462,11 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     kk = tl.arange(0, BK)
     kb = tl.cdiv(F, BK)
     steps = N_EXP * kb
-    w_base = w2_ptr + hs[:, None] * F
+    w_base = w2_ptr + hs[:, None] * W2_H
     w = tl.load(w_base + kk[None, :], mask=h_ok[:, None] & (kk < F)[None, :], other=0.0, eviction_policy="evict_first")
     e1 = 1 // kb
     f1 = (1 - e1 * kb) * BK + kk
-    w1 = tl.load(w_base + e1 * H * F + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
+    w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
                  other=0.0, eviction_policy="evict_first")
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -474,7 +474,7 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     for i in range(0, steps):
         en = (i + 2) // kb
         fn = (i + 2 - en * kb) * BK + kk
-        w_next = tl.load(w_base + en * H * F + fn[None, :],
+        w_next = tl.load(w_base + en * W2_E + fn[None, :],
                          mask=h_ok[:, None] & ((fn < F) & (kk * 0 + i + 2 < steps))[None, :],
                          other=0.0, eviction_policy="evict_first")
         e = i // kb

@@ -94,7 +94,7 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     and epilogues (narrower epilogue tiles where the features are few, ``NARROW_FEATURES``).
     Chosen from the H200 sweeps recorded in KERNEL_NOTES.md."""
     if num_tokens == 1 and weight_elems <= GEMV_WEIGHTS:
-        return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
+        return gemv_for(hidden)
     if num_tokens <= 16:
         return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=2, stages=4)
     if num_tokens <= 32 or (num_tokens <= 128 and weight_elems <= SMALL_WEIGHTS):
@@ -145,6 +145,11 @@ def folds(num_tokens: int, weight_elems: int) -> bool:
     ``FOLD_TOKENS`` or more tokens on weights over ``SMALL_WEIGHTS`` (on A-sized ones the chain of
     ``_launch_single`` measured faster at 8192 tokens too: 0.89-0.96x sglang against 0.97-0.98x)."""
     return num_tokens >= FOLD_TOKENS and weight_elems > SMALL_WEIGHTS
+
+
+def gemv_for(hidden: int) -> Tiles:
+    """The GEMV tiles for ``H = hidden`` (``h200_gemv.json``' sweep winners)."""
+    return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
 
 
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True) -> Tiles:
@@ -286,12 +291,13 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
     scalings = batch.scalings.to(device=device, dtype=torch.float32)
     routed, extra = not explicit and tiles.cublas, {}
-    rows = None if explicit or tiles.gemv or ops.kept is None else \
-        ops.kept.rows(active, batch.scalings[active].tolist())
+    rows = None if explicit or ops.kept is None else ops.kept.rows(active, batch.scalings[active].tolist())
     if rows is not None and (single >= 0 or (keeps(num_tokens, ga.shape[2] // 2, len(active))
                                              and segment_offsets(slots, ga.shape[0]) is not None)):
         extra = kept_operands(slots, rows, device)
-        if not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
+        if num_tokens == 1:  # the base's GEMV stream on the slot's copies, at any weights' size (v23)
+            tiles, split = gemv_for(ops.hidden), None
+        elif not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
             tiles, split = ONE_SLOT_TILES, None
     elif single >= 0:
         if routed and merges(num_tokens, ops, 1):
@@ -526,19 +532,24 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
          SPLIT=split, PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
 
 
-def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tuple) -> None:
+def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tuple,
+          weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """One token: ``gemv_up_kernel`` then ``gemv_down_kernel`` (their docstrings name the
-    operands), each a programmatic dependent of the launch before it where ``pdl``."""
+    operands), each a programmatic dependent of the launch before it where ``pdl``; on
+    ``weights = (w13 [n, 2F, H], w2 [n, H, F])`` (a kept slot's copies, ``w2`` at any row strides)
+    in place of the base weights."""
     H, (n, F, t) = x.shape[1], (ops.n, ops.intermediate, p.tiles)
+    w13, w2 = weights or (ops.w13, ops.w2)
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     pdl = t.pdl and not interpreting()
     _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf),),
-         (x, ops.w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
+         (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
           H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl,
          num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
-         (act, ops.w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n),
+         (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
+          w2.stride(0), w2.stride(1)),
          fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
@@ -679,17 +690,23 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
     ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[n*F, H]``: one run ``torch.mm``; several, the
     gate/up side one grouped GEMM over the runs and the down side a ``torch.mm`` per run into its rows
     of ``out`` (the grouped GEMM takes no ``out=``). ``"kept"``: the merges ``ops.kept`` holds (rows
-    ``p.merge_rows``), so the LoRA costs no work here at all. ``"merge"`` (shared outer): the slots
-    ``p.merge_slots`` merged now into new copies (``merge_kernel``: each weight read once and written once per slot; the
-    down side's beside the gate/up GEMM, ``_Beside``), ``2 G n*3F*H`` weight elements moved, not work
-    per token: ahead where tokens are many and slots few (``merges``); nothing is kept, so in-place
-    pool updates are followed."""
+    ``p.merge_rows``; ``w2_s`` kept as ``w2_s^T [H, n*F]``), so the LoRA costs no work here at all, and
+    one token (``p.tiles.gemv``) streams its slot's copies through the GEMV kernels. ``"merge"`` (shared
+    outer): the slots ``p.merge_slots`` merged now into new copies (``merge_kernel``: each weight read
+    once and written once per slot; the down side's beside the gate/up GEMM, ``_Beside``),
+    ``2 G n*3F*H`` weight elements moved, not work per token: ahead where tokens are many and slots few
+    (``merges``); nothing is kept, so in-place pool updates are followed."""
     T, H = x.shape
     n, F = ops.n, ops.intermediate
+    act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     side = _Beside(x, p.grouped == "merge")
     if p.grouped == "kept":
         first, rows = p.merge_rows[0], p.merge_rows
-        w13, w2 = ops.kept.w13[first:rows[-1] + 1], ops.kept.w2
+        w13, w2 = ops.kept.w13[first:rows[-1] + 1], ops.kept.w2.transpose(1, 2)  # w2 [K, n*F, H], a view
+        if p.tiles.gemv:
+            w2_nhf = ops.kept.w2[first].view(H, n, F).transpose(0, 1)             # [n, H, F], rows n*F apart
+            _gemv(ops, x, gammas, act, out, p, Lora.none(x), (x.dtype, "kept"), (w13[0].view(n, 2 * F, H), w2_nhf))
+            return out
     else:
         ga, _, _, db = ops.buffers
         G = len(p.runs)
@@ -703,7 +720,6 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
         y = torch.mm(x, w13[rows[0] - first].T)
     else:  # a torch.mm per run measured level at 8192 tokens and slower at 2048 (v21)
         y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
-    act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     _up(ops, x, y, gammas, act, p, Lora.none(x))
     side.join()
     for r, (a, b) in zip(rows, p.runs):
