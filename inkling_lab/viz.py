@@ -377,7 +377,8 @@ def profile_grid_figure(record: dict, shape: str = "B", R: int = 64, S: int = 4)
 def side_by_side_figure(record: dict, R: int = 64, S: int = 4, flush: str = "read") -> Figure:
     """A side-by-side record at one rank and slot count: for each shape, the kit's time and sglang's
     LoRA paths' times over sglang's own forward without LoRA, against tokens (below 1: faster than
-    upstream serving no adapter at all), with issue 26's targets marked. sglang's three paths are the
+    upstream serving no adapter at all), with issue 26's targets marked; dashed, the kit with the
+    used slots' merges kept (``kit_kept``), where the record has it. sglang's three paths are the
     record's ``sglang_multi``, ``sglang_one_slot`` and ``sglang_base``: the wheel's ``forward_with_lora``
     (``srt/lora/trtllm_lora_temp/inkling_dense.py``) as ``upstream_wheel.UpstreamSink`` runs it."""
     from .profile import SIDE_SHAPES, TARGET_VS_BASE_LARGE_T, side_by_side_rows
@@ -385,6 +386,7 @@ def side_by_side_figure(record: dict, R: int = 64, S: int = 4, flush: str = "rea
     rows = [r for r in side_by_side_rows(record, flush) if (r["R"], r["S"]) == (R, S)]
     if not rows:
         raise ValueError(f"the record has no points at R={R}, S={S}")
+    kept = [r for r in side_by_side_rows(record, flush, "kit_kept") if (r["R"], r["S"]) == (R, S)]
     fig, axes = _subplots(1, len(SIDE_SHAPES), figsize=(3.4 * len(SIDE_SHAPES), 4.2), sharey=True,
                           constrained_layout=True)
     lines = {"kit_us": ("the kit (triton)", "#d62728", "o"), "sglang_multi_us": ("sglang multi-slot", "purple", "*"),
@@ -396,12 +398,16 @@ def side_by_side_figure(record: dict, R: int = 64, S: int = 4, flush: str = "rea
             if xy:
                 ax.semilogx(*zip(*xy), marker=marker, color=color, ms=5, label=label, base=2,
                             lw=2 if key == "kit_us" else 1, mfc="none" if key != "kit_us" else color)
+        xy = [(r["T"], r["vs_base"]) for r in sorted(kept, key=lambda r: r["T"]) if r["shape"] == shape and r["vs_base"]]
+        if xy:  # the kit with each used slot's merge kept (keep_merged), where the record timed it
+            ax.semilogx(*zip(*xy), marker="s", color="#d62728", ls="--", ms=4, mfc="none", base=2, lw=1.2,
+                        label="the kit, merges kept (opt-in)")
         ax.axhline(1, color="black", lw=1.5)
         ax.axhspan(0, 1, color="green", alpha=0.06)
         ax.hlines(TARGET_VS_BASE_LARGE_T, 2048, 8192, color="green", lw=2)
         ax.set_title(f"{shape}: n {pts[0]['n']}, H {pts[0]['H']}, F {pts[0]['F']}", fontsize=9)
         ax.set_xlabel("tokens T")
-    low = min([0.8] + [r["vs_base"] for r in rows if r["vs_base"]])
+    low = min([0.8] + [r["vs_base"] for r in rows + kept if r["vs_base"]])
     axes[0].set_ylim(low * 0.9, None)  # the shaded band starts just under the fastest point, not at 0
     axes[0].set_ylabel("time / sglang without LoRA")
     axes[0].text(16, 0.98, "faster than sglang without LoRA", fontsize=7, color="green", va="top")

@@ -364,12 +364,19 @@ def side_by_side_explorer_figure(record: dict, R: int, S: int, flush: str):
     from .viz import side_by_side_figure
 
     fig = side_by_side_figure(record, R, S, flush)
-    rows = [r for r in side_by_side_rows(record, flush) if (r["R"], r["S"]) == (R, S) and r["vs_base"]]
-    faster = sum(r["vs_base"] < 1 for r in rows)
-    large = [r for r in rows if r["T"] >= 2048]
-    near = sum(r["vs_base"] <= TARGET_VS_BASE_LARGE_T for r in large)
-    return (f"R {R}, S {S}: the kit with its LoRA is faster than sglang without LoRA at {faster} of {len(rows)} "
-            f"points; at T >= 2048 within {TARGET_VS_BASE_LARGE_T:g}x of it at {near} of {len(large)}"), fig
+
+    def counts(kit: str) -> tuple[int, int, int, int]:
+        rows = [r for r in side_by_side_rows(record, flush, kit) if (r["R"], r["S"]) == (R, S) and r["vs_base"]]
+        large = [r for r in rows if r["T"] >= 2048]
+        return (sum(r["vs_base"] < 1 for r in rows), len(rows),
+                sum(r["vs_base"] <= TARGET_VS_BASE_LARGE_T for r in large), len(large))
+    faster, of, near, large = counts("kit_triton")
+    text = (f"R {R}, S {S}: the kit with its LoRA is faster than sglang without LoRA at {faster} of {of} "
+            f"points; at T >= 2048 within {TARGET_VS_BASE_LARGE_T:g}x of it at {near} of {large}")
+    faster, of, near, large = counts("kit_kept")
+    if of:
+        text += f"; with the merges kept, {faster} of {of} and {near} of {large}"
+    return text, fig
 
 
 def side_by_side_explorer(record: dict):

@@ -114,6 +114,15 @@ def test_side_by_side_figure_plots_the_recorded_medians_over_the_base():
     kit = next(line for line in fig.axes[2].get_lines() if line.get_label() == "the kit (triton)")
     assert list(kit.get_xdata()) == [t for t, _ in raw]
     assert list(kit.get_ydata()) == pytest.approx([r for _, r in raw])
+    raw_kept = sorted((p["case"]["T"], p["times"]["write"]["kit_kept"]["median_us"] / p["times"]["write"]["sglang_base"]["median_us"])
+                      for p in record["points"] if (p["case"]["shape"], p["case"]["R"], p["case"]["S"]) == ("Inkling", 64, 4))
+    kept = next(line for line in fig.axes[2].get_lines() if line.get_label() == "the kit, merges kept (opt-in)")
+    assert list(kept.get_xdata()) == [t for t, _ in raw_kept] and kept.get_linestyle() == "--"
+    assert list(kept.get_ydata()) == pytest.approx([r for _, r in raw_kept])
     assert "Inkling" in fig.axes[2].get_title() and "target" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    older = {**record, "points": [{**p, "times": {fl: {k: v for k, v in t.items() if k != "kit_kept"}
+                                                  for fl, t in p["times"].items()}} for p in record["points"]]}
+    assert all("merges kept" not in line.get_label() for ax in viz.side_by_side_figure(older).axes
+               for line in ax.get_lines())  # a record from before v22 draws no kept line
     with pytest.raises(ValueError, match="R=3"):
         viz.side_by_side_figure(record, R=3)

@@ -148,6 +148,10 @@ def test_side_by_side_explorer_counts_what_the_record_says():
     t = [p["times"]["write"] for p in record["points"] if (p["case"]["R"], p["case"]["S"]) == (16, 1)]
     faster = sum(x["kit_triton"]["median_us"] < x["sglang_base"]["median_us"] for x in t)
     assert f"faster than sglang without LoRA at {faster} of {len(t)} points" in text and len(fig.axes) == 4
+    kept = sum(x["kit_kept"]["median_us"] < x["sglang_base"]["median_us"] for x in t)
+    large = [p["times"]["write"] for p in record["points"] if (p["case"]["R"], p["case"]["S"]) == (16, 1) and p["case"]["T"] >= 2048]
+    near = sum(x["kit_kept"]["median_us"] <= 1.1 * x["sglang_base"]["median_us"] for x in large)
+    assert text.endswith(f"with the merges kept, {kept} of {len(t)} and {near} of {len(large)}")
     box = widgets.side_by_side_explorer(record)
     assert [c.description for c in box.children[1].children] == ["rank R", "slots S", "L2 flush"]
     with pytest.raises(ValueError, match="side-by-side record"):
