@@ -1,0 +1,116 @@
+"""v24 on a CUDA GPU (issue 26 target 3): several kept slots, their GEMMs one cuBLAS ``torch.mm`` per run on
+a stream each (``kept_streams``), against the kit's kept path (``kept``: ``triton_backend._launch_merged``,
+the grouped GEMM), the kit's default path (``kit``: ``plan`` with nothing kept) and sglang 0.5.23's no-LoRA
+base, at S 4 and 8, 2048-8192 tokens, R 16 (the copies carry no rank), every shape, both flushes. Every
+contender is checked against the float64 reference at each point (``h200_pdl.time_point``) and, first,
+launched twice and replayed from a graph twice into NaN-poisoned outputs (A and TP8, bfloat16).
+
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu python3 experiments/kept_streams/h200_kept_streams.py \\
+        --wheel WHEEL --out $OUT/h200_kept_streams.json
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import h200_pdl  # scripts/gpu (on PYTHONPATH): time_point, check_contender, record_head
+from kept_streams import kept_streams
+
+from inkling_lab import profile as pr
+from inkling_lab import records
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward import triton_backend as tb
+from inkling_lab.forward.reference import reference_forward
+
+SLOTS, TOKENS = (4, 8), (2048, 4096, 8192)
+
+
+def contenders(sink, x, gammas, batch) -> dict:
+    """``kit`` on the pool with nothing kept, then every slot kept at the batch's scalings and the batch
+    forced onto the copies (``kept_operands``): ``kept`` and ``kept_streams`` on the same plan."""
+    sink.keep_merged(None)
+    ops = sink.operands()
+    p = tb.plan(ops, x.shape[0], batch, x.device)
+    sink.keep_merged({s: float(c) for s, c in enumerate(batch.scalings.tolist())})
+    kept_ops = sink.operands()
+    used = torch.unique_consecutive(p.slots.cpu()).tolist()
+    k = dataclasses.replace(p, **tb.kept_operands(p.slots.cpu(), used, x.device), fast={}, split=None,
+                            tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
+    return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
+            "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out),
+            "kept_streams": lambda out=torch.empty_like(x): kept_streams(kept_ops, x, gammas, k, out)}
+
+
+def correctness() -> list[dict]:
+    rows = []
+    for shape in ("A", "Inkling-TP8"):
+        for interleaved in (True, False):
+            c = pr.Case.of(shape, 16, 4, 600, interleaved=interleaved, dtype="bfloat16")
+            sc = c.scenario("cuda", seed=5 + int(interleaved))
+            batch = SlotBatch.from_segments([150, 0, 320, 130], [0, 1, 2, 3], 4, lora_ranks=[16] * 4,
+                                            scalings=[0.6, 1.0, 1.4, 0.8])
+            ref = reference_forward(sc.sink.operands(), sc.x, sc.gammas, batch)
+            errs = {}
+            for name, fn in contenders(sc.sink, sc.x, sc.gammas, batch).items():
+                h200_pdl.check_contender(name, fn, ref, errs, shape)
+            ok = all(e == e and e < 1e-2 for e in errs.values())
+            rows.append({**c.record(), "rel_err": errs, "ok": ok})
+            print(f"check {shape} il={interleaved}: worst {max(errs.values()):.1e} ok={ok}", flush=True)
+    return rows
+
+
+def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
+    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+
+    def fns_for(sink, ops, x, gammas, batch):
+        fns = contenders(sink, x, gammas, batch)
+        multi = upstream_cls(sink, batch, min_slots=2)
+        fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
+        return fns
+
+    rows = []
+    for shape in shapes:
+        base = None
+        for S in SLOTS:
+            for T in TOKENS:
+                base, row = h200_pdl.time_point(pr.Case.of(shape, 16, S, T), fns_for, flushes, reps, base)
+                rows.append(row)
+                for fl in flushes:
+                    got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
+                    b = got.get("sglang_base")
+                    print(f"{shape:<11} S{S} T{T:<4} {fl:<5} " + " ".join(
+                        f"{k} {u:.1f} ({u / b:.3f}x base)" if b else f"{k} {u:.1f}" for k, u in got.items()), flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
+    args = ap.parse_args()
+    from inkling_lab.upstream_wheel import UpstreamSink
+
+    t0 = time.time()
+    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, modes=["kit", "kept", "kept_streams"])
+    rec["correctness"] = correctness()
+    records.write_json(args.out, rec)
+    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
+    rec["seconds"] = round(time.time() - t0, 1)
+    records.write_json(args.out, rec)
+    for fl in ("read", "write"):
+        def within(k):
+            return sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", float("inf"))
+                       <= 1.1 * r["us"][f"sglang_base@{fl}"])
+        faster = sum(1 for r in rec["points"] if r["us"].get(f"kept_streams@{fl}", float("inf"))
+                     < r["us"].get(f"kept@{fl}", float("inf")))
+        print(f"{fl}: within 1.1x base (of {len(rec['points'])}): kit {within('kit')}, kept {within('kept')}, "
+              f"kept_streams {within('kept_streams')}; kept_streams faster than kept at {faster}", flush=True)
+    print(f"{rec['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
