@@ -612,6 +612,29 @@ def test_one_token_streams_its_kept_copies_through_the_gemv_kernels(n, interleav
     assert rel(tb.launch(ops, sc.x, sc.gammas, base), reference_forward(ops, sc.x, sc.gammas, None)) < 1e-5
 
 
+@pytest.mark.parametrize("segments, slots, streams", [
+    ([12, 17], [0, 3], True), ([5, 9, 15], [1, 2, 3], True), ([3, 4, 5, 6, 11], [0, 1, 2, 3, 4], False),
+    ([29], [2], False), ([2, 27], [0, 3], True)],
+    ids=["two_runs", "three_runs", "five_runs_past_RUN_STREAMS", "one_run", "uneven_runs"])
+def test_kept_runs_take_a_stream_each_up_to_run_streams(segments, slots, streams, monkeypatch):
+    """v24: up to ``RUN_STREAMS`` kept runs averaging ``RUN_STREAM_TOKENS`` tokens each run one GEMM per run
+    and side (on a stream each on CUDA, one after another here), and the forward is the adapters'."""
+    sink, x, gammas, _ = _kept_case(monkeypatch, seed=24, S=5)
+    monkeypatch.setattr(tb, "KEEP_TOKENS", 0.01)
+    monkeypatch.setattr(tb, "RUN_STREAM_TOKENS", 5)
+    scalings = [0.6, 1.0, 1.4, 0.8, 1.1]
+    sink.keep_merged(dict(enumerate(scalings)))
+    ops = sink.operands()
+    batch = SlotBatch.from_segments(segments, slots, 5, lora_ranks=[8] * 5, scalings=scalings)
+    p = tb.plan(ops, 29, batch, x.device)
+    assert p.grouped == "kept" and p.run_streams == streams
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+    monkeypatch.setattr(tb, "RUN_STREAM_TOKENS", 1024)
+    assert not tb.plan(ops, 29, batch, x.device).run_streams  # 29 tokens: too few a run
+
+
 def test_kept_merges_follow_a_slot_write_through_the_same_plan(monkeypatch):
     """After ``on_lora_slots_updated`` the plan made before the write is reused (same kept record, same
     storage: a graph captured on it replays the new merge) and gives the new adapter's forward."""

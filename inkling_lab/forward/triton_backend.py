@@ -190,7 +190,8 @@ class Plan:
     ``merge_operands``): ``merge_slots [G]`` int32, the slots that have tokens, in order, ``offs [G]``
     their runs' ends and ``runs`` the same ``(start, end)`` on the host; ``"kept"`` (``_launch_merged``
     on ``ops.kept``, ``kept_operands``): ``runs``, ``merge_rows`` the kept row of each run and ``offs``
-    the runs' ends over the kept rows they span."""
+    the runs' ends over the kept rows they span, ``run_streams``: each run's GEMMs one ``torch.mm`` on a
+    stream of its own (``RUN_STREAMS``)."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
@@ -207,6 +208,7 @@ class Plan:
     merge_slots: torch.Tensor | None = None
     runs: tuple[tuple[int, int], ...] = ()
     merge_rows: tuple[int, ...] = ()
+    run_streams: bool = False
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -690,8 +692,9 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
     ``w2_s = w2_lin + scale_s a_cat_s^T B_s^T`` ``[n*F, H]``: one run ``torch.mm``; several, the
     gate/up side one grouped GEMM over the runs and the down side a ``torch.mm`` per run into its rows
     of ``out`` (the grouped GEMM takes no ``out=``). ``"kept"``: the merges ``ops.kept`` holds (rows
-    ``p.merge_rows``; ``w2_s`` kept as ``w2_s^T [H, n*F]``), so the LoRA costs no work here at all, and
-    one token (``p.tiles.gemv``) streams its slot's copies through the GEMV kernels. ``"merge"`` (shared
+    ``p.merge_rows``; ``w2_s`` kept as ``w2_s^T [H, n*F]``), so the LoRA costs no work here at all; one
+    token (``p.tiles.gemv``) streams its slot's copies through the GEMV kernels, and ``p.run_streams`` runs
+    each run's two GEMMs as ``torch.mm`` on a stream of its own (``RUN_STREAMS``). ``"merge"`` (shared
     outer): the slots ``p.merge_slots`` merged now into new copies (``merge_kernel``: each weight read
     once and written once per slot; the down side's beside the gate/up GEMM, ``_Beside``),
     ``2 G n*3F*H`` weight elements moved, not work per token: ahead where tokens are many and slots few
@@ -716,15 +719,48 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
         _merge(ops.w13_lin, ops.w1_delta, ga[:, 0], p.merge_slots, p.scalings, w13)
         with side:
             _merge(ops.w2_lin, ops.a_cat.transpose(1, 2), db[:, 0].transpose(1, 2), p.merge_slots, p.scalings, w2)
-    if len(p.runs) == 1:
+    if p.run_streams:
+        y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
+        _on_run_streams(x, p.runs, lambda i, a, b: torch.mm(x[a:b], w13[rows[i] - first].T, out=y[a:b]))
+    elif len(p.runs) == 1:
         y = torch.mm(x, w13[rows[0] - first].T)
-    else:  # a torch.mm per run measured level at 8192 tokens and slower at 2048 (v21)
+    else:  # a torch.mm per run in one stream measured level at 8192 tokens and slower at 2048 (v21)
         y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
     _up(ops, x, y, gammas, act, p, Lora.none(x))
     side.join()
-    for r, (a, b) in zip(rows, p.runs):
-        torch.mm(act[a:b], w2[r], out=out[a:b])
+    if p.run_streams:
+        _on_run_streams(x, p.runs, lambda i, a, b: torch.mm(act[a:b], w2[rows[i]], out=out[a:b]))
+    else:
+        for r, (a, b) in zip(rows, p.runs):
+            torch.mm(act[a:b], w2[r], out=out[a:b])
     return out
+
+
+_RUN_STREAM_POOL: dict[tuple[int, int], "torch.cuda.Stream"] = {}
+
+
+def _on_run_streams(x: torch.Tensor, runs, work) -> None:
+    """``work(i, a, b)`` for each run ``(a, b)``: on CUDA the ``i``-th on a stream of its own that first
+    waits for the current stream, which then waits for them all (a CUDA graph captures the runs as
+    branches that run at once); on the CPU one after another. The tensors the work writes are allocated
+    before it, on the current stream."""
+    if not x.is_cuda:
+        for i, (a, b) in enumerate(runs):
+            work(i, a, b)
+        return
+    main = torch.cuda.current_stream(x.device)
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    streams = []
+    for i, (a, b) in enumerate(runs):
+        stream = _RUN_STREAM_POOL.get((index, i))
+        if stream is None:
+            stream = _RUN_STREAM_POOL[(index, i)] = torch.cuda.Stream(x.device)
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            work(i, a, b)
+        streams.append(stream)
+    for stream in streams:
+        main.wait_stream(stream)
 
 
 MERGE_TILE = (64, 128, 4)
@@ -753,7 +789,17 @@ def kept_operands(slots: torch.Tensor, rows: list[int], device) -> dict:
     for (_, b), r in zip(runs, rows):
         ends[r - rows[0]] = b
     return {"offs": torch.tensor(list(itertools.accumulate(ends, max)), dtype=torch.int32, device=device),
-            "runs": runs, "merge_rows": tuple(rows), "grouped": "kept"}
+            "runs": runs, "merge_rows": tuple(rows), "grouped": "kept",
+            "run_streams": 1 < len(runs) <= RUN_STREAMS and slots.numel() >= RUN_STREAM_TOKENS * len(runs)}
+
+
+RUN_STREAMS, RUN_STREAM_TOKENS = 4, 1024
+"""Kept runs up to ``RUN_STREAMS`` of them, ``RUN_STREAM_TOKENS`` tokens each on average, take one cuBLAS
+``torch.mm`` per run and side, each run on a stream of its own (``_on_run_streams``), in place of the
+grouped GEMM: measured (``h200_kept_streams.json``, v24, R 16, both flushes) ahead at every four-slot point
+from 4096 tokens (TP8 S4 T4096 1.12x the base against 1.24x, A S4 T8192 1.06x against 1.10x), level or
+behind at 2048 (TP8 S4 1.35x against 1.27x), and behind with eight slots at up to 4096 tokens (TP8 S8 T2048
+1.59x against 1.41x) and at A and TP8 with eight at 8192."""
 
 
 def keeps(num_tokens: int, rank: int, used: int) -> bool:

@@ -1,6 +1,6 @@
 """v24 on a CUDA GPU (issue 26 target 3): several kept slots, their GEMMs one cuBLAS ``torch.mm`` per run on
-a stream each (``kept_streams``), against the kit's kept path (``kept``: ``triton_backend._launch_merged``,
-the grouped GEMM), the kit's default path (``kit``: ``plan`` with nothing kept) and sglang 0.5.23's no-LoRA
+a stream each (``kept_streams``: ``triton_backend._launch_merged`` with ``Plan.run_streams``), against the
+grouped GEMM on the same copies (``kept``: ``run_streams`` off), the kit's default path (``kit``: ``plan`` with nothing kept) and sglang 0.5.23's no-LoRA
 base, at S 4 and 8, 2048-8192 tokens, R 16 (the copies carry no rank), every shape, both flushes. Every
 contender is checked against the float64 reference at each point (``h200_pdl.time_point``) and, first,
 launched twice and replayed from a graph twice into NaN-poisoned outputs (A and TP8, bfloat16).
@@ -13,13 +13,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import h200_pdl  # scripts/gpu (on PYTHONPATH): time_point, check_contender, record_head
-from kept_streams import kept_streams
+import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, check_contender, record_head
 
 from inkling_lab import profile as pr
 from inkling_lab import records
@@ -32,7 +29,8 @@ SLOTS, TOKENS = (4, 8), (2048, 4096, 8192)
 
 def contenders(sink, x, gammas, batch) -> dict:
     """``kit`` on the pool with nothing kept, then every slot kept at the batch's scalings and the batch
-    forced onto the copies (``kept_operands``): ``kept`` and ``kept_streams`` on the same plan."""
+    forced onto the copies (``kept_operands``): ``kept`` and ``kept_streams`` on the same plan, ``run_streams``
+    off and on."""
     sink.keep_merged(None)
     ops = sink.operands()
     p = tb.plan(ops, x.shape[0], batch, x.device)
@@ -41,9 +39,10 @@ def contenders(sink, x, gammas, batch) -> dict:
     used = torch.unique_consecutive(p.slots.cpu()).tolist()
     k = dataclasses.replace(p, **tb.kept_operands(p.slots.cpu(), used, x.device), fast={}, split=None,
                             tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
+    k, ks = dataclasses.replace(k, run_streams=False), dataclasses.replace(k, run_streams=True, fast={})
     return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
             "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out),
-            "kept_streams": lambda out=torch.empty_like(x): kept_streams(kept_ops, x, gammas, k, out)}
+            "kept_streams": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, ks, out)}
 
 
 def correctness() -> list[dict]:
