@@ -67,12 +67,7 @@ def correctness() -> list[dict]:
                                             scalings=[0.6, 1.0, 1.4, 0.8])
             ops = sc.sink.operands()
             ref = reference_forward(ops, x, gammas, batch)
-            errs = {}
-            for name, fn in contenders(ops, x, gammas, batch).items():
-                h200_pdl.check_contender(name, fn, ref, errs, shape)
-            ok = all(e == e and e < 1e-2 for e in errs.values())
-            rows.append({**c.record(), "rel_err": errs, "ok": ok})
-            print(f"check {shape} il={interleaved}: worst {max(errs.values()):.1e} ok={ok}", flush=True)
+            rows.append(h200_pdl.checked_row(c, contenders(ops, x, gammas, batch), ref, f"{shape} il={interleaved}"))
     return rows
 
 

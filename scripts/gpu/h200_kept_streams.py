@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 
 import torch
 
 import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, check_contender, record_head
 
 from inkling_lab import profile as pr
-from inkling_lab import records
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
@@ -54,12 +52,8 @@ def correctness() -> list[dict]:
             batch = SlotBatch.from_segments([150, 0, 320, 130], [0, 1, 2, 3], 4, lora_ranks=[16] * 4,
                                             scalings=[0.6, 1.0, 1.4, 0.8])
             ref = reference_forward(sc.sink.operands(), sc.x, sc.gammas, batch)
-            errs = {}
-            for name, fn in contenders(sc.sink, sc.x, sc.gammas, batch).items():
-                h200_pdl.check_contender(name, fn, ref, errs, shape)
-            ok = all(e == e and e < 1e-2 for e in errs.values())
-            rows.append({**c.record(), "rel_err": errs, "ok": ok})
-            print(f"check {shape} il={interleaved}: worst {max(errs.values()):.1e} ok={ok}", flush=True)
+            rows.append(h200_pdl.checked_row(c, contenders(sc.sink, sc.x, sc.gammas, batch), ref,
+                                             f"{shape} il={interleaved}"))
     return rows
 
 
@@ -88,21 +82,10 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
 
 
 def main() -> int:
-    ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
-    args = ap.parse_args()
-    from inkling_lab.upstream_wheel import UpstreamSink
-
-    t0 = time.time()
-    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, modes=["kit", "kept", "kept_streams"])
-    rec["correctness"] = correctness()
-    records.write_json(args.out, rec)
-    rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
+    rec = h200_pdl.sweep_main(__doc__, ("kit", "kept", "kept_streams"), correctness, None, sweep)
     for fl in ("read", "write"):
         def within(k):
-            return sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", float("inf"))
-                       <= 1.1 * r["us"][f"sglang_base@{fl}"])
+            return h200_pdl.within_base(rec["points"], k, fl)
         faster = sum(1 for r in rec["points"] if r["us"].get(f"kept_streams@{fl}", float("inf"))
                      < r["us"].get(f"kept@{fl}", float("inf")))
         print(f"{fl}: within 1.1x base (of {len(rec['points'])}): kit {within('kit')}, kept {within('kept')}, "

@@ -214,7 +214,7 @@ def main() -> int:
         pts = [r for r in rec["points"] if r["T"] >= 2048]
 
         def within(k):
-            return sum(1 for r in pts if r["us"].get(f"{k}@{fl}", float("inf")) <= 1.1 * r["us"][f"sglang_base@{fl}"])
+            return h200_pdl.within_base(pts, k, fl)
         fastest = h200_pdl.routed_fastest(rec["points"], fl, ("kit", "merge"))
         # with the copies kept: what plan takes then (the copies where keeps routes them), among all three
         kept_routing = [{**r, "routed": "kept" if r["routed_kept"] else r["routed"]} for r in rec["points"]]

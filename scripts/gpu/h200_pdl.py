@@ -171,12 +171,32 @@ def routed_fastest(points: list[dict], flush: str, contenders) -> int:
                <= 1.01 * min(r["us"].get(f"{k}@{flush}", inf) for k in contenders))
 
 
+def checked_row(c: pr.Case, fns: dict, ref: torch.Tensor, label: str) -> dict:
+    """``c``'s record with every contender of ``fns`` checked against ``ref`` (``check_contender``,
+    graph replays included): ``rel_err`` per contender and ``ok`` (every one finite and under 1e-2)."""
+    errs = {}
+    for name, fn in fns.items():
+        check_contender(name, fn, ref, errs, label)
+    ok = all(e == e and e < 1e-2 for e in errs.values())
+    print(f"check {label}: worst {max(errs.values()):.1e} ok={ok}", flush=True)
+    return {**c.record(), "rel_err": errs, "ok": ok}
+
+
+def within_base(points: list[dict], contender: str, flush: str, ratio: float = 1.1) -> int:
+    """How many ``points`` time ``contender`` within ``ratio`` of sglang's no-LoRA base under ``flush``
+    (target 3's test; a contender that failed its check has no time and does not count)."""
+    return sum(1 for r in points if r["us"].get(f"{contender}@{flush}", float("inf"))
+               <= ratio * r["us"][f"sglang_base@{flush}"])
+
+
 def sweep_main(doc: str, modes, correctness, breakdown, sweep) -> dict:
-    """The body of a sweep script's ``main``: its arguments (``run_arguments`` and ``--breakdown``),
-    the record's head, ``correctness()``, ``breakdown(reps)`` where asked, then
-    ``sweep(UpstreamSink, reps, shapes)``, the record written after each step; -> the record."""
+    """The body of a sweep script's ``main``: its arguments (``run_arguments``, and ``--breakdown``
+    where the script has a ``breakdown``), the record's head, ``correctness()``, ``breakdown(reps)``
+    where asked, then ``sweep(UpstreamSink, reps, shapes)``, the record written after each step;
+    -> the record."""
     ap = run_arguments(doc, pr.SIDE_SHAPES)
-    ap.add_argument("--breakdown", action="store_true")
+    if breakdown is not None:
+        ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
@@ -186,7 +206,7 @@ def sweep_main(doc: str, modes, correctness, breakdown, sweep) -> dict:
     records.write_json(args.out, rec)
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
           f"{time.time() - t0:.0f} s", flush=True)
-    if args.breakdown:
+    if breakdown is not None and args.breakdown:
         rec["breakdown"] = breakdown(args.reps)
         records.write_json(args.out, rec)
     rec["points"] = sweep(UpstreamSink, args.reps, args.shapes.split(","))
