@@ -316,8 +316,9 @@ class SharedSinkLoRA(SharedSink):
         Returns the device memory the copies take (``n*3F*H`` elements a slot).
 
         A forward of a host batch whose used slots are all kept at the batch's own scalings then
-        runs the base GEMMs on the merged weights (the triton backend's cuBLAS path, from
-        two tokens on: ``forward.triton_backend.plan``), with no LoRA work per token. The copies
+        runs the base forward on the merged weights (the triton backend, ``forward.triton_backend.plan``:
+        one token through the GEMV kernels, one slot from two tokens on through cuBLAS's GEMMs, several
+        in slot order from ``keeps``' tokens per slot), with no LoRA work per token. The copies
         follow the pool: ``on_lora_slots_updated`` writes a kept slot's merge again in place (so
         call it after every in-place write of a slot, as sglang 0.5.23 does), ``set_lora_info``
         writes every kept slot again from the new pool (one that does not fit the sink, or has fewer

@@ -424,6 +424,13 @@ class Lora:
         return Lora(False, x, x, x, x, x)
 
 
+def _launch_key(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: torch.Tensor) -> tuple:
+    """What may differ between calls on one plan, for the repeat-launch cache (``launch_cache``): the
+    inputs' dtypes and 16-byte alignment (Triton specializes on them) and the operands' sizes."""
+    return (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+            ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
+
+
 def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """Enqueue the forward for ``x [T, H]``, ``gammas [T, n]`` -> ``out [T, H]`` (x's dtype)."""
@@ -444,9 +451,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
             return _launch_folded(ops, x, gammas, p, out)
         fold = ops.buffers[0].shape[2] // 2 >= FOLD_MIN_RANK and T * n * F >= FOLD_ELEMS
         return _launch_single(ops, x, gammas, p, out, fold)
-    # What may differ between calls on this plan, for the repeat-launch cache (launch_cache).
-    key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
-           ops.n, ops.hidden, ops.intermediate, ops.rank, ops.slots, ops.shared_outer, ops.interleaved)
+    key = _launch_key(ops, x, gammas, out)
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     pdl = t.pdl and not t.cublas and not interpreting()
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
@@ -556,7 +561,17 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
-_SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+_SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}
+
+
+def _side_stream(device: torch.device, i: int = 0) -> "torch.cuda.Stream":
+    """Side stream ``i`` of ``device``, made once and reused (a stream per call would cost its creation
+    at every forward)."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), i)
+    stream = _SIDE_STREAMS.get(key)
+    if stream is None:
+        stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device)
+    return stream
 
 
 class _Beside:
@@ -570,11 +585,7 @@ class _Beside:
     def __init__(self, x: torch.Tensor, on: bool = True) -> None:
         self.main = torch.cuda.current_stream(x.device) if on and x.is_cuda else None
         if self.main is not None:
-            index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-            side = _SIDE_STREAMS.get(index)
-            if side is None:
-                side = _SIDE_STREAMS[index] = torch.cuda.Stream(x.device)
-            self.side = side
+            self.side = _side_stream(x.device)
 
     def __enter__(self) -> None:
         if self.main is not None:
@@ -708,9 +719,8 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
         w13, w2 = ops.kept.w13[first:rows[-1] + 1], ops.kept.w2.transpose(1, 2)  # w2 [K, n*F, H], a view
         if p.tiles.gemv:
             w2_nhf = ops.kept.w2[first].view(H, n, F).transpose(0, 1)             # [n, H, F], rows n*F apart
-            key = (x.dtype, gammas.dtype, x.data_ptr() % 16 == 0, gammas.data_ptr() % 16 == 0,
-                   out.data_ptr() % 16 == 0, "kept")  # what Triton specializes on, as launch's key
-            _gemv(ops, x, gammas, act, out, p, Lora.none(x), key, (w13[0].view(n, 2 * F, H), w2_nhf))
+            _gemv(ops, x, gammas, act, out, p, Lora.none(x), _launch_key(ops, x, gammas, out) + ("kept",),
+                  (w13[0].view(n, 2 * F, H), w2_nhf))
             return out
     else:
         ga, _, _, db = ops.buffers
@@ -730,37 +740,25 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
         y = torch._grouped_mm(x, w13.transpose(1, 2), offs=p.offs)          # [T, n*2F]
     _up(ops, x, y, gammas, act, p, Lora.none(x))
     side.join()
-    if p.run_streams:
-        _on_run_streams(x, p.runs, lambda i, a, b: torch.mm(act[a:b], w2[rows[i]], out=out[a:b]))
-    else:
-        for r, (a, b) in zip(rows, p.runs):
-            torch.mm(act[a:b], w2[r], out=out[a:b])
+    _on_run_streams(x, p.runs, lambda i, a, b: torch.mm(act[a:b], w2[rows[i]], out=out[a:b]), p.run_streams)
     return out
 
 
-_RUN_STREAM_POOL: dict[tuple[int, int], "torch.cuda.Stream"] = {}
-
-
-def _on_run_streams(x: torch.Tensor, runs, work) -> None:
-    """``work(i, a, b)`` for each run ``(a, b)``: on CUDA the ``i``-th on a stream of its own that first
-    waits for the current stream, which then waits for them all (a CUDA graph captures the runs as
-    branches that run at once); on the CPU one after another. The tensors the work writes are allocated
-    before it, on the current stream."""
-    if not x.is_cuda:
+def _on_run_streams(x: torch.Tensor, runs, work, on: bool = True) -> None:
+    """``work(i, a, b)`` for each run ``(a, b)``: on CUDA with ``on``, the ``i``-th on a side stream of
+    its own (``_side_stream``) that first waits for the current stream, which then waits for them all (a
+    CUDA graph captures the runs as branches that run at once); else one after another. The tensors the
+    work writes are allocated before it, on the current stream."""
+    if not (on and x.is_cuda):
         for i, (a, b) in enumerate(runs):
             work(i, a, b)
         return
     main = torch.cuda.current_stream(x.device)
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    streams = []
-    for i, (a, b) in enumerate(runs):
-        stream = _RUN_STREAM_POOL.get((index, i))
-        if stream is None:
-            stream = _RUN_STREAM_POOL[(index, i)] = torch.cuda.Stream(x.device)
+    streams = [_side_stream(x.device, i) for i in range(len(runs))]
+    for stream, (i, (a, b)) in zip(streams, enumerate(runs)):
         stream.wait_stream(main)
         with torch.cuda.stream(stream):
             work(i, a, b)
-        streams.append(stream)
     for stream in streams:
         main.wait_stream(stream)
 

@@ -32,11 +32,7 @@ def contenders(sink, x, gammas, batch) -> dict:
     sink.keep_merged(None)
     ops = sink.operands()
     p = tb.plan(ops, x.shape[0], batch, x.device)
-    sink.keep_merged({s: float(c) for s, c in enumerate(batch.scalings.tolist())})
-    kept_ops = sink.operands()
-    used = torch.unique_consecutive(p.slots.cpu()).tolist()
-    k = dataclasses.replace(p, **tb.kept_operands(p.slots.cpu(), used, x.device), fast={}, split=None,
-                            tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
+    kept_ops, k = h200_pdl.kept_plan(tb, sink, p, x, batch)
     k, ks = dataclasses.replace(k, run_streams=False), dataclasses.replace(k, run_streams=True, fast={})
     return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
             "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out),

@@ -56,11 +56,7 @@ def contenders(sink, x, gammas, batch) -> dict:
     ops = sink.operands()
     p = unmerged_plan(ops, x, batch)
     m = dataclasses.replace(p, **tb.merge_operands(p.slots.cpu(), x.device), fast={})
-    sink.keep_merged({s: float(c) for s, c in enumerate(batch.scalings.tolist())})
-    kept_ops = sink.operands()
-    used = torch.unique_consecutive(p.slots.cpu()).tolist()
-    k = dataclasses.replace(p, **tb.kept_operands(p.slots.cpu(), used, x.device), fast={}, split=None,
-                            tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
+    kept_ops, k = h200_pdl.kept_plan(tb, sink, p, x, batch)
     return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
             "merge": lambda out=torch.empty_like(x): tb._launch_merged(ops, x, gammas, m, out),
             "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)}

@@ -182,6 +182,17 @@ def checked_row(c: pr.Case, fns: dict, ref: torch.Tensor, label: str) -> dict:
     return {**c.record(), "rel_err": errs, "ok": ok}
 
 
+def kept_plan(tb, sink, p, x: torch.Tensor, batch) -> tuple:
+    """Every slot of ``sink``'s pool kept merged at ``batch``'s scalings (``keep_merged``) and plan ``p``
+    forced onto the copies at any token count (the rows of its runs' slots, ``kept_operands``), whatever
+    ``keeps`` would route: ``(operands with the copies, the plan)``. ``tb``: the caller's backend module
+    (the interpreted one in the CPU tests)."""
+    sink.keep_merged({s: float(c) for s, c in enumerate(batch.scalings.tolist())})
+    used = torch.unique_consecutive(p.slots.cpu()).tolist()
+    return sink.operands(), replace(p, **tb.kept_operands(p.slots.cpu(), used, x.device), fast={},
+                                    split=None, tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
+
+
 def within_base(points: list[dict], contender: str, flush: str, ratio: float = 1.1) -> int:
     """How many ``points`` time ``contender`` within ``ratio`` of sglang's no-LoRA base under ``flush``
     (target 3's test; a contender that failed its check has no time and does not count)."""
