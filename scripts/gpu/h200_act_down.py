@@ -1,0 +1,102 @@
+"""v25 on a CUDA GPU (issue 26 target 1): a few tokens of one kept slot, the activation folded into the down
+GEMM (``act_down``: cuBLAS's ``y = x @ w13_s.T`` on the slot's copy, then ``kernels.act_down_kernel``, two
+launches), against the kept copies through today's three launches (``kept``: cuBLAS, the activation kernel,
+cuBLAS), the kit's default path (``kit``: nothing kept) and sglang 0.5.23's no-LoRA base (cuBLAS, its
+``silu_and_mul_triton``, cuBLAS), at one slot, 2-64 tokens, R 16 (the copies carry no rank), every shape,
+both flushes. ``act_down`` is swept over its tiles (``VARIANTS``: rows of ``w2_s^T`` per program, the K step,
+stages in flight, warps). Every contender is checked against the float64 reference at each point
+(``h200_pdl.time_point``) and, first, launched twice and replayed from a graph twice into NaN-poisoned
+outputs (A and TP8, both gate/up layouts, bfloat16 and float16, 2, 9 and 32 tokens).
+
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu python3 scripts/gpu/h200_act_down.py \\
+        --wheel WHEEL --out $OUT/h200_act_down.json
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+
+import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, kept_plan, sweep_main
+
+from inkling_lab import profile as pr
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward import triton_backend as tb
+from inkling_lab.forward.reference import reference_forward
+
+TOKENS = (2, 4, 8, 16, 32, 48, 64)
+VARIANTS = {"h64k128s4": dict(bn=64, bk=128, stages=4), "h64k128s6": dict(bn=64, bk=128, stages=6),
+            "h64k256s3": dict(bn=64, bk=256, stages=3), "h32k128s4": dict(bn=32, bk=128, stages=4),
+            "h128k128s4w8": dict(bn=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bn=64, bk=64, stages=6)}
+"""``act_down_tiles``' arguments tried (``h<rows>k<step>s<stages>[w<warps>]``)."""
+
+
+def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
+    """``kit`` on the pool with nothing kept, then every slot kept at the batch's scalings and the batch
+    forced onto the copies (``h200_pdl.kept_plan``): ``kept`` on today's three launches, and
+    ``act_down_<variant>`` on the same copies for each of ``variants``."""
+    sink.keep_merged(None)
+    ops = sink.operands()
+    T = x.shape[0]
+    p = tb.plan(ops, T, batch, x.device)
+    kept_ops, k = h200_pdl.kept_plan(tb, sink, p, x, batch)
+    fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
+           "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)}
+    for name, v in variants.items():
+        kv = dataclasses.replace(k, tiles=tb.act_down_tiles(T, **v), fast={})
+        fns[f"act_down_{name}"] = lambda out=torch.empty_like(x), kv=kv: tb._launch_merged(kept_ops, x, gammas, kv, out)
+    return fns
+
+
+def correctness() -> list[dict]:
+    rows = []
+    for shape in ("A", "Inkling-TP8"):
+        for interleaved in (True, False):
+            for dtype in ("bfloat16", "float16"):
+                for T in (2, 9, 32):
+                    c = pr.Case.of(shape, 16, 1, T, interleaved=interleaved, dtype=dtype)
+                    sc = c.scenario("cuda", seed=7 + T + int(interleaved))
+                    batch = SlotBatch.from_segments([T], [0], 1, lora_ranks=[16], scalings=[1.4])
+                    ref = reference_forward(sc.sink.operands(), sc.x, sc.gammas, batch)
+                    fns = contenders(sc.sink, sc.x, sc.gammas, batch, {"h64k128s4": VARIANTS["h64k128s4"]})
+                    rows.append(h200_pdl.checked_row(c, fns, ref, f"{shape} il={interleaved} {dtype} T{T}"))
+    return rows
+
+
+def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
+    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+
+    def fns_for(sink, ops, x, gammas, batch):
+        fns = contenders(sink, x, gammas, batch)
+        multi = upstream_cls(sink, batch, min_slots=2)
+        fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
+        return fns
+
+    rows = []
+    for shape in shapes:
+        base = None
+        for T in TOKENS:
+            base, row = h200_pdl.time_point(pr.Case.of(shape, 16, 1, T), fns_for, flushes, reps, base)
+            rows.append(row)
+            for fl in flushes:
+                got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
+                b = got.get("sglang_base")
+                print(f"{shape:<11} T{T:<3} {fl:<5} " + " ".join(
+                    f"{k} {u:.1f} ({u / b:.3f})" if b else f"{k} {u:.1f}" for k, u in got.items()), flush=True)
+    return rows
+
+
+def main() -> int:
+    names = ("kit", "kept", *(f"act_down_{v}" for v in VARIANTS))
+    rec = h200_pdl.sweep_main(__doc__, names, correctness, None, sweep)
+    for fl in ("read", "write"):
+        under = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", float("inf"))
+                        < r["us"][f"sglang_base@{fl}"]) for k in names}
+        print(f"{fl}: under the base (of {len(rec['points'])}): {under}", flush=True)
+    print(f"{rec['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
