@@ -103,22 +103,25 @@ GPU_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "gpu"
 
 
 @contextmanager
-def gpu_script(name: str) -> Iterator[ModuleType]:
-    """``scripts/gpu/<name>.py`` imported for the interpreter, its folder first on
-    ``sys.path`` (as when the script runs: it imports its neighbours by name) and
-    ``TRITON_INTERPRET=1`` inside (Triton reads it at each launch too)."""
-    sys.path.insert(0, str(GPU_SCRIPTS))
+def gpu_script(name: str, folder: Path = GPU_SCRIPTS) -> Iterator[ModuleType]:
+    """``<folder>/<name>.py`` (default ``scripts/gpu``) imported for the interpreter, its folder and
+    ``scripts/gpu`` first on ``sys.path`` (as when the script runs: it imports its neighbours and
+    ``scripts/gpu``'s helpers by name) and ``TRITON_INTERPRET=1`` inside (Triton reads it at each
+    launch too)."""
+    paths = list(dict.fromkeys((str(folder), str(GPU_SCRIPTS))))
+    sys.path[:0] = paths
     try:
         module = import_interpreted(name)
         with interpreter_on():
             yield module
     finally:
-        sys.path.remove(str(GPU_SCRIPTS))
+        for path in paths:
+            sys.path.remove(path)
 
 
 @contextmanager
-def sweep_script(name: str, monkeypatch) -> Iterator[tuple[ModuleType, ModuleType]]:
-    """``(module, backend)``: a sweep script of ``scripts/gpu`` (``h200_grouped``, ``h200_merge``) set up
+def sweep_script(name: str, monkeypatch, folder: Path = GPU_SCRIPTS) -> Iterator[tuple[ModuleType, ModuleType]]:
+    """``(module, backend)``: a sweep script of ``folder`` (``scripts/gpu``' ``h200_grouped``, ``h200_merge``) set up
     for its correctness pass on the CPU (``gpu_script``): the interpreted backend as its ``tb``, float32
     on the CPU, a tiny shape (A and the TP-8 slice at ``n = 2``, ``H = 32``, ``F = 24``), the CUDA-only
     steps stubbed (a graph replays by calling the launch again), no int32 overflow checks."""
@@ -128,7 +131,7 @@ def sweep_script(name: str, monkeypatch) -> Iterator[tuple[ModuleType, ModuleTyp
     from inkling_lab.geometry import PRESETS
 
     tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
-    with gpu_script(name) as module:
+    with gpu_script(name, folder) as module:
         sys.modules.pop("h200_pdl", None)  # the script's neighbour, imported with it: no other test sees it
         monkeypatch.setattr(module, "tb", tb)
         for preset in ("A", "Inkling-TP8"):

@@ -19,9 +19,6 @@ One token on small enough weights (``triton_backend.GEMV_WEIGHTS``) runs the shr
 then ``gemv_up_kernel`` and ``gemv_down_kernel`` in place of 2 and 3: the same
 epilogues, but each program streams a few weight rows across all of ``K`` with no
 16-token tile (the GEMV path, at the end of this file).
-A few tokens of one slot whose merge is kept (``triton_backend.ACT_DOWN_TOKENS``) run cuBLAS's
-``y = x @ w13_s.T`` on the slot's copy, then ``act_down_kernel``: the activation made inside the
-down GEMM's K loop, so the forward is two launches (the end of this file).
 
 For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
 ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
@@ -500,44 +497,3 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
                 tl.store(sh_ptr + o * 2 * R + j // BR * R + j % BR, tl.zeros((2 * BR,), dtype=tl.float32),
                          mask=j % BR < R)
     tl.store(out_ptr + hs, out, mask=h_ok)
-
-
-@triton.jit
-def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, T, H, F, N_EXP, W2_H,
-                    BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-                    INTERLEAVED: tl.constexpr):
-    """A few tokens of one kept slot, the activation folded into the down GEMM, grid ``(cdiv(H, BH),)``:
-    program ``p`` owns rows ``p*BH ...`` of a kept ``w2_s^T [H, n*F]`` (row stride ``W2_H``) and computes
-    ``out[t, h] = Σ_k act[t, k] w2_s^T[h, k]`` for every token (``T <= BT``), the weight rows on the
-    MMA's M side and the tokens on N, ``K = n*F`` in ``BK`` steps inside each expert (``STAGES`` in
-    flight). ``act[t, e*F + f] = silu(gate) * up * gamma[t, e]`` is made here from cuBLAS's ``y [T, n*2F]``
-    (gate and up columns as ``up_kernel`` reads them with ``Y_IN``), in float32 and rounded to ``y``'s
-    dtype as ``up_kernel`` stores it: the activation's own launch, and its trip through memory, go."""
-    hs = tl.program_id(0) * BH + tl.arange(0, BH)
-    h_ok = hs < H
-    ts = tl.arange(0, BT)
-    t_ok = ts < T
-    y_row = y_ptr + ts[:, None] * (N_EXP * 2 * F)
-    kb = tl.cdiv(F, BK)
-    acc = tl.zeros((BH, BT), dtype=tl.float32)
-    for i in tl.range(0, N_EXP * kb, num_stages=STAGES):
-        e = i // kb
-        f0 = (i - e * kb) * BK
-        fs = f0 + tl.arange(0, BK)
-        f_ok = fs < F
-        w = tl.load(w2_ptr + hs[:, None] * W2_H + (e * F + fs)[None, :], mask=h_ok[:, None] & f_ok[None, :],
-                    other=0.0)                                                                   # [BH, BK]
-        if INTERLEAVED:
-            jj = tl.arange(0, 2 * BK)
-            gu = tl.load(y_row + e * 2 * F + 2 * f0 + jj[None, :], mask=t_ok[:, None] & (f0 + jj // 2 < F)[None, :],
-                         other=0.0).to(tl.float32)                                               # [BT, 2*BK]
-            gate, up = tl.split(tl.reshape(gu, (BT, BK, 2)))
-        else:
-            ld = t_ok[:, None] & f_ok[None, :]
-            gate = tl.load(y_row + e * 2 * F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
-            up = tl.load(y_row + e * 2 * F + F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
-        gam = tl.load(gam_ptr + ts * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]).to(y_ptr.dtype.element_ty)    # [BT, BK]
-        acc = tl.dot(w, tl.trans(act).to(w.dtype), acc)
-    tl.store(out_ptr + ts[None, :] * H + hs[:, None], acc.to(out_ptr.dtype.element_ty),
-             mask=h_ok[:, None] & t_ok[None, :])

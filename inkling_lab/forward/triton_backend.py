@@ -58,10 +58,7 @@ class Tiles:
     of the launch before them, so each starts while that one runs (``use_pdl``);
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
-    per down step; ``act_down`` (a few tokens of one kept slot, ``ACT_DOWN_TOKENS``): cuBLAS's up
-    GEMM on the slot's copy, then ``act_down_kernel`` with the activation in its K loop, ``bm``
-    its token tile, ``bn`` rows of ``w2_s^T`` per program, ``bk`` of ``n*F`` per step, ``stages``
-    steps in flight."""
+    per down step."""
 
     bm: int
     bf: int
@@ -77,7 +74,6 @@ class Tiles:
     pdl: bool = False
     gemv: bool = False
     dk: int = 0
-    act_down: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -303,8 +299,6 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         extra = kept_operands(slots, rows, device)
         if num_tokens == 1:  # the base's GEMV stream on the slot's copies, at any weights' size (v23)
             tiles, split = gemv_for(ops.hidden), None
-        elif single >= 0 and num_tokens <= ACT_DOWN_TOKENS:
-            tiles, split = act_down_tiles(num_tokens), None
         elif not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
             tiles, split = ONE_SLOT_TILES, None
     elif single >= 0:
@@ -567,31 +561,6 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
-def _act_down(ops: SinkOperands, y: torch.Tensor, gammas, w2t: torch.Tensor, out: torch.Tensor, p: Plan,
-              key: tuple) -> None:
-    """One ``act_down_kernel`` launch (its docstring names the operands): ``out [T, H]`` from cuBLAS's
-    ``y [T, n*2F]`` and a kept ``w2_s^T [H, n*F]`` (rows contiguous)."""
-    T, H = out.shape
-    t = p.tiles
-    _run(kernels.act_down_kernel, (triton.cdiv(H, t.bn),),
-         (y, gammas, w2t, out, T, H, ops.intermediate, ops.n, w2t.stride(0)),
-         fast=(p.fast, ("act_down", key)), BT=t.bm, BH=t.bn, BK=t.bk, STAGES=t.stages,
-         INTERLEAVED=ops.interleaved, num_warps=t.warps, num_stages=t.stages)
-
-
-ACT_DOWN_TOKENS = 32
-"""Up to this many tokens of one kept slot (two or more) take ``act_down_tiles``: cuBLAS's up GEMM on the
-slot's copy, then the down GEMM with the activation in its K loop (``act_down_kernel``), two launches
-where the base forward has three."""
-
-
-def act_down_tiles(num_tokens: int, bn: int = 64, bk: int = 128, stages: int = 4, warps: int = 4) -> Tiles:
-    """``Tiles.act_down`` for ``num_tokens``: the token tile the next power of two from 16 (the MMA's
-    smallest N), ``bn`` rows of ``w2_s^T`` per program, ``bk`` of ``n*F`` per step, ``stages`` in flight."""
-    return Tiles(bm=max(16, triton.next_power_of_2(num_tokens)), bf=0, bn=bn, bk=bk, k_chunk=0, warps=warps,
-                 stages=stages, act_down=True)
-
-
 _SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}
 
 
@@ -752,10 +721,6 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
             w2_nhf = ops.kept.w2[first].view(H, n, F).transpose(0, 1)             # [n, H, F], rows n*F apart
             _gemv(ops, x, gammas, act, out, p, Lora.none(x), _launch_key(ops, x, gammas, out) + ("kept",),
                   (w13[0].view(n, 2 * F, H), w2_nhf))
-            return out
-        if p.tiles.act_down:
-            _act_down(ops, torch.mm(x, w13[0].T), gammas, ops.kept.w2[first], out, p,
-                      _launch_key(ops, x, gammas, out) + ("kept",))
             return out
     else:
         ga, _, _, db = ops.buffers

@@ -1,24 +1,24 @@
 """v25 on a CUDA GPU (issue 26 target 1): a few tokens of one kept slot, the activation folded into the down
-GEMM (``act_down``: cuBLAS's ``y = x @ w13_s.T`` on the slot's copy, then ``kernels.act_down_kernel``, two
-launches), against the kept copies through today's three launches (``kept``: cuBLAS, the activation kernel,
+GEMM (``act_down``: ``act_down.kept_forward`` beside this file, cuBLAS's ``y = x @ w13_s.T`` on the slot's
+copy, then ``act_down_kernel``, two launches), against the kept copies through today's three launches (``kept``: cuBLAS, the activation kernel,
 cuBLAS), the kit's default path (``kit``: nothing kept) and sglang 0.5.23's no-LoRA base (cuBLAS, its
 ``silu_and_mul_triton``, cuBLAS), at one slot, 2-64 tokens, R 16 (the copies carry no rank), every shape,
 both flushes. ``act_down`` is swept over its tiles (``VARIANTS``: rows of ``w2_s^T`` per program, the K step,
-stages in flight, warps). Every contender is checked against the float64 reference at each point
+stages in flight, warps). Nothing routes it yet: this run decides (KERNEL_NOTES.md v25). Every contender is checked against the float64 reference at each point
 (``h200_pdl.time_point``) and, first, launched twice and replayed from a graph twice into NaN-poisoned
 outputs (A and TP8, both gate/up layouts, bfloat16 and float16, 2, 9 and 32 tokens).
 
-    INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu python3 scripts/gpu/h200_act_down.py \\
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu:experiments/act_down python3 experiments/act_down/h200_act_down.py \\
         --wheel WHEEL --out $OUT/h200_act_down.json
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
 
-import h200_pdl  # this folder's (the script's own, first on sys.path): time_point, kept_plan, sweep_main
+import act_down as ad  # beside this file: the kernel and its two-launch forward
+import h200_pdl  # scripts/gpu's: time_point, kept_plan, sweep_main
 
 from inkling_lab import profile as pr
 from inkling_lab.batch import SlotBatch
@@ -26,10 +26,10 @@ from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
 TOKENS = (2, 4, 8, 16, 32, 48, 64)
-VARIANTS = {"h64k128s4": dict(bn=64, bk=128, stages=4), "h64k128s6": dict(bn=64, bk=128, stages=6),
-            "h64k256s3": dict(bn=64, bk=256, stages=3), "h32k128s4": dict(bn=32, bk=128, stages=4),
-            "h128k128s4w8": dict(bn=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bn=64, bk=64, stages=6)}
-"""``act_down_tiles``' arguments tried (``h<rows>k<step>s<stages>[w<warps>]``)."""
+VARIANTS = {"h64k128s4": dict(bh=64, bk=128, stages=4), "h64k128s6": dict(bh=64, bk=128, stages=6),
+            "h64k256s3": dict(bh=64, bk=256, stages=3), "h32k128s4": dict(bh=32, bk=128, stages=4),
+            "h128k128s4w8": dict(bh=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bh=64, bk=64, stages=6)}
+"""``act_down.tiles``' arguments tried (``h<rows>k<step>s<stages>[w<warps>]``)."""
 
 
 def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
@@ -44,8 +44,8 @@ def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
     fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
            "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)}
     for name, v in variants.items():
-        kv = dataclasses.replace(k, tiles=tb.act_down_tiles(T, **v), fast={})
-        fns[f"act_down_{name}"] = lambda out=torch.empty_like(x), kv=kv: tb._launch_merged(kept_ops, x, gammas, kv, out)
+        fns[f"act_down_{name}"] = lambda out=torch.empty_like(x), t=ad.tiles(T, **v): ad.kept_forward(
+            kept_ops, x, gammas, k.merge_rows[0], out, t)
     return fns
 
 

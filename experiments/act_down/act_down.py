@@ -1,0 +1,90 @@
+"""v25 (issue 26 target 1; not routed: its H200 run is still to be made, KERNEL_NOTES.md v25): a few
+tokens of one slot whose merge is kept (``SharedSinkLoRA.keep_merged``) as two launches, cuBLAS's
+``y = x @ w13_s.T`` on the slot's copy and ``act_down_kernel``, the down GEMM with the activation made
+inside its K loop, where the kit's kept path (``triton_backend._launch_merged``) and sglang's base run
+three (cuBLAS, an activation kernel, cuBLAS).
+
+Shapes in the SPEC's symbols: ``x [T, H]``, ``gammas [T, n]``, a kept row's ``w13_s [n*2F, H]`` (rows as
+``w13_lin``'s) and ``w2_s^T [H, n*F]`` (``merged.KeptMerges``), ``out [T, H]``. If the run shows it
+faster than the three launches, the kernel moves into ``inkling_lab/forward/kernels.py`` and ``plan``
+routes one kept slot at 2 to 32 tokens to it; if not, this folder keeps the measured attempt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """``bt`` tokens on the MMA's N side (16 or more), ``bh`` rows of ``w2_s^T`` per program, ``bk`` of
+    ``n*F`` per step (inside one expert), ``stages`` steps in flight, ``warps`` per program."""
+
+    bt: int
+    bh: int = 64
+    bk: int = 128
+    stages: int = 4
+    warps: int = 4
+
+
+def tiles(num_tokens: int, bh: int = 64, bk: int = 128, stages: int = 4, warps: int = 4) -> Tiles:
+    """The tiles for ``num_tokens``: the token tile the next power of two from 16 (the MMA's smallest N)."""
+    return Tiles(max(16, triton.next_power_of_2(num_tokens)), bh, bk, stages, warps)
+
+
+def kept_forward(ops, x: torch.Tensor, gammas: torch.Tensor, row: int, out: torch.Tensor, t: Tiles) -> torch.Tensor:
+    """``out [T, H]`` for every token of ``x [T, H]`` on kept row ``row`` of ``ops.kept`` (``T <= t.bt``):
+    ``y = x @ w13_s.T`` (cuBLAS), then ``act_down_kernel`` over ``w2_s^T``."""
+    T, H = x.shape
+    if T > t.bt:
+        raise ValueError(f"act_down: {T} tokens do not fit its token tile of {t.bt}; make the tiles with tiles({T})")
+    w13, w2t = ops.kept.w13[row], ops.kept.w2[row]
+    y = torch.mm(x, w13.T)
+    act_down_kernel[(triton.cdiv(H, t.bh),)](y, gammas, w2t, out, T, H, ops.intermediate, ops.n, w2t.stride(0),
+                                            BT=t.bt, BH=t.bh, BK=t.bk, STAGES=t.stages, INTERLEAVED=ops.interleaved,
+                                            num_warps=t.warps, num_stages=t.stages)
+    return out
+
+
+@triton.jit
+def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, T, H, F, N_EXP, W2_H,
+                    BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+                    INTERLEAVED: tl.constexpr):
+    """The down GEMM with the activation folded in, grid ``(cdiv(H, BH),)``:
+    program ``p`` owns rows ``p*BH ...`` of a kept ``w2_s^T [H, n*F]`` (row stride ``W2_H``) and computes
+    ``out[t, h] = Σ_k act[t, k] w2_s^T[h, k]`` for every token (``T <= BT``), the weight rows on the
+    MMA's M side and the tokens on N, ``K = n*F`` in ``BK`` steps inside each expert (``STAGES`` in
+    flight). ``act[t, e*F + f] = silu(gate) * up * gamma[t, e]`` is made here from cuBLAS's ``y [T, n*2F]``
+    (gate and up columns as ``up_kernel`` reads them with ``Y_IN``), in float32 and rounded to ``y``'s
+    dtype as ``up_kernel`` stores it: the activation's own launch, and its trip through memory, go."""
+    hs = tl.program_id(0) * BH + tl.arange(0, BH)
+    h_ok = hs < H
+    ts = tl.arange(0, BT)
+    t_ok = ts < T
+    y_row = y_ptr + ts[:, None] * (N_EXP * 2 * F)
+    kb = tl.cdiv(F, BK)
+    acc = tl.zeros((BH, BT), dtype=tl.float32)
+    for i in tl.range(0, N_EXP * kb, num_stages=STAGES):
+        e = i // kb
+        f0 = (i - e * kb) * BK
+        fs = f0 + tl.arange(0, BK)
+        f_ok = fs < F
+        w = tl.load(w2_ptr + hs[:, None] * W2_H + (e * F + fs)[None, :], mask=h_ok[:, None] & f_ok[None, :],
+                    other=0.0)                                                                   # [BH, BK]
+        if INTERLEAVED:
+            jj = tl.arange(0, 2 * BK)
+            gu = tl.load(y_row + e * 2 * F + 2 * f0 + jj[None, :], mask=t_ok[:, None] & (f0 + jj // 2 < F)[None, :],
+                         other=0.0).to(tl.float32)                                               # [BT, 2*BK]
+            gate, up = tl.split(tl.reshape(gu, (BT, BK, 2)))
+        else:
+            ld = t_ok[:, None] & f_ok[None, :]
+            gate = tl.load(y_row + e * 2 * F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
+            up = tl.load(y_row + e * 2 * F + F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
+        gam = tl.load(gam_ptr + ts * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]).to(y_ptr.dtype.element_ty)    # [BT, BK]
+        acc = tl.dot(w, tl.trans(act).to(w.dtype), acc)
+    tl.store(out_ptr + ts[None, :] * H + hs[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=h_ok[:, None] & t_ok[None, :])

@@ -1,0 +1,53 @@
+"""``act_down.py`` (beside this file) in Triton's CPU interpreter, float32, against the float64 reference:
+a few tokens of one kept slot through cuBLAS's up GEMM and ``act_down_kernel`` are the adapter's forward
+(``reference_forward``, which never looks at the copies) for any expert count, both gate/up layouts, both
+outer layouts, kept rows past the first, token counts below, at and past the 16-token tile, and tiles
+whose K step does not divide ``F`` (a masked last step in every expert) or whose rows do not divide ``H``."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interpreted import import_interpreted, interpreter_on
+from inkling_lab.batch import SlotBatch
+from inkling_lab.forward.reference import reference_forward
+from inkling_lab.geometry import Geometry
+from inkling_lab.records import relative_error
+from inkling_lab.scenario import Scenario
+
+ad = import_interpreted("act_down")
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3), H=st.sampled_from([24, 40, 48]), F=st.sampled_from([16, 24, 40]), T=st.integers(2, 33),
+       interleaved=st.booleans(), per_expert=st.booleans(), slot=st.integers(0, 3),
+       bh=st.sampled_from([16, 32]), bk=st.sampled_from([16, 32]), seed=st.integers(0, 2 ** 16))
+def test_two_launches_on_a_kept_slot_are_the_adapters_forward(n, H, F, T, interleaved, per_expert, slot, bh, bk, seed):
+    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=8, slots=4, outer=n if per_expert else 1)
+    sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
+    scalings = [0.6, 1.0, 1.4, 0.8]
+    kept = sorted({0, slot, 3})  # the row of the slot is its place among the kept ones
+    sc.sink.keep_merged({s: scalings[s] for s in kept})
+    ops = sc.sink.operands()
+    batch = SlotBatch.from_segments([T], [slot], 4, scalings=scalings)
+    out = torch.full_like(sc.x, float("nan"))
+    with interpreter_on():
+        ad.kept_forward(ops, sc.x, sc.gammas, kept.index(slot), out, ad.tiles(T, bh=bh, bk=bk, stages=2))
+    want = reference_forward(ops, sc.x, sc.gammas, batch)
+    assert relative_error(out, want, "fro") < 1e-5
+    assert relative_error(out, sc.sink.base_forward(sc.x, sc.gammas), "fro") > 1e-2  # the copy holds the adapter
+
+
+def test_more_tokens_than_the_token_tile_are_refused_by_name():
+    g = Geometry(n=2, hidden=24, intermediate=16, max_rank=4, slots=1, outer=1)
+    sc = Scenario.random(g, tokens=20, seed=3)
+    sc.sink.keep_merged({0: 1.0})
+    out = torch.zeros_like(sc.x)
+    with pytest.raises(ValueError, match=r"20 tokens do not fit its token tile of 16; make the tiles with tiles\(20\)"):
+        ad.kept_forward(sc.sink.operands(), sc.x, sc.gammas, 0, out, ad.tiles(16))
+    assert bool((out == 0).all())  # refused before anything was written
+
+
+@pytest.mark.parametrize("tokens, tile", [(1, 16), (2, 16), (16, 16), (17, 32), (32, 32), (33, 64)])
+def test_the_token_tile_is_the_next_power_of_two_from_16(tokens, tile):
+    assert ad.tiles(tokens).bt == tile
