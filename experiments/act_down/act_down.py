@@ -1,8 +1,9 @@
 """v25 (issue 26 target 1; not routed: its H200 run is still to be made, KERNEL_NOTES.md v25): a few
 tokens of one slot whose merge is kept (``SharedSinkLoRA.keep_merged``) as two launches, cuBLAS's
 ``y = x @ w13_s.T`` on the slot's copy and ``act_down_kernel``, the down GEMM with the activation made
-inside its K loop, where the kit's kept path (``triton_backend._launch_merged``) and sglang's base run
-three (cuBLAS, an activation kernel, cuBLAS).
+inside its K loop, or ``up_act_kernel``, the up GEMM with the activation in its epilogue, and cuBLAS's
+down GEMM, where the kit's kept path (``triton_backend._launch_merged``) and sglang's base run three
+(cuBLAS, an activation kernel, cuBLAS).
 
 Shapes in the SPEC's symbols: ``x [T, H]``, ``gammas [T, n]``, a kept row's ``w13_s [n*2F, H]`` (rows as
 ``w13_lin``'s) and ``w2_s^T [H, n*F]`` (``merged.KeptMerges``), ``out [T, H]``. If the run shows it
@@ -20,8 +21,10 @@ import triton.language as tl
 
 @dataclass(frozen=True)
 class Tiles:
-    """``bt`` tokens on the MMA's N side (16 or more), ``bh`` rows of ``w2_s^T`` per program, ``bk`` of
-    ``n*F`` per step (inside one expert), ``stages`` steps in flight, ``warps`` per program."""
+    """``bt`` tokens on the MMA's N side (16 or more); ``bh`` rows of ``w2_s^T`` per program and ``bk`` of
+    ``n*F`` per step (inside one expert) for ``act_down_kernel``, ``bh`` features (twice as many weight
+    rows) and ``bk`` of ``H`` per step for ``up_act_kernel``; ``stages`` steps in flight, ``warps`` per
+    program."""
 
     bt: int
     bh: int = 64
@@ -35,25 +38,79 @@ def tiles(num_tokens: int, bh: int = 64, bk: int = 128, stages: int = 4, warps: 
     return Tiles(max(16, triton.next_power_of_2(num_tokens)), bh, bk, stages, warps)
 
 
-def kept_forward(ops, x: torch.Tensor, gammas: torch.Tensor, row: int, out: torch.Tensor, t: Tiles) -> torch.Tensor:
-    """``out [T, H]`` for every token of ``x [T, H]`` on kept row ``row`` of ``ops.kept`` (``T <= t.bt``):
-    ``y = x @ w13_s.T`` (cuBLAS), then ``act_down_kernel`` over ``w2_s^T``."""
+FOLDS = ("down", "up")
+"""Where ``kept_forward`` makes the activation: in the down GEMM's K loop (``act_down_kernel`` after cuBLAS's
+up GEMM) or in the up GEMM's epilogue (``up_act_kernel`` before cuBLAS's down GEMM)."""
+
+
+def kept_forward(ops, x: torch.Tensor, gammas: torch.Tensor, row: int, out: torch.Tensor, t: Tiles,
+                 fold: str = "down") -> torch.Tensor:
+    """``out [T, H]`` for every token of ``x [T, H]`` on kept row ``row`` of ``ops.kept`` (``T <= t.bt``) in
+    two launches. ``fold="down"``: ``y = x @ w13_s.T`` (cuBLAS), then ``act_down_kernel`` over ``w2_s^T``
+    (``t.bh`` its rows per program, ``t.bk`` of ``n*F`` per step); ``fold="up"``: ``up_act_kernel`` makes
+    ``act [T, n*F]`` (``t.bh`` features per program, ``t.bk`` of ``H`` per step), then ``out = act @ w2_s``
+    (cuBLAS)."""
     T, H = x.shape
+    if fold not in FOLDS:
+        raise ValueError(f"act_down: fold {fold!r} is not one of {FOLDS}")
     if T > t.bt:
         raise ValueError(f"act_down: {T} tokens do not fit its token tile of {t.bt}; make the tiles with tiles({T})")
+    n, F = ops.n, ops.intermediate
     w13, w2t = ops.kept.w13[row], ops.kept.w2[row]
+    meta = dict(BT=t.bt, BK=t.bk, STAGES=t.stages, num_warps=t.warps, num_stages=t.stages)
+    if fold == "up":
+        act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+        row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
+        up_act_kernel[(n * triton.cdiv(F, t.bh),)](x, w13, gammas, act, T, H, F, n, row_step, up_offset,
+                                                  BF=t.bh, **meta)
+        return torch.mm(act, w2t.T, out=out)
     y = torch.mm(x, w13.T)
-    act_down_kernel[(triton.cdiv(H, t.bh),)](y, gammas, w2t, out, T, H, ops.intermediate, ops.n, w2t.stride(0),
-                                            BT=t.bt, BH=t.bh, BK=t.bk, STAGES=t.stages, INTERLEAVED=ops.interleaved,
-                                            num_warps=t.warps, num_stages=t.stages)
+    act_down_kernel[(triton.cdiv(H, t.bh),)](y, gammas, w2t, out, T, H, F, n, w2t.stride(0), BH=t.bh,
+                                            INTERLEAVED=ops.interleaved, **meta)
     return out
+
+
+@triton.jit
+def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, T, H, F, N_EXP, ROW_STEP, UP_OFFSET,
+                  BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """The up GEMM with the activation in its epilogue, grid ``(n * cdiv(F, BF),)``: program ``(e, block)``
+    streams the gate rows and the up rows of ``BF`` features of expert ``e`` of a kept ``w13_s [n*2F, H]``
+    (gate row of feature ``f`` ``e*2F + f*ROW_STEP``, its up row ``UP_OFFSET`` further, as
+    ``kernels.up_kernel`` reads them) across ``H`` in ``BK`` steps (``STAGES`` in flight), the weight rows
+    on the MMA's M side and the tokens on N (``T <= BT``); then ``act[t, e*F + f] = silu(gate) * up *
+    gamma[t, e]`` from gate and up rounded to ``x``'s dtype first, as cuBLAS's ``y`` holds them."""
+    pid = tl.program_id(0)
+    fb = tl.cdiv(F, BF)
+    e = pid // fb
+    fs = (pid % fb) * BF + tl.arange(0, BF)
+    f_ok = fs < F
+    g_row = e * 2 * F + fs * ROW_STEP
+    ts = tl.arange(0, BT)
+    t_ok = ts < T
+    acc_g = tl.zeros((BF, BT), dtype=tl.float32)
+    acc_u = tl.zeros((BF, BT), dtype=tl.float32)
+    for k in tl.range(0, H, BK, num_stages=STAGES):
+        kk = k + tl.arange(0, BK)
+        k_ok = kk < H
+        w_ok = f_ok[:, None] & k_ok[None, :]
+        wg = tl.load(w13_ptr + g_row[:, None] * H + kk[None, :], mask=w_ok, other=0.0)                 # [BF, BK]
+        wu = tl.load(w13_ptr + (g_row + UP_OFFSET)[:, None] * H + kk[None, :], mask=w_ok, other=0.0)
+        xt = tl.load(x_ptr + ts[:, None] * H + kk[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        acc_g = tl.dot(wg, tl.trans(xt), acc_g)
+        acc_u = tl.dot(wu, tl.trans(xt), acc_u)
+    lp = act_ptr.dtype.element_ty
+    gate = acc_g.to(lp).to(tl.float32)
+    up = acc_u.to(lp).to(tl.float32)
+    gam = tl.load(gam_ptr + ts * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate)) * up * gam[None, :]).to(lp)                                  # [BF, BT]
+    tl.store(act_ptr + ts[None, :] * (N_EXP * F) + e * F + fs[:, None], act, mask=f_ok[:, None] & t_ok[None, :])
 
 
 @triton.jit
 def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, T, H, F, N_EXP, W2_H,
                     BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                     INTERLEAVED: tl.constexpr):
-    """The down GEMM with the activation folded in, grid ``(cdiv(H, BH),)``:
+    """The down GEMM with the activation in its K loop, grid ``(cdiv(H, BH),)``:
     program ``p`` owns rows ``p*BH ...`` of a kept ``w2_s^T [H, n*F]`` (row stride ``W2_H``) and computes
     ``out[t, h] = Σ_k act[t, k] w2_s^T[h, k]`` for every token (``T <= BT``), the weight rows on the
     MMA's M side and the tokens on N, ``K = n*F`` in ``BK`` steps inside each expert (``STAGES`` in

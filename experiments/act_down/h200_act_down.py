@@ -1,15 +1,17 @@
-"""v25 on a CUDA GPU (issue 26 target 1): a few tokens of one kept slot, the activation folded into the down
-GEMM (``act_down``: ``act_down.kept_forward`` beside this file, cuBLAS's ``y = x @ w13_s.T`` on the slot's
-copy, then ``act_down_kernel``, two launches), against the kept copies through today's three launches (``kept``: cuBLAS, the activation kernel,
-cuBLAS), the kit's default path (``kit``: nothing kept) and sglang 0.5.23's no-LoRA base (cuBLAS, its
-``silu_and_mul_triton``, cuBLAS), at one slot, 2-64 tokens, R 16 (the copies carry no rank), every shape,
-both flushes. ``act_down`` is swept over its tiles (``VARIANTS``: rows of ``w2_s^T`` per program, the K step,
-stages in flight, warps). Nothing routes it yet: this run decides (KERNEL_NOTES.md v25). Every contender is checked against the float64 reference at each point
-(``h200_pdl.time_point``) and, first, launched twice and replayed from a graph twice into NaN-poisoned
-outputs (A and TP8, both gate/up layouts, bfloat16 and float16, 2, 9 and 32 tokens).
+"""v25 on a CUDA GPU (issue 26 target 1): a few tokens of one kept slot in two launches
+(``act_down.kept_forward`` beside this file), the activation folded into the down GEMM's K loop
+(``act_down_<tiles>``: cuBLAS's ``y = x @ w13_s.T`` on the slot's copy, then ``act_down_kernel``) or into the
+up GEMM's epilogue (``up_act_<tiles>``: ``up_act_kernel``, then cuBLAS's down GEMM), against the kept copies
+through today's three launches (``kept``: cuBLAS, the activation kernel, cuBLAS), the kit's default path
+(``kit``: nothing kept) and sglang 0.5.23's no-LoRA base (cuBLAS, its ``silu_and_mul_triton``, cuBLAS), at
+one slot, 2-64 tokens, R 16 (the copies carry no rank), every shape, both flushes. Each fold is swept over
+its tiles (``VARIANTS``). Nothing routes either yet: this run decides (KERNEL_NOTES.md v25). Every
+contender is checked against the float64 reference at each point (``h200_pdl.time_point``) and, first,
+launched twice and replayed from a graph twice into NaN-poisoned outputs (A and TP8, both gate/up layouts,
+bfloat16 and float16, 2, 9 and 32 tokens).
 
-    INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu:experiments/act_down python3 experiments/act_down/h200_act_down.py \\
-        --wheel WHEEL --out $OUT/h200_act_down.json
+    INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu:experiments/act_down \
+        python3 experiments/act_down/h200_act_down.py --wheel WHEEL --out $OUT/h200_act_down.json
 """
 from __future__ import annotations
 
@@ -26,16 +28,27 @@ from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
 TOKENS = (2, 4, 8, 16, 32, 48, 64)
-VARIANTS = {"h64k128s4": dict(bh=64, bk=128, stages=4), "h64k128s6": dict(bh=64, bk=128, stages=6),
-            "h64k256s3": dict(bh=64, bk=256, stages=3), "h32k128s4": dict(bh=32, bk=128, stages=4),
-            "h128k128s4w8": dict(bh=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bh=64, bk=64, stages=6)}
-"""``act_down.tiles``' arguments tried (``h<rows>k<step>s<stages>[w<warps>]``)."""
+VARIANTS = {
+    "down": {"h64k128s4": dict(bh=64, bk=128, stages=4), "h64k128s6": dict(bh=64, bk=128, stages=6),
+             "h64k256s3": dict(bh=64, bk=256, stages=3), "h32k128s4": dict(bh=32, bk=128, stages=4),
+             "h128k128s4w8": dict(bh=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bh=64, bk=64, stages=6)},
+    "up": {"f32k128s4": dict(bh=32, bk=128, stages=4), "f32k256s3": dict(bh=32, bk=256, stages=3),
+           "f64k128s4": dict(bh=64, bk=128, stages=4), "f64k256s3w8": dict(bh=64, bk=256, stages=3, warps=8)}}
+"""``act_down.tiles``' arguments tried for each fold (down: ``h<rows of w2_s^T>k<step>s<stages>[w<warps>]``;
+up: ``f<features>k<step of H>s<stages>[w<warps>]``)."""
+FIRST = {fold: next(iter(v)) for fold, v in VARIANTS.items()}
+"""The tiles of each fold the correctness pass runs."""
+
+
+def name(fold: str, tiles: str) -> str:
+    """The contender's name in the record: ``act_down_<tiles>`` or ``up_act_<tiles>``."""
+    return f"{'act_down' if fold == 'down' else 'up_act'}_{tiles}"
 
 
 def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
     """``kit`` on the pool with nothing kept, then every slot kept at the batch's scalings and the batch
-    forced onto the copies (``h200_pdl.kept_plan``): ``kept`` on today's three launches, and
-    ``act_down_<variant>`` on the same copies for each of ``variants``."""
+    forced onto the copies (``h200_pdl.kept_plan``): ``kept`` on today's three launches, and each fold's
+    two launches on the same copies for each of its ``variants``."""
     sink.keep_merged(None)
     ops = sink.operands()
     T = x.shape[0]
@@ -43,9 +56,10 @@ def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
     kept_ops, k = h200_pdl.kept_plan(tb, sink, p, x, batch)
     fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
            "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)}
-    for name, v in variants.items():
-        fns[f"act_down_{name}"] = lambda out=torch.empty_like(x), t=ad.tiles(T, **v): ad.kept_forward(
-            kept_ops, x, gammas, k.merge_rows[0], out, t)
+    for fold, tiles in variants.items():
+        for key, v in tiles.items():
+            fns[name(fold, key)] = lambda out=torch.empty_like(x), t=ad.tiles(T, **v), fold=fold: ad.kept_forward(
+                kept_ops, x, gammas, k.merge_rows[0], out, t, fold)
     return fns
 
 
@@ -59,7 +73,7 @@ def correctness() -> list[dict]:
                     sc = c.scenario("cuda", seed=7 + T + int(interleaved))
                     batch = SlotBatch.from_segments([T], [0], 1, lora_ranks=[16], scalings=[1.4])
                     ref = reference_forward(sc.sink.operands(), sc.x, sc.gammas, batch)
-                    fns = contenders(sc.sink, sc.x, sc.gammas, batch, {"h64k128s4": VARIANTS["h64k128s4"]})
+                    fns = contenders(sc.sink, sc.x, sc.gammas, batch, {f: {t: VARIANTS[f][t]} for f, t in FIRST.items()})
                     rows.append(h200_pdl.checked_row(c, fns, ref, f"{shape} il={interleaved} {dtype} T{T}"))
     return rows
 
@@ -88,7 +102,7 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
 
 
 def main() -> int:
-    names = ("kit", "kept", *(f"act_down_{v}" for v in VARIANTS))
+    names = ("kit", "kept", *(name(f, t) for f, tiles in VARIANTS.items() for t in tiles))
     rec = h200_pdl.sweep_main(__doc__, names, correctness, None, sweep)
     for fl in ("read", "write"):
         under = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", float("inf"))

@@ -1,8 +1,10 @@
 """``act_down.py`` (beside this file) in Triton's CPU interpreter, float32, against the float64 reference:
-a few tokens of one kept slot through cuBLAS's up GEMM and ``act_down_kernel`` are the adapter's forward
+a few tokens of one kept slot in two launches, the activation in either GEMM (cuBLAS's up GEMM and
+``act_down_kernel``, or ``up_act_kernel`` and cuBLAS's down GEMM), are the adapter's forward
 (``reference_forward``, which never looks at the copies) for any expert count, both gate/up layouts, both
 outer layouts, kept rows past the first, token counts below, at and past the 16-token tile, and tiles
-whose K step does not divide ``F`` (a masked last step in every expert) or whose rows do not divide ``H``."""
+whose K step does not divide the reduction (``F`` in every expert, or ``H``: a masked last step) or whose
+rows do not divide the outputs."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,11 +20,13 @@ from inkling_lab.scenario import Scenario
 ad = import_interpreted("act_down")
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(n=st.integers(1, 3), H=st.sampled_from([24, 40, 48]), F=st.sampled_from([16, 24, 40]), T=st.integers(2, 33),
        interleaved=st.booleans(), per_expert=st.booleans(), slot=st.integers(0, 3),
-       bh=st.sampled_from([16, 32]), bk=st.sampled_from([16, 32]), seed=st.integers(0, 2 ** 16))
-def test_two_launches_on_a_kept_slot_are_the_adapters_forward(n, H, F, T, interleaved, per_expert, slot, bh, bk, seed):
+       bh=st.sampled_from([16, 32]), bk=st.sampled_from([16, 32]), fold=st.sampled_from(ad.FOLDS),
+       seed=st.integers(0, 2 ** 16))
+def test_two_launches_on_a_kept_slot_are_the_adapters_forward(n, H, F, T, interleaved, per_expert, slot, bh, bk, fold,
+                                                              seed):
     g = Geometry(n=n, hidden=H, intermediate=F, max_rank=8, slots=4, outer=n if per_expert else 1)
     sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
     scalings = [0.6, 1.0, 1.4, 0.8]
@@ -32,20 +36,23 @@ def test_two_launches_on_a_kept_slot_are_the_adapters_forward(n, H, F, T, interl
     batch = SlotBatch.from_segments([T], [slot], 4, scalings=scalings)
     out = torch.full_like(sc.x, float("nan"))
     with interpreter_on():
-        ad.kept_forward(ops, sc.x, sc.gammas, kept.index(slot), out, ad.tiles(T, bh=bh, bk=bk, stages=2))
+        ad.kept_forward(ops, sc.x, sc.gammas, kept.index(slot), out, ad.tiles(T, bh=bh, bk=bk, stages=2), fold)
     want = reference_forward(ops, sc.x, sc.gammas, batch)
     assert relative_error(out, want, "fro") < 1e-5
     assert relative_error(out, sc.sink.base_forward(sc.x, sc.gammas), "fro") > 1e-2  # the copy holds the adapter
 
 
-def test_more_tokens_than_the_token_tile_are_refused_by_name():
+@pytest.mark.parametrize("fold, tiles, words", [
+    ("down", 16, r"20 tokens do not fit its token tile of 16; make the tiles with tiles\(20\)"),
+    ("sideways", 32, r"fold 'sideways' is not one of \('down', 'up'\)")])
+def test_what_it_cannot_run_is_refused_by_name_before_anything_is_written(fold, tiles, words):
     g = Geometry(n=2, hidden=24, intermediate=16, max_rank=4, slots=1, outer=1)
     sc = Scenario.random(g, tokens=20, seed=3)
     sc.sink.keep_merged({0: 1.0})
     out = torch.zeros_like(sc.x)
-    with pytest.raises(ValueError, match=r"20 tokens do not fit its token tile of 16; make the tiles with tiles\(20\)"):
-        ad.kept_forward(sc.sink.operands(), sc.x, sc.gammas, 0, out, ad.tiles(16))
-    assert bool((out == 0).all())  # refused before anything was written
+    with pytest.raises(ValueError, match=words):
+        ad.kept_forward(sc.sink.operands(), sc.x, sc.gammas, 0, out, ad.tiles(tiles), fold)
+    assert bool((out == 0).all())
 
 
 @pytest.mark.parametrize("tokens, tile", [(1, 16), (2, 16), (16, 16), (17, 32), (32, 32), (33, 64)])

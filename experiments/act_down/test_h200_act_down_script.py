@@ -1,6 +1,6 @@
 """``h200_act_down.py`` (beside this file)'s correctness pass on the CPU (``interpreted.sweep_script``), so
 the H200 call cannot die of a typo: every contender, the kept copies through ``act_down_kernel`` among
-them, is the adapter's forward at 2, 9 and 32 tokens of one kept slot, and every swept tile is one the
+them (both folds), is the adapter's forward at 2, 9 and 32 tokens of one kept slot, and every swept tile is one the
 kernel takes."""
 import sys
 from pathlib import Path
@@ -22,11 +22,13 @@ def test_the_act_down_pass_checks_every_contender(script):
     rows = script.correctness()
     assert len(rows) == 24  # two shapes, both gate/up layouts, two dtypes, three token counts
     assert all(r["ok"] for r in rows), [r["rel_err"] for r in rows]
-    assert all(set(r["rel_err"]) == {k + g for k in ("kit", "kept", "act_down_h64k128s4") for g in ("", "_graph")}
-               for r in rows)
+    names = ("kit", "kept", "act_down_h64k128s4", "up_act_f32k128s4")
+    assert all(set(r["rel_err"]) == {k + g for k in names for g in ("", "_graph")} for r in rows)
 
 
 def test_every_swept_tile_is_one_the_kernel_takes(script):
-    for name, v in script.VARIANTS.items():
-        t = script.ad.tiles(8, **v)
-        assert (t.bt, t.bh, t.bk, t.stages) == (16, v["bh"], v["bk"], v["stages"]), name
+    assert set(script.VARIANTS) == set(script.ad.FOLDS)
+    for fold, tiles in script.VARIANTS.items():
+        for name, v in tiles.items():
+            t = script.ad.tiles(8, **v)
+            assert (t.bt, t.bh, t.bk, t.stages, t.warps) == (16, v["bh"], v["bk"], v["stages"], v.get("warps", 4)), name
