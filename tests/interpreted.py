@@ -144,3 +144,27 @@ def sweep_script(name: str, monkeypatch, folder: Path = GPU_SCRIPTS) -> Iterator
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
         with without_overflow_checks():
             yield module, tb
+
+
+def stubbed_sweep(module: ModuleType, monkeypatch, shapes=("A",), **fields) -> list[dict]:
+    """``module.sweep`` (a ``sweep_script``) on the CPU: one flush, every graph timed at 1 µs, and sglang's
+    layer stood in for by the float64 reference (``forward(x, gammas, lora=...)``: the sink's base forward
+    without LoRA, ``reference_forward`` with it), ``fields`` set on the module first (``TOKENS``,
+    ``SLOTS``) -> the sweep's rows."""
+    from inkling_lab import profile as pr
+    from inkling_lab.forward.reference import reference_forward
+
+    class Upstream:
+        def __init__(self, sink, batch, min_slots):
+            self.sink, self.batch = sink, batch
+
+        def forward(self, x, gammas, lora=True):
+            if lora:
+                return reference_forward(self.sink.operands(), x, gammas, self.batch).to(x.dtype)
+            return self.sink.base_forward(x, gammas)
+
+    for name, value in fields.items():
+        monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(module.h200_pdl, "both_flushes", lambda: {"read": None})
+    monkeypatch.setattr(pr, "time_interleaved", lambda graphs, flush, reps: {k: [1.0] for k in graphs})
+    return module.sweep(Upstream, 1, list(shapes))

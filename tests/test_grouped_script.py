@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from interpreted import sweep_script
+from interpreted import stubbed_sweep, sweep_script
 
 
 @pytest.fixture
@@ -30,3 +30,14 @@ def test_the_correctness_pass_checks_every_mode_and_flags_a_wrong_one(script, mo
     rows = module.correctness()
     assert all(r["rel_err"]["kit"] < 1e-5 for r in rows) and not any(r["ok"] for r in rows)
     assert not any(r["rel_err"]["g_" + m] < 1e-4 for r in rows for m in module.MODES)  # NaN counts as wrong
+
+
+def test_the_sweep_times_every_contender_at_every_point(script, monkeypatch):
+    """The sweep on the CPU (``interpreted.stubbed_sweep``, one token count on the cuBLAS tiles): every point
+    has every contender checked against the float64 reference and timed, sglang's base among them."""
+    module, tb = script
+    rows = stubbed_sweep(module, monkeypatch, TOKENS=(130,))  # the cuBLAS tiles, as from 512
+    assert [(r["R"], r["S"]) for r in rows] == [(R, S) for R in (16, 64) for S in (4, 8)]
+    for r in rows:
+        assert "sglang_base" in r["rel_err"] and max(r["rel_err"].values()) < 1e-5, r["rel_err"]
+        assert set(r["us"]) == {k + "@read" for k in r["rel_err"]}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from interpreted import sweep_script
+from interpreted import stubbed_sweep, sweep_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +82,14 @@ def test_keep_tokens_is_the_best_fit_of_the_committed_record(script):
             kept, other = r["us"][f"kept@{fl}"], r["us"][f"{r['routed']}@{fl}"]
             hits += (kept if routed else other) <= 1.01 * min(kept, other)
     assert hits == 153
+
+
+def test_the_sweep_times_every_contender_at_every_point(script, monkeypatch):
+    """The sweep on the CPU (``interpreted.stubbed_sweep``, one token count on the cuBLAS tiles): every
+    point has every contender checked against the float64 reference, timed, and what ``auto`` routes."""
+    module, tb = script
+    rows = stubbed_sweep(module, monkeypatch, ONE_SLOT_TOKENS=(130,), MULTI_TOKENS=(130,))  # the cuBLAS tiles, as from 512
+    assert [(r["R"], r["S"]) for r in rows] == [(R, S) for R in (16, 64) for S in (1, 4, 8)]
+    for r in rows:
+        assert "sglang_base" in r["rel_err"] and max(r["rel_err"].values()) < 1e-5, r["rel_err"]
+        assert set(r["us"]) == {k + "@read" for k in r["rel_err"]} and r["routed"] in ("merge", "kit")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from interpreted import import_interpreted, sweep_script
+from interpreted import import_interpreted, stubbed_sweep, sweep_script
 
 
 @pytest.fixture
@@ -32,3 +32,14 @@ def test_every_swept_tile_is_one_the_kernel_takes(script):
         for name, v in tiles.items():
             t = script.ad.tiles(8, **v)
             assert (t.bt, t.bh, t.bk, t.stages, t.warps) == (16, v["bh"], v["bk"], v["stages"], v.get("warps", 4)), name
+
+
+def test_the_sweep_times_every_contender_at_every_point(script, monkeypatch):
+    """The sweep on the CPU (``interpreted.stubbed_sweep``): every point has every contender checked
+    against the float64 reference and timed."""
+    rows = stubbed_sweep(script, monkeypatch, TOKENS=(2, 19))
+    names = {"kit", "kept", "sglang_base", *(script.name(f, t) for f, tiles in script.VARIANTS.items() for t in tiles)}
+    assert [r["T"] for r in rows] == [2, 19]
+    for r in rows:
+        assert set(r["rel_err"]) == names and max(r["rel_err"].values()) < 1e-5, r["rel_err"]
+        assert set(r["us"]) == {k + "@read" for k in names}

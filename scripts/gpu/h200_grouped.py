@@ -72,7 +72,7 @@ def correctness() -> list[dict]:
 
 
 def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
-    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+    flushes = h200_pdl.both_flushes()
 
     routed = {}
 
@@ -81,9 +81,8 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
         # what auto runs at this point ("merge": v21's merged weights, timed by h200_merge.py)
         routed["at"] = "g_" + mode if mode in MODES else mode or "kit"
         fns = contenders(ops, x, gammas, batch)
-        multi = upstream_cls(sink, batch, min_slots=2)
+        multi = h200_pdl.with_sglang_base(fns, upstream_cls, sink, batch, x, gammas)
         fns["sglang_multi"] = lambda: multi.forward(x, gammas)
-        fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
         return fns
 
     rows = []

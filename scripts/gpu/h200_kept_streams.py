@@ -54,27 +54,8 @@ def correctness() -> list[dict]:
 
 
 def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
-    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
-
-    def fns_for(sink, ops, x, gammas, batch):
-        fns = contenders(sink, x, gammas, batch)
-        multi = upstream_cls(sink, batch, min_slots=2)
-        fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
-        return fns
-
-    rows = []
-    for shape in shapes:
-        base = None
-        for S in SLOTS:
-            for T in TOKENS:
-                base, row = h200_pdl.time_point(pr.Case.of(shape, 16, S, T), fns_for, flushes, reps, base)
-                rows.append(row)
-                for fl in flushes:
-                    got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
-                    b = got.get("sglang_base")
-                    print(f"{shape:<11} S{S} T{T:<4} {fl:<5} " + " ".join(
-                        f"{k} {u:.1f} ({u / b:.3f}x base)" if b else f"{k} {u:.1f}" for k, u in got.items()), flush=True)
-    return rows
+    return h200_pdl.timed_cases(((f"{shape:<11} S{S} T{T:<4}", pr.Case.of(shape, 16, S, T))
+                                 for shape in shapes for S in SLOTS for T in TOKENS), contenders, upstream_cls, reps)
 
 
 def main() -> int:

@@ -128,15 +128,14 @@ def breakdown(reps: int) -> list[dict]:
 
 
 def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
-    flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+    flushes = h200_pdl.both_flushes()
     routed = {}
 
     def fns_for(sink, ops, x, gammas, batch):
         routed["at"] = "merge" if tb.plan(ops, x.shape[0], batch, x.device).grouped == "merge" else "kit"
         fns = contenders(sink, x, gammas, batch)
         routed["kept"] = tb.plan(sink.operands(), x.shape[0], batch, x.device).grouped == "kept"
-        multi = upstream_cls(sink, batch, min_slots=2)
-        fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
+        h200_pdl.with_sglang_base(fns, upstream_cls, sink, batch, x, gammas)
         return fns
 
     rows = []

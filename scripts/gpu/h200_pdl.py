@@ -193,6 +193,48 @@ def kept_plan(tb, sink, p, x: torch.Tensor, batch) -> tuple:
                                     split=None, tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
 
 
+def both_flushes() -> dict:
+    """The L2 flush modes a sweep times each point under, by the name its record keys carry."""
+    return {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
+
+
+def with_sglang_base(fns: dict, upstream_cls, sink, batch, x: torch.Tensor, gammas: torch.Tensor) -> dict:
+    """``fns`` with sglang 0.5.23's no-LoRA base added as ``sglang_base`` (its multi-slot layer's forward with
+    ``lora=False``: cuBLAS, ``silu_and_mul_triton``, cuBLAS) -> the layer, for a caller that times its LoRA too."""
+    multi = upstream_cls(sink, batch, min_slots=2)
+    fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
+    return multi
+
+
+def print_against_base(label: str, row: dict, flushes) -> None:
+    """One line per flush: each contender's median µs of ``row`` and its ratio to ``sglang_base``."""
+    for fl in flushes:
+        got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
+        b = got.get("sglang_base")
+        print(f"{label} {fl:<5} " + " ".join(f"{k} {u:.1f} ({u / b:.3f}x base)" if b else f"{k} {u:.1f}"
+                                            for k, u in got.items()), flush=True)
+
+
+def timed_cases(cases, contenders, upstream_cls, reps: int) -> list[dict]:
+    """Each ``(label, case)`` of ``cases`` timed under both flushes (``time_point``): ``contenders(sink, x,
+    gammas, batch)`` and sglang's no-LoRA base (``with_sglang_base``), the sink kept while the shape stays,
+    one line per flush printed (``print_against_base``) -> the rows."""
+    flushes, rows, base, shape = both_flushes(), [], None, None
+
+    def fns_for(sink, ops, x, gammas, batch):
+        fns = contenders(sink, x, gammas, batch)
+        with_sglang_base(fns, upstream_cls, sink, batch, x, gammas)
+        return fns
+
+    for label, c in cases:
+        if c.shape != shape:
+            base, shape = None, c.shape
+        base, row = time_point(c, fns_for, flushes, reps, base)
+        rows.append(row)
+        print_against_base(label, row, flushes)
+    return rows
+
+
 def within_base(points: list[dict], contender: str, flush: str, ratio: float = 1.1) -> int:
     """How many ``points`` time ``contender`` within ``ratio`` of sglang's no-LoRA base under ``flush``
     (target 3's test; a contender that failed its check has no time and does not count)."""
