@@ -1,7 +1,8 @@
 """``inkling-lab profile`` (and ``python -m inkling_lab.profile``): the correctness check,
 then the grid, the side by side with upstream (``--vs-upstream WHEEL``) or the graph check
 (``--graph-check``) on a CUDA GPU, each written as one JSON record; ``--show RECORD``
-prints a recorded run's tables without a GPU."""
+prints a recorded run's tables without a GPU, and with ``--against SECOND`` how a second pass of a
+side by side agrees with it (``passes``)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,9 @@ from ..records import environment, write_json
 from .graph_capture import graph_check
 from .benchmark import check_correctness, correctness_cases, grid, kernel_table, run_grid, summary_table
 from .roofline_model import GRID_RANKS, GRID_SLOTS, GRID_TOKENS, SHAPES, SIDE_SHAPES, SIDE_TOKENS, Case
-from .side_by_side import kits, run_side_by_side, side_by_side_cases, side_by_side_summary, side_by_side_table
+from .passes import pass_agreement_text
+from .side_by_side import kits, load_side_by_side, run_side_by_side, side_by_side_cases, side_by_side_summary, \
+    side_by_side_table
 from .timing import measure_ceilings
 
 
@@ -56,11 +59,32 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--modes", default="read,write", help="L2 flush modes for --vs-upstream (default read,write)")
     p.add_argument("--show", metavar="RECORD", default=None,
                    help="print the table of a recorded run (e.g. data/profiles/h200_grid.json) and exit; no GPU needed")
+    p.add_argument("--against", metavar="RECORD", default=None,
+                   help="with --show on a side-by-side record: how a second pass of the same grid agrees with it "
+                        "(each contender's run-to-run spread, the target verdicts that differ); no GPU needed")
     p.set_defaults(func=profile_command)
     return p
 
 
 def profile_command(args: argparse.Namespace) -> int:
+    if args.against and not args.show:
+        print("--against compares a second pass with the record given to --show: "
+              "inkling-lab profile --show FIRST.json --against SECOND.json", file=sys.stderr)
+        return 2
+    if args.against:
+        try:
+            first, second = (load_side_by_side(path) for path in (args.show, args.against))
+            text = pass_agreement_text(first, second)
+        except (OSError, ValueError) as exc:
+            print(f"cannot compare the passes: {exc}", file=sys.stderr)
+            return 2
+        except (KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:  # a point without its times
+            print(f"cannot compare the passes: a point of {args.show} or {args.against} is not a side-by-side "
+                  f"point ({type(exc).__name__}: {exc}); give two records written by inkling-lab profile --vs-upstream",
+                  file=sys.stderr)
+            return 2
+        print(text)
+        return 0
     if args.show:
         try:
             rec = records.load_record(args.show, ("environment", "ceilings"), "profile record", "`inkling-lab profile`")
