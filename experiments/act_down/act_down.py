@@ -133,7 +133,7 @@ def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, T, H, F, N_EXP, W2_H,
                     other=0.0)                                                                   # [BH, BK]
         if INTERLEAVED:
             jj = tl.arange(0, 2 * BK)
-            gu = tl.load(y_row + e * 2 * F + 2 * f0 + jj[None, :], mask=t_ok[:, None] & (f0 + jj // 2 < F)[None, :],
+            gu = tl.load(y_row + e * 2 * F + 2 * f0 + jj[None, :], mask=t_ok[:, None] & (2 * f0 + jj < 2 * F)[None, :],
                          other=0.0).to(tl.float32)                                               # [BT, 2*BK]
             gate, up = tl.split(tl.reshape(gu, (BT, BK, 2)))
         else:

@@ -33,7 +33,7 @@ VARIANTS = {
              "h64k256s3": dict(bh=64, bk=256, stages=3), "h32k128s4": dict(bh=32, bk=128, stages=4),
              "h128k128s4w8": dict(bh=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bh=64, bk=64, stages=6)},
     "up": {"f32k128s4": dict(bh=32, bk=128, stages=4), "f32k256s3": dict(bh=32, bk=256, stages=3),
-           "f64k128s4": dict(bh=64, bk=128, stages=4), "f64k256s3w8": dict(bh=64, bk=256, stages=3, warps=8)}}
+           "f64k128s4": dict(bh=64, bk=128, stages=4), "f64k256s2w8": dict(bh=64, bk=256, stages=2, warps=8)}}
 """``act_down.tiles``' arguments tried for each fold (down: ``h<rows of w2_s^T>k<step>s<stages>[w<warps>]``;
 up: ``f<features>k<step of H>s<stages>[w<warps>]``)."""
 FIRST = {fold: next(iter(v)) for fold, v in VARIANTS.items()}

@@ -67,10 +67,11 @@ def capture(ops, x, gammas, slots, scalings, ws):
     return seen
 
 
-def compile_for_sm90(args, kwargs):
+def compile_for_sm90(args, kwargs, fn=None):
     """Triton's binder and packer for an sm_90 target, then the compiler: the same
-    signature, constants and alignment attributes a launch there would produce."""
-    fn = sl.single_launch_kernel
+    signature, constants and alignment attributes a launch there would produce (of ``fn``,
+    by default the one-launch kernel; ``experiments/act_down/sm90_report.py`` passes its own)."""
+    fn = fn or sl.single_launch_kernel
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
