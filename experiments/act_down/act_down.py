@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_lab.forward import triton_backend
+
 
 @dataclass(frozen=True)
 class Tiles:
@@ -65,8 +67,43 @@ def kept_forward(ops, x: torch.Tensor, gammas: torch.Tensor, row: int, out: torc
                                                   BF=t.bh, **meta)
         return torch.mm(act, w2t.T, out=out)
     y = torch.mm(x, w13.T)
-    act_down_kernel[(triton.cdiv(H, t.bh),)](y, gammas, w2t, out, T, H, F, n, w2t.stride(0), BH=t.bh,
-                                            INTERLEAVED=ops.interleaved, **meta)
+    z = y  # fills the LoRA operands HAS_LORA=False drops
+    act_down_kernel[(triton.cdiv(H, t.bh),)](y, gammas, w2t, out, z, z, z, z, z, T, H, F, n, 0, F, w2t.stride(0), 0,
+                                            BH=t.bh, BR=16, HAS_LORA=False, INTERLEAVED=ops.interleaved, **meta)
+    return out
+
+
+def slot_forward(ops, x: torch.Tensor, gammas: torch.Tensor, slot: int, scalings: torch.Tensor, out: torch.Tensor,
+                 t: Tiles) -> torch.Tensor:
+    """``out [T, H]`` for every token of ``x [T, H]`` on pool slot ``slot`` (shared outer, nothing kept): the
+    base forward plus the slot's LoRA at ``scalings[slot]`` (``scalings [S]`` float32 on ``x``'s device, read
+    there, so a captured graph follows an in-place change) in two steps, ``y = x @ w13_lin.T`` and
+    ``sh = x @ gate_up_A[slot, 0].T [T, 2R]`` (cuBLAS, the shrink on a side stream beside the GEMM as
+    ``triton_backend._launch_single`` runs it), then ``act_down_kernel`` with ``HAS_LORA``: the gate/up expand
+    added to ``y`` in its K loop, the activation, the down GEMM over the base ``w2 [n, H, F]``, the down
+    shrink ``mid = act @ a_cat[slot].T`` summed in each program's registers (each program walks all of
+    ``K``), and ``mid @ down_B[slot, 0].T`` added to its rows at the end."""
+    T, H = x.shape
+    if not ops.shared_outer:
+        raise ValueError("act_down: slot_forward takes the shared outer layout (O = 1); per-expert outer "
+                         "factors run the backend's own paths")
+    if T > t.bt:
+        raise ValueError(f"act_down: {T} tokens do not fit its token tile of {t.bt}; make the tiles with tiles({T})")
+    n, F = ops.n, ops.intermediate
+    ga, gb, _, db = ops.buffers
+    R = ga.shape[2] // 2
+    if not 0 <= slot < ga.shape[0]:
+        raise ValueError(f"act_down: slot {slot} is not in the pool of {ga.shape[0]} slots")
+    side = triton_backend._Beside(x)
+    sh = torch.empty(T, 2 * R, dtype=x.dtype, device=x.device)
+    with side:
+        torch.mm(x, ga[slot, 0].T, out=sh)
+    y = torch.mm(x, ops.w13_lin.T)
+    side.join()
+    act_down_kernel[(triton.cdiv(H, t.bh),)](
+        y, gammas, ops.w2, out, sh, gb, ops.a_cat, db, scalings, T, H, F, n, R, H * F, F, slot,
+        BT=t.bt, BH=t.bh, BK=t.bk, BR=max(16, triton.next_power_of_2(R)), STAGES=t.stages, HAS_LORA=True,
+        INTERLEAVED=ops.interleaved, num_warps=t.warps, num_stages=t.stages)
     return out
 
 
@@ -107,16 +144,25 @@ def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, T, H, F, N_EXP, ROW_STEP, UP
 
 
 @triton.jit
-def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, T, H, F, N_EXP, W2_H,
-                    BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-                    INTERLEAVED: tl.constexpr):
-    """The down GEMM with the activation in its K loop, grid ``(cdiv(H, BH),)``:
-    program ``p`` owns rows ``p*BH ...`` of a kept ``w2_s^T [H, n*F]`` (row stride ``W2_H``) and computes
-    ``out[t, h] = Σ_k act[t, k] w2_s^T[h, k]`` for every token (``T <= BT``), the weight rows on the
-    MMA's M side and the tokens on N, ``K = n*F`` in ``BK`` steps inside each expert (``STAGES`` in
-    flight). ``act[t, e*F + f] = silu(gate) * up * gamma[t, e]`` is made here from cuBLAS's ``y [T, n*2F]``
-    (gate and up columns as ``up_kernel`` reads them with ``Y_IN``), in float32 and rounded to ``y``'s
-    dtype as ``up_kernel`` stores it: the activation's own launch, and its trip through memory, go."""
+def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, sh_ptr, gb_ptr, acat_ptr, db_ptr, scale_ptr,
+                    T, H, F, N_EXP, R, W2_E, W2_H, SLOT,
+                    BT: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, STAGES: tl.constexpr,
+                    HAS_LORA: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The down GEMM with the activation in its K loop, grid ``(cdiv(H, BH),)``: program ``p`` owns rows
+    ``p*BH ...`` of the down weight, read as ``w2[e, h, f]`` at ``e*W2_E + h*W2_H + f`` (a kept ``w2_s^T
+    [H, n*F]``: ``W2_E = F``, ``W2_H = n*F``; the base ``w2 [n, H, F]``: ``H*F`` and ``F``), and computes
+    ``out[t, h] = Σ_k act[t, k] w2[k, h]`` for every token (``T <= BT``), the weight rows on the MMA's M side
+    and the tokens on N, ``K = n*F`` in ``BK`` steps inside each expert (``STAGES`` in flight).
+    ``act[t, e*F + f] = silu(gate) * up * gamma[t, e]`` is made here from cuBLAS's ``y [T, n*2F]`` (gate and
+    up columns as ``kernels.up_kernel`` reads them with ``Y_IN``), in float32 and rounded to ``y``'s dtype
+    as ``up_kernel`` stores it: the activation's own launch, and its trip through memory, go.
+
+    ``HAS_LORA`` (every token on slot ``SLOT`` of a shared-outer pool, rank ``R``; ``c = scale[SLOT]``):
+    each step first adds ``c * sh @ gate_up_B[SLOT, e, rows].T`` to its gate and up columns (``sh [T, 2R]``,
+    the gate/up shrink), and sums ``mid += act @ a_cat[SLOT, :, k].T`` (``a_cat [S, R, n*F]``) as it goes;
+    after the loop ``out += c * mid @ down_B[SLOT, 0, rows].T`` (``down_B [S, 1, H, R]``, ``mid`` rounded to
+    the weights' dtype as the backend's down kernel does). The factors' rows come in with the weight tiles
+    (no trip after the stream); every program reads all of ``gate_up_B[SLOT]`` and ``a_cat[SLOT]``."""
     hs = tl.program_id(0) * BH + tl.arange(0, BH)
     h_ok = hs < H
     ts = tl.arange(0, BT)
@@ -124,12 +170,20 @@ def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, T, H, F, N_EXP, W2_H,
     y_row = y_ptr + ts[:, None] * (N_EXP * 2 * F)
     kb = tl.cdiv(F, BK)
     acc = tl.zeros((BH, BT), dtype=tl.float32)
+    if HAS_LORA:
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        scale = tl.load(scale_ptr + SLOT)
+        sh_ld = t_ok[:, None] & r_ok[None, :]
+        sg = tl.load(sh_ptr + ts[:, None] * (2 * R) + r[None, :], mask=sh_ld, other=0.0)            # [BT, BR]
+        su = tl.load(sh_ptr + ts[:, None] * (2 * R) + R + r[None, :], mask=sh_ld, other=0.0)
+        mid = tl.zeros((BT, BR), dtype=tl.float32)
     for i in tl.range(0, N_EXP * kb, num_stages=STAGES):
         e = i // kb
         f0 = (i - e * kb) * BK
         fs = f0 + tl.arange(0, BK)
         f_ok = fs < F
-        w = tl.load(w2_ptr + hs[:, None] * W2_H + (e * F + fs)[None, :], mask=h_ok[:, None] & f_ok[None, :],
+        w = tl.load(w2_ptr + e * W2_E + hs[:, None] * W2_H + fs[None, :], mask=h_ok[:, None] & f_ok[None, :],
                     other=0.0)                                                                   # [BH, BK]
         if INTERLEAVED:
             jj = tl.arange(0, 2 * BK)
@@ -140,8 +194,23 @@ def act_down_kernel(y_ptr, gam_ptr, w2_ptr, out_ptr, T, H, F, N_EXP, W2_H,
             ld = t_ok[:, None] & f_ok[None, :]
             gate = tl.load(y_row + e * 2 * F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
             up = tl.load(y_row + e * 2 * F + F + fs[None, :], mask=ld, other=0.0).to(tl.float32)
+        if HAS_LORA:
+            b_rows = gb_ptr + (SLOT * N_EXP + e) * 2 * F * R + fs[:, None] * R + r[None, :]
+            b_ok = f_ok[:, None] & r_ok[None, :]
+            bg = tl.load(b_rows, mask=b_ok, other=0.0)                                            # [BK, BR]
+            bu = tl.load(b_rows + F * R, mask=b_ok, other=0.0)
+            gate += scale * tl.dot(sg, tl.trans(bg))
+            up += scale * tl.dot(su, tl.trans(bu))
         gam = tl.load(gam_ptr + ts * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]).to(y_ptr.dtype.element_ty)    # [BT, BK]
         acc = tl.dot(w, tl.trans(act).to(w.dtype), acc)
+        if HAS_LORA:
+            da = tl.load(acat_ptr + (SLOT * R + r)[None, :] * (N_EXP * F) + (e * F + fs)[:, None],
+                         mask=f_ok[:, None] & r_ok[None, :], other=0.0)                          # [BK, BR]
+            mid = tl.dot(act.to(da.dtype), da, mid)
+    if HAS_LORA:  # down_B's rows after the loop: held through it, they cost registers the stream needs
+        db = tl.load(db_ptr + (SLOT * H + hs)[:, None] * R + r[None, :], mask=h_ok[:, None] & r_ok[None, :],
+                     other=0.0)                                                                     # [BH, BR]
+        acc += scale * tl.dot(db, tl.trans(mid.to(db.dtype)))
     tl.store(out_ptr + ts[None, :] * H + hs[:, None], acc.to(out_ptr.dtype.element_ty),
              mask=h_ok[:, None] & t_ok[None, :])

@@ -1,14 +1,20 @@
-"""v25 on a CUDA GPU (issue 26 target 1): a few tokens of one kept slot in two launches
-(``act_down.kept_forward`` beside this file), the activation folded into the down GEMM's K loop
-(``act_down_<tiles>``: cuBLAS's ``y = x @ w13_s.T`` on the slot's copy, then ``act_down_kernel``) or into the
-up GEMM's epilogue (``up_act_<tiles>``: ``up_act_kernel``, then cuBLAS's down GEMM), against the kept copies
-through today's three launches (``kept``: cuBLAS, the activation kernel, cuBLAS), the kit's default path
-(``kit``: nothing kept) and sglang 0.5.23's no-LoRA base (cuBLAS, its ``silu_and_mul_triton``, cuBLAS), at
-one slot, 2-64 tokens, R 16 (the copies carry no rank), every shape, both flushes. Each fold is swept over
-its tiles (``VARIANTS``). Nothing routes either yet: this run decides (KERNEL_NOTES.md v25). Every
-contender is checked against the float64 reference at each point (``h200_pdl.time_point``) and, first,
-launched twice and replayed from a graph twice into NaN-poisoned outputs (A and TP8, both gate/up layouts,
-bfloat16 and float16, 2, 9 and 32 tokens).
+"""v25 on a CUDA GPU (issue 26 target 1): a few tokens of one slot in two steps (``act_down.py`` beside this
+file) where the kit and sglang's base take three:
+
+* the kept copies (``act_down.kept_forward``), the activation folded into the down GEMM's K loop
+  (``act_down_<tiles>``: cuBLAS's ``y = x @ w13_s.T`` on the slot's copy, then ``act_down_kernel``) or into
+  the up GEMM's epilogue (``up_act_<tiles>``: ``up_act_kernel``, then cuBLAS's down GEMM), beside the kept
+  copies through today's three launches (``kept``: cuBLAS, the activation kernel, cuBLAS);
+* the pool's LoRA with nothing kept (``slot_down_<tiles>``: ``act_down.slot_forward``, cuBLAS's ``y`` with
+  the shrink beside it, then ``act_down_kernel`` with the expand, the activation, the down GEMM and the down
+  LoRA in one launch), beside the kit's default path (``kit``);
+
+and sglang 0.5.23's no-LoRA base (cuBLAS, its ``silu_and_mul_triton``, cuBLAS), at one slot, 2-64 tokens,
+every shape, both flushes; R 16 for everything (the copies carry no rank), R 64 for ``kit`` and the slot fold.
+Each fold is swept over its tiles (``VARIANTS``). Nothing routes any of them yet: this run decides
+(KERNEL_NOTES.md v25). Every contender is checked against the float64 reference at each point
+(``h200_pdl.time_point``) and, first, launched twice and replayed from a graph twice into NaN-poisoned
+outputs (A and TP8, both gate/up layouts, bfloat16 and float16, 2, 9 and 32 tokens).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu:experiments/act_down \
         python3 experiments/act_down/h200_act_down.py --wheel WHEEL --out $OUT/h200_act_down.json
@@ -28,36 +34,50 @@ from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
 TOKENS = (2, 4, 8, 16, 32, 48, 64)
+KEPT_RANK = 16
+"""The rank of the points that time the kept copies too (they carry no rank); at rank 64 only the kit and
+the slot fold run."""
 VARIANTS = {
     "down": {"h64k128s4": dict(bh=64, bk=128, stages=4), "h64k128s6": dict(bh=64, bk=128, stages=6),
              "h64k256s3": dict(bh=64, bk=256, stages=3), "h32k128s4": dict(bh=32, bk=128, stages=4),
              "h128k128s4w8": dict(bh=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bh=64, bk=64, stages=6)},
     "up": {"f32k128s4": dict(bh=32, bk=128, stages=4), "f32k256s3": dict(bh=32, bk=256, stages=3),
-           "f64k128s4": dict(bh=64, bk=128, stages=4), "f64k256s2w8": dict(bh=64, bk=256, stages=2, warps=8)}}
-"""``act_down.tiles``' arguments tried for each fold (down: ``h<rows of w2_s^T>k<step>s<stages>[w<warps>]``;
-up: ``f<features>k<step of H>s<stages>[w<warps>]``)."""
+           "f64k128s4": dict(bh=64, bk=128, stages=4), "f64k256s2w8": dict(bh=64, bk=256, stages=2, warps=8)},
+    "slot": {"h64k64s3": dict(bh=64, bk=64, stages=3), "h64k128s2": dict(bh=64, bk=128, stages=2),
+             "h128k64s3w8": dict(bh=128, bk=64, stages=3, warps=8)}}
+"""``act_down.tiles``' arguments tried for each fold (``down`` and ``slot``: ``h<rows of the down weight>k<step>
+s<stages>[w<warps>]``; ``up``: ``f<features>k<step of H>s<stages>[w<warps>]``)."""
 FIRST = {fold: next(iter(v)) for fold, v in VARIANTS.items()}
 """The tiles of each fold the correctness pass runs."""
+PREFIX = {"down": "act_down", "up": "up_act", "slot": "slot_down"}
 
 
 def name(fold: str, tiles: str) -> str:
-    """The contender's name in the record: ``act_down_<tiles>`` or ``up_act_<tiles>``."""
-    return f"{'act_down' if fold == 'down' else 'up_act'}_{tiles}"
+    """The contender's name in the record: ``act_down_<tiles>``, ``up_act_<tiles>`` (the kept copies) or
+    ``slot_down_<tiles>`` (the pool's LoRA, nothing kept)."""
+    return f"{PREFIX[fold]}_{tiles}"
 
 
 def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
-    """``kit`` on the pool with nothing kept, then every slot kept at the batch's scalings and the batch
-    forced onto the copies (``h200_pdl.kept_plan``): ``kept`` on today's three launches, and each fold's
-    two launches on the same copies for each of its ``variants``."""
+    """``kit`` on the pool with nothing kept and each ``slot`` variant (``act_down.slot_forward``, the batch's
+    one slot at its scaling), then, where ``variants`` has a kept fold, every slot kept at the batch's
+    scalings and the batch forced onto the copies (``h200_pdl.kept_plan``): ``kept`` on today's three
+    launches, and each kept fold's two launches on the same copies for each of its ``variants``."""
     sink.keep_merged(None)
     ops = sink.operands()
     T = x.shape[0]
     p = tb.plan(ops, T, batch, x.device)
+    scalings = batch.scalings.to(device=x.device, dtype=torch.float32)
+    fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out)}
+    for key, v in variants.get("slot", {}).items():
+        fns[name("slot", key)] = lambda out=torch.empty_like(x), t=ad.tiles(T, **v): ad.slot_forward(
+            ops, x, gammas, p.single_slot, scalings, out, t)
+    if not set(variants) - {"slot"}:
+        return fns
     kept_ops, k = h200_pdl.kept_plan(tb, sink, p, x, batch)
-    fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out),
-           "kept": lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)}
-    for fold, tiles in variants.items():
-        for key, v in tiles.items():
+    fns["kept"] = lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)
+    for fold in ("down", "up"):
+        for key, v in variants.get(fold, {}).items():
             fns[name(fold, key)] = lambda out=torch.empty_like(x), t=ad.tiles(T, **v), fold=fold: ad.kept_forward(
                 kept_ops, x, gammas, k.merge_rows[0], out, t, fold)
     return fns
@@ -79,16 +99,20 @@ def correctness() -> list[dict]:
 
 
 def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
-    return h200_pdl.timed_cases(((f"{shape:<11} T{T:<3}", pr.Case.of(shape, 16, 1, T)) for shape in shapes for T in TOKENS),
-                                contenders, upstream_cls, reps)
+    def fns(sink, x, gammas, batch):
+        kept = int(batch.lora_ranks.max()) == KEPT_RANK
+        return contenders(sink, x, gammas, batch, VARIANTS if kept else {"slot": VARIANTS["slot"]})
+
+    return h200_pdl.timed_cases(((f"{shape:<11} R{R} T{T:<3}", pr.Case.of(shape, R, 1, T))
+                                 for shape in shapes for R in (KEPT_RANK, 64) for T in TOKENS), fns, upstream_cls, reps)
 
 
 def main() -> int:
-    names = ("kit", "kept", *(name(f, t) for f, tiles in VARIANTS.items() for t in tiles))
+    names = ("kit", "kept", *(name(f, t) for f, tiles in VARIANTS.items() for t in tiles))  # kept ones: R 16 only
     rec = h200_pdl.sweep_main(__doc__, names, correctness, None, sweep)
     for fl in ("read", "write"):
         under = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", float("inf"))
-                        < r["us"][f"sglang_base@{fl}"]) for k in names}
+                        < r["us"][f"sglang_base@{fl}"]) for k in names}  # of the points each contender ran at
         print(f"{fl}: under the base (of {len(rec['points'])}): {under}", flush=True)
     print(f"{rec['seconds']} s")
     return 0

@@ -1,7 +1,7 @@
-"""Compile v25's two kernels (``act_down.py``) for sm_90 on a machine without a GPU and report what ptxas
+"""Compile v25's two kernels (``act_down.py``; ``act_down_kernel`` with and without its LoRA) for sm_90 on a machine without a GPU and report what ptxas
 made of each: registers, stack, spills, shared memory, how many programs of it fit a multiprocessor by
 shared memory, whether the K loop streams through shared memory (``cp.async``, 16-byte and all), and
-whether the products are wgmma or mma.sync. The launch arguments are those ``kept_forward`` passes for the
+whether the products are wgmma or mma.sync. The launch arguments are those ``kept_forward`` and ``slot_forward`` (rank 64) pass for the
 shapes of the side by side (A, B, Inkling, its TP-8 slice) at 8 and 32 tokens, captured instead of launched
 and specialized by Triton's own binder for sm_90 (``experiments/single_launch/sm90_compile_check.py``'s
 helpers). Triton here is the local one; the H200 runs its own 3.6, so counts can differ a little. A tile
@@ -31,16 +31,23 @@ SHARED_PER_BLOCK = 232448
 """The most dynamic shared memory one block may take on an H200 (227 KB)."""
 SHARED_PER_SM = 233472
 """The shared memory of one H200 multiprocessor (228 KB)."""
-KERNELS = {"down": "act_down_kernel", "up": "up_act_kernel"}
+KERNELS = {"down": "act_down_kernel", "up": "up_act_kernel", "slot": "act_down_kernel"}
+RANK = 64
+"""The slot fold's rank here (the widest the side by side times: the most registers for ``mid``)."""
 
 
 def captured(fold: str, n: int, H: int, F: int, T: int, tiles: ad.Tiles):
-    """``(kernel, grid, args, kwargs)`` of ``kept_forward``'s Triton launch for one kept slot of these sizes
-    (bf16, interleaved), its cuBLAS GEMM run on the CPU on empty tensors."""
-    kept = SimpleNamespace(w13=torch.empty(1, n * 2 * F, H, dtype=torch.bfloat16),
-                           w2=torch.empty(1, H, n * F, dtype=torch.bfloat16))
-    ops = SimpleNamespace(kept=kept, n=n, intermediate=F, interleaved=True)
-    x = torch.zeros(T, H, dtype=torch.bfloat16)
+    """``(kernel, grid, args, kwargs)`` of the Triton launch ``kept_forward`` (``down``, ``up``) or
+    ``slot_forward`` (``slot``, rank ``RANK``) makes for one slot of these sizes (bf16, interleaved), its
+    cuBLAS GEMMs run on the CPU on empty tensors."""
+    bf16 = dict(dtype=torch.bfloat16)
+    kept = SimpleNamespace(w13=torch.empty(1, n * 2 * F, H, **bf16), w2=torch.empty(1, H, n * F, **bf16))
+    buffers = (torch.empty(1, 1, 2 * RANK, H, **bf16), torch.empty(1, n, 2 * F, RANK, **bf16), None,
+               torch.empty(1, 1, H, RANK, **bf16))
+    ops = SimpleNamespace(kept=kept, n=n, intermediate=F, interleaved=True, shared_outer=True, buffers=buffers,
+                          a_cat=torch.empty(1, RANK, n * F, **bf16), w13_lin=torch.empty(n * 2 * F, H, **bf16),
+                          w2=torch.empty(n, H, F, **bf16))
+    x, gammas = torch.zeros(T, H, **bf16), torch.zeros(T, n, **bf16)
     seen, name = {}, KERNELS[fold]
     real = getattr(ad, name)
 
@@ -50,7 +57,10 @@ def captured(fold: str, n: int, H: int, F: int, T: int, tiles: ad.Tiles):
 
     setattr(ad, name, Capture())
     try:
-        ad.kept_forward(ops, x, torch.zeros(T, n, dtype=torch.bfloat16), 0, torch.empty_like(x), tiles, fold)
+        if fold == "slot":
+            ad.slot_forward(ops, x, gammas, 0, torch.ones(1), torch.empty_like(x), tiles)
+        else:
+            ad.kept_forward(ops, x, gammas, 0, torch.empty_like(x), tiles, fold)
     finally:
         setattr(ad, name, real)
     return real, seen["grid"], seen["args"], seen["kwargs"]
