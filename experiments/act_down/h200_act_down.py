@@ -9,7 +9,7 @@ file) where the kit and sglang's base take three:
   the shrink beside it, then ``act_down_kernel`` with the expand, the activation, the down GEMM and the down
   LoRA in one launch), beside the kit's default path (``kit``);
 
-and sglang 0.5.23's no-LoRA base (cuBLAS, its ``silu_and_mul_triton``, cuBLAS), at one slot, 2-64 tokens,
+and sglang 0.5.23's no-LoRA base (cuBLAS, its ``silu_and_mul_triton``, cuBLAS), at one slot, 2, 8, 16, 32 and 64 tokens,
 every shape, both flushes; R 16 for everything (the copies carry no rank), R 64 for ``kit`` and the slot fold.
 Each fold is swept over its tiles (``VARIANTS``). Nothing routes any of them yet: this run decides
 (KERNEL_NOTES.md v25). Every contender is checked against the float64 reference at each point
@@ -33,7 +33,7 @@ from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
-TOKENS = (2, 4, 8, 16, 32, 48, 64)
+TOKENS = (2, 8, 16, 32, 64)
 KEPT_RANK = 16
 """The rank of the points that time the kept copies too (they carry no rank); at rank 64 only the kit and
 the slot fold run."""
