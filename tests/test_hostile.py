@@ -438,6 +438,16 @@ def test_no_hang_profile_show_of_a_fifo_is_refused_unopened(tmp_path):
     assert result.returncode == 2 and b"junk.json: not a profile record (not JSON" in result.stderr
 
 
+def test_no_hang_profile_against_a_fifo_is_refused_unopened(tmp_path):
+    """The second pass of ``--show FIRST --against SECOND`` is read the same careful way as the first."""
+    first = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_side_by_side.json"
+    fifo = tmp_path / "second.json"
+    os.mkfifo(fifo)
+    for argv in (("--show", str(first), "--against", str(fifo)), ("--show", str(fifo), "--against", str(first))):
+        result = forked_cli("profile", *argv, hang_guard=HANG_GUARD)
+        assert result.returncode == 2 and b"not a regular file" in result.stderr and not result.stdout
+
+
 @pytest.mark.parametrize("call, words", [
     (lambda w: w.tp_shard_explorer(intermediate=0), "intermediate starts its slider, which runs over 1..16"),
     (lambda w: w.tp_shard_explorer(n="x"), "n starts its slider, which runs over 1..4"),
