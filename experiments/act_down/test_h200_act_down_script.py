@@ -45,3 +45,38 @@ def test_the_sweep_times_every_contender_at_every_point(script, monkeypatch):
         names = every if r["R"] == script.KEPT_RANK else slot_only
         assert set(r["rel_err"]) == names and max(r["rel_err"].values()) < 1e-5, r["rel_err"]
         assert set(r["us"]) == {k + "@read" for k in names}
+
+
+@pytest.mark.parametrize("shape, rank", [("A", 16), ("A", 64), ("Inkling-TP8", 64)])
+def test_every_swept_tile_is_the_adapters_forward_at_the_real_sizes(shape, rank, monkeypatch):
+    """The sweep's own tiles at the real sizes of shape A (n 2, H 1536, F 768: whole 128- and 256-wide steps
+    in each expert, 12-48 programs) and of the TP-8 slice (F 384, H 6144), 8 and 32 tokens, in float32 under
+    the interpreter: each fold, the kept ones at rank 16 (the copies carry no rank), the slot fold at both."""
+    import torch
+
+    import inkling_lab.forward.triton_backend  # noqa: F401  (as test_act_down.py: the library's module first)
+    from inkling_lab import profile as pr
+    from inkling_lab.batch import SlotBatch
+    from inkling_lab.forward.reference import reference_forward
+    from inkling_lab.records import relative_error
+    from interpreted import gpu_script, without_overflow_checks
+
+    with gpu_script("h200_act_down", Path(__file__).resolve().parent) as module:
+        sys.modules.pop("act_down", None)
+        ad = import_interpreted("act_down")
+        folds = module.VARIANTS if rank == module.KEPT_RANK else {"slot": module.VARIANTS["slot"]}
+        for T in (8, 32):
+            sc = pr.Case.of(shape, rank, 2, T, dtype="float32").scenario("cpu", seed=T)
+            batch = SlotBatch.from_segments([T], [1], 2, scalings=[1.0, 1.3])
+            sc.sink.keep_merged({1: 1.3})
+            ops = sc.sink.operands()
+            want = reference_forward(ops, sc.x, sc.gammas, batch)
+            for fold, tiles in folds.items():
+                for name, v in tiles.items():
+                    out = torch.full_like(sc.x, float("nan"))
+                    with without_overflow_checks():
+                        if fold == "slot":
+                            ad.slot_forward(ops, sc.x, sc.gammas, 1, torch.tensor([1.0, 1.3]), out, ad.tiles(T, **v))
+                        else:
+                            ad.kept_forward(ops, sc.x, sc.gammas, 0, out, ad.tiles(T, **v), fold)
+                    assert relative_error(out, want, "fro") < 1e-5, (fold, name, T)
