@@ -107,6 +107,51 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
                                  for shape in shapes for R in (KEPT_RANK, 64) for T in TOKENS), fns, upstream_cls, reps)
 
 
+REPLACES = {"down": "kept", "up": "kept", "slot": "kit"}
+"""The path each fold would take the place of if routed: the kept copies' three launches, or the kit's default."""
+
+
+def best(row: dict, fold: str, flush: str) -> tuple[str, float] | None:
+    """The fastest of ``fold``'s tiles at one point of the record under ``flush``: ``(contender, µs)``, or
+    ``None`` where none of them ran (or all failed their check)."""
+    got = [(k, u) for k, u in ((name(fold, t), row["us"].get(f"{name(fold, t)}@{flush}")) for t in VARIANTS[fold])
+           if u is not None]
+    return min(got, key=lambda g: g[1]) if got else None
+
+
+def decide(points: list[dict], flushes=("read", "write")) -> dict:
+    """What the record says to route, per fold: ``ahead``, every ``(shape, R, T)`` where the fold's best tile
+    beat the path it replaces (``REPLACES``) under every flush, with both times and sglang's base;
+    ``up_to``, per shape, the largest token count up to which it was ahead at every timed T of that shape (and
+    rank: the smaller of the two); ``under_base``, the points where it beat sglang's base under every flush."""
+    out = {}
+    for fold, rival in REPLACES.items():
+        ahead, under, by_shape = [], [], {}
+        for r in points:
+            mine = [best(r, fold, fl) for fl in flushes]
+            theirs = [r["us"].get(f"{rival}@{fl}") for fl in flushes]
+            if any(m is None for m in mine) or any(t is None for t in theirs):
+                continue
+            key = (r["shape"], r["R"], r["T"])
+            won = all(m[1] < t for m, t in zip(mine, theirs))
+            by_shape.setdefault((r["shape"], r["R"]), []).append((r["T"], won))
+            if won:
+                ahead.append({"point": key, "tiles": mine[0][0], "us": mine[0][1], rival: theirs[0],
+                              "sglang_base": r["us"][f"sglang_base@{flushes[0]}"]})
+            if all(m[1] < r["us"][f"sglang_base@{fl}"] for m, fl in zip(mine, flushes)):
+                under.append(key)
+        up_to = {}
+        for (shape, _), series in by_shape.items():
+            reach = 0
+            for T, won in sorted(series):
+                if not won:
+                    break
+                reach = T
+            up_to[shape] = min(up_to.get(shape, reach), reach)
+        out[fold] = {"ahead": ahead, "up_to": up_to, "under_base": under}
+    return out
+
+
 def main() -> int:
     names = ("kit", "kept", *(name(f, t) for f, tiles in VARIANTS.items() for t in tiles))  # kept ones: R 16 only
     rec = h200_pdl.sweep_main(__doc__, names, correctness, None, sweep)
@@ -114,6 +159,9 @@ def main() -> int:
         under = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", float("inf"))
                         < r["us"][f"sglang_base@{fl}"]) for k in names}  # of the points each contender ran at
         print(f"{fl}: under the base (of {len(rec['points'])}): {under}", flush=True)
+    for fold, d in decide(rec["points"]).items():
+        print(f"{fold}: ahead of {REPLACES[fold]} at {len(d['ahead'])} points, up to {d['up_to']} tokens per shape; "
+              f"under sglang's base at {len(d['under_base'])}: {d['under_base']}", flush=True)
     print(f"{rec['seconds']} s")
     return 0
 

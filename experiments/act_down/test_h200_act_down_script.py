@@ -80,3 +80,27 @@ def test_every_swept_tile_is_the_adapters_forward_at_the_real_sizes(shape, rank,
                         else:
                             ad.kept_forward(ops, sc.x, sc.gammas, 0, out, ad.tiles(T, **v), fold)
                     assert relative_error(out, want, "fro") < 1e-5, (fold, name, T)
+
+
+def test_decide_reads_what_to_route_from_the_record(script):
+    """Times made here: the slot fold ahead of the kit at 2 and 8 tokens on A at both ranks and behind at 32,
+    under the base at A R16 T2 only; the down fold ahead of the kept path at 2 tokens only, and only in one
+    flush at 8 (not ahead); nothing else timed."""
+    def row(R, T, **us):
+        return {"shape": "A", "R": R, "T": T, "us": {f"{k}@{fl}": v * (1.01 if fl == "write" else 1.0)
+                                                     for k, v in us.items() for fl in ("read", "write")}}
+
+    slot, down = script.name("slot", "h64k64s3"), script.name("down", "h64k128s4")
+    points = [row(16, 2, kit=20.0, kept=18.0, sglang_base=17.0, **{slot: 16.5, down: 17.5}),
+              row(16, 8, kit=22.0, kept=18.0, sglang_base=17.0, **{slot: 18.0, down: 18.0}),
+              row(16, 32, kit=23.0, kept=18.5, sglang_base=18.0, **{slot: 24.0, down: 19.0}),
+              row(64, 2, kit=21.0, sglang_base=17.0, **{slot: 19.0}),
+              row(64, 8, kit=22.0, sglang_base=17.0, **{slot: 20.0}),
+              row(64, 32, kit=23.0, sglang_base=18.0, **{slot: 23.5})]
+    points[1]["us"][f"{down}@write"] = 18.0 * 0.99  # ahead of kept (18.18) in the write flush only
+    d = script.decide(points)
+    assert [a["point"] for a in d["slot"]["ahead"]] == [("A", 16, 2), ("A", 16, 8), ("A", 64, 2), ("A", 64, 8)]
+    assert d["slot"]["up_to"] == {"A": 8} and d["slot"]["under_base"] == [("A", 16, 2)]
+    assert [a["point"] for a in d["down"]["ahead"]] == [("A", 16, 2)] and d["down"]["up_to"] == {"A": 2}
+    assert d["down"]["ahead"][0]["tiles"] == down and d["down"]["ahead"][0]["kept"] == 18.0
+    assert d["up"] == {"ahead": [], "up_to": {}, "under_base": []}
