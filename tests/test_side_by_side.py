@@ -86,8 +86,24 @@ def test_the_kept_kit_is_counted_on_its_own_points():
     rec = {"points": [ran, skipped]}
     assert pr.kits(rec) == ["kit_triton", "kit_kept"] and pr.kits({"points": [skipped]}) == ["kit_triton"]
     kept = pr.side_by_side_summary(rec, "read", "kit_kept")
-    assert "| A | 1 | 1/1 | 0/0 | 0/0 | 0/1 | 1/1 |" in kept  # 205 <= 1.1 * 200, over the roofline
-    assert "| A | 2 | 2/2 | 0/0 | 0/0 | 0/2 | 0/2 |" in pr.side_by_side_summary(rec, "read")
+    lo, hi = sorted(200.0 / p["roofline_us"] for p in (ran, skipped))  # the base over each point's roofline
+    where = sum(b <= 1.2 for b in (lo, hi))
+    assert f"| A | 1 | 1/1 | 0/0 | 0/0 | 0/1 | 0/{int(200.0 / ran['roofline_us'] <= 1.2)} | 1/1 |" in kept  # 205 <= 1.1 * 200
+    assert f"| A | 2 | 2/2 | 0/0 | 0/0 | 0/2 | 0/{where} | 0/2 | {lo:.2f}-{hi:.2f} |" in pr.side_by_side_summary(rec, "read")
+
+
+def test_target_3s_roofline_clause_counts_only_where_the_base_is_within_it():
+    """Three points at 8192 tokens: the base within 1.2x of the roofline at two (the kit too at one of them),
+    over it at the third (where the kit is within it, which the clause does not count); the last column is the
+    base's own ratio over all three, each worked out here from the roofline the point carries."""
+    pts = [_point(8192, 0.0, 1e4, 0.0) for _ in range(3)]
+    roof = pts[0]["roofline_us"]
+    for p, (kit, base) in zip(pts, ((1.1, 1.15), (1.3, 1.05), (1.1, 1.4))):
+        p["times"]["read"]["kit_triton"]["median_us"] = kit * roof
+        p["times"]["read"]["sglang_base"]["median_us"] = base * roof
+    summary = pr.side_by_side_summary({"points": pts})
+    assert "| A | 3 | 3/3 | 0/0 | 0/0 | 2/3 | 1/2 | 2/3 | 1.05-1.40 |" in summary
+    assert "T>=2048 roofline where the base is" in summary.splitlines()[0]
 
 
 @pytest.mark.skipif(not SIDE_RECORD.exists(), reason="no side-by-side record yet")
