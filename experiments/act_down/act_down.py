@@ -1,14 +1,15 @@
 """v25 (issue 26 target 1; not routed: its H200 run is still to be made, KERNEL_NOTES.md v25): a few
-tokens of one slot whose merge is kept (``SharedSinkLoRA.keep_merged``) as two launches, cuBLAS's
+tokens of one slot in two steps where the kit and sglang's base run three (cuBLAS, an activation kernel,
+cuBLAS). ``kept_forward``, on a slot whose merge is kept (``SharedSinkLoRA.keep_merged``): cuBLAS's
 ``y = x @ w13_s.T`` on the slot's copy and ``act_down_kernel``, the down GEMM with the activation made
 inside its K loop, or ``up_act_kernel``, the up GEMM with the activation in its epilogue, and cuBLAS's
-down GEMM, where the kit's kept path (``triton_backend._launch_merged``) and sglang's base run three
-(cuBLAS, an activation kernel, cuBLAS).
+down GEMM. ``slot_forward``, on the pool with nothing kept: cuBLAS's ``y`` with the gate/up shrink beside
+it, then ``act_down_kernel`` with the slot's LoRA in the same K loop.
 
 Shapes in the SPEC's symbols: ``x [T, H]``, ``gammas [T, n]``, a kept row's ``w13_s [n*2F, H]`` (rows as
-``w13_lin``'s) and ``w2_s^T [H, n*F]`` (``merged.KeptMerges``), ``out [T, H]``. If the run shows it
-faster than the three launches, the kernel moves into ``inkling_lab/forward/kernels.py`` and ``plan``
-routes one kept slot at 2 to 32 tokens to it; if not, this folder keeps the measured attempt.
+``w13_lin``'s) and ``w2_s^T [H, n*F]`` (``merged.KeptMerges``), ``out [T, H]``. If the run shows a fold
+faster than the path it would replace, its kernel moves into ``inkling_lab/forward/kernels.py`` and
+``plan`` routes to it; if not, this folder keeps the measured attempt.
 """
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def tiles(num_tokens: int, bh: int = 64, bk: int = 128, stages: int = 4, warps: 
     return Tiles(max(16, triton.next_power_of_2(num_tokens)), bh, bk, stages, warps)
 
 
+def _launch_options(T: int, t: Tiles) -> dict:
+    """The constants and launch options both kernels take from ``t``; ``T`` tokens must fit its token tile."""
+    if T > t.bt:
+        raise ValueError(f"act_down: {T} tokens do not fit its token tile of {t.bt}; make the tiles with tiles({T})")
+    return dict(BT=t.bt, BK=t.bk, STAGES=t.stages, num_warps=t.warps, num_stages=t.stages)
+
+
 FOLDS = ("down", "up")
 """Where ``kept_forward`` makes the activation: in the down GEMM's K loop (``act_down_kernel`` after cuBLAS's
 up GEMM) or in the up GEMM's epilogue (``up_act_kernel`` before cuBLAS's down GEMM)."""
@@ -55,11 +63,9 @@ def kept_forward(ops, x: torch.Tensor, gammas: torch.Tensor, row: int, out: torc
     T, H = x.shape
     if fold not in FOLDS:
         raise ValueError(f"act_down: fold {fold!r} is not one of {FOLDS}")
-    if T > t.bt:
-        raise ValueError(f"act_down: {T} tokens do not fit its token tile of {t.bt}; make the tiles with tiles({T})")
+    meta = _launch_options(T, t)
     n, F = ops.n, ops.intermediate
     w13, w2t = ops.kept.w13[row], ops.kept.w2[row]
-    meta = dict(BT=t.bt, BK=t.bk, STAGES=t.stages, num_warps=t.warps, num_stages=t.stages)
     if fold == "up":
         act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
         row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
@@ -87,8 +93,7 @@ def slot_forward(ops, x: torch.Tensor, gammas: torch.Tensor, slot: int, scalings
     if not ops.shared_outer:
         raise ValueError("act_down: slot_forward takes the shared outer layout (O = 1); per-expert outer "
                          "factors run the backend's own paths")
-    if T > t.bt:
-        raise ValueError(f"act_down: {T} tokens do not fit its token tile of {t.bt}; make the tiles with tiles({T})")
+    meta = _launch_options(T, t)
     n, F = ops.n, ops.intermediate
     ga, gb, _, db = ops.buffers
     R = ga.shape[2] // 2
@@ -102,8 +107,7 @@ def slot_forward(ops, x: torch.Tensor, gammas: torch.Tensor, slot: int, scalings
     side.join()
     act_down_kernel[(triton.cdiv(H, t.bh),)](
         y, gammas, ops.w2, out, sh, gb, ops.a_cat, db, scalings, T, H, F, n, R, H * F, F, slot,
-        BT=t.bt, BH=t.bh, BK=t.bk, BR=max(16, triton.next_power_of_2(R)), STAGES=t.stages, HAS_LORA=True,
-        INTERLEAVED=ops.interleaved, num_warps=t.warps, num_stages=t.stages)
+        BH=t.bh, BR=max(16, triton.next_power_of_2(R)), HAS_LORA=True, INTERLEAVED=ops.interleaved, **meta)
     return out
 
 

@@ -9,7 +9,9 @@ file) where the kit and sglang's base take three:
   the shrink beside it, then ``act_down_kernel`` with the expand, the activation, the down GEMM and the down
   LoRA in one launch), beside the kit's default path (``kit``);
 
-and sglang 0.5.23's no-LoRA base (cuBLAS, its ``silu_and_mul_triton``, cuBLAS), at one slot, 2, 8, 16, 32 and 64 tokens,
+and sglang 0.5.23's no-LoRA base (``forward_with_lora`` of ``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no
+active adapter: cuBLAS, ``InklingBatchDenseMLP._swiglu``'s ``silu_and_mul_triton`` from
+``sglang/kernels/ops/moe/inkling_moe.py``, cuBLAS; ``upstream_wheel.UpstreamSink``), at one slot, 2, 8, 16, 32 and 64 tokens,
 every shape, both flushes; R 16 for everything (the copies carry no rank), R 64 for ``kit`` and the slot fold.
 Each fold is swept over its tiles (``VARIANTS``). Nothing routes any of them yet: this run decides
 (KERNEL_NOTES.md v25). Every contender is checked against the float64 reference at each point

@@ -10,8 +10,10 @@ import statistics
 from .side_by_side import kits, side_by_side_rows
 from .timing import quantile
 
-TARGET_WORDS = {"beats_upstream": "beats upstream", "beats_base": "vs base", "roofline": "roofline"}
-"""The target columns of ``side_by_side_summary``, by the key of ``side_by_side_rows``' ``targets``."""
+TARGETS = {"beats_upstream": ("beats upstream", "vs_upstream"), "beats_base": ("vs base", "vs_base"),
+           "roofline": ("roofline", "ratio")}
+"""Each key of ``side_by_side_rows``' ``targets``: its words in ``side_by_side_summary``'s columns and the
+row's ratio it judges."""
 
 
 def _label(case: dict) -> str:
@@ -55,9 +57,9 @@ def pass_agreement(first: dict, second: dict) -> dict:
                     continue
                 for target, met in r["targets"].items():
                     if met != s["targets"][target]:
-                        key = {"beats_upstream": "vs_upstream", "beats_base": "vs_base", "roofline": "ratio"}[target]
+                        ratio = TARGETS[target][1]
                         flips.append({"kit": kit, "flush": flush, "point": _label(r), "target": target,
-                                      "first": r[key], "second": s[key], "met_first": met})
+                                      "first": r[ratio], "second": s[ratio], "met_first": met})
     return {"spread": spread, "flips": flips}
 
 
@@ -79,6 +81,6 @@ def pass_agreement_text(first: dict, second: dict) -> str:
         lines.append("every target verdict is the same in both passes")
     for f in ag["flips"]:
         side = "met in the first pass only" if f["met_first"] else "met in the second pass only"
-        lines.append(f"- {f['kit']}, {f['flush']} flush, {f['point']}: {TARGET_WORDS[f['target']]} "
+        lines.append(f"- {f['kit']}, {f['flush']} flush, {f['point']}: {TARGETS[f['target']][0]} "
                      f"{f['first']:.3f}x then {f['second']:.3f}x ({side})")
     return "\n".join(lines)

@@ -198,9 +198,11 @@ def both_flushes() -> dict:
     return {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
 
-def with_sglang_base(fns: dict, upstream_cls, sink, batch, x: torch.Tensor, gammas: torch.Tensor) -> dict:
+def with_sglang_base(fns: dict, upstream_cls, sink, batch, x: torch.Tensor, gammas: torch.Tensor):
     """``fns`` with sglang 0.5.23's no-LoRA base added as ``sglang_base`` (its multi-slot layer's forward with
-    ``lora=False``: cuBLAS, ``silu_and_mul_triton``, cuBLAS) -> the layer, for a caller that times its LoRA too."""
+    ``lora=False``: ``forward_with_lora`` of ``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no active adapter,
+    cuBLAS, ``silu_and_mul_triton`` of ``sglang/kernels/ops/moe/inkling_moe.py``, cuBLAS) -> the layer, for a caller
+    that times its LoRA too."""
     multi = upstream_cls(sink, batch, min_slots=2)
     fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
     return multi
