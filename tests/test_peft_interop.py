@@ -56,10 +56,13 @@ def test_the_kit_sink_computes_transformers_forward(n, H, F, T, interleaved, see
     x, gammas = _inputs(T, H, n, seed)
     with torch.no_grad():
         want = hf(x, gammas)
-    # transformers rounds its expert sum through float32 even in float64; the kit keeps float64.
-    assert relative_error(sink(x, gammas), want) < 1e-6
+        # transformers rounds its expert sum through float32 even in float64; the kit keeps float64. So the
+        # bound is float32's rounding of the terms summed, each expert's share as transformers computes it
+        # (the other experts' gammas zero), not of the sum, which can cancel to nearly nothing (n 3, H 1, F 1).
+        shares = [hf(x, gammas * (torch.arange(n) == e).to(D)) for e in range(n)]
+    scale = torch.stack(shares).abs().sum(0).norm()
     for got in (sink.base_forward(x, gammas, form="per_expert"), sink(x, gammas)):
-        assert relative_error(got, want) < 1e-6
+        assert (got - want).norm() <= 1e-6 * scale
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
