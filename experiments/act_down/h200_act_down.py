@@ -1,20 +1,23 @@
-"""v25 on a CUDA GPU (issue 26 target 1): a few tokens of one slot in two steps (``act_down.py`` beside this
-file) where the kit and sglang's base take three:
+"""v25 and v26 on a CUDA GPU (issue 26 target 1): a few tokens of one slot in two steps (``act_down.py``
+beside this file) where the kit and sglang's base take three:
 
 * the kept copies (``act_down.kept_forward``), the activation folded into the down GEMM's K loop
   (``act_down_<tiles>``: cuBLAS's ``y = x @ w13_s.T`` on the slot's copy, then ``act_down_kernel``) or into
-  the up GEMM's epilogue (``up_act_<tiles>``: ``up_act_kernel``, then cuBLAS's down GEMM), beside the kept
-  copies through today's three launches (``kept``: cuBLAS, the activation kernel, cuBLAS);
+  the up GEMM's epilogue (``up_act_<tiles>``: ``up_act_kernel``, then cuBLAS's down GEMM; v26 adds tiles
+  whose ``H`` is split over 2-8 programs, ``x<split>``), beside the kept copies through today's three
+  launches (``kept``: cuBLAS, the activation kernel, cuBLAS);
 * the pool's LoRA with nothing kept (``slot_down_<tiles>``: ``act_down.slot_forward``, cuBLAS's ``y`` with
   the shrink beside it, then ``act_down_kernel`` with the expand, the activation, the down GEMM and the down
-  LoRA in one launch), beside the kit's default path (``kit``);
+  LoRA in one launch; v26's ``slot_up_<tiles>``: ``act_down.slot_up_forward``, ``up_act_kernel`` with the
+  shrink in its K loop and the expand, the activation and the down shrink in its epilogue, then one cuBLAS
+  GEMM over the extended ``K``, or cuBLAS's base GEMM and an ``addmm``), beside the kit's default path (``kit``);
 
 and sglang 0.5.23's no-LoRA base (``forward_with_lora`` of ``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no
 active adapter: cuBLAS, ``InklingBatchDenseMLP._swiglu``'s ``silu_and_mul_triton`` from
 ``sglang/kernels/ops/moe/inkling_moe.py``, cuBLAS; ``upstream_wheel.UpstreamSink``), at one slot, 2, 8, 16, 32 and 64 tokens,
-every shape, both flushes; R 16 for everything (the copies carry no rank), R 64 for ``kit`` and the slot fold.
-Each fold is swept over its tiles (``VARIANTS``). Nothing routes any of them yet: this run decides
-(KERNEL_NOTES.md v25). Every contender is checked against the float64 reference at each point
+every shape, both flushes; R 16 for everything (the copies carry no rank), R 64 for ``kit`` and the slot folds.
+Each fold is swept over its tiles (``VARIANTS``; the folds ``SWEPT``). The run decides what is routed
+(KERNEL_NOTES.md v25, v26). Every contender is checked against the float64 reference at each point
 (``h200_pdl.time_point``) and, first, launched twice and replayed from a graph twice into NaN-poisoned
 outputs (A and TP8, both gate/up layouts, bfloat16 and float16, 2, 9 and 32 tokens).
 
@@ -44,27 +47,41 @@ VARIANTS = {
              "h64k256s3": dict(bh=64, bk=256, stages=3), "h32k128s4": dict(bh=32, bk=128, stages=4),
              "h128k128s4w8": dict(bh=128, bk=128, stages=4, warps=8), "h64k64s6": dict(bh=64, bk=64, stages=6)},
     "up": {"f32k128s4": dict(bh=32, bk=128, stages=4), "f32k256s3": dict(bh=32, bk=256, stages=3),
-           "f64k128s4": dict(bh=64, bk=128, stages=4), "f64k256s2w8": dict(bh=64, bk=256, stages=2, warps=8)},
+           "f64k128s4": dict(bh=64, bk=128, stages=4), "f64k256s2w8": dict(bh=64, bk=256, stages=2, warps=8),
+           "f64k128s4x2": dict(bh=64, bk=128, stages=4, split=2), "f64k128s4x4": dict(bh=64, bk=128, stages=4, split=4),
+           "f64k128s4x8": dict(bh=64, bk=128, stages=4, split=8), "f32k128s4x4": dict(bh=32, bk=128, stages=4, split=4)},
     "slot": {"h64k64s3": dict(bh=64, bk=64, stages=3), "h64k128s2": dict(bh=64, bk=128, stages=2),
-             "h128k64s3w8": dict(bh=128, bk=64, stages=3, warps=8)}}
+             "h128k64s3w8": dict(bh=128, bk=64, stages=3, warps=8)},
+    "slotup": {"f64k128s3": dict(bh=64, bk=128, stages=3), "f64k64s4": dict(bh=64, bk=64, stages=4),
+               "f32k128s4": dict(bh=32, bk=128, stages=4), "f64k128s3_addmm": dict(bh=64, bk=128, stages=3)}}
 """``act_down.tiles``' arguments tried for each fold (``down`` and ``slot``: ``h<rows of the down weight>k<step>
-s<stages>[w<warps>]``; ``up``: ``f<features>k<step of H>s<stages>[w<warps>]``)."""
+s<stages>[w<warps>]``; ``up`` and ``slotup``: ``f<features>k<step of H>s<stages>[w<warps>][x<split>]``; a
+``slotup`` name ending ``_addmm`` takes ``act_down.slot_up_forward``'s ``addmm`` down side, the others ``ext``)."""
+SWEPT = ("up", "slotup")
+"""The folds this run sweeps (v26). v25's run (``data/profiles/h100_act_down.json``, commit 4e6ef03) swept
+``down``, ``up`` (without the split tiles) and ``slot``: ``down`` and ``slot`` lost at every point."""
 FIRST = {fold: next(iter(v)) for fold, v in VARIANTS.items()}
 """The tiles of each fold the correctness pass runs."""
-PREFIX = {"down": "act_down", "up": "up_act", "slot": "slot_down"}
+PREFIX = {"down": "act_down", "up": "up_act", "slot": "slot_down", "slotup": "slot_up"}
 
 
 def name(fold: str, tiles: str) -> str:
-    """The contender's name in the record: ``act_down_<tiles>``, ``up_act_<tiles>`` (the kept copies) or
-    ``slot_down_<tiles>`` (the pool's LoRA, nothing kept)."""
+    """The contender's name in the record: ``act_down_<tiles>``, ``up_act_<tiles>`` (the kept copies),
+    ``slot_down_<tiles>`` or ``slot_up_<tiles>`` (the pool's LoRA, nothing kept)."""
     return f"{PREFIX[fold]}_{tiles}"
 
 
-def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
-    """``kit`` on the pool with nothing kept and each ``slot`` variant (``act_down.slot_forward``, the batch's
-    one slot at its scaling), then, where ``variants`` has a kept fold, every slot kept at the batch's
+def _tiles(T: int, v: dict) -> "ad.Tiles":
+    return ad.tiles(T, **v)
+
+
+def contenders(sink, x, gammas, batch, variants=None) -> dict:
+    """``kit`` on the pool with nothing kept and each ``slot`` and ``slotup`` variant (``act_down.slot_forward``,
+    ``act_down.slot_up_forward``: the batch's one slot at its scaling, each with its own workspace), then,
+    where ``variants`` (default: the ``SWEPT`` folds') has a kept fold, every slot kept at the batch's
     scalings and the batch forced onto the copies (``h200_pdl.kept_plan``): ``kept`` on today's three
     launches, and each kept fold's two launches on the same copies for each of its ``variants``."""
+    variants = {f: VARIANTS[f] for f in SWEPT} if variants is None else variants
     sink.keep_merged(None)
     ops = sink.operands()
     T = x.shape[0]
@@ -72,16 +89,22 @@ def contenders(sink, x, gammas, batch, variants=VARIANTS) -> dict:
     scalings = batch.scalings.to(device=x.device, dtype=torch.float32)
     fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out)}
     for key, v in variants.get("slot", {}).items():
-        fns[name("slot", key)] = lambda out=torch.empty_like(x), t=ad.tiles(T, **v): ad.slot_forward(
+        fns[name("slot", key)] = lambda out=torch.empty_like(x), t=_tiles(T, v): ad.slot_forward(
             ops, x, gammas, p.single_slot, scalings, out, t)
-    if not set(variants) - {"slot"}:
+    for key, v in variants.get("slotup", {}).items():
+        t = _tiles(T, v)
+        fns[name("slotup", key)] = lambda out=torch.empty_like(x), t=t, w=ad.workspace(ops, T, t, x.device), \
+            w2=ad.down_weights(ops), down="addmm" if key.endswith("_addmm") else "ext": ad.slot_up_forward(
+                ops, x, gammas, p.single_slot, scalings, out, t, w2, w, down)
+    if not set(variants) - {"slot", "slotup"}:
         return fns
     kept_ops, k = h200_pdl.kept_plan(tb, sink, p, x, batch)
     fns["kept"] = lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)
     for fold in ("down", "up"):
         for key, v in variants.get(fold, {}).items():
-            fns[name(fold, key)] = lambda out=torch.empty_like(x), t=ad.tiles(T, **v), fold=fold: ad.kept_forward(
-                kept_ops, x, gammas, k.merge_rows[0], out, t, fold)
+            t = _tiles(T, v)
+            fns[name(fold, key)] = lambda out=torch.empty_like(x), t=t, fold=fold, w=ad.workspace(
+                kept_ops, T, t, x.device): ad.kept_forward(kept_ops, x, gammas, k.merge_rows[0], out, t, fold, w)
     return fns
 
 
@@ -95,7 +118,8 @@ def correctness() -> list[dict]:
                     sc = c.scenario("cuda", seed=7 + T + int(interleaved))
                     batch = SlotBatch.from_segments([T], [0], 1, lora_ranks=[16], scalings=[1.4])
                     ref = reference_forward(sc.sink.operands(), sc.x, sc.gammas, batch)
-                    fns = contenders(sc.sink, sc.x, sc.gammas, batch, {f: {t: VARIANTS[f][t]} for f, t in FIRST.items()})
+                    fns = contenders(sc.sink, sc.x, sc.gammas, batch, {f: {t: VARIANTS[f][t]} for f, t in FIRST.items()
+                                                                      if f in SWEPT})
                     rows.append(h200_pdl.checked_row(c, fns, ref, f"{shape} il={interleaved} {dtype} T{T}"))
     return rows
 
@@ -103,13 +127,13 @@ def correctness() -> list[dict]:
 def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
     def fns(sink, x, gammas, batch):
         kept = int(batch.lora_ranks.max()) == KEPT_RANK
-        return contenders(sink, x, gammas, batch, VARIANTS if kept else {"slot": VARIANTS["slot"]})
+        return contenders(sink, x, gammas, batch, {f: VARIANTS[f] for f in SWEPT if kept or f.startswith("slot")})
 
     return h200_pdl.timed_cases(((f"{shape:<11} R{R} T{T:<3}", pr.Case.of(shape, R, 1, T))
                                  for shape in shapes for R in (KEPT_RANK, 64) for T in TOKENS), fns, upstream_cls, reps)
 
 
-REPLACES = {"down": "kept", "up": "kept", "slot": "kit"}
+REPLACES = {"down": "kept", "up": "kept", "slot": "kit", "slotup": "kit"}
 """The path each fold would take the place of if routed: the kept copies' three launches, or the kit's default."""
 
 
@@ -128,6 +152,8 @@ def decide(points: list[dict], flushes=("read", "write")) -> dict:
     rank: the smaller of the two); ``under_base``, the points where it beat sglang's base under every flush."""
     out = {}
     for fold, rival in REPLACES.items():
+        if fold not in SWEPT:
+            continue
         ahead, under, by_shape = [], [], {}
         for r in points:
             mine = [best(r, fold, fl) for fl in flushes]
@@ -155,7 +181,7 @@ def decide(points: list[dict], flushes=("read", "write")) -> dict:
 
 
 def main() -> int:
-    names = ("kit", "kept", *(name(f, t) for f, tiles in VARIANTS.items() for t in tiles))  # kept ones: R 16 only
+    names = ("kit", "kept", *(name(f, t) for f in SWEPT for t in VARIANTS[f]))  # kept ones: R 16 only
     rec = h200_pdl.sweep_main(__doc__, names, correctness, None, sweep)
     for fl in ("read", "write"):
         under = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", float("inf"))

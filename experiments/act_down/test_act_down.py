@@ -21,16 +21,18 @@ from inkling_lab.scenario import Scenario
 # TRITON_INTERPRET it would be a copy with interpreted kernels that every later test in the session sees.
 import inkling_lab.forward.triton_backend  # noqa: E402,F401
 
-ad = import_interpreted("act_down")
+ad = import_interpreted("inkling_lab.forward.kernels", "act_down")
 
 
 @settings(max_examples=16, deadline=None)
 @given(n=st.integers(1, 3), H=st.sampled_from([24, 40, 48]), F=st.sampled_from([16, 24, 40]), T=st.integers(2, 33),
        interleaved=st.booleans(), per_expert=st.booleans(), slot=st.integers(0, 3),
        bh=st.sampled_from([16, 32]), bk=st.sampled_from([16, 32]), fold=st.sampled_from(ad.FOLDS),
-       seed=st.integers(0, 2 ** 16))
+       split=st.integers(1, 4), seed=st.integers(0, 2 ** 16))
 def test_two_launches_on_a_kept_slot_are_the_adapters_forward(n, H, F, T, interleaved, per_expert, slot, bh, bk, fold,
-                                                              seed):
+                                                              split, seed):
+    """Either fold; the up fold with its ``H`` split over 1-4 programs a tile (some slices empty where the
+    split outruns ``H``), its workspace left zero for the next launch, which gives the same output."""
     g = Geometry(n=n, hidden=H, intermediate=F, max_rank=8, slots=4, outer=n if per_expert else 1)
     sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
     scalings = [0.6, 1.0, 1.4, 0.8]
@@ -38,12 +40,16 @@ def test_two_launches_on_a_kept_slot_are_the_adapters_forward(n, H, F, T, interl
     sc.sink.keep_merged({s: scalings[s] for s in kept})
     ops = sc.sink.operands()
     batch = SlotBatch.from_segments([T], [slot], 4, scalings=scalings)
-    out = torch.full_like(sc.x, float("nan"))
+    t = ad.tiles(T, bh=bh, bk=bk, stages=2, split=split if fold == "up" else 1)
+    work = ad.workspace(ops, T, t, sc.x.device)
+    outs = [torch.full_like(sc.x, float("nan")) for _ in range(2)]
     with interpreter_on():
-        ad.kept_forward(ops, sc.x, sc.gammas, kept.index(slot), out, ad.tiles(T, bh=bh, bk=bk, stages=2), fold)
+        for out in outs:
+            ad.kept_forward(ops, sc.x, sc.gammas, kept.index(slot), out, t, fold, work)
     want = reference_forward(ops, sc.x, sc.gammas, batch)
-    assert relative_error(out, want, "fro") < 1e-5
-    assert relative_error(out, sc.sink.base_forward(sc.x, sc.gammas), "fro") > 1e-2  # the copy holds the adapter
+    assert relative_error(outs[0], want, "fro") < 1e-5
+    assert torch.equal(outs[0], outs[1]) and not work[0].any() and not work[1].any()
+    assert relative_error(outs[0], sc.sink.base_forward(sc.x, sc.gammas), "fro") > 1e-2  # the copy holds the adapter
 
 
 @pytest.mark.parametrize("fold, tiles, words", [
@@ -94,4 +100,48 @@ def test_slot_forward_refuses_per_expert_outer_factors_and_a_slot_past_the_pool(
     shared = Scenario.random(Geometry(n=2, hidden=24, intermediate=16, max_rank=4, slots=2, outer=1), tokens=4, seed=5)
     with pytest.raises(ValueError, match="slot 2 is not in the pool of 2 slots"):
         ad.slot_forward(shared.sink.operands(), shared.x, shared.gammas, 2, torch.ones(2), out, ad.tiles(4))
+    assert bool((out == 0).all())
+
+
+@settings(max_examples=16, deadline=None)
+@given(n=st.integers(1, 3), H=st.sampled_from([24, 40, 48]), F=st.sampled_from([16, 24, 40]), T=st.integers(2, 33),
+       R=st.integers(1, 20), interleaved=st.booleans(), slot=st.integers(0, 3), scaling=st.floats(0.25, 2.0),
+       sign=st.sampled_from([1.0, -1.0]), bh=st.sampled_from([16, 32]), bk=st.sampled_from([16, 32]),
+       down=st.sampled_from(ad.DOWNS), seed=st.integers(0, 2 ** 16))
+def test_one_slot_with_its_lora_in_the_up_gemm_is_the_adapters_forward(n, H, F, T, R, interleaved, slot, scaling, sign,
+                                                                       bh, bk, down, seed):
+    """``slot_up_forward`` (v26): the shrink in the up GEMM's K loop, the expand, the activation and the down
+    shrink in its epilogue, the down LoRA through either down side; any rank (a rank tile wider than it), a
+    negative scaling read from the device tensor; the second call on the same workspace gives the same output
+    (the kernel left it zero) and ``w2_ext``'s base rows are untouched."""
+    g = Geometry(n=n, hidden=H, intermediate=F, max_rank=R, slots=4, outer=1)
+    sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
+    scalings = [0.6, 1.0, 1.4, 0.8]
+    scalings[slot] = sign * scaling
+    batch = SlotBatch.from_segments([T], [slot], 4, scalings=scalings)
+    ops = sc.sink.operands()
+    t = ad.tiles(T, bh=bh, bk=bk, stages=2)
+    work, w2_ext = ad.workspace(ops, T, t, sc.x.device), ad.down_weights(ops)
+    outs = [torch.full_like(sc.x, float("nan")) for _ in range(2)]
+    with interpreter_on():
+        for out in outs:
+            ad.slot_up_forward(ops, sc.x, sc.gammas, slot, torch.tensor(scalings), out, t, w2_ext, work, down)
+    assert relative_error(outs[0], reference_forward(ops, sc.x, sc.gammas, batch), "fro") < 1e-5
+    assert relative_error(outs[0], sc.sink.base_forward(sc.x, sc.gammas), "fro") > 1e-3  # the LoRA is in it
+    assert torch.equal(outs[0], outs[1]) and not work[0].any() and not work[1].any()
+    assert torch.equal(w2_ext[:n * F], ops.w2_lin)
+
+
+def test_slot_up_forward_refuses_what_it_cannot_run_before_anything_is_written():
+    per_expert = Scenario.random(Geometry(n=2, hidden=24, intermediate=16, max_rank=4, slots=2, outer=2), tokens=4, seed=5)
+    shared = Scenario.random(Geometry(n=2, hidden=24, intermediate=16, max_rank=4, slots=2, outer=1), tokens=4, seed=5)
+    ops = shared.sink.operands()
+    out = torch.zeros_like(shared.x)
+    cases = [(per_expert.sink.operands(), 0, ad.tiles(4), "ext", "shared outer layout"),
+             (ops, 2, ad.tiles(4), "ext", "slot 2 is not in the pool of 2 slots"),
+             (ops, 0, ad.tiles(4, split=2), "ext", "split 1"),
+             (ops, 0, ad.tiles(4), "sideways", r"down 'sideways' is not one of \('ext', 'addmm'\)")]
+    for o, slot, t, down, words in cases:
+        with pytest.raises(ValueError, match=words):
+            ad.slot_up_forward(o, shared.x, shared.gammas, slot, torch.ones(2), out, t, ad.down_weights(ops), None, down)
     assert bool((out == 0).all())
