@@ -22,10 +22,12 @@ Each fold is swept over its tiles (``VARIANTS``; the folds ``SWEPT``). The run d
 outputs (A and TP8, both gate/up layouts, bfloat16 and float16, 2, 9 and 32 tokens).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu:experiments/act_down \
-        python3 experiments/act_down/h200_act_down.py --wheel WHEEL --out $OUT/h200_act_down.json
+        python3 experiments/act_down/h200_act_down.py --wheel WHEEL --out $OUT/h200_act_down.json \\
+        [--folds up,slotup] [--shapes Inkling-TP8]
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -181,6 +183,11 @@ def decide(points: list[dict], flushes=("read", "write")) -> dict:
 
 
 def main() -> int:
+    global SWEPT
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--folds", help=f"comma-separated of {','.join(VARIANTS)} (default {','.join(SWEPT)})")
+    known, sys.argv[1:] = pre.parse_known_args()
+    SWEPT = tuple(known.folds.split(",")) if known.folds else SWEPT
     names = ("kit", "kept", *(name(f, t) for f in SWEPT for t in VARIANTS[f]))  # kept ones: R 16 only
     rec = h200_pdl.sweep_main(__doc__, names, correctness, None, sweep)
     for fl in ("read", "write"):

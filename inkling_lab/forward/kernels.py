@@ -28,7 +28,9 @@ the same input, ``triton_backend._Beside``), and ``down_kernel`` adds only the L
 onto cuBLAS's ``out = act @ w2_lin``. Where the tokens per slot are many,
 ``merge_kernel`` writes each slot's merged weights instead (``w13_lin + W1Δ_s A_s``,
 ``w2_lin + a_cat_s^T B_s^T``) and cuBLAS runs the base forward's GEMMs on them
-(``triton_backend._launch_merged``): ``up_kernel`` is then the activation alone.
+(``triton_backend._launch_merged``): ``up_kernel`` is then the activation alone. A few tokens of one
+slot whose merge the sink keeps take ``up_act_kernel``, the up GEMM on the copy with the activation in
+its epilogue, and cuBLAS's down GEMM: two launches where the base forward takes three.
 
 Each slot's LoRA terms are scaled by ``scalings[s]`` of the batch (1 unless told:
 the pool folds ``lora_alpha / r`` into B). No token order is assumed: every tile reads its tokens' slots and loops over the
@@ -359,6 +361,43 @@ def merge_kernel(w_ptr, p_ptr, q_ptr, out_ptr, slot_ptr, scale_ptr,
     w = tl.load(w_ptr + rows[:, None] * W_SM + cols[None, :] * W_SN, mask=ok, other=0.0).to(tl.float32)
     merged = w + tl.load(scale_ptr + s) * tl.dot(pt, qt)
     tl.store(out_ptr + g.to(tl.int64) * M * N + rows[:, None] * N + cols[None, :], merged, mask=ok)
+
+
+@triton.jit
+def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, T, H, F, N_EXP, ROW_STEP, UP_OFFSET,
+                  BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """A few tokens of one kept slot (v25): the up GEMM on its copy with the activation in the epilogue, grid
+    ``(n * cdiv(F, BF),)``. Program ``(e, block)`` streams the gate rows and the up rows of ``BF`` features of
+    expert ``e`` of ``w13_s [n*2F, H]`` (rows as ``w13_lin``'s: gate row of feature ``f`` ``e*2F + f*ROW_STEP``,
+    its up row ``UP_OFFSET`` further) across ``H`` in ``BK`` steps, ``STAGES`` in flight, the weight rows on the
+    MMA's M side and the tokens on N (``T <= BT``, swap-AB: 64 weight rows fill a wgmma where a 16-token tile
+    would not); then ``act[t, e*F + f] = silu(gate) * up * gamma[t, e]`` from gate and up rounded to ``x``'s
+    dtype first, as cuBLAS's ``y`` holds them, so the forward is the kept path's three launches' bit for bit."""
+    pid = tl.program_id(0)
+    fb = tl.cdiv(F, BF)
+    e = pid // fb
+    fs = (pid % fb) * BF + tl.arange(0, BF)
+    f_ok = fs < F
+    g_row = e * 2 * F + fs * ROW_STEP
+    ts = tl.arange(0, BT)
+    t_ok = ts < T
+    acc_g = tl.zeros((BF, BT), dtype=tl.float32)
+    acc_u = tl.zeros((BF, BT), dtype=tl.float32)
+    for k in tl.range(0, H, BK, num_stages=STAGES):
+        kk = k + tl.arange(0, BK)
+        k_ok = kk < H
+        w_ok = f_ok[:, None] & k_ok[None, :]
+        wg = tl.load(w13_ptr + g_row[:, None] * H + kk[None, :], mask=w_ok, other=0.0)                 # [BF, BK]
+        wu = tl.load(w13_ptr + (g_row + UP_OFFSET)[:, None] * H + kk[None, :], mask=w_ok, other=0.0)
+        xt = tl.load(x_ptr + ts[:, None] * H + kk[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        acc_g = tl.dot(wg, tl.trans(xt), acc_g)
+        acc_u = tl.dot(wu, tl.trans(xt), acc_u)
+    lp = act_ptr.dtype.element_ty
+    gate = acc_g.to(lp).to(tl.float32)
+    up = acc_u.to(lp).to(tl.float32)
+    gam = tl.load(gam_ptr + ts * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate)) * up * gam[None, :]).to(lp)                                  # [BF, BT]
+    tl.store(act_ptr + ts[None, :] * (N_EXP * F) + e * F + fs[:, None], act, mask=f_ok[:, None] & t_ok[None, :])
 
 
 # The GEMV path (issue 26): for one token the forward is a weight stream, so each program

@@ -58,7 +58,9 @@ class Tiles:
     of the launch before them, so each starts while that one runs (``use_pdl``);
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
-    per down step."""
+    per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
+    on the copy, ``bf`` features and ``bk`` of ``H`` per step, the tokens in a tile of at
+    least ``bm``, then cuBLAS's down GEMM."""
 
     bm: int
     bf: int
@@ -74,6 +76,7 @@ class Tiles:
     pdl: bool = False
     gemv: bool = False
     dk: int = 0
+    up_act: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -157,6 +160,30 @@ def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: 
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
     the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
     return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl)
+
+
+UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
+"""``up_act_kernel``'s tiles: 64 features (128 weight rows, a wgmma's M side twice) by 128 of ``H`` a step,
+4 steps in flight; the best of the four tried at 34 of the 40 point-flushes of ``h100_act_down.json`` (v25)."""
+UP_ACT_PROGRAMS = 24
+"""The fewest ``up_act_kernel`` programs (``n * cdiv(F, 64)``) for which it is routed: measured ahead of the
+kept three launches with 24 (A), 64 (B) and 96 (Inkling), behind with 12 (the TP-8 slice: 1.19-1.33x the
+kept launches, each program streaming 1.6 MB of ``H = 6144`` rows alone), ``h100_act_down.json``."""
+UP_ACT_TOKENS, UP_ACT_LARGE_TOKENS = 32, 64
+"""The most tokens ``up_acts`` sends to ``up_act_kernel``: 32, and 64 on weights over ``SMALL_WEIGHTS``.
+Measured (``h100_act_down.json`` v25 and v26, both flushes, R 16): ahead of the kept three launches and under
+sglang's base at every A, B and Inkling point from 2 to 32 tokens (A 0.89-0.95x the base), and at 64 on B
+and Inkling (0.95-0.98x), not on A (0.996-1.06x: the 64-token tile doubles each stage's ``x``)."""
+
+
+def up_acts(num_tokens: int, ops: SinkOperands) -> bool:
+    """A one-slot batch of ``num_tokens`` whose slot's merge is kept runs ``up_act_kernel`` and cuBLAS's
+    down GEMM (``UP_ACT_TILES``) instead of the base forward's three launches on the copy: from 2 tokens to
+    ``UP_ACT_TOKENS`` (``UP_ACT_LARGE_TOKENS`` on weights over ``SMALL_WEIGHTS``), where the kernel has
+    ``UP_ACT_PROGRAMS`` programs or more."""
+    n, F, H = ops.n, ops.intermediate, ops.hidden
+    most = UP_ACT_LARGE_TOKENS if n * F * H > SMALL_WEIGHTS else UP_ACT_TOKENS
+    return 2 <= num_tokens <= most and n * triton.cdiv(F, UP_ACT_TILES.bf) >= UP_ACT_PROGRAMS
 
 
 def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
@@ -299,6 +326,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         extra = kept_operands(slots, rows, device)
         if num_tokens == 1:  # the base's GEMV stream on the slot's copies, at any weights' size (v23)
             tiles, split = gemv_for(ops.hidden), None
+        elif single >= 0 and up_acts(num_tokens, ops):  # two launches on the copy (v25)
+            tiles, split = UP_ACT_TILES, None
         elif not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
             tiles, split = ONE_SLOT_TILES, None
     elif single >= 0:
@@ -561,6 +590,16 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
+def _up_act(ops: SinkOperands, x, gammas, w13: torch.Tensor, act, p: Plan, key: tuple) -> None:
+    """One ``up_act_kernel`` launch (its docstring names the operands) on a kept slot's ``w13_s [n*2F, H]``."""
+    T, H = x.shape
+    n, F, t = ops.n, ops.intermediate, p.tiles
+    row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
+    _run(kernels.up_act_kernel, (n * triton.cdiv(F, t.bf),), (x, w13, gammas, act, T, H, F, n, row_step, up_offset),
+         fast=(p.fast, ("up_act", key)), BT=max(t.bm, triton.next_power_of_2(T)), BF=t.bf, BK=t.bk,
+         STAGES=t.stages, num_warps=t.warps, num_stages=t.stages)
+
+
 _SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}
 
 
@@ -704,7 +743,8 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
     gate/up side one grouped GEMM over the runs and the down side a ``torch.mm`` per run into its rows
     of ``out`` (the grouped GEMM takes no ``out=``). ``"kept"``: the merges ``ops.kept`` holds (rows
     ``p.merge_rows``; ``w2_s`` kept as ``w2_s^T [H, n*F]``), so the LoRA costs no work here at all; one
-    token (``p.tiles.gemv``) streams its slot's copies through the GEMV kernels, and ``p.run_streams`` runs
+    token (``p.tiles.gemv``) streams its slot's copies through the GEMV kernels, a few (``p.tiles.up_act``)
+    run ``up_act_kernel`` on its ``w13_s`` and cuBLAS's down GEMM, and ``p.run_streams`` runs
     each run's two GEMMs as ``torch.mm`` on a stream of its own (``RUN_STREAMS``). ``"merge"`` (shared
     outer): the slots ``p.merge_slots`` merged now into new copies (``merge_kernel``: each weight read
     once and written once per slot; the down side's beside the gate/up GEMM, ``_Beside``),
@@ -722,6 +762,9 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
             _gemv(ops, x, gammas, act, out, p, Lora.none(x), _launch_key(ops, x, gammas, out) + ("kept",),
                   (w13[0].view(n, 2 * F, H), w2_nhf))
             return out
+        if p.tiles.up_act:
+            _up_act(ops, x, gammas, w13[0], act, p, _launch_key(ops, x, gammas, out) + ("kept",))
+            return torch.mm(act, w2[first], out=out)
     else:
         ga, _, _, db = ops.buffers
         G = len(p.runs)
