@@ -171,9 +171,11 @@ kept three launches with 24 (A), 64 (B) and 96 (Inkling), behind with 12 (the TP
 kept launches, each program streaming 1.6 MB of ``H = 6144`` rows alone), ``h100_act_down.json``."""
 UP_ACT_TOKENS, UP_ACT_LARGE_TOKENS = 32, 64
 """The most tokens ``up_acts`` sends to ``up_act_kernel``: 32, and 64 on weights over ``SMALL_WEIGHTS``.
-Measured (``h100_act_down.json`` v25 and v26, both flushes, R 16): ahead of the kept three launches and under
-sglang's base at every A, B and Inkling point from 2 to 32 tokens (A 0.89-0.95x the base), and at 64 on B
-and Inkling (0.95-0.98x), not on A (0.996-1.06x: the 64-token tile doubles each stage's ``x``)."""
+Measured on an H100 (``h100_act_down.json``, v25, and ``h100_act_down_v26.log``, both flushes, R 16): ahead of
+the kept three launches at every A, B and Inkling point from 2 to 32 tokens in both runs (0.91-0.98x of
+their time), under sglang's base there (A 0.89-0.95x, B 0.93-0.99x and 1.01x at 2 tokens in v26, Inkling
+0.93-0.97x), and at 64 on B and Inkling (0.95-0.98x the base), not on A (1.00-1.06x: the 64-token tile
+doubles each stage's ``x``)."""
 
 
 def up_acts(num_tokens: int, ops: SinkOperands) -> bool:
