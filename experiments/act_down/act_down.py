@@ -167,9 +167,9 @@ def slot_up_forward(ops, x: torch.Tensor, gammas: torch.Tensor, slot: int, scali
         raise ValueError(f"act_down: slot {slot} is not in the pool of {ga.shape[0]} slots")
     ws, cnt = work if work is not None else workspace(ops, T, t, x.device)
     act = torch.empty(T, n * F + R, dtype=x.dtype, device=x.device)
-    side = triton_backend._Beside(x)
-    if down == "ext":
-        with side:
+    side = triton_backend._Beside(x, down == "ext")  # joined below: a stream never forked must not be
+    with side:                                         # waited on inside a graph capture
+        if down == "ext":
             w2_ext[n * F:].copy_(db[slot, 0].T)
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     programs = n * triton.cdiv(F, t.bh)
