@@ -613,28 +613,33 @@ def test_one_token_streams_its_kept_copies_through_the_gemv_kernels(n, interleav
 
 
 def test_up_acts_routes_one_kept_slot_by_its_programs_and_tokens():
-    """v25's routing read off ``h100_act_down.json``: 2 to 32 tokens (64 on weights over ``SMALL_WEIGHTS``) where
-    ``up_act_kernel`` has ``UP_ACT_PROGRAMS`` programs or more, at the benchmark shapes' real sizes."""
+    """v25's and v26's routing read off ``h100_act_down.json`` and ``h100_act_down_v26_tp8.json``: unsplit from 2 to
+    32 tokens (64 on weights over ``SMALL_WEIGHTS``) where ``up_act_kernel`` has ``UP_ACT_PROGRAMS`` programs or
+    more, else split up to 16 tokens; at the benchmark shapes' real sizes."""
     def routed(preset, tokens):
         g = PRESETS[preset]
         return tb.up_acts(tokens, SimpleNamespace(n=g.n, intermediate=g.intermediate, hidden=g.hidden))
 
+    unsplit, split = tb.UP_ACT_TILES, tb.UP_ACT_SPLIT_TILES
     for preset in ("A", "B", "inkling"):
-        assert [routed(preset, t) for t in (1, 2, 32)] == [False, True, True], preset
-    assert [routed(p, 64) for p in ("A", "B", "inkling")] == [False, True, True]  # A's weights are small
-    assert not any(routed(p, 65) for p in ("A", "B", "inkling"))
-    assert not any(routed("inkling-tp8", t) for t in (2, 8, 32)), "12 programs: the kept three launches"
+        assert [routed(preset, t) for t in (1, 2, 32)] == [None, unsplit, unsplit], preset
+    assert [routed(p, 64) for p in ("A", "B", "inkling")] == [None, unsplit, unsplit]  # A's weights are small
+    assert all(routed(p, 65) is None for p in ("A", "B", "inkling"))
+    assert [routed("inkling-tp8", t) for t in (1, 2, 16, 17, 32)] == [None, split, split, None, None]
+    assert split.up_act and split.bf == 32 and tb.UP_ACT_SPLIT == 4  # 12 tiles of 64 features: 96 programs
 
 
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 3), H=st.sampled_from([24, 40]), F=st.sampled_from([16, 24, 40]), T=st.integers(2, 32),
-       interleaved=st.booleans(), per_expert=st.booleans(), second=st.booleans(), seed=st.integers(0, 10_000))
+       interleaved=st.booleans(), per_expert=st.booleans(), second=st.booleans(), split=st.booleans(),
+       seed=st.integers(0, 10_000))
 def test_a_few_tokens_of_a_kept_slot_run_the_activation_in_the_up_gemm(n, H, F, T, interleaved, per_expert, second,
-                                                                       seed):
+                                                                       split, seed):
     """``up_act_kernel`` then the down GEMM on a kept slot's copies (v25): any expert count, layout and outer
     layout, the first kept row or one past it, 2-32 tokens (16- and 32-token tiles), tiles whose features and
-    steps do not divide ``F`` and ``H``; the forward is the reference's, and a graph of the same plan (a second
-    launch through the repeat-launch path) gives the same output."""
+    steps do not divide ``F`` and ``H``, unsplit or split (v26: ``H`` over ``UP_ACT_SPLIT`` programs a tile, some
+    of them with an empty slice here); the forward is the reference's, and a second launch of the same plan
+    (the repeat-launch path, on the workspace the first left zero) gives the same output."""
     g = Geometry(n=n, hidden=H, intermediate=F, max_rank=4, slots=3, outer=n if per_expert else 1)
     sc = Scenario.random(g, tokens=T, seed=seed, interleaved=interleaved)
     scalings = [0.7, 1.3, -0.6]
@@ -642,15 +647,20 @@ def test_a_few_tokens_of_a_kept_slot_run_the_activation_in_the_up_gemm(n, H, F, 
     sc.sink.keep_merged({0: scalings[0], 2: scalings[2]})
     ops = sc.sink.operands()
     batch = SlotBatch.from_segments([T], [slot], 3, scalings=scalings)
-    with pytest.MonkeyPatch.context() as m:  # every program count routes; tiles that leave remainders here
-        m.setattr(tb, "UP_ACT_PROGRAMS", 1)
+    with pytest.MonkeyPatch.context() as m:  # small tiles that leave remainders here; split: no program count is enough
+        m.setattr(tb, "UP_ACT_PROGRAMS", 10 ** 6 if split else 1)
+        m.setattr(tb, "UP_ACT_SPLIT_TOKENS", 32)
         m.setattr(tb, "UP_ACT_TILES", replace(tb.UP_ACT_TILES, bf=16, bk=16, stages=2))
+        m.setattr(tb, "UP_ACT_SPLIT_TILES", replace(tb.UP_ACT_TILES, bf=16, bk=16, stages=2))
         p = tb.plan(ops, T, batch, sc.x.device)
     assert p.grouped == "kept" and p.tiles.up_act and p.merge_rows == (int(second),)
+    assert (p.split is not None and p.split.up == tb.UP_ACT_SPLIT) == split
     outs = [torch.full_like(sc.x, float("nan")) for _ in range(2)]
     for out in outs:
         tb.launch(ops, sc.x, sc.gammas, p, out)
     assert rel(outs[0], reference_forward(ops, sc.x, sc.gammas, batch)) < 1e-5 and torch.equal(*outs)
+    if split:
+        assert not p.split.ws_up.any() and not p.split.cnt_up.any()
     assert rel(outs[0], sc.sink.base_forward(sc.x, sc.gammas)) > 1e-2  # the copy holds the adapter
 
 

@@ -364,26 +364,34 @@ def merge_kernel(w_ptr, p_ptr, q_ptr, out_ptr, slot_ptr, scale_ptr,
 
 
 @triton.jit
-def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, T, H, F, N_EXP, ROW_STEP, UP_OFFSET,
-                  BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
-    """A few tokens of one kept slot (v25): the up GEMM on its copy with the activation in the epilogue, grid
-    ``(n * cdiv(F, BF),)``. Program ``(e, block)`` streams the gate rows and the up rows of ``BF`` features of
-    expert ``e`` of ``w13_s [n*2F, H]`` (rows as ``w13_lin``'s: gate row of feature ``f`` ``e*2F + f*ROW_STEP``,
-    its up row ``UP_OFFSET`` further) across ``H`` in ``BK`` steps, ``STAGES`` in flight, the weight rows on the
-    MMA's M side and the tokens on N (``T <= BT``, swap-AB: 64 weight rows fill a wgmma where a 16-token tile
-    would not); then ``act[t, e*F + f] = silu(gate) * up * gamma[t, e]`` from gate and up rounded to ``x``'s
-    dtype first, as cuBLAS's ``y`` holds them, so the forward is the kept path's three launches' bit for bit."""
+def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, ws_ptr, cnt_ptr, T, H, F, N_EXP, ROW_STEP, UP_OFFSET,
+                  BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr):
+    """A few tokens of one kept slot (v25, v26): the up GEMM on its copy with the activation in the epilogue,
+    grid ``(n * cdiv(F, BF) * SPLIT,)``. Program ``(e, block, k)`` streams the gate rows and the up rows of
+    ``BF`` features of expert ``e`` of ``w13_s [n*2F, H]`` (rows as ``w13_lin``'s: gate row of feature ``f``
+    ``e*2F + f*ROW_STEP``, its up row ``UP_OFFSET`` further) across slice ``k`` of ``H`` in ``BK`` steps,
+    ``STAGES`` in flight, the weight rows on the MMA's M side and the tokens on N (``T <= BT``, swap-AB: 64
+    weight rows fill a wgmma where a 16-token tile would not); then ``act[t, e*F + f] = silu(gate) * up *
+    gamma[t, e]`` from gate and up rounded to ``x``'s dtype first, as cuBLAS's ``y`` holds them, so the forward
+    is the kept path's three launches' bit for bit (unsplit; split, the float32 sums' order differs).
+
+    ``SPLIT > 1`` (few feature blocks, long rows: the TP-8 slice): the ``SPLIT`` programs of a tile add their
+    partial gate and up into the float32 workspace ``ws [T, n*2F]`` and count themselves in ``cnt[tile]``
+    (``_split_reduce``); the last to arrive runs the epilogue and leaves both zero for the next launch."""
     pid = tl.program_id(0)
+    tile = pid // SPLIT
     fb = tl.cdiv(F, BF)
-    e = pid // fb
-    fs = (pid % fb) * BF + tl.arange(0, BF)
+    e = tile // fb
+    fs = (tile % fb) * BF + tl.arange(0, BF)
     f_ok = fs < F
     g_row = e * 2 * F + fs * ROW_STEP
     ts = tl.arange(0, BT)
     t_ok = ts < T
     acc_g = tl.zeros((BF, BT), dtype=tl.float32)
     acc_u = tl.zeros((BF, BT), dtype=tl.float32)
-    for k in tl.range(0, H, BK, num_stages=STAGES):
+    k_per = tl.cdiv(tl.cdiv(H, SPLIT), BK) * BK
+    k_lo = (pid % SPLIT) * k_per
+    for k in tl.range(k_lo, tl.minimum(H, k_lo + k_per), BK, num_stages=STAGES):
         kk = k + tl.arange(0, BK)
         k_ok = kk < H
         w_ok = f_ok[:, None] & k_ok[None, :]
@@ -392,12 +400,20 @@ def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, T, H, F, N_EXP, ROW_STEP, UP
         xt = tl.load(x_ptr + ts[:, None] * H + kk[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
         acc_g = tl.dot(wg, tl.trans(xt), acc_g)
         acc_u = tl.dot(wu, tl.trans(xt), acc_u)
+    ok = f_ok[:, None] & t_ok[None, :]
+    if SPLIT > 1:
+        j = tl.arange(0, 2)
+        ws = ws_ptr + ts[None, :, None] * (N_EXP * 2 * F) + e * 2 * F + fs[:, None, None] + j[None, None, :] * F
+        both, arrived = _split_reduce(tl.join(acc_g, acc_u), ws, ok[:, :, None] & (j < 2)[None, None, :],
+                                      cnt_ptr + tile, SPLIT)
+        acc_g, acc_u = tl.split(both)
+        ok = ok & ((ts * 0 + arrived) == SPLIT - 1)[None, :]  # only the last program of the tile writes
     lp = act_ptr.dtype.element_ty
     gate = acc_g.to(lp).to(tl.float32)
     up = acc_u.to(lp).to(tl.float32)
     gam = tl.load(gam_ptr + ts * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate)) * up * gam[None, :]).to(lp)                                  # [BF, BT]
-    tl.store(act_ptr + ts[None, :] * (N_EXP * F) + e * F + fs[:, None], act, mask=f_ok[:, None] & t_ok[None, :])
+    tl.store(act_ptr + ts[None, :] * (N_EXP * F) + e * F + fs[:, None], act, mask=ok)
 
 
 # The GEMV path (issue 26): for one token the forward is a weight stream, so each program

@@ -166,26 +166,48 @@ UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, u
 """``up_act_kernel``'s tiles: 64 features (128 weight rows, a wgmma's M side twice) by 128 of ``H`` a step,
 4 steps in flight; the best of the four tried at 34 of the 40 point-flushes of ``h100_act_down.json`` (v25)."""
 UP_ACT_PROGRAMS = 24
-"""The fewest ``up_act_kernel`` programs (``n * cdiv(F, 64)``) for which it is routed: measured ahead of the
-kept three launches with 24 (A), 64 (B) and 96 (Inkling), behind with 12 (the TP-8 slice: 1.19-1.33x the
-kept launches, each program streaming 1.6 MB of ``H = 6144`` rows alone), ``h100_act_down.json``."""
+"""The fewest ``up_act_kernel`` programs (``n * cdiv(F, 64)``) that run unsplit: measured ahead of the kept
+three launches with 24 (A), 64 (B) and 96 (Inkling), behind with 12 (the TP-8 slice: 1.19-1.33x the kept
+launches, each program streaming 1.6 MB of ``H = 6144`` rows alone), ``h100_act_down.json``; split, 1.02-1.88x
+the unsplit kernel on A, B and Inkling (``h100_act_down_v26.log``)."""
 UP_ACT_TOKENS, UP_ACT_LARGE_TOKENS = 32, 64
-"""The most tokens ``up_acts`` sends to ``up_act_kernel``: 32, and 64 on weights over ``SMALL_WEIGHTS``.
+"""The most tokens ``up_acts`` sends to the unsplit ``up_act_kernel``: 32, and 64 on weights over ``SMALL_WEIGHTS``.
 Measured on an H100 (``h100_act_down.json``, v25, and ``h100_act_down_v26.log``, both flushes, R 16): ahead of
 the kept three launches at every A, B and Inkling point from 2 to 32 tokens in both runs (0.91-0.98x of
 their time), under sglang's base there (A 0.89-0.95x, B 0.93-0.99x and 1.01x at 2 tokens in v26, Inkling
 0.93-0.97x), and at 64 on B and Inkling (0.95-0.98x the base), not on A (1.00-1.06x: the 64-token tile
 doubles each stage's ``x``)."""
+UP_ACT_SPLIT_TILES, UP_ACT_SPLIT, UP_ACT_SPLIT_TOKENS = replace(UP_ACT_TILES, bf=32), 4, 16
+"""Below ``UP_ACT_PROGRAMS``: 32 features a tile, ``H`` split over 4 programs, up to 16 tokens. Measured at the
+TP-8 slice (``h100_act_down_v26_tp8.json``, v26, 12 tiles of 64 features there): 96 programs, 0.94-0.97x sglang's
+base and 0.96-0.97x the kept three launches at 2, 8 and 16 tokens in both flushes; at 32, 1.04-1.05x the base,
+behind the kept launches (so not routed). 64 features split 8 ways were 0.91-0.93x the base at 2 and 8 tokens
+but level at 16; one tile serves the three."""
 
 
-def up_acts(num_tokens: int, ops: SinkOperands) -> bool:
-    """A one-slot batch of ``num_tokens`` whose slot's merge is kept runs ``up_act_kernel`` and cuBLAS's
-    down GEMM (``UP_ACT_TILES``) instead of the base forward's three launches on the copy: from 2 tokens to
-    ``UP_ACT_TOKENS`` (``UP_ACT_LARGE_TOKENS`` on weights over ``SMALL_WEIGHTS``), where the kernel has
-    ``UP_ACT_PROGRAMS`` programs or more."""
+def up_acts(num_tokens: int, ops: SinkOperands) -> Tiles | None:
+    """The tiles of ``up_act_kernel`` for a one-slot batch of ``num_tokens`` whose slot's merge is kept, or
+    ``None`` (the base forward's three launches on the copy): unsplit (``UP_ACT_TILES``) from 2 tokens to
+    ``UP_ACT_TOKENS`` (``UP_ACT_LARGE_TOKENS`` on weights over ``SMALL_WEIGHTS``) where the kernel has
+    ``UP_ACT_PROGRAMS`` programs or more, else split (``UP_ACT_SPLIT_TILES``) up to ``UP_ACT_SPLIT_TOKENS``."""
     n, F, H = ops.n, ops.intermediate, ops.hidden
-    most = UP_ACT_LARGE_TOKENS if n * F * H > SMALL_WEIGHTS else UP_ACT_TOKENS
-    return 2 <= num_tokens <= most and n * triton.cdiv(F, UP_ACT_TILES.bf) >= UP_ACT_PROGRAMS
+    if num_tokens < 2:
+        return None
+    if n * triton.cdiv(F, UP_ACT_TILES.bf) >= UP_ACT_PROGRAMS:
+        most = UP_ACT_LARGE_TOKENS if n * F * H > SMALL_WEIGHTS else UP_ACT_TOKENS
+        return UP_ACT_TILES if num_tokens <= most else None
+    return UP_ACT_SPLIT_TILES if num_tokens <= UP_ACT_SPLIT_TOKENS else None
+
+
+def up_act_split(num_tokens: int, ops: SinkOperands, tiles: Tiles, device) -> Split | None:
+    """``up_act_kernel``'s split (``Split.up``, its workspace ``[T, n*2F]`` and a counter per tile, zero; the
+    down side unsplit) for ``UP_ACT_SPLIT_TILES``, else ``None``."""
+    if tiles is not UP_ACT_SPLIT_TILES:
+        return None
+    f32, i32 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
+    n, F = ops.n, ops.intermediate
+    return Split(UP_ACT_SPLIT, 1, torch.zeros(num_tokens, n * 2 * F, **f32),
+                 torch.zeros(n * triton.cdiv(F, tiles.bf), **i32), torch.zeros(1, **f32), torch.zeros(1, **i32))
 
 
 def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
@@ -328,8 +350,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         extra = kept_operands(slots, rows, device)
         if num_tokens == 1:  # the base's GEMV stream on the slot's copies, at any weights' size (v23)
             tiles, split = gemv_for(ops.hidden), None
-        elif single >= 0 and up_acts(num_tokens, ops):  # two launches on the copy (v25)
-            tiles, split = UP_ACT_TILES, None
+        elif single >= 0 and (up := up_acts(num_tokens, ops)) is not None:  # two launches on the copy (v25, v26)
+            tiles, split = up, up_act_split(num_tokens, ops, up, device)
         elif not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
             tiles, split = ONE_SLOT_TILES, None
     elif single >= 0:
@@ -593,13 +615,16 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
 
 
 def _up_act(ops: SinkOperands, x, gammas, w13: torch.Tensor, act, p: Plan, key: tuple) -> None:
-    """One ``up_act_kernel`` launch (its docstring names the operands) on a kept slot's ``w13_s [n*2F, H]``."""
+    """One ``up_act_kernel`` launch (its docstring names the operands) on a kept slot's ``w13_s [n*2F, H]``,
+    split as ``p.split`` says."""
     T, H = x.shape
     n, F, t = ops.n, ops.intermediate, p.tiles
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
-    _run(kernels.up_act_kernel, (n * triton.cdiv(F, t.bf),), (x, w13, gammas, act, T, H, F, n, row_step, up_offset),
-         fast=(p.fast, ("up_act", key)), BT=max(t.bm, triton.next_power_of_2(T)), BF=t.bf, BK=t.bk,
-         STAGES=t.stages, num_warps=t.warps, num_stages=t.stages)
+    split, ws, cnt = (p.split.up, p.split.ws_up, p.split.cnt_up) if p.split is not None else (1, x, x)
+    _run(kernels.up_act_kernel, (n * triton.cdiv(F, t.bf) * split,),
+         (x, w13, gammas, act, ws, cnt, T, H, F, n, row_step, up_offset), fast=(p.fast, ("up_act", key)),
+         BT=max(t.bm, triton.next_power_of_2(T)), BF=t.bf, BK=t.bk, STAGES=t.stages, SPLIT=split,
+         num_warps=t.warps, num_stages=t.stages)
 
 
 _SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}
