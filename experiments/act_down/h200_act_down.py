@@ -8,14 +8,12 @@ beside this file) where the kit and sglang's base take three:
   launches (``kept``: cuBLAS, the activation kernel, cuBLAS);
 * the pool's LoRA with nothing kept (``slot_down_<tiles>``: ``act_down.slot_forward``, cuBLAS's ``y`` with
   the shrink beside it, then ``act_down_kernel`` with the expand, the activation, the down GEMM and the down
-  LoRA in one launch; v26's ``slot_up_<tiles>``: ``act_down.slot_up_forward``, ``up_act_kernel`` with the
-  shrink in its K loop and the expand, the activation and the down shrink in its epilogue, then one cuBLAS
-  GEMM over the extended ``K``, or cuBLAS's base GEMM and an ``addmm``), beside the kit's default path (``kit``);
+  LoRA in one launch), beside the kit's default path (``kit``);
 
 and sglang 0.5.23's no-LoRA base (``forward_with_lora`` of ``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no
 active adapter: cuBLAS, ``InklingBatchDenseMLP._swiglu``'s ``silu_and_mul_triton`` from
 ``sglang/kernels/ops/moe/inkling_moe.py``, cuBLAS; ``upstream_wheel.UpstreamSink``), at one slot, 2, 8, 16, 32 and 64 tokens,
-every shape, both flushes; R 16 for everything (the copies carry no rank), R 64 for ``kit`` and the slot folds.
+every shape, both flushes; R 16 for everything (the copies carry no rank), R 64 for ``kit`` and the slot fold.
 Each fold is swept over its tiles (``VARIANTS``; the folds ``SWEPT``). The run decides what is routed
 (KERNEL_NOTES.md v25, v26). Every contender is checked against the float64 reference at each point
 (``h200_pdl.time_point``) and, first, launched twice and replayed from a graph twice into NaN-poisoned
@@ -23,7 +21,7 @@ outputs (A and TP8, both gate/up layouts, bfloat16 and float16, 2, 9 and 32 toke
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu:experiments/act_down \
         python3 experiments/act_down/h200_act_down.py --wheel WHEEL --out $OUT/h200_act_down.json \\
-        [--folds up,slotup] [--shapes Inkling-TP8]
+        [--folds down,up,slot] [--shapes Inkling-TP8]
 """
 from __future__ import annotations
 
@@ -53,23 +51,22 @@ VARIANTS = {
            "f64k128s4x2": dict(bh=64, bk=128, stages=4, split=2), "f64k128s4x4": dict(bh=64, bk=128, stages=4, split=4),
            "f64k128s4x8": dict(bh=64, bk=128, stages=4, split=8), "f32k128s4x4": dict(bh=32, bk=128, stages=4, split=4)},
     "slot": {"h64k64s3": dict(bh=64, bk=64, stages=3), "h64k128s2": dict(bh=64, bk=128, stages=2),
-             "h128k64s3w8": dict(bh=128, bk=64, stages=3, warps=8)},
-    "slotup": {"f64k128s3": dict(bh=64, bk=128, stages=3), "f64k64s4": dict(bh=64, bk=64, stages=4),
-               "f32k128s4": dict(bh=32, bk=128, stages=4), "f64k128s3_addmm": dict(bh=64, bk=128, stages=3)}}
+             "h128k64s3w8": dict(bh=128, bk=64, stages=3, warps=8)}}
 """``act_down.tiles``' arguments tried for each fold (``down`` and ``slot``: ``h<rows of the down weight>k<step>
-s<stages>[w<warps>]``; ``up`` and ``slotup``: ``f<features>k<step of H>s<stages>[w<warps>][x<split>]``; a
-``slotup`` name ending ``_addmm`` takes ``act_down.slot_up_forward``'s ``addmm`` down side, the others ``ext``)."""
-SWEPT = ("up", "slotup")
-"""The folds this run sweeps (v26). v25's run (``data/profiles/h100_act_down.json``, commit 4e6ef03) swept
-``down``, ``up`` (without the split tiles) and ``slot``: ``down`` and ``slot`` lost at every point."""
+s<stages>[w<warps>]``; ``up``: ``f<features>k<step of H>s<stages>[w<warps>][x<split>]``)."""
+SWEPT = ("up",)
+"""The folds a run sweeps by default (``--folds``). v25's run (``data/profiles/h100_act_down.json``, commit 4e6ef03)
+swept ``down``, ``up`` (without the split tiles) and ``slot``: ``down`` and ``slot`` lost at every point; v26's
+(commit 84b7f71, ``h100_act_down_v26.log``; at the TP-8 slice a115e0d, ``h100_act_down_v26_tp8.json``) ``up``
+with its split tiles and ``slotup``, a slot fold since removed (KERNEL_NOTES.md v26)."""
 FIRST = {fold: next(iter(v)) for fold, v in VARIANTS.items()}
 """The tiles of each fold the correctness pass runs."""
-PREFIX = {"down": "act_down", "up": "up_act", "slot": "slot_down", "slotup": "slot_up"}
+PREFIX = {"down": "act_down", "up": "up_act", "slot": "slot_down"}
 
 
 def name(fold: str, tiles: str) -> str:
-    """The contender's name in the record: ``act_down_<tiles>``, ``up_act_<tiles>`` (the kept copies),
-    ``slot_down_<tiles>`` or ``slot_up_<tiles>`` (the pool's LoRA, nothing kept)."""
+    """The contender's name in the record: ``act_down_<tiles>``, ``up_act_<tiles>`` (the kept copies) or
+    ``slot_down_<tiles>`` (the pool's LoRA, nothing kept)."""
     return f"{PREFIX[fold]}_{tiles}"
 
 
@@ -78,8 +75,8 @@ def _tiles(T: int, v: dict) -> "ad.Tiles":
 
 
 def contenders(sink, x, gammas, batch, variants=None) -> dict:
-    """``kit`` on the pool with nothing kept and each ``slot`` and ``slotup`` variant (``act_down.slot_forward``,
-    ``act_down.slot_up_forward``: the batch's one slot at its scaling, each with its own workspace), then,
+    """``kit`` on the pool with nothing kept and each ``slot`` variant (``act_down.slot_forward``, the batch's
+    one slot at its scaling), then,
     where ``variants`` (default: the ``SWEPT`` folds') has a kept fold, every slot kept at the batch's
     scalings and the batch forced onto the copies (``h200_pdl.kept_plan``): ``kept`` on today's three
     launches, and each kept fold's two launches on the same copies for each of its ``variants``."""
@@ -93,12 +90,7 @@ def contenders(sink, x, gammas, batch, variants=None) -> dict:
     for key, v in variants.get("slot", {}).items():
         fns[name("slot", key)] = lambda out=torch.empty_like(x), t=_tiles(T, v): ad.slot_forward(
             ops, x, gammas, p.single_slot, scalings, out, t)
-    for key, v in variants.get("slotup", {}).items():
-        t = _tiles(T, v)
-        fns[name("slotup", key)] = lambda out=torch.empty_like(x), t=t, w=ad.workspace(ops, T, t, x.device), \
-            w2=ad.down_weights(ops), down="addmm" if key.endswith("_addmm") else "ext": ad.slot_up_forward(
-                ops, x, gammas, p.single_slot, scalings, out, t, w2, w, down)
-    if not set(variants) - {"slot", "slotup"}:
+    if not set(variants) - {"slot"}:
         return fns
     kept_ops, k = h200_pdl.kept_plan(tb, sink, p, x, batch)
     fns["kept"] = lambda out=torch.empty_like(x): tb._launch_merged(kept_ops, x, gammas, k, out)
@@ -135,7 +127,7 @@ def sweep(upstream_cls, reps: int, shapes) -> list[dict]:
                                  for shape in shapes for R in (KEPT_RANK, 64) for T in TOKENS), fns, upstream_cls, reps)
 
 
-REPLACES = {"down": "kept", "up": "kept", "slot": "kit", "slotup": "kit"}
+REPLACES = {"down": "kept", "up": "kept", "slot": "kit"}
 """The path each fold would take the place of if routed: the kept copies' three launches, or the kit's default."""
 
 

@@ -2,7 +2,7 @@
 ``up_act_kernel``; v26's split and LoRA forms of ``up_act_kernel``) for sm_90 on a machine without a GPU and report what ptxas
 made of each: registers, stack, spills, shared memory, how many programs of it fit a multiprocessor by
 shared memory, whether the K loop streams through shared memory (``cp.async``, 16-byte and all), and
-whether the products are wgmma or mma.sync. The launch arguments are those ``kept_forward``, ``slot_forward`` and ``slot_up_forward`` (rank ``--rank``) pass for the
+whether the products are wgmma or mma.sync. The launch arguments are those ``kept_forward`` and ``slot_forward`` (rank ``--rank``) pass for the
 shapes of the side by side (A, B, Inkling, its TP-8 slice) at 8 and 32 tokens, captured instead of launched
 and specialized by Triton's own binder for sm_90 (``experiments/single_launch/sm90_compile_check.py``'s
 helpers). Triton here is the local one; the H200 runs its own 3.6, so counts can differ a little. A tile
@@ -10,7 +10,7 @@ whose shared memory is over the H200's 227 KB per block would fail to launch the
 (``h200_act_down.VARIANTS`` of the folds ``--folds``, default the run's ``SWEPT``) are checked by this before the run.
 
     PYTHONPATH=.:experiments/act_down:experiments/single_launch python experiments/act_down/sm90_report.py \\
-        [--shapes A,TP8] [--tokens 8,32] [--folds up,slotup] [--rank 64] [--json OUT.json]
+        [--shapes A,TP8] [--tokens 8,32] [--folds down,up,slot] [--rank 64] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -32,16 +32,16 @@ SHARED_PER_BLOCK = 232448
 """The most dynamic shared memory one block may take on an H200 (227 KB)."""
 SHARED_PER_SM = 233472
 """The shared memory of one H200 multiprocessor (228 KB)."""
-KERNELS = {"down": "act_down_kernel", "up": "up_act_kernel", "slot": "act_down_kernel", "slotup": "up_act_kernel"}
+KERNELS = {"down": "act_down_kernel", "up": "up_act_kernel", "slot": "act_down_kernel"}
 RANK = 64
 """The slot folds' rank by default (the widest the side by side times: the most registers and shared memory
 for the factors)."""
 
 
 def captured(fold: str, n: int, H: int, F: int, T: int, tiles: ad.Tiles, rank: int = RANK):
-    """``(kernel, grid, args, kwargs)`` of the Triton launch ``kept_forward`` (``down``, ``up``),
-    ``slot_forward`` (``slot``) or ``slot_up_forward`` (``slotup``; the slot folds at ``rank``) makes for one
-    slot of these sizes (bf16, interleaved), its cuBLAS GEMMs run on the CPU on empty tensors."""
+    """``(kernel, grid, args, kwargs)`` of the Triton launch ``kept_forward`` (``down``, ``up``) or
+    ``slot_forward`` (``slot``, at ``rank``) makes for one slot of these sizes (bf16, interleaved), its cuBLAS
+    GEMMs run on the CPU on empty tensors."""
     bf16 = dict(dtype=torch.bfloat16)
     kept = SimpleNamespace(w13=torch.empty(1, n * 2 * F, H, **bf16), w2=torch.empty(1, H, n * F, **bf16))
     buffers = (torch.empty(1, 1, 2 * rank, H, **bf16), torch.empty(1, n, 2 * F, rank, **bf16), None,
@@ -52,22 +52,21 @@ def captured(fold: str, n: int, H: int, F: int, T: int, tiles: ad.Tiles, rank: i
                           w2_lin=torch.empty(n * F, H, **bf16), dtype=torch.bfloat16, device=torch.device("cpu"))
     x, gammas = torch.zeros(T, H, **bf16), torch.zeros(T, n, **bf16)
     seen, name = {}, KERNELS[fold]
-    real = getattr(ad, name)
+    holder = ad.kernels if fold == "up" else ad  # the up fold launches the library's kernel
+    real = getattr(holder, name)
 
     class Capture:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: seen.update(grid=grid, args=args, kwargs=kwargs)
 
-    setattr(ad, name, Capture())
+    setattr(holder, name, Capture())
     try:
         if fold == "slot":
             ad.slot_forward(ops, x, gammas, 0, torch.ones(1), torch.empty_like(x), tiles)
-        elif fold == "slotup":
-            ad.slot_up_forward(ops, x, gammas, 0, torch.ones(1), torch.empty_like(x), tiles, ad.down_weights(ops))
         else:
             ad.kept_forward(ops, x, gammas, 0, torch.empty_like(x), tiles, fold)
     finally:
-        setattr(ad, name, real)
+        setattr(holder, name, real)
     return real, seen["grid"], seen["args"], seen["kwargs"]
 
 

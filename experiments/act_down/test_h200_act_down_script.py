@@ -1,8 +1,8 @@
 """``h200_act_down.py`` (beside this file)'s correctness pass on the CPU (``interpreted.sweep_script``), so
-the GPU call cannot die of a typo: every contender of the folds it sweeps (v26: the kept copies through
-``up_act_kernel``, split or not, and the slot fold ``slot_up_forward``) is the adapter's forward at 2, 9 and 32
-tokens of one slot, every swept tile of every fold (v25's too) is one the kernels take and computes the
-adapter's forward at real sizes, and ``decide`` reads the routing off times made by hand."""
+the GPU call cannot die of a typo: every contender of the folds it sweeps (by default the kept copies through
+the library's ``up_act_kernel``, split or not) is the adapter's forward at 2, 9 and 32 tokens of one slot, every
+swept tile is one the kernels take and computes the adapter's forward at real sizes, and ``decide`` reads the
+routing off times made by hand."""
 import sys
 from pathlib import Path
 
@@ -23,12 +23,12 @@ def test_the_act_down_pass_checks_every_contender(script):
     rows = script.correctness()
     assert len(rows) == 24  # two shapes, both gate/up layouts, two dtypes, three token counts
     assert all(r["ok"] for r in rows), [r["rel_err"] for r in rows]
-    names = ("kit", "kept", "up_act_f32k128s4", "slot_up_f64k128s3")
+    names = ("kit", "kept", "up_act_f32k128s4")
     assert all(set(r["rel_err"]) == {k + g for k in names for g in ("", "_graph")} for r in rows)
 
 
 def test_every_swept_tile_is_one_the_kernel_takes(script):
-    assert set(script.VARIANTS) == {*script.ad.FOLDS, "slot", "slotup"} == set(script.PREFIX) == set(script.REPLACES)
+    assert set(script.VARIANTS) == {*script.ad.FOLDS, "slot"} == set(script.PREFIX) == set(script.REPLACES)
     assert set(script.SWEPT) <= set(script.VARIANTS)
     for fold, tiles in script.VARIANTS.items():
         for name, v in tiles.items():
@@ -85,34 +85,32 @@ def test_every_swept_tile_is_the_adapters_forward_at_the_real_sizes(shape, rank,
                     with without_overflow_checks():
                         if fold == "slot":
                             ad.slot_forward(ops, sc.x, sc.gammas, 1, torch.tensor([1.0, 1.3]), out, t)
-                        elif fold == "slotup":
-                            ad.slot_up_forward(ops, sc.x, sc.gammas, 1, torch.tensor([1.0, 1.3]), out, t,
-                                               ad.down_weights(ops), work, "addmm" if name.endswith("_addmm") else "ext")
                         else:
                             ad.kept_forward(ops, sc.x, sc.gammas, 0, out, t, fold, work)
                     assert relative_error(out, want, "fro") < 1e-5, (fold, name, T)
                     assert not work[0].any() and not work[1].any(), (fold, name, T)
 
 
-def test_decide_reads_what_to_route_from_the_record(script):
-    """Times made here: the slot fold ahead of the kit at 2 and 8 tokens on A at both ranks and behind at 32,
-    under the base at A R16 T2 only; the up fold ahead of the kept path at 2 tokens only, and only in one
-    flush at 8 (not ahead); a fold the run does not sweep is not judged."""
+def test_decide_reads_what_to_route_from_the_record(script, monkeypatch):
+    """Times made here: the up fold ahead of the kept path at 2 and 8 tokens on A and behind at 32, under the
+    base at A T 2 only, and at 8 ahead in one flush only on a second run (not ahead); the slot fold ahead of
+    the kit at 2 tokens, judged only when the run swept it."""
     def row(R, T, **us):
         return {"shape": "A", "R": R, "T": T, "us": {f"{k}@{fl}": v * (1.01 if fl == "write" else 1.0)
                                                      for k, v in us.items() for fl in ("read", "write")}}
 
-    slot, up = script.name("slotup", "f64k128s3"), script.name("up", "f64k128s4x4")
-    points = [row(16, 2, kit=20.0, kept=18.0, sglang_base=17.0, **{slot: 16.5, up: 17.5}),
-              row(16, 8, kit=22.0, kept=18.0, sglang_base=17.0, **{slot: 18.0, up: 18.0}),
-              row(16, 32, kit=23.0, kept=18.5, sglang_base=18.0, **{slot: 24.0, up: 19.0}),
-              row(64, 2, kit=21.0, sglang_base=17.0, **{slot: 19.0}),
-              row(64, 8, kit=22.0, sglang_base=17.0, **{slot: 20.0}),
-              row(64, 32, kit=23.0, sglang_base=18.0, **{slot: 23.5})]
-    points[1]["us"][f"{up}@write"] = 18.0 * 0.99  # ahead of kept (18.18) in the write flush only
+    up, slot = script.name("up", "f64k128s4x4"), script.name("slot", "h64k64s3")
+    points = [row(16, 2, kit=20.0, kept=18.0, sglang_base=17.0, **{up: 16.5, slot: 19.0}),
+              row(16, 8, kit=22.0, kept=18.0, sglang_base=17.0, **{up: 17.5, slot: 23.0}),
+              row(16, 32, kit=23.0, kept=18.5, sglang_base=18.0, **{up: 19.0, slot: 24.0}),
+              row(64, 2, kit=21.0, sglang_base=17.0, **{slot: 20.0})]
     d = script.decide(points)
-    assert set(d) == set(script.SWEPT)
-    assert [a["point"] for a in d["slotup"]["ahead"]] == [("A", 16, 2), ("A", 16, 8), ("A", 64, 2), ("A", 64, 8)]
-    assert d["slotup"]["up_to"] == {"A": 8} and d["slotup"]["under_base"] == [("A", 16, 2)]
-    assert [a["point"] for a in d["up"]["ahead"]] == [("A", 16, 2)] and d["up"]["up_to"] == {"A": 2}
+    assert set(d) == {"up"}
+    assert [a["point"] for a in d["up"]["ahead"]] == [("A", 16, 2), ("A", 16, 8)]
+    assert d["up"]["up_to"] == {"A": 8} and d["up"]["under_base"] == [("A", 16, 2)]
     assert d["up"]["ahead"][0]["tiles"] == up and d["up"]["ahead"][0]["kept"] == 18.0
+    points[1]["us"][f"{up}@write"] = 18.0 * 1.02  # behind kept (18.18) in the write flush
+    assert script.decide(points)["up"]["up_to"] == {"A": 2}
+    monkeypatch.setattr(script, "SWEPT", ("up", "slot"))
+    d = script.decide(points)
+    assert [a["point"] for a in d["slot"]["ahead"]] == [("A", 16, 2), ("A", 64, 2)] and d["slot"]["up_to"] == {"A": 2}
