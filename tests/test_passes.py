@@ -15,6 +15,8 @@ from inkling_lab import profile as pr
 
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
 RECORDED, SECOND = PROFILES / "h200_side_by_side.json", PROFILES / "history" / "h200_side_by_side_v24_2.json"
+PASSES = [(RECORDED, SECOND), (PROFILES / "h100_side_by_side.json", PROFILES / "history" / "h100_side_by_side_2.json")]
+"""Each card's recorded side by side and its second pass, as KERNEL_NOTES quotes their agreement."""
 
 
 def _point(shape, S, T, **us):
@@ -122,9 +124,11 @@ def test_the_command_prints_the_agreement_and_refuses_what_it_cannot_compare(tmp
     assert json.loads(paths[1].read_text()) == second  # the inputs are only read
 
 
-@pytest.mark.skipif(not (RECORDED.exists() and SECOND.exists()), reason="no second pass of the side by side")
-def test_kernel_notes_quote_the_recorded_passes_agreement():
+@pytest.mark.parametrize("recorded, second_pass", PASSES, ids=["h200", "h100"])
+def test_kernel_notes_quote_the_recorded_passes_agreement(recorded, second_pass):
+    if not (recorded.exists() and second_pass.exists()):
+        pytest.skip("no second pass of the side by side")
     notes = (Path(__file__).resolve().parents[1] / "KERNEL_NOTES.md").read_text()
-    first, second = pr.load_side_by_side(RECORDED), pr.load_side_by_side(SECOND)
+    first, second = pr.load_side_by_side(recorded), pr.load_side_by_side(second_pass)
     assert first["points"][0]["case"] == second["points"][0]["case"]
     assert pr.pass_agreement_text(first, second) in notes

@@ -15,6 +15,8 @@ from inkling_lab.geometry import Geometry
 
 REAL_WHEEL = Path("/work/upstream") / uw.WHEEL_NAME
 SIDE_RECORD = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h200_side_by_side.json"
+H100_RECORD = SIDE_RECORD.with_name("h100_side_by_side.json")
+"""The side by side on an H100 (2026-12-06), whose summaries KERNEL_NOTES carries beside the H200's."""
 
 
 def _fake_wheel(path: Path, tamper: str | None = None) -> Path:
@@ -124,3 +126,16 @@ def test_kernel_notes_carry_the_generated_table():
     rec = pr.load_side_by_side(SIDE_RECORD)
     assert pr.side_by_side_table(rec, "read") in notes
     assert pr.side_by_side_summary(rec, "read") in notes
+
+
+@pytest.mark.skipif(not H100_RECORD.exists(), reason="no H100 side-by-side record")
+def test_the_h100_record_is_complete_and_kernel_notes_carry_its_summaries():
+    rec = pr.load_side_by_side(H100_RECORD)
+    assert rec["environment"]["device"] == "NVIDIA H100 80GB HBM3"
+    assert set(rec["upstream"]["files_sha256_record"]) == set(uw.FILES)
+    assert len(rec["points"]) == len(pr.side_by_side_cases())
+    assert all(max(p["rel_err"].values()) < 1e-2 for p in rec["points"])
+    notes = (Path(__file__).resolve().parents[1] / "KERNEL_NOTES.md").read_text()
+    for kit in ("kit_triton", "kit_kept"):
+        for flush in ("read", "write"):
+            assert pr.side_by_side_summary(rec, flush, kit) in notes, (kit, flush)
