@@ -140,13 +140,15 @@ def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
 @triton.jit
 def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr, ws_ptr, cnt_ptr,
-              T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
+              T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, LD_ACT,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
               BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
               PDL: tl.constexpr = False):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
-    up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F).
+    up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F). ``act``'s rows are
+    ``LD_ACT`` elements apart (``n*F``, or more where ``act`` is the first ``n*F`` columns of
+    the down GEMM's operand ``[act | mid]``).
 
     With ``Y_IN`` the tile of ``y`` is read as contiguous row spans (``INTERLEAVED``:
     one span of ``2*BF`` gate/up pairs; else a gate span and an up span of ``BF``), so
@@ -229,7 +231,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
     act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
     act_lp = act.to(act_ptr.dtype.element_ty)
-    tl.store(act_ptr + rows[:, None] * (N_EXP * F) + e * F + fs[None, :], act_lp,
+    tl.store(act_ptr + rows[:, None] * LD_ACT + e * F + fs[None, :], act_lp,
              mask=row_ok[:, None] & f_ok[None, :])
 
     if HAS_LORA and not Y_IN:

@@ -569,8 +569,8 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
     pdl = t.pdl and not t.cublas
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
-          T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
-         fast=None if key is None else (p.fast, ("up", key)),
+          T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),
+         fast=None if key is None else (p.fast, ("up", key, act.stride(0))),  # the stride specializes too
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
          INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
 
@@ -668,7 +668,8 @@ class _Beside:
             self.main.wait_stream(self.side)
 
 
-def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool) -> torch.Tensor:
+def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool,
+                   w2_cat: torch.Tensor | None = None) -> torch.Tensor:
     """Every token on one slot ``s``, the cuBLAS path, shared outer: each shrink a cuBLAS GEMM
     on a side stream beside the base GEMM that reads the same input (``_Beside``), so the chain
     is four steps deep: ``sh = x A_s^T`` beside ``y = x w13_lin^T``; the activation (``_up``,
@@ -676,22 +677,27 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fol
     added onto ``y`` by cuBLAS (``addmm``, ``alpha = scale_s``); ``mid = act a_cat_s^T`` beside
     ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``; ``fold``: ``FOLD_ELEMS``). Where ``chain_tokens``:
     ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
-    flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17)."""
+    flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17). ``w2_cat``: the
+    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM."""
     s, scale = p.single_slot, p.single_scale
     ga, gb, da, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
     side = _Beside(x)
     sh = torch.empty(T, 2 * R, dtype=x.dtype, device=x.device)
+    act_cat = _act_cat(ops, x, w2_cat)                 # allocated on this stream: it is used on it
     with side:
         torch.mm(x, ga[s, 0].T, out=sh)                # [T, 2R]
+        _cat_rows(ops, s, w2_cat)
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
-    act = torch.empty(T, ops.n * ops.intermediate, dtype=x.dtype, device=x.device)
+    act = act_cat[:, :ops.n * ops.intermediate]
     if fold:
         y.addmm_(sh, ops.w1_delta[s].T, alpha=scale)
         _up(ops, x, y, gammas, act, p, Lora.none(x))
     else:
         _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, max(16, triton.next_power_of_2(R))))
+    if w2_cat is not None:
+        return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
     with side:
         torch.mm(act, ops.a_cat[s].T, out=mid)         # [T, R]
@@ -701,27 +707,57 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fol
     return out
 
 
-def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
+def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
+                   w2_cat: torch.Tensor | None = None) -> torch.Tensor:
     """Every token on one slot ``s``, many tokens (``folds``), shared outer: the LoRA folded into
     cuBLAS calls around the base GEMMs, each product written once: ``y = (x A_s^T) W1Δ_s^T``
     then cuBLAS adds ``x w13_lin^T`` onto it (``beta = 1``: read in the GEMM's epilogue,
     nearly free while the GEMM is compute-bound), the activation kernel, and the same
-    for the down side (``out = (act a_cat_s^T) B_s^T``, then ``+= act w2_lin``)."""
+    for the down side (``out = (act a_cat_s^T) B_s^T``, then ``+= act w2_lin``), or, with
+    ``w2_cat``, ``_down_cat`` (v27)."""
     s, scale = p.single_slot, p.single_scale
     ga, _, _, db = ops.buffers
+    act_cat = _act_cat(ops, x, w2_cat)
+    _cat_rows(ops, s, w2_cat)
     sh = torch.mm(x, ga[s, 0].T)                      # [T, 2R]
     if scale != 1.0:
         sh.mul_(scale)
     y = torch.mm(sh, ops.w1_delta[s].T)               # [T, n*2F], rows as in w13_lin
     y.addmm_(x, ops.w13_lin.T)
-    act = torch.empty(x.shape[0], ops.n * ops.intermediate, dtype=x.dtype, device=x.device)
+    act = act_cat[:, :ops.n * ops.intermediate]
     _up(ops, x, y, gammas, act, p, Lora.none(x))
+    if w2_cat is not None:
+        return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.mm(act, ops.a_cat[s].T)               # [T, R]
     if scale != 1.0:
         mid.mul_(scale)
     torch.mm(mid, db[s, 0].T, out=out)
     out.addmm_(act, ops.w2_lin)
     return out
+
+
+def _act_cat(ops: SinkOperands, x: torch.Tensor, w2_cat: torch.Tensor | None) -> torch.Tensor:
+    """The down GEMM's left operand: ``act [T, n*F]``, or with ``w2_cat`` ``[T, n*F + R]`` (``_down_cat``)."""
+    R = 0 if w2_cat is None else ops.buffers[3].shape[3]
+    return torch.empty(x.shape[0], ops.n * ops.intermediate + R, dtype=x.dtype, device=x.device)
+
+
+def _cat_rows(ops: SinkOperands, s: int, w2_cat: torch.Tensor | None) -> None:
+    """Slot ``s``'s ``B_s^T [R, H]`` into ``w2_cat``'s rows after ``n*F`` (``_down_cat``), if given."""
+    if w2_cat is not None:
+        nf, R = ops.n * ops.intermediate, ops.buffers[3].shape[3]
+        w2_cat[nf:nf + R].copy_(ops.buffers[3][s, 0].T)
+
+
+def _down_cat(ops: SinkOperands, act_cat: torch.Tensor, s: int, scale: float, w2_cat: torch.Tensor,
+              out: torch.Tensor) -> torch.Tensor:
+    """The down side of one slot ``s`` as one GEMM (v27): ``act_cat = [act | scale_s * act a_cat_s^T]``
+    ``[T, n*F + R]`` times ``w2_cat = [w2_lin ; B_s^T]`` ``[n*F + R, H]``: the down expand is ``R`` more
+    steps of the base GEMM's ``K``, so ``out`` is written once, where the chain writes it, reads it and
+    writes it again (``addmm``)."""
+    nf, R = ops.n * ops.intermediate, ops.buffers[3].shape[3]
+    act_cat[:, nf:].addmm_(act_cat[:, :nf], ops.a_cat[s].T, beta=0, alpha=scale)   # beta 0: never read
+    return torch.mm(act_cat, w2_cat[:nf + R], out=out)
 
 
 def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mode: str) -> torch.Tensor:
