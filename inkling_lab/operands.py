@@ -54,7 +54,9 @@ class SinkOperands:
       ``gate_up_b [S, n, 2F, R]``, ``down_a [S, n, R, F]``, ``down_b [S, O, H, R]``,
       or ``None`` (no pool: the base sink);
     * ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]`` (shared outer only, else ``None``);
-    * ``kept``: the slots whose merged weights the sink keeps (``KeptMerge``, made by ``merged.py``), or ``None``.
+    * ``kept``: the slots whose merged weights the sink keeps (``KeptMerge``, made by ``merged.py``), or ``None``;
+    * ``w2_cat [n*F + R, H]`` (shared outer only, else ``None``): ``w2_lin``'s rows and ``R`` more in its
+      storage, where a one-slot forward puts the slot's down ``B^T`` (``triton_backend._down_cat``).
 
     The sizes, dtype and device of the weights are read once (every forward asks for
     them, and the record's weight views are its own); the pool's are read each time.
@@ -69,6 +71,7 @@ class SinkOperands:
     w1_delta: torch.Tensor | None = None
     a_cat: torch.Tensor | None = None
     kept: KeptMerge | None = None
+    w2_cat: torch.Tensor | None = None
 
     @cached_property
     def n(self) -> int:

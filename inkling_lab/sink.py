@@ -86,11 +86,16 @@ def swiglu_sink(y: torch.Tensor, gammas: torch.Tensor, interleaved: bool,
     return act.to(out_dtype or y.dtype)
 
 
-def linearize(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def linearize(w13: torch.Tensor, w2: torch.Tensor, spare_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The serving form of the weights: ``w13 [n, 2F, H] -> w13_lin [n*2F, H]`` (a view)
-    and ``w2 [n, H, F] -> w2_lin [n*F, H]`` (a copy: expert-major, feature-minor rows)."""
+    and ``w2 [n, H, F] -> w2_lin [n*F, H]`` (a copy: expert-major, feature-minor rows), the
+    first ``n*F`` rows of a ``[n*F + spare_rows, H]`` tensor whose other rows are left
+    uninitialized for the forward (``SharedSink._down_cat``)."""
     n, two_f, hidden = w13.shape
-    return w13.reshape(n * two_f, hidden), w2.transpose(1, 2).reshape(n * w2.shape[2], hidden)
+    f = w2.shape[2]
+    rows = w2.new_empty(n * f + spare_rows, hidden)
+    rows[:n * f].view(n, f, hidden).copy_(w2.transpose(1, 2))
+    return w13.reshape(n * two_f, hidden), rows[:n * f]
 
 
 def _as_tokens(x: torch.Tensor, last: int, what: str, device: torch.device) -> torch.Tensor:
@@ -165,7 +170,7 @@ class SharedSink(nn.Module):
         self.w2 = nn.Parameter(allocate((n, H, F), "SharedSink: w2 [n, H, F]", dtype, device, "empty"),
                                requires_grad=False)
         self.reset_parameters(seed)
-        self._lin_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._lin_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor], int] | None = None
 
     @classmethod
     def from_geometry(cls, g: Geometry, interleaved: bool = True, dtype: torch.dtype = torch.float32,
@@ -189,18 +194,29 @@ class SharedSink(nn.Module):
     def device(self) -> torch.device:
         return self.w13.device
 
-    def linearized(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def linearized(self, spare_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w13_lin [n*2F, H], w2_lin [n*F, H])``, cached until the weights change
-        (new storage, or an in-place write: ``w2_lin`` is a copy)."""
+        (new storage, or an in-place write: ``w2_lin`` is a copy). ``spare_rows``: at least
+        this many rows after ``w2_lin``'s in its storage (``_down_cat``); the most ever asked
+        for is kept across weight changes."""
         try:
             # nn.Module's __getattr__ costs ~0.7 µs a parameter; every forward asks for these.
             w13, w2 = self._parameters["w13"], self._parameters["w2"]
         except KeyError:  # a parametrized weight (torch.nn.utils.parametrize) is a property instead
             w13, w2 = self.w13, self.w2
-        key = (w13.data_ptr(), w13._version, w2.data_ptr(), w2._version)
-        if self._lin_cache is None or self._lin_cache[0] != key:
-            self._lin_cache = (key, linearize(w13.detach(), w2.detach()))
+        key, cache = (w13.data_ptr(), w13._version, w2.data_ptr(), w2._version), self._lin_cache
+        if cache is None or cache[0] != key or cache[2] < spare_rows:
+            spare = max(spare_rows, 0 if cache is None else cache[2])
+            self._lin_cache = (key, linearize(w13.detach(), w2.detach(), spare), spare)
         return self._lin_cache[1]
+
+    def _down_cat(self, rank: int) -> torch.Tensor:
+        """``[n*F + rank, H]``: ``w2_lin``'s rows and ``rank`` rows after them in the same storage,
+        which a one-slot forward overwrites with the slot's down ``B^T`` to run the down expand as
+        more of the down GEMM's ``K`` (``triton_backend._down_cat``, v27)."""
+        w2_lin = self.linearized(rank)[1]
+        return w2_lin.as_strided((w2_lin.shape[0] + rank, w2_lin.shape[1]), w2_lin.stride(),
+                                 w2_lin.storage_offset())
 
     def base_forward(self, x: torch.Tensor, gammas: torch.Tensor, form: Form = "linearized") -> torch.Tensor:
         """The sink without LoRA, in either form."""

@@ -86,6 +86,26 @@ def test_linearized_weights_are_expert_major():
     assert torch.equal(w2_lin[1 * 2 + 1], w2[1, :, 1])
 
 
+def test_spare_rows_after_the_linearized_down_weight_share_its_storage_and_outlive_a_weight_change():
+    sink = SharedSink(2, 6, 4)
+    w13_lin, w2_lin = sink.linearized()
+    cat = sink._down_cat(3)                               # what a rank-3 pool's forward writes into
+    assert cat.shape == (8 + 3, 6)
+    w2_lin = sink.linearized()[1]
+    assert cat.data_ptr() == w2_lin.data_ptr() and torch.equal(cat[:8], w2_lin)
+    assert torch.equal(w2_lin, linearize(sink.w13.detach(), sink.w2.detach())[1])
+    cat[8:] = 7.0                                          # the forward's rows: w2_lin's values stay
+    assert torch.equal(sink.linearized()[1], linearize(sink.w13.detach(), sink.w2.detach())[1])
+    assert sink.linearized(2)[1] is w2_lin                 # fewer rows than it has: no new copy
+    with torch.no_grad():
+        sink.w2.mul_(2)                                     # an in-place write: linearized again, rows kept
+    again = sink.linearized()[1]
+    assert again is not w2_lin and torch.equal(again, linearize(sink.w13.detach(), sink.w2.detach())[1])
+    assert sink._down_cat(3).data_ptr() == again.data_ptr()
+    with pytest.raises(RuntimeError):                      # never past the storage it has
+        again.as_strided((8 + 9, 6), again.stride(), again.storage_offset())
+
+
 def test_linearized_follows_a_parametrized_weight():
     from torch.nn.utils import parametrize
 

@@ -287,6 +287,64 @@ def test_auto_sends_one_slot_batches_past_16_tokens_to_the_cublas_chain(monkeypa
     assert tb.folds(tb.FOLD_TOKENS, 1) and not tb.folds(tb.FOLD_TOKENS, 0)  # A-sized weights keep the chain
 
 
+def test_cats_follows_the_measured_tokens_and_rank():
+    ops = SimpleNamespace(w2_cat=object(), n=2, intermediate=3072, hidden=6144, max_rank=16)
+    assert tb.cats(tb.CAT_TOKENS, ops) and not tb.cats(tb.CAT_TOKENS - 1, ops)
+    ops.max_rank = 64                                       # the down shrink it waits for grows with R
+    assert tb.cats(4 * tb.CAT_TOKENS, ops) and not tb.cats(4 * tb.CAT_TOKENS - 1, ops)
+    ops.intermediate, ops.hidden = 768, 1536                # A: H = n*F, little to save
+    assert not tb.cats(8192, ops)
+    assert not tb.cats(8192, SimpleNamespace(w2_cat=None, n=2, intermediate=3072, hidden=6144, max_rank=16))
+
+
+def test_only_a_shared_outer_pool_gets_spare_down_rows():
+    shared = make_case(2, 37, 21, 5, 3, 9, True, True, seed=2)[0].operands()
+    assert shared.w2_cat.shape == (2 * 21 + 5, 37) and shared.w2_cat.data_ptr() == shared.w2_lin.data_ptr()
+    assert torch.equal(shared.w2_cat[:42], shared.w2_lin)
+    assert make_case(2, 37, 21, 5, 3, 9, False, True, seed=2)[0].operands().w2_cat is None
+
+
+@pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_one_slot_batches_add_the_down_expand_as_more_k_of_the_down_gemm(interleaved, path, monkeypatch):
+    monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if path == "folded_into_cublas" else 1 << 30)
+    monkeypatch.setattr(tb, "SMALL_WEIGHTS", 0)  # these tiny weights stand for B-sized ones
+    monkeypatch.setattr(tb, "FOLD_ELEMS", 1 if path == "cublas_expand" else 1 << 60)
+    monkeypatch.setattr(tb, "FOLD_MIN_RANK", 1)
+    monkeypatch.setattr(tb, "CAT_TOKENS", 4)
+    calls = []
+    real = tb._down_cat
+    monkeypatch.setattr(tb, "_down_cat", lambda *a: calls.append(a[2]) or real(*a))
+    sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 19, True, interleaved, seed=23)
+    w2_lin = sink.operands().w2_lin.clone()
+    for slot, scale in ((2, 0.7), (0, -1.3)):  # the second call overwrites the first slot's rows
+        batch = SlotBatch.from_segments([19], [slot], 3, lora_ranks=[5, 5, 5], scalings=[scale, 1.0, scale])
+        out, p = run(sink, x, gammas, batch, CUBLAS)
+        assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
+    assert calls == [2, 0]
+    assert torch.equal(sink.operands().w2_lin, w2_lin)        # the base rows are never written
+    base, _ = run(sink, x, gammas, None, CUBLAS)
+    assert rel(base, reference_forward(sink.operands(), x, gammas, None)) < 1e-5
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(8, 40), F=st.integers(4, 24), R=st.integers(1, 9), T=st.integers(1, 40),
+       fold=st.booleans(), folded=st.booleans(), interleaved=st.booleans(),
+       scale=st.floats(-2.0, 2.0, allow_nan=False), seed=st.integers(0, 2**16))
+def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, F, R, T, fold, folded, interleaved,
+                                                                         scale, seed):
+    sink, x, gammas, _ = make_case(n, H, F, R, 2, T, True, interleaved, seed)
+    batch = SlotBatch.from_segments([T], [1], 2, lora_ranks=[R, R], scalings=[1.0, scale])
+    ops = sink.operands()
+    p = tb.plan(ops, T, batch, x.device, CUBLAS)
+    out = torch.full_like(x, float("nan"))
+    if folded:
+        tb._launch_folded(ops, x, gammas, p, out, ops.w2_cat)
+    else:
+        tb._launch_single(ops, x, gammas, p, out, fold, ops.w2_cat)
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+
+
 @pytest.mark.parametrize("tiles", [FUSED, CUBLAS], ids=["fused", "cublas_path"])
 @pytest.mark.parametrize("grouped", [False, True], ids=["segments", "grouped"])
 def test_a_device_resident_batch_follows_in_place_updates(tiles, grouped):

@@ -500,10 +500,11 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if p.grouped:
         return _launch_grouped(ops, x, gammas, p, out, p.grouped)
     if single and t.cublas:
+        w2_cat = ops.w2_cat if cats(T, ops) else None
         if folds(T, n * F * H):
-            return _launch_folded(ops, x, gammas, p, out)
+            return _launch_folded(ops, x, gammas, p, out, w2_cat)
         fold = ops.buffers[0].shape[2] // 2 >= FOLD_MIN_RANK and T * n * F >= FOLD_ELEMS
-        return _launch_single(ops, x, gammas, p, out, fold)
+        return _launch_single(ops, x, gammas, p, out, fold, w2_cat)
     key = _launch_key(ops, x, gammas, out)
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     pdl = t.pdl and not t.cublas and not interpreting()
@@ -972,6 +973,26 @@ the base GEMMs' ``beta = 1``
 streams save once the GEMMs fill the GPU: at 8192 tokens on B, Inkling, TP8 0.95-0.97x sglang's
 one-slot chain against 0.96-0.99x for ``_launch_single``, ``h200_one_slot.json``; at 2048 the other way round,
 0.98-1.03x against 0.95-0.99x; 4096, between the two, was not measured)."""
+
+CAT_TOKENS = 512
+"""From this many tokens (times ``R / 16`` from rank 16 up) a one-slot batch on weights over
+``SMALL_WEIGHTS`` runs its down side as one GEMM (``cats``, ``_down_cat``, v27), in the chain and in
+the fold. ``h100_one_slot_v27.json`` (an H100, one slot, 32-8192 tokens, R 16 / 64, both flushes), each
+path with ``_down_cat`` over the same path with its ``addmm``: at R 16 from 512 tokens 0.85-0.99x on B,
+Inkling and TP8, at R 64 from 2048 0.88-0.99x (at 512, 0.96-1.01x); at 32 and 128 tokens 0.97-1.12x (the
+down shrink no longer runs beside the down GEMM, and costs more with the rank); on A 0.95-1.13x (``H =
+n*F``: the pass over ``out`` it saves is small beside the shrink), whose one slot merges from 1536 tokens.
+The pass saved is ``T * H`` elements written and read, most where ``H`` is large beside ``n*F`` (TP8:
+0.85-0.88x at 8192 tokens, where the merge routed is faster still)."""
+
+
+def cats(num_tokens: int, ops: SinkOperands) -> bool:
+    """A one-slot batch of ``num_tokens`` on the cuBLAS path adds its down expand as more of the down
+    GEMM's ``K`` (``_down_cat`` on ``ops.w2_cat``): from ``CAT_TOKENS * max(1, R / 16)`` tokens, on
+    weights over ``SMALL_WEIGHTS``."""
+    return (ops.w2_cat is not None and ops.n * ops.intermediate * ops.hidden > SMALL_WEIGHTS
+            and num_tokens >= CAT_TOKENS * max(1, ops.max_rank // 16))
+
 
 GROUPED_TOKENS = 8192
 GROUPED_RANK_TOKENS = 2048

@@ -15,6 +15,10 @@ code was removed after it: see KERNEL_NOTES.md v17.)
    ``sglang_one_slot``; medians, read and write flush.
 3. ``--breakdown``: each launch of both chains alone (read flush).
 
+v27 (``h100_one_slot_v27.json``, ``--tokens 32,128,512,2048,8192``): ``*_cat`` runs each chain's down side
+as ``_down_cat`` (the down expand as more of the down GEMM's ``K``, on a copy of ``w2_lin`` with ``R`` rows
+more), and ``folded`` / ``folded_cat`` the fold (``_launch_folded``) without and with it.
+
 ``--multi``: the multi-slot cuBLAS path (v17b) with its two shrink launches on the side stream
 (``kit``) against sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes; its
 correctness matrix first (mixed slots with base-only and rank-0 tokens, both outer layouts, a
