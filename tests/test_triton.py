@@ -255,13 +255,18 @@ def test_few_features_take_narrow_epilogue_tiles_on_the_cublas_path(T):
     assert tb.pick_tiles(T, 2 * 384 * 6144) == tb.pick_tiles(T)  # no hidden size given: no narrowing
 
 
-@pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, path, monkeypatch):
+def route_one_slot(monkeypatch, path: str) -> None:
+    """Send a one-slot batch of these tiny weights down ``path`` of the cuBLAS path."""
     monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if path == "folded_into_cublas" else 1 << 30)
     monkeypatch.setattr(tb, "SMALL_WEIGHTS", 0)  # these tiny weights stand for B-sized ones
     monkeypatch.setattr(tb, "FOLD_ELEMS", 1 if path == "cublas_expand" else 1 << 60)
     monkeypatch.setattr(tb, "FOLD_MIN_RANK", 1)
+
+
+@pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, path, monkeypatch):
+    route_one_slot(monkeypatch, path)
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 19, True, interleaved, seed=21)
     batch = SlotBatch.from_segments([19], [2], 3, lora_ranks=[5, 5, 5], scalings=[1.0, 1.0, 0.7])
     out, p = run(sink, x, gammas, batch, CUBLAS)
@@ -307,10 +312,7 @@ def test_only_a_shared_outer_pool_gets_spare_down_rows():
 @pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_one_slot_batches_add_the_down_expand_as_more_k_of_the_down_gemm(interleaved, path, monkeypatch):
-    monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if path == "folded_into_cublas" else 1 << 30)
-    monkeypatch.setattr(tb, "SMALL_WEIGHTS", 0)  # these tiny weights stand for B-sized ones
-    monkeypatch.setattr(tb, "FOLD_ELEMS", 1 if path == "cublas_expand" else 1 << 60)
-    monkeypatch.setattr(tb, "FOLD_MIN_RANK", 1)
+    route_one_slot(monkeypatch, path)
     monkeypatch.setattr(tb, "CAT_TOKENS", 4)
     calls = []
     real = tb._down_cat
