@@ -49,3 +49,12 @@ def test_the_correctness_pass_runs_every_check_and_flags_an_unwritten_output(scr
     monkeypatch.setattr(script, "run", unwritten)
     monkeypatch.setattr(script, "graph_replays", unwritten)
     assert not any(r["ok"] for r in script.correctness())
+
+
+@pytest.mark.slow
+def test_the_gathered_epilogues_pass_the_same_checks(script, monkeypatch):
+    monkeypatch.setitem(script.VARIANTS, "gather", {"pdl": False, "gather": True})
+    monkeypatch.setattr(script, "CHECKED", ["gather"])
+    rows = script.correctness()
+    assert len(rows) == 8 and {r["variant"] for r in rows} == {"gather"}
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]

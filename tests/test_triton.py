@@ -239,6 +239,24 @@ def test_kernels_match_the_reference_on_random_shapes(n, H, F, R, S, T, outer_sh
     assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
 
 
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(16, 48), F=st.integers(8, 40), R=st.integers(1, 40), S=st.integers(1, 6),
+       T=st.integers(1, 34), outer_shared=st.booleans(), interleaved=st.booleans(), wide=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_gathered_epilogues_match_the_reference(n, H, F, R, S, T, outer_shared, interleaved, wide, seed):
+    """v28: every token's LoRA from its own slot's factors, 16 or 8 ranks a step (``_gather``), over
+    mixed, base-only and rank-0 tokens, either outer layout, with the up and down splits (``MIN_SPLIT_K``)."""
+    sink, x, gammas, batch = make_case(n, H, F, R, S, T, outer_shared, interleaved, seed)
+    tiles = replace(FUSED, bf=32 if wide else 16, gather=True)
+    assert tb._gather(tiles) == (8 if wide else 16)
+    ops = sink.operands()
+    p = tb.plan(ops, T, batch, x.device, tiles)
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+    assert p.sh is None or torch.count_nonzero(p.sh) == 0  # the down kernel left the shrink's workspace zero
+
+
 def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert not tb.pick_tiles(1).cublas and not tb.pick_tiles(32).cublas
     assert not tb.pick_tiles(128, weight_elems=2 * 768 * 1536).cublas       # shape A

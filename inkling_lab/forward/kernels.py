@@ -59,6 +59,16 @@ def _tile_slots(slot_ptr, rows, row_ok):
 
 
 @triton.jit
+def _row_slots(slot_ptr, scale_ptr, rows, row_ok):
+    """Each token's own slot for the gathered epilogues (``GATHER``): which rows have one, that
+    slot (0 where none: an address to mask), and its scaling (0.0 where none)."""
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=-1)
+    live = row_ok & (slot >= 0)
+    sl = tl.where(live, slot, 0)
+    return live, sl, tl.load(scale_ptr + sl, mask=live, other=0.0)
+
+
+@triton.jit
 def _grouped_tile(pid, n_m, n_cols, GROUP_M: tl.constexpr):
     """Program ``pid`` -> (token tile, column tile) in grouped order: ``GROUP_M`` token
     tiles walk the same weight columns while those sit in L2."""
@@ -143,7 +153,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, LD_ACT,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
               BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
-              PDL: tl.constexpr = False):
+              PDL: tl.constexpr = False, GATHER: tl.constexpr = 0):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
     up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F). ``act``'s rows are
@@ -209,7 +219,23 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
             row_ok = row_ok & ((rows * 0 + arrived) == SPLIT - 1)  # only the last program writes (every store below is masked by row_ok)
         gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
 
-    if HAS_LORA:
+    if HAS_LORA and GATHER > 0:  # each row its own slot's B, GATHER ranks a step: no loop over the tile's slots
+        live, sl, row_scale = _row_slots(slot_ptr, scale_ptr, rows, row_ok)
+        o = e * O_STEP
+        b_row = (sl * N_EXP + e) * 2 * F * R                                              # [BM]
+        for r0 in tl.range(0, BR, GATHER, num_stages=1):  # one step's tiles in registers at a time
+            rc = r0 + tl.arange(0, GATHER)
+            ld = live[:, None] & (rc < R)[None, :]
+            src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + rc[None, :]
+            m3 = ld[:, :, None] & f_ok[None, None, :]
+            b3 = gb_ptr + b_row[:, None, None] + fs[None, None, :] * R + rc[None, :, None]      # [BM, GATHER, BF]
+            bg = tl.load(b3, mask=m3, other=0.0)
+            bu = tl.load(b3 + F * R, mask=m3, other=0.0)
+            sg = tl.load(src, mask=ld, other=0.0).to(bg.dtype).to(tl.float32)
+            su = tl.load(src + R, mask=ld, other=0.0).to(bu.dtype).to(tl.float32)
+            gate += row_scale[:, None] * tl.sum(sg[:, :, None] * bg.to(tl.float32), axis=1)
+            up += row_scale[:, None] * tl.sum(su[:, :, None] * bu.to(tl.float32), axis=1)
+    elif HAS_LORA:
         slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
         o = e * O_STEP
         r = tl.arange(0, BR)
@@ -234,7 +260,15 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     tl.store(act_ptr + rows[:, None] * LD_ACT + e * F + fs[None, :], act_lp,
              mask=row_ok[:, None] & f_ok[None, :])
 
-    if HAS_LORA and not Y_IN:
+    if HAS_LORA and GATHER > 0 and not Y_IN:
+        for r0 in tl.range(0, BR, GATHER, num_stages=1):  # one step's tiles in registers at a time
+            rc = r0 + tl.arange(0, GATHER)
+            ld = live[:, None] & (rc < R)[None, :]
+            da = tl.load(da_ptr + ((sl * N_EXP + e) * R)[:, None, None] * F + rc[None, :, None] * F + fs[None, None, :],
+                         mask=ld[:, :, None] & f_ok[None, None, :], other=0.0)                # [BM, GATHER, BF]
+            m = tl.sum(act_lp.to(tl.float32)[:, None, :] * da.to(tl.float32), axis=2)
+            tl.atomic_add(mid_ptr + rows[:, None] * (O * R) + o * R + rc[None, :], m, mask=ld)
+    elif HAS_LORA and not Y_IN:
         for s in range(smin, smax + 1):
             sel = row_ok & (slot == s)
             a_sel = tl.where(sel[:, None], act_lp, 0.0).to(act_lp.dtype)
@@ -251,7 +285,7 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                 T, H, F, R, O, N_EXP,
                 BASE: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BR: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-                PDL: tl.constexpr = False):
+                PDL: tl.constexpr = False, GATHER: tl.constexpr = 0):
     """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
     ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
     ``BASE=False``: ``out`` holds cuBLAS's ``act @ w2_lin`` already and the LoRA term is added to it.
@@ -292,7 +326,18 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                                       cnt_ptr + tile, SPLIT)
             row_ok = row_ok & ((rows * 0 + arrived) == SPLIT - 1)  # only the last program writes
 
-    if HAS_LORA:
+    if HAS_LORA and GATHER > 0:
+        live, sl, row_scale = _row_slots(slot_ptr, scale_ptr, rows, row_ok)
+        for o in range(0, O):
+            for r0 in tl.range(0, BR, GATHER, num_stages=1):  # one step's tiles in registers at a time
+                rc = r0 + tl.arange(0, GATHER)
+                ld = live[:, None] & (rc < R)[None, :]
+                b = tl.load(db_ptr + ((sl * O + o) * H)[:, None, None] * R + hs[None, None, :] * R + rc[None, :, None],
+                            mask=ld[:, :, None] & h_ok[None, None, :], other=0.0)            # [BM, GATHER, BN]
+                m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + rc[None, :], mask=ld, other=0.0)
+                m = m.to(b.dtype).to(tl.float32)
+                acc += row_scale[:, None] * tl.sum(m[:, :, None] * b.to(tl.float32), axis=1)
+    elif HAS_LORA:
         slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
         r = tl.arange(0, BR)
         r_ok = r < R
@@ -305,6 +350,7 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                 b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
                             mask=r_ok[:, None] & h_ok[None, :], other=0.0)              # [BR, BN]
                 acc += scale * tl.dot(m.to(b.dtype), b)
+    if HAS_LORA:
         if pid_n == 0:
             j = tl.arange(0, 2 * BR)
             for o in range(0, O):

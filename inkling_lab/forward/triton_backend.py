@@ -60,7 +60,8 @@ class Tiles:
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
     per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
     on the copy, ``bf`` features and ``bk`` of ``H`` per step, the tokens in a tile of at
-    least ``bm``, then cuBLAS's down GEMM."""
+    least ``bm``, then cuBLAS's down GEMM; ``gather``: the LoRA epilogues read each token's own
+    slot's factors (``[bm, 16, bf]`` register tiles, no loop over the tile's slots; v28)."""
 
     bm: int
     bf: int
@@ -77,6 +78,7 @@ class Tiles:
     gemv: bool = False
     dk: int = 0
     up_act: bool = False
+    gather: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -558,6 +560,12 @@ def _pdl(on: bool) -> dict:
     return {"launch_pdl": True} if on else {}
 
 
+def _gather(t: Tiles) -> int:
+    """The gathered epilogues' ranks per step (0: the loop over the tile's slots): 16 on 16-feature
+    tiles, 8 on wider ones, where 16 spilled at R 64 (sm_90 compile, 255 registers)."""
+    return 0 if not t.gather else 16 if t.bf <= 16 else 8
+
+
 def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | None = None) -> None:
     """One ``up_kernel`` launch (its docstring names the operands). With ``pdl`` it is
     the shrink's programmatic dependent only when a shrink launch precedes it (else the
@@ -573,7 +581,8 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),
          fast=None if key is None else (p.fast, ("up", key, act.stride(0))),  # the stride specializes too
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
+         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), num_warps=t.warps,
+         num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
 def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> None:
@@ -590,7 +599,7 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
           T, H, ops.intermediate, lora.R, lora.O, ops.n),
          fast=(p.fast, ("down", key)),
          BASE=not t.cublas, HAS_LORA=lora.on, BM=t.bm, BN=t.bn, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         SPLIT=split, PDL=pdl, num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
+         SPLIT=split, PDL=pdl, GATHER=_gather(t), num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
 
 
 def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tuple,

@@ -16,6 +16,9 @@ into L2 before the down kernel's wait: no gain at A, 5-15 µs lost elsewhere, so
    CPU itself was slow then (the loop slows too) or the call was.
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_pdl.py --wheel WHEEL --out $OUT/h200_pdl.json
+
+``--gather`` (v28): also the three launches with ``Tiles.gather`` (each token's own slot's factors in the
+LoRA epilogues, no loop over a tile's slots), checked and timed beside the others.
 """
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
 VARIANTS = {"v9": dict(pdl=False), "pdl": dict(pdl=True)}
+CHECKED = ["pdl"]
+"""The variants the correctness pass checks (``--gather`` adds its own)."""
+GATHER = dict(pdl=True, gather=True)
+"""v28's variant (``--gather``): the LoRA epilogues read each token's own slot's factors (``Tiles.gather``)."""
 CHECK_TOKENS = (1, 9, 32)
 """Token counts of the correctness pass: one token, one token tile, two."""
 CEILING = {"A": "A", "B": "B", "Inkling": "inkling", "Inkling-TP8": "inkling-tp8"}
@@ -84,7 +91,7 @@ def correctness() -> list[dict]:
                 ops = sc.sink.operands()
                 ref = reference_forward(ops, x, gammas, batch)
                 ref_base = reference_forward(ops, x, gammas, None)
-                for v in ("pdl",):
+                for v in CHECKED:
                     t = tiles(v, T, ops)
                     try:
                         errs = check(ops, x, gammas, batch, t, ref, ref_base, c)
@@ -386,7 +393,11 @@ def main() -> int:
     ap = run_arguments(__doc__, pr.SHAPES)
     ap.add_argument("--tokens", default="1,8,32")
     ap.add_argument("--host-seconds", type=float, default=20.0)
+    ap.add_argument("--gather", action="store_true", help="also v28's gathered LoRA epilogues (GATHER), checked and timed")
     args = ap.parse_args()
+    if args.gather:
+        VARIANTS["gather"] = GATHER
+        CHECKED.append("gather")
     t0 = time.time()
     env = run_environment()
     hp = host_phases(args.host_seconds)  # first: the process's first seconds are one of the phases
