@@ -18,7 +18,8 @@ into L2 before the down kernel's wait: no gain at A, 5-15 µs lost elsewhere, so
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_pdl.py --wheel WHEEL --out $OUT/h200_pdl.json
 
 ``--gather`` (v28): also the three launches with ``Tiles.gather`` (each token's own slot's factors in the
-LoRA epilogues, no loop over a tile's slots), checked and timed beside the others.
+LoRA epilogues, no loop over a tile's slots), with PDL and without, checked and timed beside the others;
+``--ranks`` the pool ranks timed.
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ from inkling_lab.forward.reference import reference_forward
 VARIANTS = {"v9": dict(pdl=False), "pdl": dict(pdl=True)}
 CHECKED = ["pdl"]
 """The variants the correctness pass checks (``--gather`` adds its own)."""
-GATHER = dict(pdl=True, gather=True)
-"""v28's variant (``--gather``): the LoRA epilogues read each token's own slot's factors (``Tiles.gather``)."""
+GATHER = {"gather": dict(pdl=True, gather=True), "gather_v9": dict(pdl=False, gather=True)}
+"""v28's variants (``--gather``): the LoRA epilogues read each token's own slot's factors (``Tiles.gather``),
+with PDL and without."""
 CHECK_TOKENS = (1, 9, 32)
 """Token counts of the correctness pass: one token, one token tile, two."""
 CEILING = {"A": "A", "B": "B", "Inkling": "inkling", "Inkling-TP8": "inkling-tp8"}
@@ -394,10 +396,11 @@ def main() -> int:
     ap.add_argument("--tokens", default="1,8,32")
     ap.add_argument("--host-seconds", type=float, default=20.0)
     ap.add_argument("--gather", action="store_true", help="also v28's gathered LoRA epilogues (GATHER), checked and timed")
+    ap.add_argument("--ranks", default="16,64")
     args = ap.parse_args()
     if args.gather:
-        VARIANTS["gather"] = GATHER
-        CHECKED.append("gather")
+        VARIANTS.update(GATHER)
+        CHECKED.extend(GATHER)
     t0 = time.time()
     env = run_environment()
     hp = host_phases(args.host_seconds)  # first: the process's first seconds are one of the phases
@@ -408,7 +411,8 @@ def main() -> int:
     records.write_json(args.out, rec)
     if not all(r["ok"] for r in rec["correctness"]):
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
-    rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","), (16, 64), (1, 4, 8),
+    rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
+                           [int(r) for r in args.ranks.split(",")], (1, 4, 8),
                            [int(t) for t in args.tokens.split(",")])
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
