@@ -414,9 +414,30 @@ def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
         assert not tb.use_pdl(1, b, 1)   # B's grids do not fit beside each other
         assert not tb.use_pdl(64, a, 1)  # not measured there
         assert not tb.use_pdl(1, a, 0)   # no shrink to overlap
+        assert tb.use_pdl(16, a, 8, gather=True) and not tb.use_pdl(17, a, 8, gather=True)  # v28
+        assert not tb.use_pdl(8, b, 8, gather=True)
     assert not tb.use_pdl(1, a, 1)       # the interpreter has no grid dependency control
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 7, True, True, seed=4)
     assert not tb.plan(sink.operands(), 7, batch, x.device).tiles.pdl
+
+
+def test_gathered_epilogues_are_planned_for_several_slots_at_a_low_rank_and_few_tokens():
+    ops = SimpleNamespace(max_rank=16)
+    few = tb.pick_tiles(8)
+    assert tb.gathers(8, ops, few, 2) and tb.gathers(tb.GATHER_TOKENS, ops, tb.pick_tiles(16), 8)
+    assert not tb.gathers(8, ops, few, 1)                        # one slot: no loop to save (level)
+    assert not tb.gathers(tb.GATHER_TOKENS + 1, ops, tb.pick_tiles(17), 8)  # 32-feature tiles: not faster
+    assert not tb.gathers(8, SimpleNamespace(max_rank=17), few, 8)        # a second step of ranks costs more
+    assert not tb.gathers(1, ops, tb.pick_tiles(1), 8) and not tb.gathers(8, ops, replace(few, cublas=True), 8)
+    sink, x, gammas, _ = make_case(2, 40, 24, 3, 3, 9, True, True, seed=4)
+    two = SlotBatch.from_token_slots([0, 0, 1, 1, -1, 0, 2, 1, 0], 3, lora_ranks=[3, 3, 0])  # slot 2: rank 0
+    p = tb.plan(sink.operands(), 9, two, x.device)
+    assert p.tiles.gather and not p.tiles.pdl  # the interpreter: no PDL
+    out, _ = run(sink, x, gammas, two)
+    assert rel(out, reference_forward(sink.operands(), x, gammas, two)) < 1e-5
+    one = SlotBatch.from_token_slots([0, 0, 2, -1, 0, 0, 0, 2, 0], 3, lora_ranks=[3, 3, 0])  # one slot with rank
+    assert not tb.plan(sink.operands(), 9, one, x.device).tiles.gather
+    assert tb.plan(sink.operands(), 9, two.to("cpu"), x.device).tiles.gather  # resident: the pool's 3 slots
 
 
 @pytest.mark.parametrize("outer_shared, interleaved", [(True, True), (False, False)],

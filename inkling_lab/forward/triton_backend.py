@@ -212,7 +212,33 @@ def up_act_split(num_tokens: int, ops: SinkOperands, tiles: Tiles, device) -> Sp
                  torch.zeros(n * triton.cdiv(F, tiles.bf), **i32), torch.zeros(1, **f32), torch.zeros(1, **i32))
 
 
-def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
+GATHER_TOKENS = 16
+GATHER_RANK = 16
+"""Up to these many tokens (2 or more) and this pool rank, a batch whose LoRA tokens use two slots or
+more runs the gathered LoRA epilogues (``gathers``, ``Tiles.gather``, v28): ``h100_gather_v28.json`` and
+``h100_gather_v28b.json`` (an H100, 8 and 16 tokens, S 1 / 4 / 8, read flush), against what was routed
+before (the slot loop, with PDL where ``use_pdl`` had it): at R 16, S 4 0.76-0.97x, S 8 0.75-0.93x on
+every shape (A 24.8-33.1 -> 21.3-25.0 µs; TP8 S 8 T 8 38.9 -> 31.1), S 1 within 2 % (so not routed). The
+first sweep had PDL on every variant, which costs B, Inkling and TP8 up to 15 % by itself: there the
+gathered epilogues were 0.98-1.64x at R 64 (each 16 ranks a step of their own) and 0.98-1.32x at 32 tokens
+(32-feature tiles, 8 ranks a step), so neither is routed."""
+
+
+def gathers(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> bool:
+    """The weight-streaming launches of ``num_tokens`` whose LoRA tokens use ``slots`` slots read each
+    token's own slot's factors in their epilogues (``Tiles.gather``): ``GATHER_TOKENS`` and ``GATHER_RANK``."""
+    return (slots >= 2 and 2 <= num_tokens <= GATHER_TOKENS and 0 < ops.max_rank <= GATHER_RANK
+            and not (t.cublas or t.gemv))
+
+
+def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -> Tiles:
+    """``pick_tiles``' tiles with v28's gathered epilogues (``gathers``) and PDL (``use_pdl``) where measured faster."""
+    gather = gathers(num_tokens, ops, t, slots)
+    pdl = use_pdl(num_tokens, ops.n * ops.intermediate * ops.hidden, slots, gather)
+    return replace(t, gather=gather, pdl=pdl) if gather or pdl else t
+
+
+def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False) -> bool:
     """Chain the three weight-streaming launches by programmatic dependent launch
     (``Tiles.pdl``) for a batch of ``num_tokens`` whose LoRA tokens use ``slots`` slots,
     on weights of ``n*F*H = weight_elems``.
@@ -224,9 +250,14 @@ def use_pdl(num_tokens: int, weight_elems: int, slots: int) -> bool:
     which the up kernel's stream now covers; with 4 slots at 32 tokens it cost 0-2 µs,
     with 8 slots at 8-32 tokens up to 12 µs, and on B, Inkling and TP8 (256-576 programs
     per grid) up to 30 µs: the waiting down programs take the multiprocessors the up
-    kernel's stream needs. Off under Triton's interpreter (no grid dependency control)."""
+    kernel's stream needs. Off under Triton's interpreter (no grid dependency control).
+    With the gathered epilogues (``gather``, v28) on A-sized weights at any slot count up to
+    ``GATHER_TOKENS`` (``h100_gather_v28b.json``: 0.85-0.98x the same launches without it at S 4
+    and 8, 8 and 16 tokens; on B, Inkling and TP8 0.99-1.15x, so not there)."""
     if interpreting() or weight_elems > SMALL_WEIGHTS or slots < 1:
         return False
+    if gather:
+        return num_tokens <= GATHER_TOKENS
     return (num_tokens <= 32 and slots == 1) or (num_tokens <= 8 and slots <= 4)
 
 
@@ -331,16 +362,16 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     ga = ops.buffers[0]
     sh = torch.zeros(T, ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
     if _resident(batch, device):  # its slots are not read on the host: the pool's count bounds them
-        if not explicit and use_pdl(num_tokens, weight_elems, batch.num_slots):
-            tiles = replace(tiles, pdl=True)
+        if not explicit:
+            tiles = _streaming_tiles(tiles, num_tokens, ops, batch.num_slots)
         return Plan(torch.empty(T, dtype=torch.int32, device=device), batch.scalings.to(dtype=torch.float32),
                     sh, True, tiles, batch=batch, split=split)
     slots = batch.token_slots().clone()
     lora = slots >= 0
     slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
     active = batch.active_slots()
-    if not explicit and use_pdl(num_tokens, weight_elems, len(active)):
-        tiles = replace(tiles, pdl=True)
+    if not explicit:
+        tiles = _streaming_tiles(tiles, num_tokens, ops, len(active))
     single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
     if single >= 0 and not explicit and ops.shared_outer and chain_tokens(num_tokens, weight_elems):
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)
