@@ -34,7 +34,9 @@ its epilogue, and cuBLAS's down GEMM: two launches where the base forward takes 
 
 Each slot's LoRA terms are scaled by ``scalings[s]`` of the batch (1 unless told:
 the pool folds ``lora_alpha / r`` into B). No token order is assumed: every tile reads its tokens' slots and loops over the
-slots it holds (tokens grouped by slot make that one slot per tile almost always).
+slots it holds (tokens grouped by slot make that one slot per tile almost always), or, with ``GATHER``
+(a few tokens of several slots at a low rank, ``triton_backend.gathers``), reads each token's own slot's
+factors as a ``[BM, GATHER, BF]`` register tile, so a tile costs the same whatever slots it holds.
 Slot ``-1`` (base only, or a rank-0 slot) skips the LoRA terms. The per-expert outer
 layout (``O = n``) runs through the same code: expert ``e`` uses outer index
 ``o = e * O_STEP`` with ``O_STEP = 1``, the shared outer ``O_STEP = 0``.
