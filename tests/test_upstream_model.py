@@ -291,6 +291,16 @@ def test_the_kit_ends_every_step_as_upstream(generation, data, n):
         _assert_same_operands(sink, model)
 
 
+def test_an_empty_v2_pool_with_a_three_dimensional_down_b_is_taken_as_upstream_takes_it():
+    """The property test's find (at 88bc030): upstream's dense engine takes an empty pool whose down B
+    has three dimensions; the kit's operands read the rank off gate-up B, as its forward does."""
+    sink, model = _module("v2", 1), UpstreamV2(1)
+    buffers = (torch.empty(0, 1, 0, 0, dtype=torch.bfloat16), torch.empty(0, 1, 2, 0, dtype=torch.bfloat16),
+               torch.empty(0, 1, 0, 1, dtype=torch.bfloat16, device="meta"), torch.empty(0, 1, 0, dtype=torch.bfloat16))
+    assert _same_outcome(lambda: model.set_lora_info(*buffers), lambda: sink.set_lora_info(*buffers))
+    _assert_same_operands(sink, model)
+
+
 def test_the_model_sees_the_spec_examples():
     """The model itself, on SPEC §3's examples (so that a wrong model cannot pass quietly)."""
     model = UpstreamV1(3)

@@ -779,14 +779,14 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
 
 def _act_cat(ops: SinkOperands, x: torch.Tensor, w2_cat: torch.Tensor | None) -> torch.Tensor:
     """The down GEMM's left operand: ``act [T, n*F]``, or with ``w2_cat`` ``[T, n*F + R]`` (``_down_cat``)."""
-    R = 0 if w2_cat is None else ops.buffers[3].shape[3]
+    R = 0 if w2_cat is None else ops.max_rank
     return torch.empty(x.shape[0], ops.n * ops.intermediate + R, dtype=x.dtype, device=x.device)
 
 
 def _cat_rows(ops: SinkOperands, s: int, w2_cat: torch.Tensor | None) -> None:
     """Slot ``s``'s ``B_s^T [R, H]`` into ``w2_cat``'s rows after ``n*F`` (``_down_cat``), if given."""
     if w2_cat is not None:
-        nf, R = ops.n * ops.intermediate, ops.buffers[3].shape[3]
+        nf, R = ops.n * ops.intermediate, ops.max_rank
         w2_cat[nf:nf + R].copy_(ops.buffers[3][s, 0].T)
 
 
@@ -796,7 +796,7 @@ def _down_cat(ops: SinkOperands, act_cat: torch.Tensor, s: int, scale: float, w2
     ``[T, n*F + R]`` times ``w2_cat = [w2_lin ; B_s^T]`` ``[n*F + R, H]``: the down expand is ``R`` more
     steps of the base GEMM's ``K``, so ``out`` is written once, where the chain writes it, reads it and
     writes it again (``addmm``)."""
-    nf, R = ops.n * ops.intermediate, ops.buffers[3].shape[3]
+    nf, R = ops.n * ops.intermediate, ops.max_rank
     act_cat[:, nf:].addmm_(act_cat[:, :nf], ops.a_cat[s].T, beta=0, alpha=scale)   # beta 0: never read
     return torch.mm(act_cat, w2_cat[:nf + R], out=out)
 
