@@ -420,6 +420,44 @@ def side_by_side_figure(record: dict, R: int = 64, S: int = 4, flush: str = "rea
     return fig
 
 
+_SLOT_COST_STYLE = {"v9": ("the loop over a tile's slots", "#1f77b4", "o", "-"),
+                    "pdl": ("the loop, PDL", "#1f77b4", "s", ":"),
+                    "gather_v9": ("each token's own slot (v28)", "#d62728", "o", "-"),
+                    "gather": ("each token's own slot, PDL", "#d62728", "s", ":"),
+                    "sglang_base": ("sglang without LoRA", "black", "", "--")}
+
+
+def slot_cost_figure(record: dict, R: int = 16, T: int = 8) -> Figure:
+    """What more adapters in one decode batch cost: for each shape, the median µs of the kit's three
+    weight-streaming launches against the number of slots the ``T`` tokens use, at rank ``R``, for each
+    way the record timed the LoRA epilogues (looping over the slots a tile of tokens holds, or reading
+    each token's own slot's factors, each with and without PDL), beside sglang's forward without LoRA.
+    ``record``: one of ``scripts/gpu/h200_pdl.py --gather`` (``points`` of shape, R, S, T and ``us``)."""
+    rows = [p for p in record["points"] if (p["R"], p["T"]) == (R, T)]
+    if not rows:
+        raise ValueError(f"the record has no points at R={R}, T={T}")
+    shapes = list(dict.fromkeys(p["shape"] for p in rows))
+    fig, axes = _subplots(1, len(shapes), figsize=(3.3 * len(shapes), 3.9), constrained_layout=True, squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        pts = sorted((p for p in rows if p["shape"] == shape), key=lambda p: p["S"])
+        for key, (label, color, marker, ls) in _SLOT_COST_STYLE.items():
+            xy = [(p["S"], p["us"][key]) for p in pts if key in p["us"]]
+            if xy:
+                ax.plot(*zip(*xy), marker=marker, color=color, ls=ls, ms=5, label=label,
+                        lw=2 if key == "gather_v9" else 1.2)
+        ax.set_xticks([p["S"] for p in pts])
+        ax.set_ylim(0, None)  # from zero: the slots' cost is read against the whole forward
+        ax.set_xlabel("slots the tokens use")
+        ax.set_title(shape, fontsize=9)
+    axes[0][0].set_ylabel("median µs (CUDA graph, L2 flushed)")
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines() if not h.get_label().startswith("_")}
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, fontsize=8)
+    env = record["environment"]
+    fig.suptitle(f"{T} tokens, rank {R}: {env['device']}, commit {env['git_commit'][:7]}, {env['date'][:10]}",
+                 fontsize=9)
+    return fig
+
+
 def kernel_breakdown_figure(record: dict, backend: str = "triton") -> Figure:
     """Where the time goes: the profiler's kernels per forward, one bar per probed case."""
     tables = [t for t in record["kernel_tables"] if t["backend"] == backend]

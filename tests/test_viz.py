@@ -126,3 +126,26 @@ def test_side_by_side_figure_plots_the_recorded_medians_over_the_base():
                for line in ax.get_lines())  # a record from before v22 draws no kept line
     with pytest.raises(ValueError, match="R=3"):
         viz.side_by_side_figure(record, R=3)
+
+
+def test_slot_cost_figure_plots_the_recorded_medians_against_the_slots():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "profiles" / "h100_gather_v28b.json"
+    record = json.loads(path.read_text())
+    fig = viz.slot_cost_figure(record, R=16, T=8)
+    assert [ax.get_title() for ax in fig.axes] == ["A", "B", "Inkling", "Inkling-TP8"]
+    for ax, shape in zip(fig.axes, ("A", "B", "Inkling", "Inkling-TP8")):
+        raw = {p["S"]: p["us"] for p in record["points"] if (p["shape"], p["R"], p["T"]) == (shape, 16, 8)}
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        for key, label in (("v9", "the loop over a tile's slots"), ("gather_v9", "each token's own slot (v28)"),
+                           ("sglang_base", "sglang without LoRA")):
+            assert list(lines[label].get_xdata()) == sorted(raw)
+            assert list(lines[label].get_ydata()) == pytest.approx([raw[S][key] for S in sorted(raw)])
+    older = json.loads((path.parent / "h100_gather_v28.json").read_text())  # no gather_v9 there: no such line
+    assert all(line.get_label() != "each token's own slot (v28)" for ax in viz.slot_cost_figure(older).axes
+               for line in ax.get_lines())
+    with pytest.raises(ValueError, match="R=64, T=8"):
+        viz.slot_cost_figure(record, R=64)
+
