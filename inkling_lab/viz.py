@@ -431,8 +431,9 @@ def slot_cost_figure(record: dict, R: int = 16, T: int = 8) -> Figure:
     """What more adapters in one decode batch cost: for each shape, the median µs of the kit's three
     weight-streaming launches against the number of slots the ``T`` tokens use, at rank ``R``, for each
     way the record timed the LoRA epilogues (looping over the slots a tile of tokens holds, or reading
-    each token's own slot's factors, each with and without PDL), beside sglang's forward without LoRA.
-    ``record``: one of ``scripts/gpu/h200_pdl.py --gather`` (``points`` of shape, R, S, T and ``us``)."""
+    each token's own slot's factors, each with and without PDL), beside sglang's forward without LoRA
+    (``sglang_base``: ``forward_with_lora`` of ``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no
+    active adapter, as ``upstream_wheel.UpstreamSink`` runs it). ``record``: one of ``scripts/gpu/h200_pdl.py --gather`` (``points`` of shape, R, S, T and ``us``)."""
     rows = [p for p in record["points"] if (p["R"], p["T"]) == (R, T)]
     if not rows:
         raise ValueError(f"the record has no points at R={R}, T={T}")
