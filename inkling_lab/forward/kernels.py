@@ -481,9 +481,9 @@ def _token_slot(slot_ptr, R):
 
 @triton.jit
 def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
-                   H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
+                   ws_ptr, cnt_ptr, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   PDL: tl.constexpr = False, SPLIT: tl.constexpr = 1):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
     across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
@@ -492,13 +492,17 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
     before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
     down kernel may launch at once; this kernel, the shrink's programmatic dependent,
-    streams before it waits for the shrink."""
+    streams before it waits for the shrink. ``SPLIT > 1`` (few feature blocks on long rows,
+    ``triton_backend.gemv_split``): ``SPLIT`` consecutive programs share a block, each streaming one
+    slice of ``H``, and reduce as ``up_kernel``'s split does (``ws [n*2F]`` float32 in gate/up pair
+    order, ``cnt`` a counter per block, both left zero); the last to arrive runs the epilogue."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
+    tile = pid // SPLIT
     fb_per_e = tl.cdiv(F, BF)
-    e = pid // fb_per_e
-    f0 = (pid % fb_per_e) * BF
+    e = tile // fb_per_e
+    f0 = (tile % fb_per_e) * BF
     fs = f0 + tl.arange(0, BF)
     f_ok = fs < F
     r = tl.arange(0, BR)
@@ -519,18 +523,26 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     w_ok = f_of_j < F
     w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
     kk = tl.arange(0, BK)
+    k_per = tl.cdiv(tl.cdiv(H, SPLIT), BK) * BK
+    k_lo = (pid % SPLIT) * k_per
+    k_hi = tl.minimum(H, k_lo + k_per)
     acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
-    w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
-    for k in range(0, H, BK):
+    w = tl.load(w_base + k_lo + kk[None, :], mask=w_ok[:, None] & (k_lo + kk < k_hi)[None, :], other=0.0,
+                eviction_policy="evict_first")
+    for k in range(k_lo, k_hi, BK):
         kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
-        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
+        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < k_hi)[None, :], other=0.0,
                          eviction_policy="evict_first")
-        xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
+        xt = tl.load(x_ptr + k + kk, mask=k + kk < k_hi, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * xt[None, :]
         w = w_next
-    gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
+    pair = tl.sum(acc, axis=1)  # [2*BF]: gate f0, up f0, gate f0+1, ...
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if SPLIT > 1:
+        pair, arrived = _split_reduce(pair, ws_ptr + e * 2 * F + 2 * f0 + jj, w_ok, cnt_ptr + tile, SPLIT)
+        f_ok = f_ok & ((fs * 0 + arrived) == SPLIT - 1)  # only the last program stores
+    gate, up = tl.split(tl.reshape(pair, (BF, 2)))
     if HAS_LORA:
         sg = tl.load(sh_ptr + o * 2 * R + r, mask=rk, other=0.0)
         su = tl.load(sh_ptr + o * 2 * R + R + r, mask=rk, other=0.0)
@@ -539,6 +551,8 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     act = (gate / (1.0 + tl.exp(-gate)) * up * gam).to(act_ptr.dtype.element_ty)
     tl.store(act_ptr + e * F + fs, act, mask=f_ok)
     if HAS_LORA:
+        if SPLIT > 1:
+            rk = rk & ((r * 0 + arrived) == SPLIT - 1)
         tl.atomic_add(mid_ptr + o * R + r, tl.sum(act.to(tl.float32)[:, None] * da, axis=0), mask=rk)
 
 

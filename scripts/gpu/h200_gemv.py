@@ -1,4 +1,4 @@
-"""v14 on a CUDA GPU: the one-token GEMV kernels (``Tiles.gemv``: ``gemv_up_kernel``,
+"""v14 and v29 on a CUDA GPU: the one-token GEMV kernels (``Tiles.gemv``: ``gemv_up_kernel``,
 ``gemv_down_kernel``) against the backend's three launches (``triton_v13``: what ``pick_tiles``
 gave one token before v14), sglang 0.5.23's no-LoRA base taken from its wheel, and the stream ceiling
 (``h200_stream_ceiling.json``).
@@ -14,6 +14,10 @@ gave one token before v14), sglang 0.5.23's no-LoRA base taken from its wheel, a
    winner for that shape) and ``sglang_base``.
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_gemv.py --wheel WHEEL --out $OUT/h200_gemv.json
+
+v29 added the candidates whose up GEMV splits ``H`` over ``ksplit`` programs per feature block (``sN``) and
+``--ceiling``: the stream-ceiling record of the same card (``h200_stream_ceiling.py``'s, made in the same call
+on another card than the H200's).
 
 ``--host-only --host-seconds S`` (``--wheel none``): the host cost per call alone (target 4):
 ``h200_pdl.host_phases`` (the plain call, ``out=``, the static tensors, beside a fixed Python
@@ -40,15 +44,22 @@ from inkling_lab.forward.reference import reference_forward
 CANDIDATES = {
     "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
     "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
-    "f2k2048": dict(bf=2, bk=2048, bn=2, dk=2048),
-    "f4k1024w8": dict(bf=4, bk=1024, bn=4, dk=1024, warps=8),
     "f8k512w8": dict(bf=8, bk=512, bn=8, dk=512, warps=8),
+    "f4k1024s2": dict(bf=4, bk=1024, bn=4, dk=1024, ksplit=2),
+    "f4k1024s4": dict(bf=4, bk=1024, bn=4, dk=1024, ksplit=4),
+    "f8k512s2": dict(bf=8, bk=512, bn=8, dk=512, ksplit=2),
+    "f8k512s4": dict(bf=8, bk=512, bn=8, dk=512, ksplit=4),
+    "f8k512s8": dict(bf=8, bk=512, bn=8, dk=512, ksplit=8),
+    "f4k512s4": dict(bf=4, bk=512, bn=8, dk=512, ksplit=4),
+    "f16k256s4": dict(bf=16, bk=256, bn=8, dk=512, ksplit=4),
 }
-"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps). The two
-runs before this one (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens
-(one row-sum per token and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a
-16-token tile): all slower than the three launches there."""
-STREAMED = ("f4k1024", "f8k512")
+"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``sN``: ``H``
+split over N up programs per feature block, v29). v14's run (``h200_gemv.json``) also had
+``f2k2048`` and ``f4k1024w8``, behind at every shape; the two runs before it
+(``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens (one row-sum per token
+and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all slower than
+the three launches there."""
+STREAMED = ("f4k1024", "f8k512", "f8k512s4")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
 
@@ -82,7 +93,7 @@ def correctness() -> list[dict]:
                 batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
                 ops = sc.sink.operands()
                 ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-                for v in ("f4k1024", "f8k512"):
+                for v in ("f4k1024", "f8k512", "f8k512s4"):
                     try:
                         errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
                         rank0 = SlotBatch.from_token_slots([2], g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
@@ -184,6 +195,8 @@ def print_host(host: list[dict]) -> None:
 def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
     ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
+    ap.add_argument("--ceiling", default="data/profiles/h200_stream_ceiling.json",
+                    help="the stream-ceiling record of this card (h200_stream_ceiling.py's)")
     ap.add_argument("--host-only", action="store_true",
                     help="only the host cost (with --host-seconds), then the static-tensor check (static_check)")
     args = ap.parse_args()
@@ -207,7 +220,7 @@ def main() -> int:
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, {time.time() - t0:.0f} s",
           flush=True)
     ceiling = {r["shape"]: r["us"]["stream"]
-               for r in json.loads(Path("data/profiles/h200_stream_ceiling.json").read_text())["rows"]}
+               for r in json.loads(Path(args.ceiling).read_text())["rows"]}
     flush = pr.L2Flush("cuda")
     shapes = args.shapes.split(",")
     rec["sweep"], best = [], {}
