@@ -480,10 +480,24 @@ def _token_slot(slot_ptr, R):
 
 
 @triton.jit
+def _gemv_steps(acc, w, w_base, w_ok, x_ptr, kk, k_lo, k_hi, H, BK: tl.constexpr):
+    """``gemv_up_kernel``'s stream over ``[k_lo, k_hi)`` of ``H``: ``w`` is this step's ``[2*BF, BK]`` tile,
+    loaded already; the next step's loads go out before this step's FMAs (into the unreduced ``acc``)."""
+    for k in range(k_lo, k_hi, BK):
+        kn = k + BK + kk
+        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
+                         eviction_policy="evict_first")
+        xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xt[None, :]
+        w = w_next
+    return acc, w
+
+
+@triton.jit
 def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
-                   ws_ptr, cnt_ptr, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
+                   H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                   PDL: tl.constexpr = False, SPLIT: tl.constexpr = 1):
+                   PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
     across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
@@ -492,17 +506,15 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
     before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
     down kernel may launch at once; this kernel, the shrink's programmatic dependent,
-    streams before it waits for the shrink. ``SPLIT > 1`` (few feature blocks on long rows,
-    ``triton_backend.gemv_split``): ``SPLIT`` consecutive programs share a block, each streaming one
-    slice of ``H``, and reduce as ``up_kernel``'s split does (``ws [n*2F]`` float32 in gate/up pair
-    order, ``cnt`` a counter per block, both left zero); the last to arrive runs the epilogue."""
+    streams before it waits for the shrink. ``EARLY``: it waits halfway through ``H`` instead and
+    loads ``sh`` there, so that load's trip to L2 runs under the second half of the stream rather
+    than after it."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
-    tile = pid // SPLIT
     fb_per_e = tl.cdiv(F, BF)
-    e = tile // fb_per_e
-    f0 = (tile % fb_per_e) * BF
+    e = pid // fb_per_e
+    f0 = (pid % fb_per_e) * BF
     fs = f0 + tl.arange(0, BF)
     f_ok = fs < F
     r = tl.arange(0, BR)
@@ -523,36 +535,23 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     w_ok = f_of_j < F
     w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
     kk = tl.arange(0, BK)
-    k_per = tl.cdiv(tl.cdiv(H, SPLIT), BK) * BK
-    k_lo = (pid % SPLIT) * k_per
-    k_hi = tl.minimum(H, k_lo + k_per)
     acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
-    w = tl.load(w_base + k_lo + kk[None, :], mask=w_ok[:, None] & (k_lo + kk < k_hi)[None, :], other=0.0,
-                eviction_policy="evict_first")
-    for k in range(k_lo, k_hi, BK):
-        kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
-        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < k_hi)[None, :], other=0.0,
-                         eviction_policy="evict_first")
-        xt = tl.load(x_ptr + k + kk, mask=k + kk < k_hi, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * xt[None, :]
-        w = w_next
-    pair = tl.sum(acc, axis=1)  # [2*BF]: gate f0, up f0, gate f0+1, ...
+    w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
+    k_wait = tl.cdiv(tl.cdiv(H, 2), BK) * BK if EARLY else H
+    acc, w = _gemv_steps(acc, w, w_base, w_ok, x_ptr, kk, 0, k_wait, H, BK)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    if SPLIT > 1:
-        pair, arrived = _split_reduce(pair, ws_ptr + e * 2 * F + 2 * f0 + jj, w_ok, cnt_ptr + tile, SPLIT)
-        f_ok = f_ok & ((fs * 0 + arrived) == SPLIT - 1)  # only the last program stores
-    gate, up = tl.split(tl.reshape(pair, (BF, 2)))
-    if HAS_LORA:
+    if HAS_LORA:  # used after the loop below: the loads stay in flight under it
         sg = tl.load(sh_ptr + o * 2 * R + r, mask=rk, other=0.0)
         su = tl.load(sh_ptr + o * 2 * R + R + r, mask=rk, other=0.0)
+    acc, w = _gemv_steps(acc, w, w_base, w_ok, x_ptr, kk, k_wait, H, H, BK)
+    gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
+    if HAS_LORA:
         gate += scale * tl.sum(sg[:, None] * bg, axis=0)
         up += scale * tl.sum(su[:, None] * bu, axis=0)
     act = (gate / (1.0 + tl.exp(-gate)) * up * gam).to(act_ptr.dtype.element_ty)
     tl.store(act_ptr + e * F + fs, act, mask=f_ok)
     if HAS_LORA:
-        if SPLIT > 1:
-            rk = rk & ((r * 0 + arrived) == SPLIT - 1)
         tl.atomic_add(mid_ptr + o * R + r, tl.sum(act.to(tl.float32)[:, None] * da, axis=0), mask=rk)
 
 
@@ -560,14 +559,15 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
 def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
                      H, F, R, O, N_EXP, W2_E, W2_H,
                      HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                     PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
     """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
     ``w2 [n, H, F]`` at strides ``(W2_E, W2_H, 1)`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
     unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
     (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. The
     token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
     kernel's programmatic dependent, it issues those and its first two steps of ``w2``
-    (which nothing writes) and only then waits for the up kernel."""
+    (which nothing writes) and only then waits for the up kernel. ``EARLY``: outer 0's ``mid``
+    is loaded right after the wait, so its trip to L2 runs under the stream."""
     pid = tl.program_id(0)
     hs = pid * BH + tl.arange(0, BH)
     h_ok = hs < H
@@ -589,6 +589,8 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
                  other=0.0, eviction_policy="evict_first")
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if HAS_LORA and EARLY:  # used after the loop: the load stays in flight under it
+        m0 = tl.load(mid_ptr + r, mask=rk, other=0.0)
     acc = tl.zeros((BH, BK), dtype=tl.float32)
     for i in range(0, steps):
         en = (i + 2) // kb
@@ -604,7 +606,9 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
         w1 = w_next
     out = tl.sum(acc, axis=1)
     if HAS_LORA:
-        for o in range(0, O):
+        if EARLY:
+            out += scale * tl.sum(m0[:, None] * db0, axis=0)
+        for o in range(1 if EARLY else 0, O):
             m = tl.load(mid_ptr + o * R + r, mask=rk, other=0.0)
             rk_o = r < tl.where(o > 0, bound, 0)  # outer 0's rows are in registers already
             b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None], mask=rk_o[:, None] & h_ok[None, :],

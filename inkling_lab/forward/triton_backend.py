@@ -58,7 +58,7 @@ class Tiles:
     of the launch before them, so each starts while that one runs (``use_pdl``);
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
-    per down step, ``ksplit`` up programs per feature block, each streaming a slice of ``H``; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
+    per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
     on the copy, ``bf`` features and ``bk`` of ``H`` per step, the tokens in a tile of at
     least ``bm``, then cuBLAS's down GEMM; ``gather``: the LoRA epilogues read each token's own
     slot's factors (``[bm, 16, bf]`` register tiles, no loop over the tile's slots; v28)."""
@@ -79,7 +79,7 @@ class Tiles:
     dk: int = 0
     up_act: bool = False
     gather: bool = False
-    ksplit: int = 1
+    early: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -159,13 +159,11 @@ def gemv_for(hidden: int) -> Tiles:
 
 
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True,
-               ksplit: int = 1) -> Tiles:
+               early: bool = False) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
-    ``H`` split over ``ksplit`` up programs per feature block, the shrink as the few-token
-    path's (16-token tile, ``H`` in 128-wide slices)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl,
-                 ksplit=ksplit)
+    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl, early=early)
 
 
 UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
@@ -327,17 +325,14 @@ one token) and cost 2-6 µs where rows are short (A, ``K = 1536``), ``h200_split
 def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split | None:
     """How far to split ``K`` so the up and down launches have ~``TARGET_PROGRAMS``
     programs, each reducing at least ``MIN_SPLIT_K``; ``None`` on the cuBLAS path."""
-    f32 = dict(dtype=torch.float32, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
-    if t.gemv and t.ksplit > 1:  # the GEMV up's split (gemv_up_kernel), the down unsplit
-        return Split(t.ksplit, 1, torch.zeros(num_tokens, n * 2 * F, **f32), torch.zeros(n * triton.cdiv(F, t.bf), **i32),
-                     torch.zeros(1, **f32), torch.zeros(1, **i32))
     if t.cublas or t.gemv:
         return None
     m = triton.cdiv(num_tokens, t.bm)
     up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
     up = max(1, min(TARGET_PROGRAMS // up_tiles, H // MIN_SPLIT_K))
     down = max(1, min(TARGET_PROGRAMS // down_tiles, n * F // MIN_SPLIT_K))
+    f32 = dict(dtype=torch.float32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
     return Split(up, down, torch.zeros(num_tokens, n * 2 * F, **f32) if up > 1 else torch.zeros(1, **f32),
                  torch.zeros(up_tiles, **i32), torch.zeros(num_tokens, H, **f32) if down > 1 else torch.zeros(1, **f32),
                  torch.zeros(down_tiles, **i32))
@@ -389,8 +384,7 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
                                              and segment_offsets(slots, ga.shape[0]) is not None)):
         extra = kept_operands(slots, rows, device)
         if num_tokens == 1:  # the base's GEMV stream on the slot's copies, at any weights' size (v23)
-            tiles = gemv_for(ops.hidden)
-            split = _splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device)
+            tiles, split = gemv_for(ops.hidden), None
         elif single >= 0 and (up := up_acts(num_tokens, ops)) is not None:  # two launches on the copy (v25, v26)
             tiles, split = up, up_act_split(num_tokens, ops, up, device)
         elif not tiles.cublas:  # fewer tokens than the cuBLAS path's: its activation tiles
@@ -651,16 +645,15 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
     w13, w2 = weights or (ops.w13, ops.w2)
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     pdl = t.pdl and not interpreting()
-    split, ws, cnt = (p.split.up, p.split.ws_up, p.split.cnt_up) if p.split is not None else (1, x, x)
-    _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf) * split,),
-         (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
+    _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf),),
+         (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
           H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
-         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl, SPLIT=split,
+         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl, EARLY=t.early,
          num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
          (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
           w2.stride(0), w2.stride(1)),
-         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
+         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl, EARLY=t.early,
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 

@@ -1,4 +1,4 @@
-"""v14 and v29 on a CUDA GPU: the one-token GEMV kernels (``Tiles.gemv``: ``gemv_up_kernel``,
+"""v14, v29 and v30 on a CUDA GPU: the one-token GEMV kernels (``Tiles.gemv``: ``gemv_up_kernel``,
 ``gemv_down_kernel``) against the backend's three launches (``triton_v13``: what ``pick_tiles``
 gave one token before v14), sglang 0.5.23's no-LoRA base taken from its wheel, and the stream ceiling
 (``h200_stream_ceiling.json``).
@@ -15,9 +15,10 @@ gave one token before v14), sglang 0.5.23's no-LoRA base taken from its wheel, a
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_gemv.py --wheel WHEEL --out $OUT/h200_gemv.json
 
-v29 added the candidates whose up GEMV splits ``H`` over ``ksplit`` programs per feature block (``sN``) and
-``--ceiling``: the stream-ceiling record of the same card (``h200_stream_ceiling.py``'s, made in the same call
-on another card than the H200's).
+v29 added ``--ceiling``: the stream-ceiling record of the same card (``h200_stream_ceiling.py``'s, made in the
+same call on another card than the H200's), and candidates whose up GEMV split ``H`` over several programs per
+feature block (commit bb56b21; removed: ``h100_gemv_v29.json``); v30 the candidates that wait for the shrink
+halfway through the up stream (``e``: ``Tiles.early``).
 
 ``--host-only --host-seconds S`` (``--wheel none``): the host cost per call alone (target 4):
 ``h200_pdl.host_phases`` (the plain call, ``out=``, the static tensors, beside a fixed Python
@@ -45,21 +46,17 @@ CANDIDATES = {
     "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
     "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
     "f8k512w8": dict(bf=8, bk=512, bn=8, dk=512, warps=8),
-    "f4k1024s2": dict(bf=4, bk=1024, bn=4, dk=1024, ksplit=2),
-    "f4k1024s4": dict(bf=4, bk=1024, bn=4, dk=1024, ksplit=4),
-    "f8k512s2": dict(bf=8, bk=512, bn=8, dk=512, ksplit=2),
-    "f8k512s4": dict(bf=8, bk=512, bn=8, dk=512, ksplit=4),
-    "f8k512s8": dict(bf=8, bk=512, bn=8, dk=512, ksplit=8),
-    "f4k512s4": dict(bf=4, bk=512, bn=8, dk=512, ksplit=4),
-    "f16k256s4": dict(bf=16, bk=256, bn=8, dk=512, ksplit=4),
+    "f4k1024e": dict(bf=4, bk=1024, bn=4, dk=1024, early=True),
+    "f8k512e": dict(bf=8, bk=512, bn=8, dk=512, early=True),
 }
-"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``sN``: ``H``
-split over N up programs per feature block, v29). v14's run (``h200_gemv.json``) also had
-``f2k2048`` and ``f4k1024w8``, behind at every shape; the two runs before it
+"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``e``: the LoRA's
+operands loaded halfway through the up stream and before the down's, v30). v14's run
+(``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape, and v29's
+(``h100_gemv_v29.json``) the split ``sN``, level or behind; the two runs before v14's
 (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens (one row-sum per token
 and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all slower than
 the three launches there."""
-STREAMED = ("f4k1024", "f8k512", "f8k512s4")
+STREAMED = ("f4k1024", "f8k512")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
 
@@ -93,7 +90,7 @@ def correctness() -> list[dict]:
                 batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
                 ops = sc.sink.operands()
                 ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-                for v in ("f4k1024", "f8k512", "f8k512s4"):
+                for v in ("f4k1024", "f8k512", "f4k1024e", "f8k512e"):
                     try:
                         errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
                         rank0 = SlotBatch.from_token_slots([2], g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
