@@ -79,7 +79,7 @@ class Tiles:
     dk: int = 0
     up_act: bool = False
     gather: bool = False
-    early: bool = False
+    fold_shrink: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -159,11 +159,12 @@ def gemv_for(hidden: int) -> Tiles:
 
 
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True,
-               early: bool = False) -> Tiles:
+               fold_shrink: bool = False) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
     the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl, early=early)
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl,
+                 fold_shrink=fold_shrink)
 
 
 UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
@@ -216,8 +217,11 @@ def up_act_split(num_tokens: int, ops: SinkOperands, tiles: Tiles, device) -> Sp
 
 GATHER_TOKENS = 16
 GATHER_RANK = 16
-"""Up to these many tokens (2 or more) and this pool rank, a batch whose LoRA tokens use two slots or
-more runs the gathered LoRA epilogues (``gathers``, ``Tiles.gather``, v28): ``h100_gather_v28.json`` and
+GATHER_WIDE_TOKENS, GATHER_WIDE_SLOTS = 32, 8
+"""Up to ``GATHER_TOKENS`` tokens (2 or more) and ``GATHER_RANK``, a batch whose LoRA tokens use two slots or
+more runs the gathered LoRA epilogues (``gathers``, ``Tiles.gather``, v28), and up to ``GATHER_WIDE_TOKENS``
+where they use ``GATHER_WIDE_SLOTS`` or more: ``h100_gather_v28c.json`` (32 tokens, R 16, without PDL against the
+slot loop without it) had them 0.93-0.98x at S 8 on every shape, 1.00-1.02x at S 4. ``h100_gather_v28.json`` and
 ``h100_gather_v28b.json`` (an H100, 8 and 16 tokens, S 1 / 4 / 8, read flush), against what was routed
 before (the slot loop, with PDL where ``use_pdl`` had it): at R 16, S 4 0.76-0.97x, S 8 0.75-0.93x on
 every shape (A 24.8-33.1 -> 21.3-25.0 µs; TP8 S 8 T 8 38.9 -> 31.1), S 1 within 2 % (so not routed). The
@@ -228,8 +232,10 @@ gathered epilogues were 0.98-1.64x at R 64 (each 16 ranks a step of their own) a
 
 def gathers(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> bool:
     """The weight-streaming launches of ``num_tokens`` whose LoRA tokens use ``slots`` slots read each
-    token's own slot's factors in their epilogues (``Tiles.gather``): ``GATHER_TOKENS`` and ``GATHER_RANK``."""
-    return (slots >= 2 and 2 <= num_tokens <= GATHER_TOKENS and 0 < ops.max_rank <= GATHER_RANK
+    token's own slot's factors in their epilogues (``Tiles.gather``): ``GATHER_TOKENS``, ``GATHER_RANK`` and
+    ``GATHER_WIDE_TOKENS`` / ``GATHER_WIDE_SLOTS``."""
+    most = GATHER_WIDE_TOKENS if slots >= GATHER_WIDE_SLOTS else GATHER_TOKENS
+    return (slots >= 2 and 2 <= num_tokens <= most and 0 < ops.max_rank <= GATHER_RANK
             and not (t.cublas or t.gemv))
 
 
@@ -295,6 +301,7 @@ class Plan:
     runs: tuple[tuple[int, int], ...] = ()
     merge_rows: tuple[int, ...] = ()
     run_streams: bool = False
+    ticks: torch.Tensor | None = None
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -367,7 +374,7 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         if not explicit:
             tiles = _streaming_tiles(tiles, num_tokens, ops, batch.num_slots)
         return Plan(torch.empty(T, dtype=torch.int32, device=device), batch.scalings.to(dtype=torch.float32),
-                    sh, True, tiles, batch=batch, split=split)
+                    sh, True, tiles, batch=batch, split=split, ticks=_ticks(tiles, ops, device))
     slots = batch.token_slots().clone()
     lora = slots >= 0
     slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
@@ -398,7 +405,20 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
             extra = merge_operands(slots, device) if mode == "merge" else \
                 grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
-                float(batch.scalings[single]) if single >= 0 else 1.0, split=split, **extra)
+                float(batch.scalings[single]) if single >= 0 else 1.0, split=split, ticks=_ticks(tiles, ops, device),
+                **extra)
+
+
+GEMV_SHRINK_SLICE = 512
+"""``H`` per slice of the gate/up shrink that the GEMV up kernel runs itself (``Tiles.fold_shrink``)."""
+
+
+def _ticks(t: Tiles, ops: SinkOperands, device) -> torch.Tensor | None:
+    """The GEMV up kernel's claim flags and count of its own shrink's slices (``tick [SLICES + 1]`` int32,
+    zero), where ``t`` folds the shrink in."""
+    if not (t.gemv and t.fold_shrink):
+        return None
+    return torch.zeros(triton.cdiv(ops.hidden, GEMV_SHRINK_SLICE) + 1, dtype=torch.int32, device=device)
 
 
 def segment_offsets(slots: torch.Tensor, num_slots: int) -> torch.Tensor | None:
@@ -506,10 +526,11 @@ class Lora:
     O: int = 0
     o_step: int = 0
     br: int = 16
+    ga: torch.Tensor | None = None
 
     @staticmethod
     def none(x: torch.Tensor) -> "Lora":
-        return Lora(False, x, x, x, x, x)
+        return Lora(False, x, x, x, x, x, ga=x)
 
 
 def _launch_key(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: torch.Tensor) -> tuple:
@@ -557,10 +578,11 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         R = two_r // 2
         br = max(16, triton.next_power_of_2(R))
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        with side:
-            _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
-                    a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
-        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
+        if p.ticks is None:  # else the GEMV up kernel runs the shrink itself (Tiles.fold_shrink)
+            with side:
+                _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
+                        a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
+        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br, ga)
     else:
         lora = Lora.none(x)
     if t.gemv:  # one token (pick_tiles)
@@ -645,15 +667,17 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
     w13, w2 = weights or (ops.w13, ops.w2)
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     pdl = t.pdl and not interpreting()
+    fold = lora.on and p.ticks is not None  # no shrink launch before the up kernel: nothing for it to wait on
+    ticks, slices = (p.ticks, p.ticks.numel() - 1) if fold else (x, 0)
     _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf),),
-         (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
-          H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
-         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl, EARLY=t.early,
-         num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+         (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.ga, lora.gb, lora.da, lora.mid, ticks,
+          H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, slices),
+         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl, FOLD=fold,
+         KS=GEMV_SHRINK_SLICE, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on and not fold))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
-         (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
-          w2.stride(0), w2.stride(1)),
-         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl, EARLY=t.early,
+         (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, ticks,
+          H, F, lora.R, lora.O, n, w2.stride(0), w2.stride(1), slices),
+         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl, FOLD=fold,
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
