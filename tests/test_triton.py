@@ -257,33 +257,6 @@ def test_gathered_epilogues_match_the_reference(n, H, F, R, S, T, outer_shared, 
     assert p.sh is None or torch.count_nonzero(p.sh) == 0  # the down kernel left the shrink's workspace zero
 
 
-@settings(max_examples=12, deadline=None)
-@given(n=st.integers(1, 3), H=st.integers(8, 80), F=st.integers(4, 24), R=st.integers(1, 20), slot=st.integers(-1, 2),
-       elems=st.sampled_from([512, 1024]), bf=st.sampled_from([2, 4, 8]), resident=st.booleans(),
-       outer_shared=st.booleans(), interleaved=st.booleans(), seed=st.integers(0, 10_000))
-def test_the_gemv_with_its_own_shrink_matches_the_reference_on_random_shapes(n, H, F, R, slot, elems, bf, resident,
-                                                                            outer_shared, interleaved, seed):
-    """v31: one token's up GEMV runs the gate/up shrink itself in slices of ``H`` (16 or 32 wide here) claimed
-    by its programs (``Tiles.fold_shrink``), as many slices as programs or more or fewer, a LoRA, base-only or
-    rank-0 token, a host or a device-resident batch; twice on one plan, its claims, count and workspace left
-    zero between."""
-    sink, x, gammas, _ = make_case(n, H, F, R, 3, 1, outer_shared, interleaved, seed)
-    host = SlotBatch.from_token_slots([slot], 3, lora_ranks=[R, 0, R], scalings=[1.3, 1.0, 0.7])
-    batch = host.to("cpu") if resident else host
-    ops = sink.operands()
-    old, tb.GEMV_SHRINK_ELEMS = tb.GEMV_SHRINK_ELEMS, elems
-    try:
-        p = tb.plan(ops, 1, batch, x.device, tb.gemv_tiles(bf=bf, bk=16, bn=4, dk=16, fold_shrink=True))
-        for _ in range(2):
-            out = torch.full_like(x, float("nan"))
-            tb.launch(ops, x, gammas, p, out)
-            assert rel(out, reference_forward(ops, x, gammas, host)) < 1e-5
-            assert p.sh is None or torch.count_nonzero(p.sh) == 0
-            assert p.ticks is None or torch.count_nonzero(p.ticks) == 0
-    finally:
-        tb.GEMV_SHRINK_ELEMS = old
-
-
 def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert not tb.pick_tiles(1).cublas and not tb.pick_tiles(32).cublas
     assert not tb.pick_tiles(128, weight_elems=2 * 768 * 1536).cublas       # shape A
@@ -469,29 +442,24 @@ def test_gathered_epilogues_are_planned_for_several_slots_at_a_low_rank_and_few_
     assert tb.plan(sink.operands(), 9, two.to("cpu"), x.device).tiles.gather  # resident: the pool's 3 slots
 
 
-@pytest.mark.parametrize("fold", [False, True], ids=["shrink_launch", "shrink_folded"])
 @pytest.mark.parametrize("outer_shared, interleaved", [(True, True), (False, False)],
                          ids=["shared_outer_interleaved", "per_expert_outer_contiguous"])
-def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved, fold, monkeypatch):
-    """One token routes to the GEMV launches (``pick_tiles``); here with steps smaller than the
-    sizes, so the K loops run several steps and mask a partial one; ``fold``: the up kernel runs the
-    gate/up shrink itself, in slices of 16 of ``H`` (3 here)."""
-    monkeypatch.setattr(tb, "GEMV_SHRINK_ELEMS", 512)
+def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved):
+    """One token on small weights routes to the GEMV launches (``pick_tiles``); here with
+    steps smaller than the sizes, so the K loops run several steps and mask a partial one."""
     assert tb.pick_tiles(1, weight_elems=2 * 768 * 1536).gemv and not tb.pick_tiles(2).gemv
     assert tb.pick_tiles(1, weight_elems=2 * 3072 * 6144, hidden=6144).gemv  # Inkling-sized too (v31)
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 1, outer_shared, interleaved, seed=31 + int(outer_shared))
     ops = sink.operands()
-    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8, fold_shrink=fold)  # 3 feature and 5 row tiles, the last of each partial
+    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8)  # 3 feature and 5 row tiles, the last of each partial
     for slot in (2, -1, 1):  # a LoRA token (scaled), base only, a rank-0 slot
         batch = SlotBatch.from_token_slots([slot], 3, lora_ranks=[5, 0, 5], scalings=[1.0, 1.0, 0.6])
         p = tb.plan(ops, 1, batch, x.device, tiles)
-        assert (p.ticks is not None) == (fold and slot == 2) and (p.ticks is None or p.ticks.numel() == 4)
         for _ in range(2):  # a repeat launch on the plan (a graph replay's): sh left zero, mid re-zeroed
             out = torch.full_like(x, float("nan"))
             tb.launch(ops, x, gammas, p, out)
             assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
             assert p.sh is None or torch.count_nonzero(p.sh) == 0  # no pool slot in use: no workspace
-            assert p.ticks is None or torch.count_nonzero(p.ticks) == 0  # claims and count left zero
 
 
 @pytest.mark.parametrize("mode", ["epi", "fold"])

@@ -479,37 +479,10 @@ def _token_slot(slot_ptr, R):
 
 
 @triton.jit
-def _shrink_slice(c, x_ptr, ga_ptr, sh_ptr, mid_ptr, tick_ptr, s, bound, H, R, O, SLICES,
-                  BR: tl.constexpr, KS: tl.constexpr):
-    """Slice ``c`` of one token's gate/up shrink inside ``gemv_up_kernel`` (``FOLD``):
-    ``sh[o, h*R + r] += x[c*KS : (c+1)*KS] · gate_up_A[s, o, h*R + r, same]`` for every outer ``o``, one
-    ``[2*BR, KS]`` load each (one trip to memory, not a loop of them); slice 0 also zeroes ``mid [O*R]``
-    (every program adds its down shrink into it once all slices are in); then the slice is counted in
-    ``tick[SLICES]``, after its adds and stores."""
-    j = tl.arange(0, 2 * BR)
-    r = j % BR
-    row_ok = r < bound
-    ks = c * KS + tl.arange(0, KS)
-    k_ok = ks < H
-    xt = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-    for o in range(0, O):
-        a_row = (s * O + o) * 2 * R + (j // BR) * R + r
-        a = tl.load(ga_ptr + a_row[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        tl.atomic_add(sh_ptr + o * 2 * R + (j // BR) * R + r, tl.sum(a.to(tl.float32) * xt[None, :], axis=1),
-                      mask=row_ok)
-    if c == 0:
-        rr = tl.arange(0, BR)
-        for o in range(0, O):
-            tl.store(mid_ptr + o * R + rr, tl.zeros((BR,), dtype=tl.float32), mask=rr < R)
-    tl.debug_barrier()  # every thread's adds and stores are issued before the count (acq_rel) publishes them
-    tl.atomic_add(tick_ptr + SLICES, 1)
-
-
-@triton.jit
-def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, ga_ptr, gb_ptr, da_ptr, mid_ptr,
-                   tick_ptr, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, SLICES,
+def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
+                   H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                   PDL: tl.constexpr = False, FOLD: tl.constexpr = False, KS: tl.constexpr = 256):
+                   PDL: tl.constexpr = False):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
     across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
@@ -518,15 +491,7 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
     before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
     down kernel may launch at once; this kernel, the shrink's programmatic dependent,
-    streams before it waits for the shrink.
-
-    ``FOLD``: no shrink launch before it; the shrink is ``SLICES`` slices of ``KS`` of ``H``
-    (``_shrink_slice``, one ``[2*BR, KS]`` load each) run by the programs themselves. Program ``p < SLICES`` claims slice ``p``
-    (``tick[p]``, exchanged to 1) right after its first weight loads go out; a program that reaches
-    its epilogue before all slices are counted first runs every slice still unclaimed, then waits
-    for the count. A slice is claimed only by a program that runs it without waiting on any
-    other, so no program waits on one that has not started (nor, under the interpreter, which runs
-    the programs one after another, on a later one). ``gemv_down_kernel`` leaves ``tick`` zero."""
+    streams before it waits for the shrink."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -555,10 +520,6 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     kk = tl.arange(0, BK)
     acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
     w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
-    if HAS_LORA and FOLD:
-        if (bound > 0) & (pid < SLICES):
-            if tl.atomic_xchg(tick_ptr + pid, 1) == 0:
-                _shrink_slice(pid, x_ptr, ga_ptr, sh_ptr, mid_ptr, tick_ptr, s, bound, H, R, O, SLICES, BR, KS)
     for k in range(0, H, BK):
         kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
         w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
@@ -569,18 +530,9 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
     if PDL:
         tl.extra.cuda.gdc_wait()
-    if HAS_LORA and FOLD:
-        if bound > 0:
-            if tl.atomic_add(tick_ptr + SLICES, 0) < SLICES:
-                for c in range(0, SLICES):  # the slices nobody has claimed yet
-                    if tl.atomic_xchg(tick_ptr + c, 1) == 0:
-                        _shrink_slice(c, x_ptr, ga_ptr, sh_ptr, mid_ptr, tick_ptr, s, bound, H, R, O, SLICES, BR, KS)
-                done = tl.atomic_add(tick_ptr + SLICES, 0)
-                while done < SLICES:
-                    done = tl.atomic_add(tick_ptr + SLICES, 0)
-    if HAS_LORA:  # from L2 (.cg): with FOLD, other programs wrote it during this launch
-        sg = tl.load(sh_ptr + o * 2 * R + r, mask=rk, other=0.0, cache_modifier=".cg")
-        su = tl.load(sh_ptr + o * 2 * R + R + r, mask=rk, other=0.0, cache_modifier=".cg")
+    if HAS_LORA:
+        sg = tl.load(sh_ptr + o * 2 * R + r, mask=rk, other=0.0)
+        su = tl.load(sh_ptr + o * 2 * R + R + r, mask=rk, other=0.0)
         gate += scale * tl.sum(sg[:, None] * bg, axis=0)
         up += scale * tl.sum(su[:, None] * bu, axis=0)
     act = (gate / (1.0 + tl.exp(-gate)) * up * gam).to(act_ptr.dtype.element_ty)
@@ -590,15 +542,14 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
 
 
 @triton.jit
-def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, tick_ptr,
-                     H, F, R, O, N_EXP, W2_E, W2_H, SLICES,
+def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
+                     H, F, R, O, N_EXP, W2_E, W2_H,
                      HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                     PDL: tl.constexpr = False, FOLD: tl.constexpr = False):
+                     PDL: tl.constexpr = False):
     """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
     ``w2 [n, H, F]`` at strides ``(W2_E, W2_H, 1)`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
     unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
-    (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` (and with ``FOLD`` the up kernel's
-    ``tick [SLICES + 1]``) for the next forward. The
+    (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. The
     token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
     kernel's programmatic dependent, it issues those and its first two steps of ``w2``
     (which nothing writes) and only then waits for the up kernel."""
@@ -649,7 +600,4 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
             for o in range(0, O):
                 tl.store(sh_ptr + o * 2 * R + j // BR * R + j % BR, tl.zeros((2 * BR,), dtype=tl.float32),
                          mask=j % BR < R)
-            if FOLD:
-                for c0 in range(0, SLICES + 1, 2 * BR):
-                    tl.store(tick_ptr + c0 + j, tl.zeros((2 * BR,), dtype=tl.int32), mask=c0 + j < SLICES + 1)
     tl.store(out_ptr + hs, out, mask=h_ok)

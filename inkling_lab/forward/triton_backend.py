@@ -78,7 +78,6 @@ class Tiles:
     dk: int = 0
     up_act: bool = False
     gather: bool = False
-    fold_shrink: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -152,13 +151,11 @@ def gemv_for(hidden: int) -> Tiles:
     return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
 
 
-def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True,
-               fold_shrink: bool = False) -> Tiles:
+def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
     the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl,
-                 fold_shrink=fold_shrink)
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl)
 
 
 UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
@@ -295,7 +292,6 @@ class Plan:
     runs: tuple[tuple[int, int], ...] = ()
     merge_rows: tuple[int, ...] = ()
     run_streams: bool = False
-    ticks: torch.Tensor | None = None
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -368,7 +364,7 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         if not explicit:
             tiles = _streaming_tiles(tiles, num_tokens, ops, batch.num_slots)
         return Plan(torch.empty(T, dtype=torch.int32, device=device), batch.scalings.to(dtype=torch.float32),
-                    sh, True, tiles, batch=batch, split=split, ticks=_ticks(tiles, ops, device))
+                    sh, True, tiles, batch=batch, split=split)
     slots = batch.token_slots().clone()
     lora = slots >= 0
     slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
@@ -399,27 +395,7 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
             extra = merge_operands(slots, device) if mode == "merge" else \
                 grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
-                float(batch.scalings[single]) if single >= 0 else 1.0, split=split, ticks=_ticks(tiles, ops, device),
-                **extra)
-
-
-GEMV_SHRINK_ELEMS = 8192
-"""Elements of ``gate_up_A`` per slice of the gate/up shrink that the GEMV up kernel runs itself
-(``Tiles.fold_shrink``): one ``[2*BR, KS]`` load a slice, ``KS = GEMV_SHRINK_ELEMS / (2*BR)`` of ``H``
-(256 at rank 16, 64 at rank 64), 64 float32 registers a thread at 4 warps."""
-
-
-def _shrink_slice(ops: SinkOperands) -> int:
-    """``KS``, the GEMV up kernel's own shrink's slice of ``H`` at the pool's rank tile."""
-    return max(16, GEMV_SHRINK_ELEMS // (2 * max(16, triton.next_power_of_2(ops.buffers[0].shape[2] // 2))))
-
-
-def _ticks(t: Tiles, ops: SinkOperands, device) -> torch.Tensor | None:
-    """The GEMV up kernel's claim flags and count of its own shrink's slices (``tick [SLICES + 1]`` int32,
-    zero), where ``t`` folds the shrink in."""
-    if not (t.gemv and t.fold_shrink):
-        return None
-    return torch.zeros(triton.cdiv(ops.hidden, _shrink_slice(ops)) + 1, dtype=torch.int32, device=device)
+                float(batch.scalings[single]) if single >= 0 else 1.0, split=split, **extra)
 
 
 def segment_offsets(slots: torch.Tensor, num_slots: int) -> torch.Tensor | None:
@@ -527,11 +503,10 @@ class Lora:
     O: int = 0
     o_step: int = 0
     br: int = 16
-    ga: torch.Tensor | None = None
 
     @staticmethod
     def none(x: torch.Tensor) -> "Lora":
-        return Lora(False, x, x, x, x, x, ga=x)
+        return Lora(False, x, x, x, x, x)
 
 
 def _launch_key(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: torch.Tensor) -> tuple:
@@ -579,11 +554,10 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         R = two_r // 2
         br = max(16, triton.next_power_of_2(R))
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        if p.ticks is None:  # else the GEMV up kernel runs the shrink itself (Tiles.fold_shrink)
-            with side:
-                _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
-                        a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
-        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br, ga)
+        with side:
+            _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
+                    a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
+        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
         lora = Lora.none(x)
     if t.gemv:  # one token (pick_tiles)
@@ -668,17 +642,15 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
     w13, w2 = weights or (ops.w13, ops.w2)
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     pdl = t.pdl and not interpreting()
-    fold = lora.on and p.ticks is not None  # no shrink launch before the up kernel: nothing for it to wait on
-    ticks, slices = (p.ticks, p.ticks.numel() - 1) if fold else (x, 0)
     _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf),),
-         (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.ga, lora.gb, lora.da, lora.mid, ticks,
-          H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, slices),
-         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl, FOLD=fold,
-         KS=_shrink_slice(ops) if fold else 16, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on and not fold))
+         (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
+          H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
+         fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl,
+         num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
-         (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, ticks,
-          H, F, lora.R, lora.O, n, w2.stride(0), w2.stride(1), slices),
-         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl, FOLD=fold,
+         (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
+          w2.stride(0), w2.stride(1)),
+         fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 

@@ -18,10 +18,9 @@ gave one token before v14), sglang 0.5.23's no-LoRA base taken from its wheel, a
 v29 added ``--ceiling``: the stream-ceiling record of the same card (``h200_stream_ceiling.py``'s, made in the
 same call on another card than the H200's), and candidates whose up GEMV split ``H`` over several programs per
 feature block (commit bb56b21; removed: ``h100_gemv_v29.json``); v30 (commit 7d3662b) candidates that waited
-for the shrink halfway through the up stream (removed: ``h100_gemv_v30.json``); v31 (commit 3f9bb60) and v31b the
-candidates whose up kernel runs the gate/up shrink itself (``f``: ``Tiles.fold_shrink``; v31's slices of 512
-of ``H`` were a loop of loads each, ``h100_gemv_v31.json``, v31b's one load), and the grid times each shape's
-best of both kinds.
+for the shrink halfway through the up stream (removed: ``h100_gemv_v30.json``); v31 and v31b (commits 3f9bb60,
+6b77490) candidates whose up kernel ran the gate/up shrink itself, and the grid timed each shape's best of
+both kinds (removed: ``h100_gemv_v31.json``, ``_v31b.json``).
 
 ``--host-only --host-seconds S`` (``--wheel none``): the host cost per call alone (target 4):
 ``h200_pdl.host_phases`` (the plain call, ``out=``, the static tensors, beside a fixed Python
@@ -49,17 +48,14 @@ CANDIDATES = {
     "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
     "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
     "f8k512w8": dict(bf=8, bk=512, bn=8, dk=512, warps=8),
-    "f4k1024f": dict(bf=4, bk=1024, bn=4, dk=1024, fold_shrink=True),
-    "f8k512f": dict(bf=8, bk=512, bn=8, dk=512, fold_shrink=True),
-    "f8k512w8f": dict(bf=8, bk=512, bn=8, dk=512, warps=8, fold_shrink=True),
 }
-"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``f``: the up kernel
-runs the gate/up shrink itself, no shrink launch, v31 and v31b). v14's run (``h200_gemv.json``) also had
-``f2k2048`` and ``f4k1024w8``, behind at every shape, v29's (``h100_gemv_v29.json``) a split of
-``H`` and v30's (``h100_gemv_v30.json``) the LoRA's loads under the stream, level or behind; the two
-runs before v14's (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens (one
-row-sum per token and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile):
-all slower than the three launches there."""
+"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps). v14's run
+(``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
+(``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``) a split of ``H``, the LoRA's
+loads under the stream and the shrink inside the up kernel, each level or behind; the two runs before v14's
+(``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens (one row-sum per token and
+step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all slower than the
+three launches there."""
 STREAMED = ("f4k1024", "f8k512")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
@@ -94,7 +90,7 @@ def correctness() -> list[dict]:
                 batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
                 ops = sc.sink.operands()
                 ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-                for v in ("f4k1024", "f8k512", "f4k1024f", "f8k512f"):
+                for v in ("f4k1024", "f8k512"):
                     try:
                         errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
                         rank0 = SlotBatch.from_token_slots([2], g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
@@ -224,7 +220,7 @@ def main() -> int:
                for r in json.loads(Path(args.ceiling).read_text())["rows"]}
     flush = pr.L2Flush("cuda")
     shapes = args.shapes.split(",")
-    rec["sweep"], best, best_launch = [], {}, {}
+    rec["sweep"], best = [], {}
     for shape in shapes:
         base = None
         for T in TOKENS:
@@ -234,13 +230,10 @@ def main() -> int:
             rec["sweep"].append(row)
             us = row["us"]
             best[shape, T] = min((v for v in CANDIDATES if v in us), key=us.get)
-            best_launch[shape, T] = min((v for v in CANDIDATES if v in us and not CANDIDATES[v].get("fold_shrink")),
-                                        key=us.get)
             print(f"sweep {shape:<11} T{T:<2} " + " ".join(f"{k} {v:.1f}" for k, v in us.items())
                   + f"  best {best[shape, T]}", flush=True)
         records.write_json(args.out, rec)
     rec["best"] = {f"{s} {T}": v for (s, T), v in best.items()}
-    rec["best_launch"] = {f"{s} {T}": v for (s, T), v in best_launch.items()}
     rec["points"] = []
     for shape in shapes:
         base = None
@@ -248,20 +241,18 @@ def main() -> int:
             for S in (1, 4, 8):
                 for T in TOKENS:
                     c = pr.Case.of(shape, R, S, T)
-                    v, vl = best[shape, T], best_launch[shape, T]
+                    v = best[shape, T]
 
-                    def fns_for(sink, ops, x, gammas, batch, v=v, vl=vl):
+                    def fns_for(sink, ops, x, gammas, batch, v=v):
                         p, p_out = tb.plan(ops, x.shape[0], batch, x.device, three_launches(ops, batch)), torch.empty_like(x)
                         q, q_out = tb.plan(ops, x.shape[0], batch, x.device, gemv(v)), torch.empty_like(x)
-                        ql, ql_out = tb.plan(ops, x.shape[0], batch, x.device, gemv(vl)), torch.empty_like(x)
                         up = UpstreamSink(sink, batch, min_slots=2)
                         return {"triton_v13": lambda: tb.launch(ops, x, gammas, p, p_out),
                                 "gemv": lambda: tb.launch(ops, x, gammas, q, q_out),
-                                "gemv_launch": lambda: tb.launch(ops, x, gammas, ql, ql_out),
                                 "sglang_base": lambda: up.forward(x, gammas, lora=False)}
 
                     base, row = time_point(c, fns_for, flush, args.reps, base)
-                    row.update(gemv_config=v, gemv_launch_config=vl, stream_ceiling_us=ceiling[h200_pdl.CEILING[shape]],
+                    row.update(gemv_config=v, stream_ceiling_us=ceiling[h200_pdl.CEILING[shape]],
                                roofline_us=pr.roofline(c, **ceilings).us)
                     rec["points"].append(row)
                     us = row["us"]
@@ -271,7 +262,7 @@ def main() -> int:
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     pts = rec["points"]
-    for v in ("triton_v13", "gemv", "gemv_launch"):
+    for v in ("triton_v13", "gemv"):
         print(v, "faster than sglang's base at", sum(1 for r in pts if v in r["us"] and r["us"][v] < r["us"]["sglang_base"]),
               "of", len(pts), "; gemv faster than triton at", sum(1 for r in pts if r["us"].get("gemv", 1e9) < r["us"]["triton_v13"]))
     for shape in shapes:
