@@ -14,7 +14,7 @@ from in_process import run_cli
 from inkling_lab import profile as pr
 
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
-RECORDED, SECOND = PROFILES / "h200_side_by_side.json", PROFILES / "history" / "h200_side_by_side_v24_2.json"
+RECORDED, SECOND = PROFILES / "h200_side_by_side.json", PROFILES / "history" / "h200_side_by_side_2.json"
 PASSES = [(RECORDED, SECOND), (PROFILES / "h100_side_by_side.json", PROFILES / "history" / "h100_side_by_side_2.json")]
 """Each card's recorded side by side and its second pass, as KERNEL_NOTES quotes their agreement."""
 

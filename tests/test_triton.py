@@ -442,18 +442,16 @@ def test_gathered_epilogues_are_planned_for_several_slots_at_a_low_rank_and_few_
     assert tb.plan(sink.operands(), 9, two.to("cpu"), x.device).tiles.gather  # resident: the pool's 3 slots
 
 
-@pytest.mark.parametrize("rowsum", [False, True], ids=["unreduced_tile", "rowsum"])
 @pytest.mark.parametrize("outer_shared, interleaved", [(True, True), (False, False)],
                          ids=["shared_outer_interleaved", "per_expert_outer_contiguous"])
-def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved, rowsum):
-    """One token routes to the GEMV launches (``pick_tiles``) at any weights; here with steps
-    smaller than the sizes, so the K loops run several steps and mask a partial one; ``rowsum``:
-    each step summed over ``K`` at once (``Tiles.rowsum``)."""
+def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved):
+    """One token on small weights routes to the GEMV launches (``pick_tiles``); here with
+    steps smaller than the sizes, so the K loops run several steps and mask a partial one."""
     assert tb.pick_tiles(1, weight_elems=2 * 768 * 1536).gemv and not tb.pick_tiles(2).gemv
     assert tb.pick_tiles(1, weight_elems=2 * 3072 * 6144, hidden=6144).gemv  # Inkling-sized too (v31)
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 1, outer_shared, interleaved, seed=31 + int(outer_shared))
     ops = sink.operands()
-    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8, rowsum=rowsum)  # 3 feature and 5 row tiles, the last of each partial
+    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8)  # 3 feature and 5 row tiles, the last of each partial
     for slot in (2, -1, 1):  # a LoRA token (scaled), base only, a rank-0 slot
         batch = SlotBatch.from_token_slots([slot], 3, lora_ranks=[5, 0, 5], scalings=[1.0, 1.0, 0.6])
         p = tb.plan(ops, 1, batch, x.device, tiles)

@@ -482,7 +482,7 @@ def _token_slot(slot_ptr, R):
 def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
                    H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                   PDL: tl.constexpr = False, ROWSUM: tl.constexpr = False):
+                   PDL: tl.constexpr = False):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
     across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
@@ -491,9 +491,7 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
     before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
     down kernel may launch at once; this kernel, the shrink's programmatic dependent,
-    streams before it waits for the shrink. ``ROWSUM``: each step's products are summed over
-    ``BK`` at once into a ``[2*BF]`` sum, not kept as an unreduced tile (fewer registers, so more
-    programs a multiprocessor and more bytes in flight)."""
+    streams before it waits for the shrink."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -520,17 +518,14 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     w_ok = f_of_j < F
     w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
     kk = tl.arange(0, BK)
-    acc = tl.zeros((2 * BF, BK if not ROWSUM else 1), dtype=tl.float32)
+    acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
     w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
     for k in range(0, H, BK):
         kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
         w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
                          eviction_policy="evict_first")
         xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
-        if ROWSUM:
-            acc += tl.sum(w.to(tl.float32) * xt[None, :], axis=1, keep_dims=True)
-        else:
-            acc += w.to(tl.float32) * xt[None, :]
+        acc += w.to(tl.float32) * xt[None, :]
         w = w_next
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
     if PDL:

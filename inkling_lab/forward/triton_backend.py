@@ -78,7 +78,6 @@ class Tiles:
     dk: int = 0
     up_act: bool = False
     gather: bool = False
-    rowsum: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -152,13 +151,11 @@ def gemv_for(hidden: int) -> Tiles:
     return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
 
 
-def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True,
-               rowsum: bool = False) -> Tiles:
+def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
     the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl,
-                 rowsum=rowsum)
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl)
 
 
 UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
@@ -649,7 +646,7 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
           H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl,
-         ROWSUM=t.rowsum, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+         num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
          (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
           w2.stride(0), w2.stride(1)),

@@ -20,8 +20,8 @@ same call on another card than the H200's), and candidates whose up GEMV split `
 feature block (commit bb56b21; removed: ``h100_gemv_v29.json``); v30 (commit 7d3662b) candidates that waited
 for the shrink halfway through the up stream (removed: ``h100_gemv_v30.json``); v31 and v31b (commits 3f9bb60,
 6b77490) candidates whose up kernel ran the gate/up shrink itself, and the grid timed each shape's best of
-both kinds (removed: ``h100_gemv_v31.json``, ``_v31b.json``); v32 the candidates whose up kernel sums each
-step over ``K`` at once (``r``: ``Tiles.rowsum``, fewer registers).
+both kinds (removed: ``h100_gemv_v31.json``, ``_v31b.json``); v32 (commit 713d6e7) candidates whose up kernel
+summed each step over ``K`` at once, in fewer registers (removed: ``h200_gemv_v32.json``).
 
 ``--host-only --host-seconds S`` (``--wheel none``): the host cost per call alone (target 4):
 ``h200_pdl.host_phases`` (the plain call, ``out=``, the static tensors, beside a fixed Python
@@ -49,19 +49,16 @@ CANDIDATES = {
     "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
     "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
     "f8k512w8": dict(bf=8, bk=512, bn=8, dk=512, warps=8),
-    "f4k1024r": dict(bf=4, bk=1024, bn=4, dk=1024, rowsum=True),
-    "f8k512r": dict(bf=8, bk=512, bn=8, dk=512, rowsum=True),
-    "f8k1024r": dict(bf=8, bk=1024, bn=8, dk=512, rowsum=True),
 }
-"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``r``: each step
-summed over ``K`` at once, v32). v14's run
+"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps). v14's run
 (``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
-(``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``) a split of ``H``, the LoRA's
-loads under the stream and the shrink inside the up kernel, each level or behind; the two runs before v14's
+(``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``, ``h200_gemv_v32.json``) a split of
+``H``, the LoRA's loads under the stream, the shrink inside the up kernel and a sum per step, each level or
+behind; the two runs before v14's
 (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens (one row-sum per token and
 step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all slower than the
 three launches there."""
-STREAMED = ("f4k1024", "f8k512", "f4k1024r", "f8k512r", "f8k1024r")
+STREAMED = ("f4k1024", "f8k512")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
 
@@ -95,7 +92,7 @@ def correctness() -> list[dict]:
                 batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
                 ops = sc.sink.operands()
                 ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-                for v in ("f4k1024", "f8k512", "f4k1024r", "f8k512r"):
+                for v in ("f4k1024", "f8k512"):
                     try:
                         errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
                         rank0 = SlotBatch.from_token_slots([2], g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
