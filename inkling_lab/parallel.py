@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Sequence
@@ -370,7 +371,14 @@ def _spawned_rank(rank: int, tp: int, task: str, args: tuple, dist_backend: str,
     # The fork server's environment is the caller's of its first run: take today's.
     os.environ.clear()
     os.environ.update(environ)
-    results.put((rank, _in_group(task, args, dist_backend, rank, tp, rank, init_method)))
+    try:
+        records = _in_group(task, args, dist_backend, rank, tp, rank, init_method)
+    except BaseException:
+        # When it failed, too: one rank's error makes the others fail in their collectives (a peer gone),
+        # and the earliest failure is the cause (CLOCK_MONOTONIC is one clock for the whole machine).
+        results.put(("error", rank, time.monotonic(), traceback.format_exc()))
+        return
+    results.put(("ok", rank, records))
 
 
 _START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
@@ -408,14 +416,17 @@ def _spawn(task: str, args: tuple, tp: int, dist_backend: str, timeout_s: float)
         # Read while the ranks live: a rank exits only once its results are taken.
         while len(got) < tp:
             try:
-                rank, records = results.get(timeout=0.5)
-                got[rank] = records
+                message = results.get(timeout=0.5)
             except queue_lib.Empty:
                 waited += 0.5
-                finished = ctx.join(timeout=0)  # raises with the rank's traceback if one failed
+                finished = ctx.join(timeout=0)  # raises with the rank's exit if one died without a word
                 if (finished and results.empty()) or waited > timeout_s:
                     raise RuntimeError(f"tensor-parallel run: {tp - len(got)} of {tp} rank(s) gave no result "
                                        f"within {timeout_s:.0f} s")
+                continue
+            if message[0] == "error":
+                _raise_first_failure(message[1:], results, ctx, tp - len(got))
+            got[message[1]] = message[2]
         while not ctx.join():
             pass
         return got[0]
@@ -427,6 +438,34 @@ def _spawn(task: str, args: tuple, tp: int, dist_backend: str, timeout_s: float)
         raise
     finally:
         shutil.rmtree(store, ignore_errors=True)
+
+
+RANK_FAILURE_WAIT_S = 30.0
+"""After a rank's failure, how long ``_spawn`` waits at most for the other ranks' reports (a rank stuck in a
+collective gives none) before raising with the earliest failure among those it has."""
+
+
+def _raise_first_failure(first: tuple, results: Any, ctx: Any, pending: int) -> None:
+    """Raise with the failing rank's traceback whose failure came first: ``first`` is ``(rank, when,
+    traceback)``; the ranks still ``pending`` are heard out until they have all reported or exited (or for
+    ``RANK_FAILURE_WAIT_S``), so that a peer's echo (its collective broken by the failed rank's exit) is
+    not reported in place of the cause."""
+    failures, deadline = [first], time.monotonic() + RANK_FAILURE_WAIT_S
+    heard = 1
+    while heard < pending and time.monotonic() < deadline:
+        try:
+            message = results.get(timeout=0.2)
+        except queue_lib.Empty:
+            if all(not p.is_alive() for p in ctx.processes) and results.empty():
+                break
+            continue
+        heard += 1
+        if message[0] == "error":
+            failures.append(message[1:])
+    rank, _, text = min(failures, key=lambda f: f[1])
+    others = sorted(r for r, _, _ in failures if r != rank)
+    echo = f"\n(then rank(s) {others} failed too)" if others else ""
+    raise RuntimeError(f"tensor-parallel rank {rank} failed:\n{text}{echo}")
 
 
 def _check_cases(cases: Sequence[TPCase], tp: int) -> None:
@@ -448,7 +487,8 @@ def run_tp(cases: Sequence[TPCase], tp: int, dist_backend: str = "auto", forward
 
     ``dist_backend``: ``gloo`` (CPU), ``nccl`` (one GPU per rank) or ``auto``. Works
     from a notebook and from scripts. Raises before starting anything when ``F`` does
-    not split over ``tp`` or NCCL lacks GPUs; a failing rank's traceback is re-raised.
+    not split over ``tp`` or NCCL lacks GPUs; the traceback of the rank that failed first is re-raised
+    (the ranks that failed after it, often because it left their collective, are named).
     """
     dist_backend = resolve_dist_backend(dist_backend, tp)
     _check_cases(cases, tp)

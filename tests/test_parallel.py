@@ -194,6 +194,28 @@ def test_a_failing_rank_is_reported_not_hung():
         run_tp([_case()], 2, "gloo", forward_backend="nope", timeout_s=600)
 
 
+def test_the_earliest_rank_failure_is_raised_not_its_echo():
+    """A rank's failure breaks its peers' collectives; whichever report arrives first, the failure that
+    happened first is the one raised (CI once saw rank 0's 'connection closed by peer' raised in place of
+    rank 1's 'unknown backend', which had caused it)."""
+    import queue
+    from types import SimpleNamespace
+
+    from inkling_lab import parallel
+
+    later_echo = (0, 20.0, "RuntimeError: Gloo connectFullMesh failed ... Connection closed by peer")
+    cause = ("error", 1, 10.0, "ValueError: unknown backend 'nope'")
+    results = queue.Queue()
+    results.put(cause)
+    idle = SimpleNamespace(processes=[SimpleNamespace(is_alive=lambda: False)] * 2)
+    with pytest.raises(RuntimeError, match=r"rank 1 failed:\nValueError: unknown backend 'nope'\n\(then rank\(s\) \[0\]"):
+        parallel._raise_first_failure(later_echo, results, idle, pending=2)
+    results.put(("ok", 1, []))  # the peer finished: the one failure is raised alone
+    with pytest.raises(RuntimeError, match=r"rank 0 failed:\nRuntimeError: Gloo") as raised:
+        parallel._raise_first_failure(later_echo, results, idle, pending=2)
+    assert "then rank" not in str(raised.value)
+
+
 def test_measure_allreduce_reports_bytes_per_token():
     records = measure_allreduce(2, [(3, 16)], torch.float32, "gloo", iters=2)
     assert [(r["tokens"], r["hidden"], r["bytes"], r["bytes_per_token"]) for r in records] == [(3, 16, 192, 64)]
