@@ -2,6 +2,7 @@
 through the stand-in layer against the float64 reference, and the rows."""
 import base64
 import hashlib
+import json
 import zipfile
 from pathlib import Path
 
@@ -126,6 +127,33 @@ def test_kernel_notes_carry_the_generated_table():
     rec = pr.load_side_by_side(SIDE_RECORD)
     assert pr.side_by_side_table(rec, "read") in notes
     assert pr.side_by_side_summary(rec, "read") in notes
+
+
+def test_the_stream_ceiling_table_divides_the_ceiling_by_each_contenders_time():
+    """Issue 26's fraction of the stream ceiling, on a record made here: the ceiling's µs over each
+    contender's, min-max per shape at one token and at T <= 32 (the 2048-token point left out), a
+    shape the ceiling record lacks left out, and the ceiling's lower-case shape names matched."""
+    def point(shape, T, **us):
+        return {"case": {"shape": shape, "T": T}, "times": {"read": {k: {"median_us": v} for k, v in us.items()}}}
+
+    record = {"points": [point("A", 1, kit_triton=20.0, sglang_base=25.0),
+                         point("A", 8, kit_triton=40.0, sglang_base=20.0),
+                         point("A", 2048, kit_triton=1.0, sglang_base=1.0),
+                         point("B", 1, kit_triton=5.0, sglang_base=5.0)]}
+    ceiling = {"rows": [{"shape": "a", "us": {"stream": 10.0}}]}
+    assert pr.stream_ceiling_table(record, ceiling).splitlines() == [
+        "| shape | tokens | stream µs | kit_triton | sglang_base |", "|---|---|---|---|---|",
+        "| A | T = 1 | 10.0 | 0.50-0.50 | 0.40-0.40 |",
+        "| A | T <= 32 | 10.0 | 0.25-0.50 | 0.40-0.50 |"]
+
+
+@pytest.mark.parametrize("card", ["h200", "h100"])
+def test_kernel_notes_carry_each_cards_stream_ceiling_table(card):
+    """The fraction KERNEL_NOTES quotes for each card's recorded side by side, from that card's own ceilings."""
+    ceiling = {"h200": "h200_stream_ceiling.json", "h100": "h100_stream_ceiling_b.json"}[card]
+    rec = pr.load_side_by_side(SIDE_RECORD.with_name(f"{card}_side_by_side.json"))
+    stream = json.loads(SIDE_RECORD.with_name(ceiling).read_text())
+    assert pr.stream_ceiling_table(rec, stream) in (Path(__file__).resolve().parents[1] / "KERNEL_NOTES.md").read_text()
 
 
 @pytest.mark.skipif(not H100_RECORD.exists(), reason="no H100 side-by-side record")

@@ -205,6 +205,28 @@ def side_by_side_summary(record: dict, flush: str = "read", kit: str = "kit_trit
     return "\n".join(out)
 
 
+def stream_ceiling_table(record: dict, ceiling: dict, flush: str = "read") -> str:
+    """Issue 26's stream-ceiling fraction: per shape, at one token and at ``T <= 32``, the ceiling's µs over
+    each contender's (1.00 would be the stream itself; min-max over R, S and the token counts). ``ceiling``:
+    a record of ``scripts/gpu/h200_stream_ceiling.py`` made on the same card as ``record`` (its ``rows``, each
+    a shape's ``us["stream"]``: the base weights' bytes read by a kernel that does nothing else)."""
+    stream = {r["shape"].lower(): r["us"]["stream"] for r in ceiling["rows"]}
+    contenders = kits(record) + ["sglang_base"]
+    out = ["| shape | tokens | stream µs | " + " | ".join(contenders) + " |", "|---|---|---|" + "---|" * len(contenders)]
+    for shape in dict.fromkeys(p["case"]["shape"] for p in record["points"]):
+        if shape.lower() not in stream:
+            continue
+        us = stream[shape.lower()]
+        for label, most in (("T = 1", 1), ("T <= 32", 32)):
+            spans = []
+            for k in contenders:
+                v = [us / p["times"][flush][k]["median_us"] for p in record["points"]
+                     if p["case"]["shape"] == shape and p["case"]["T"] <= most and k in p["times"][flush]]
+                spans.append(f"{min(v):.2f}-{max(v):.2f}" if v else "-")
+            out.append(f"| {shape} | {label} | {us:.1f} | " + " | ".join(spans) + " |")
+    return "\n".join(out)
+
+
 def load_side_by_side(path: str | os.PathLike) -> dict:
     """A side-by-side record (``inkling-lab profile --vs-upstream``)."""
     return records.load_record(path, ("environment", "ceilings", "upstream", "points"), "side-by-side record",
