@@ -54,10 +54,9 @@ CANDIDATES = {
 (``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
 (``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``, ``h200_gemv_v32.json``) a split of
 ``H``, the LoRA's loads under the stream, the shrink inside the up kernel and a sum per step, each level or
-behind; the two runs before v14's
-(``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens (one row-sum per token and
-step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all slower than the
-three launches there."""
+behind; the two runs before v14's (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens
+(one row-sum per token and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all
+slower than the three launches there."""
 STREAMED = ("f4k1024", "f8k512")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
@@ -195,7 +194,7 @@ def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
     ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
     ap.add_argument("--ceiling", default="data/profiles/h200_stream_ceiling.json",
-                    help="the stream-ceiling record of this card (h200_stream_ceiling.py's)")
+                    help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another card is refused)")
     ap.add_argument("--host-only", action="store_true",
                     help="only the host cost (with --host-seconds), then the static-tensor check (static_check)")
     args = ap.parse_args()
@@ -212,14 +211,19 @@ def main() -> int:
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         return 0 if all(r["ok"] for r in rec["static_check"]) else 1
+    ceiling_record = json.loads(Path(args.ceiling).read_text())
+    made_on, here = ceiling_record["environment"]["device"], torch.cuda.get_device_name()
+    if made_on != here:  # h200_gemv_v32.json carries an H100's ceilings: the check came after it
+        print(f"{args.ceiling} was made on {made_on}, this is {here}: give --ceiling a record of this card "
+              "(scripts/gpu/h200_stream_ceiling.py, in the same call)", file=sys.stderr)
+        return 2
     rec = h200_pdl.record_head(env, args.wheel, candidates=CANDIDATES, host_phases=host)
     ceilings = rec["ceilings"]
     rec["correctness"] = correctness()
     records.write_json(args.out, rec)
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, {time.time() - t0:.0f} s",
           flush=True)
-    ceiling = {r["shape"]: r["us"]["stream"]
-               for r in json.loads(Path(args.ceiling).read_text())["rows"]}
+    ceiling = {r["shape"]: r["us"]["stream"] for r in ceiling_record["rows"]}
     flush = pr.L2Flush("cuda")
     shapes = args.shapes.split(",")
     rec["sweep"], best = [], {}
