@@ -5,6 +5,7 @@ a renamed profile helper, and the pass flags a forward that leaves its output un
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -58,3 +59,30 @@ def test_the_gathered_epilogues_pass_the_same_checks(script, monkeypatch):
     rows = script.correctness()
     assert len(rows) == 8 and {r["variant"] for r in rows} == {"gather"}
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+
+
+@pytest.mark.slow
+def test_the_up_gemm_with_the_lora_epilogue_passes_the_same_checks(script, monkeypatch):
+    """v33's variants (``--up-act``): ``up_act_kernel`` as the up launch (``Tiles.lora_up``), at tiles small enough
+    to leave remainders at the tiny shape, through every check of the pass."""
+    monkeypatch.setitem(script.VARIANTS, "upact", {"pdl": False, "lora_up": True})
+    monkeypatch.setattr(script, "CHECKED", ["upact"])
+    monkeypatch.setattr(script.tb, "UP_ACT_TILES", replace(script.tb.UP_ACT_TILES, bf=16, bk=16, stages=2))
+    monkeypatch.setattr(script.tb, "UP_ACT_PROGRAMS", 1)  # unsplit at the tiny shape's two feature blocks
+    ops = PRESETS["A"]
+    assert script.lora_up_tiles(9, SimpleNamespace(n=ops.n, intermediate=ops.intermediate, hidden=ops.hidden)).bf == 16
+    rows = script.correctness()
+    assert len(rows) == 8 and {r["variant"] for r in rows} == {"upact"}
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+
+
+def test_a_stream_ceiling_record_of_another_card_is_refused(script, monkeypatch):
+    """``stream_ceilings``: the record's own card or nothing (h200_gemv_v32.json's fractions came from an H100's
+    ceilings on an H200), the rows by shape otherwise."""
+    h100 = str(ROOT / "data" / "profiles" / "h100_stream_ceiling_b.json")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    with pytest.raises(SystemExit, match="made on NVIDIA H100 80GB HBM3, this is NVIDIA H200"):
+        script.stream_ceilings(h100)
+    assert script.stream_ceilings(str(ROOT / script.CEILING_RECORD))["inkling"] == pytest.approx(56.51, abs=0.01)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert script.stream_ceilings(h100)["A"] == pytest.approx(9.90, abs=0.01)

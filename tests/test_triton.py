@@ -257,6 +257,30 @@ def test_gathered_epilogues_match_the_reference(n, H, F, R, S, T, outer_shared, 
     assert p.sh is None or torch.count_nonzero(p.sh) == 0  # the down kernel left the shrink's workspace zero
 
 
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(16, 48), F=st.integers(8, 40), R=st.integers(1, 40), S=st.integers(1, 6),
+       T=st.integers(2, 32), outer_shared=st.booleans(), interleaved=st.booleans(), ksplit=st.integers(1, 3),
+       seed=st.integers(0, 10_000))
+def test_the_up_gemm_with_the_lora_epilogue_matches_the_reference(n, H, F, R, S, T, outer_shared, interleaved, ksplit,
+                                                                  seed):
+    """v33: the up launch is ``up_act_kernel`` on the base ``w13`` with the pool's LoRA in its epilogue (the expand
+    from the shrink's ``sh``, the down shrink into ``mid``, per slot of the tile), then the down kernel; mixed,
+    base-only and rank-0 tokens, either outer layout, unsplit or ``H`` over ``ksplit`` programs a tile (some with
+    an empty slice here), feature blocks and steps that do not divide ``F`` and ``H``. A second launch of the
+    same plan gives the same output and both leave every workspace zero."""
+    sink, x, gammas, batch = make_case(n, H, F, R, S, T, outer_shared, interleaved, seed)
+    up = replace(tb.UP_ACT_TILES, bf=16, bk=16, stages=2, ksplit=ksplit)
+    ops = sink.operands()
+    p = tb.plan(ops, T, batch, x.device, replace(FUSED, lora_up=up))
+    assert p.split.up == ksplit and p.split.cnt_up.numel() == n * -(-F // 16)
+    outs = [torch.full_like(x, float("nan")) for _ in range(2)]
+    for out in outs:
+        tb.launch(ops, x, gammas, p, out)
+    assert rel(outs[0], reference_forward(ops, x, gammas, batch)) < 1e-5 and torch.equal(*outs)
+    assert p.sh is None or torch.count_nonzero(p.sh) == 0  # the down kernel left the shrink's workspace zero
+    assert not p.split.ws_up.any() and not p.split.cnt_up.any()
+
+
 def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert not tb.pick_tiles(1).cublas and not tb.pick_tiles(32).cublas
     assert not tb.pick_tiles(128, weight_elems=2 * 768 * 1536).cublas       # shape A
@@ -727,7 +751,7 @@ def test_up_acts_routes_one_kept_slot_by_its_programs_and_tokens():
     assert [routed(p, 64) for p in ("A", "B", "inkling")] == [None, unsplit, unsplit]  # A's weights are small
     assert all(routed(p, 65) is None for p in ("A", "B", "inkling"))
     assert [routed("inkling-tp8", t) for t in (1, 2, 16, 17, 32)] == [None, split, split, None, None]
-    assert split.up_act and split.bf == 32 and tb.UP_ACT_SPLIT == 4  # 12 tiles of 64 features: 96 programs
+    assert split.up_act and split.bf == 32 and split.ksplit == tb.UP_ACT_SPLIT == 4  # 12 tiles of 64 features: 96 programs
 
 
 @settings(max_examples=12, deadline=None)
@@ -752,7 +776,7 @@ def test_a_few_tokens_of_a_kept_slot_run_the_activation_in_the_up_gemm(n, H, F, 
         m.setattr(tb, "UP_ACT_PROGRAMS", 10 ** 6 if split else 1)
         m.setattr(tb, "UP_ACT_SPLIT_TOKENS", 32)
         m.setattr(tb, "UP_ACT_TILES", replace(tb.UP_ACT_TILES, bf=16, bk=16, stages=2))
-        m.setattr(tb, "UP_ACT_SPLIT_TILES", replace(tb.UP_ACT_TILES, bf=16, bk=16, stages=2))
+        m.setattr(tb, "UP_ACT_SPLIT_TILES", replace(tb.UP_ACT_SPLIT_TILES, bf=16, bk=16, stages=2))
         p = tb.plan(ops, T, batch, sc.x.device)
     assert p.grouped == "kept" and p.tiles.up_act and p.merge_rows == (int(second),)
     assert (p.split is not None and p.split.up == tb.UP_ACT_SPLIT) == split

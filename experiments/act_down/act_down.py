@@ -84,7 +84,8 @@ def kept_forward(ops, x: torch.Tensor, gammas: torch.Tensor, row: int, out: torc
         ws, cnt = work if work is not None else workspace(ops, T, t, x.device)
         row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
         kernels.up_act_kernel[(n * triton.cdiv(F, t.bh) * t.split,)](
-            x, w13, gammas, act, ws, cnt, T, H, F, n, row_step, up_offset, BF=t.bh, SPLIT=t.split, **meta)
+            x, w13, gammas, act, ws, cnt, T, H, F, n, row_step, up_offset, *(x,) * 6, 0, 0, 0, BF=t.bh,
+            SPLIT=t.split, **meta)  # the LoRA operands, which HAS_LORA=False drops
         return torch.mm(act, w2t.T, out=out)
     y = torch.mm(x, w13.T)
     z = y  # fills the LoRA operands HAS_LORA=False drops

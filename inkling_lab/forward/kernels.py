@@ -414,19 +414,32 @@ def merge_kernel(w_ptr, p_ptr, q_ptr, out_ptr, slot_ptr, scale_ptr,
 
 @triton.jit
 def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, ws_ptr, cnt_ptr, T, H, F, N_EXP, ROW_STEP, UP_OFFSET,
-                  BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr):
-    """A few tokens of one kept slot (v25, v26): the up GEMM on its copy with the activation in the epilogue,
-    grid ``(n * cdiv(F, BF) * SPLIT,)``. Program ``(e, block, k)`` streams the gate rows and the up rows of
-    ``BF`` features of expert ``e`` of ``w13_s [n*2F, H]`` (rows as ``w13_lin``'s: gate row of feature ``f``
+                  slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr, R, O, O_STEP,
+                  BT: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
+                  HAS_LORA: tl.constexpr = False, BR: tl.constexpr = 16, PDL: tl.constexpr = False):
+    """A few tokens (v25, v26, v33): the up GEMM with the activation in its epilogue, grid
+    ``(n * cdiv(F, BF) * SPLIT,)``. Program ``(e, block, k)`` streams the gate rows and the up rows of ``BF``
+    features of expert ``e`` of ``w13 [n*2F, H]`` (rows as ``w13_lin``'s: gate row of feature ``f``
     ``e*2F + f*ROW_STEP``, its up row ``UP_OFFSET`` further) across slice ``k`` of ``H`` in ``BK`` steps,
     ``STAGES`` in flight, the weight rows on the MMA's M side and the tokens on N (``T <= BT``, swap-AB: 64
     weight rows fill a wgmma where a 16-token tile would not); then ``act[t, e*F + f] = silu(gate) * up *
-    gamma[t, e]`` from gate and up rounded to ``x``'s dtype first, as cuBLAS's ``y`` holds them, so the forward
-    is the kept path's three launches' bit for bit (unsplit; split, the float32 sums' order differs).
+    gamma[t, e]``.
+
+    Without ``HAS_LORA`` (a kept slot's copy ``w13_s``): gate and up are rounded to ``x``'s dtype first, as
+    cuBLAS's ``y`` holds them, so the forward is the kept path's three launches' bit for bit (unsplit; split,
+    the float32 sums' order differs). With ``HAS_LORA`` (the base ``w13``, v33): ``up_kernel``'s epilogue
+    transposed, for each slot of the tile's tokens the expand ``gate_up_B[s, e] @ sh^T`` added to gate and up
+    (``sh [T, O*2R]``, from the shrink launch before it) and the down shrink ``down_A[s, e] @ act`` added into
+    ``mid [T, O*R]`` (outer ``o = e * O_STEP``), each scaled by ``scalings[s]``; slot ``-1`` adds nothing.
 
     ``SPLIT > 1`` (few feature blocks, long rows: the TP-8 slice): the ``SPLIT`` programs of a tile add their
     partial gate and up into the float32 workspace ``ws [T, n*2F]`` and count themselves in ``cnt[tile]``
-    (``_split_reduce``); the last to arrive runs the epilogue and leaves both zero for the next launch."""
+    (``_split_reduce``); the last to arrive runs the epilogue and leaves both zero for the next launch.
+
+    ``PDL``: the down kernel may launch at once, and this kernel, launched as the shrink's programmatic
+    dependent, streams ``w13`` before it waits for the shrink (``gdc_wait``), as ``up_kernel`` does."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     tile = pid // SPLIT
     fb = tl.cdiv(F, BF)
@@ -449,20 +462,48 @@ def up_act_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, ws_ptr, cnt_ptr, T, H, F, N_
         xt = tl.load(x_ptr + ts[:, None] * H + kk[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
         acc_g = tl.dot(wg, tl.trans(xt), acc_g)
         acc_u = tl.dot(wu, tl.trans(xt), acc_u)
-    ok = f_ok[:, None] & t_ok[None, :]
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    live = t_ok
     if SPLIT > 1:
         j = tl.arange(0, 2)
         ws = ws_ptr + ts[None, :, None] * (N_EXP * 2 * F) + e * 2 * F + fs[:, None, None] + j[None, None, :] * F
-        both, arrived = _split_reduce(tl.join(acc_g, acc_u), ws, ok[:, :, None] & (j < 2)[None, None, :],
-                                      cnt_ptr + tile, SPLIT)
+        both, arrived = _split_reduce(tl.join(acc_g, acc_u), ws, (f_ok[:, None] & t_ok[None, :])[:, :, None]
+                                      & (j < 2)[None, None, :], cnt_ptr + tile, SPLIT)
         acc_g, acc_u = tl.split(both)
-        ok = ok & ((ts * 0 + arrived) == SPLIT - 1)[None, :]  # only the last program of the tile writes
+        live = t_ok & ((ts * 0 + arrived) == SPLIT - 1)  # only the last program of the tile goes on
     lp = act_ptr.dtype.element_ty
-    gate = acc_g.to(lp).to(tl.float32)
-    up = acc_u.to(lp).to(tl.float32)
+    if HAS_LORA:
+        slot, smin, smax = _tile_slots(slot_ptr, ts, live)
+        o = e * O_STEP
+        r = tl.arange(0, BR)
+        r_ok = r < R
+        b_ok = f_ok[:, None] & r_ok[None, :]
+        for s in range(smin, smax + 1):
+            ld = r_ok[:, None] & (live & (slot == s))[None, :]
+            scale = tl.load(scale_ptr + s)
+            src = sh_ptr + ts[None, :] * (O * 2 * R) + o * 2 * R + r[:, None]                           # [BR, BT]
+            sg = tl.load(src, mask=ld, other=0.0)
+            su = tl.load(src + R, mask=ld, other=0.0)
+            b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
+            bg = tl.load(b_base + fs[:, None] * R + r[None, :], mask=b_ok, other=0.0)                   # [BF, BR]
+            bu = tl.load(b_base + (F + fs)[:, None] * R + r[None, :], mask=b_ok, other=0.0)
+            acc_g += scale * tl.dot(bg, sg.to(bg.dtype))
+            acc_u += scale * tl.dot(bu, su.to(bu.dtype))
+        gate, up = acc_g, acc_u
+    else:
+        gate = acc_g.to(lp).to(tl.float32)
+        up = acc_u.to(lp).to(tl.float32)
     gam = tl.load(gam_ptr + ts * N_EXP + e, mask=t_ok, other=0.0).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate)) * up * gam[None, :]).to(lp)                                  # [BF, BT]
-    tl.store(act_ptr + ts[None, :] * (N_EXP * F) + e * F + fs[:, None], act, mask=ok)
+    tl.store(act_ptr + ts[None, :] * (N_EXP * F) + e * F + fs[:, None], act, mask=f_ok[:, None] & live[None, :])
+    if HAS_LORA:
+        for s in range(smin, smax + 1):
+            sel = live & (slot == s)
+            da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[:, None] * F + fs[None, :], mask=r_ok[:, None] & f_ok[None, :],
+                         other=0.0)                                                                     # [BR, BF]
+            m = tl.dot(da, tl.where(sel[None, :], act, 0.0).to(lp))                                     # [BR, BT]
+            tl.atomic_add(mid_ptr + ts[None, :] * (O * R) + o * R + r[:, None], m, mask=r_ok[:, None] & sel[None, :])
 
 
 # The GEMV path (issue 26): for one token the forward is a weight stream, so each program

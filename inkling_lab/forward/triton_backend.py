@@ -60,7 +60,10 @@ class Tiles:
     per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
     on the copy, ``bf`` features and ``bk`` of ``H`` per step, the tokens in a tile of at
     least ``bm``, then cuBLAS's down GEMM; ``gather``: the LoRA epilogues read each token's own
-    slot's factors (``[bm, 16, bf]`` register tiles, no loop over the tile's slots; v28)."""
+    slot's factors (``[bm, 16, bf]`` register tiles, no loop over the tile's slots; v28); ``lora_up``
+    (v33, the pool's LoRA, few tokens): the up launch is ``up_act_kernel`` on the base ``w13`` with the LoRA
+    epilogue, on these tiles (``UP_ACT_TILES`` or ``UP_ACT_SPLIT_TILES``), the shrink and the down kernel
+    on the rest of these; ``ksplit``: ``up_act_kernel``'s programs per tile, each a slice of ``H``."""
 
     bm: int
     bf: int
@@ -78,6 +81,8 @@ class Tiles:
     dk: int = 0
     up_act: bool = False
     gather: bool = False
+    lora_up: "Tiles | None" = None
+    ksplit: int = 1
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -173,7 +178,8 @@ the kept three launches at every A, B and Inkling point from 2 to 32 tokens in b
 their time), under sglang's base there (A 0.89-0.95x, B 0.93-0.99x and 1.01x at 2 tokens in v26, Inkling
 0.93-0.97x), and at 64 on B and Inkling (0.95-0.98x the base), not on A (1.00-1.06x: the 64-token tile
 doubles each stage's ``x``)."""
-UP_ACT_SPLIT_TILES, UP_ACT_SPLIT, UP_ACT_SPLIT_TOKENS = replace(UP_ACT_TILES, bf=32), 4, 16
+UP_ACT_SPLIT, UP_ACT_SPLIT_TOKENS = 4, 16
+UP_ACT_SPLIT_TILES = replace(UP_ACT_TILES, bf=32, ksplit=UP_ACT_SPLIT)
 """Below ``UP_ACT_PROGRAMS``: 32 features a tile, ``H`` split over 4 programs, up to 16 tokens. Measured at the
 TP-8 slice (``h100_act_down_v26_tp8.json``, v26, 12 tiles of 64 features there): 96 programs, 0.94-0.97x sglang's
 base and 0.96-0.97x the kept three launches at 2, 8 and 16 tokens in both flushes; at 32, 1.04-1.05x the base,
@@ -197,12 +203,12 @@ def up_acts(num_tokens: int, ops: SinkOperands) -> Tiles | None:
 
 def up_act_split(num_tokens: int, ops: SinkOperands, tiles: Tiles, device) -> Split | None:
     """``up_act_kernel``'s split (``Split.up``, its workspace ``[T, n*2F]`` and a counter per tile, zero; the
-    down side unsplit) for ``UP_ACT_SPLIT_TILES``, else ``None``."""
-    if tiles is not UP_ACT_SPLIT_TILES:
+    down side unsplit) for tiles of ``ksplit`` programs a tile (``UP_ACT_SPLIT_TILES``), else ``None``."""
+    if tiles.ksplit < 2:
         return None
     f32, i32 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
     n, F = ops.n, ops.intermediate
-    return Split(UP_ACT_SPLIT, 1, torch.zeros(num_tokens, n * 2 * F, **f32),
+    return Split(tiles.ksplit, 1, torch.zeros(num_tokens, n * 2 * F, **f32),
                  torch.zeros(n * triton.cdiv(F, tiles.bf), **i32), torch.zeros(1, **f32), torch.zeros(1, **i32))
 
 
@@ -327,6 +333,9 @@ def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split 
     m = triton.cdiv(num_tokens, t.bm)
     up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
     up = max(1, min(TARGET_PROGRAMS // up_tiles, H // MIN_SPLIT_K))
+    if t.lora_up is not None:  # up_act_kernel's own tiles and split (up_acts)
+        up_tiles = n * triton.cdiv(F, t.lora_up.bf)
+        up = t.lora_up.ksplit
     down = max(1, min(TARGET_PROGRAMS // down_tiles, n * F // MIN_SPLIT_K))
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
@@ -565,7 +574,10 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         return out
     y = torch.mm(x, ops.w13_lin.T) if t.cublas else x
     side.join()
-    _up(ops, x, y, gammas, act, p, lora, key)
+    if t.lora_up is not None:  # v33: up_act_kernel with the LoRA epilogue
+        _up_act(ops, x, gammas, ops.w13, act, p, key, t.lora_up, lora)
+    else:
+        _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
     if t.cublas:
         if not lora.on:
@@ -654,17 +666,23 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
-def _up_act(ops: SinkOperands, x, gammas, w13: torch.Tensor, act, p: Plan, key: tuple) -> None:
-    """One ``up_act_kernel`` launch (its docstring names the operands) on a kept slot's ``w13_s [n*2F, H]``,
-    split as ``p.split`` says."""
+def _up_act(ops: SinkOperands, x, gammas, w13: torch.Tensor, act, p: Plan, key: tuple, t: Tiles,
+            lora: Lora | None = None) -> None:
+    """One ``up_act_kernel`` launch (its docstring names the operands) on tiles ``t``, split as ``p.split``
+    says: on a kept slot's ``w13_s [n*2F, H]``, or (``lora``, v33) on the base ``w13`` with the pool's LoRA,
+    the shrink's programmatic dependent where ``p.tiles.pdl``."""
     T, H = x.shape
-    n, F, t = ops.n, ops.intermediate, p.tiles
+    n, F = ops.n, ops.intermediate
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     split, ws, cnt = (p.split.up, p.split.ws_up, p.split.cnt_up) if p.split is not None else (1, x, x)
+    lora = lora or Lora.none(x)
+    pdl = p.tiles.pdl and not interpreting()
     _run(kernels.up_act_kernel, (n * triton.cdiv(F, t.bf) * split,),
-         (x, w13, gammas, act, ws, cnt, T, H, F, n, row_step, up_offset), fast=(p.fast, ("up_act", key)),
-         BT=max(t.bm, triton.next_power_of_2(T)), BF=t.bf, BK=t.bk, STAGES=t.stages, SPLIT=split,
-         num_warps=t.warps, num_stages=t.stages)
+         (x, w13, gammas, act, ws, cnt, T, H, F, n, row_step, up_offset,
+          p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, lora.R, lora.O, lora.o_step),
+         fast=(p.fast, ("up_act", key)), BT=max(t.bm, triton.next_power_of_2(T)), BF=t.bf, BK=t.bk,
+         STAGES=t.stages, SPLIT=split, HAS_LORA=lora.on, BR=lora.br, PDL=pdl, num_warps=t.warps,
+         num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
 _SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}
@@ -866,7 +884,7 @@ def _launch_merged(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> 
                   (w13[0].view(n, 2 * F, H), w2_nhf))
             return out
         if p.tiles.up_act:
-            _up_act(ops, x, gammas, w13[0], act, p, _launch_key(ops, x, gammas, out) + ("kept",))
+            _up_act(ops, x, gammas, w13[0], act, p, _launch_key(ops, x, gammas, out) + ("kept",), p.tiles)
             return torch.mm(act, w2[first], out=out)
     else:
         ga, _, _, db = ops.buffers

@@ -30,12 +30,10 @@ their host µs); exit status 1 if a check failed.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -193,7 +191,7 @@ def print_host(host: list[dict]) -> None:
 def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
     ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
-    ap.add_argument("--ceiling", default="data/profiles/h200_stream_ceiling.json",
+    ap.add_argument("--ceiling", default=h200_pdl.CEILING_RECORD,
                     help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another card is refused)")
     ap.add_argument("--host-only", action="store_true",
                     help="only the host cost (with --host-seconds), then the static-tensor check (static_check)")
@@ -211,19 +209,13 @@ def main() -> int:
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         return 0 if all(r["ok"] for r in rec["static_check"]) else 1
-    ceiling_record = json.loads(Path(args.ceiling).read_text())
-    made_on, here = ceiling_record["environment"]["device"], torch.cuda.get_device_name()
-    if made_on != here:  # h200_gemv_v32.json carries an H100's ceilings: the check came after it
-        print(f"{args.ceiling} was made on {made_on}, this is {here}: give --ceiling a record of this card "
-              "(scripts/gpu/h200_stream_ceiling.py, in the same call)", file=sys.stderr)
-        return 2
+    ceiling = h200_pdl.stream_ceilings(args.ceiling)  # h200_gemv_v32.json carries an H100's: the check came after it
     rec = h200_pdl.record_head(env, args.wheel, candidates=CANDIDATES, host_phases=host)
     ceilings = rec["ceilings"]
     rec["correctness"] = correctness()
     records.write_json(args.out, rec)
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, {time.time() - t0:.0f} s",
           flush=True)
-    ceiling = {r["shape"]: r["us"]["stream"] for r in ceiling_record["rows"]}
     flush = pr.L2Flush("cuda")
     shapes = args.shapes.split(",")
     rec["sweep"], best = [], {}

@@ -19,7 +19,9 @@ into L2 before the down kernel's wait: no gain at A, 5-15 µs lost elsewhere, so
 
 ``--gather`` (v28): also the three launches with ``Tiles.gather`` (each token's own slot's factors in the
 LoRA epilogues, no loop over a tile's slots), with PDL and without, checked and timed beside the others;
-``--ranks`` the pool ranks timed.
+``--up-act`` (v33): also the launches with ``up_act_kernel`` on the base ``w13`` and the LoRA in its epilogue as
+the up launch (``Tiles.lora_up``), with PDL and without, and what ``auto`` routes (``auto``);
+``--ranks`` and ``--slots`` the pool ranks and slot counts timed.
 """
 from __future__ import annotations
 
@@ -44,15 +46,31 @@ CHECKED = ["pdl"]
 GATHER = {"gather": dict(pdl=True, gather=True), "gather_v9": dict(pdl=False, gather=True)}
 """v28's variants (``--gather``): the LoRA epilogues read each token's own slot's factors (``Tiles.gather``),
 with PDL and without."""
+UP_ACT = {"upact": dict(pdl=True, lora_up=True), "upact_v9": dict(pdl=False, lora_up=True)}
+"""v33's variants (``--up-act``): ``up_act_kernel`` with the LoRA epilogue as the up launch (``lora_up_tiles``),
+the shrink and the down kernel as ``pick_tiles`` has them (gathered where ``gathers`` says), with PDL and without."""
 CHECK_TOKENS = (1, 9, 32)
 """Token counts of the correctness pass: one token, one token tile, two."""
 CEILING = {"A": "A", "B": "B", "Inkling": "inkling", "Inkling-TP8": "inkling-tp8"}
 
 
-def tiles(variant: str, T: int, ops) -> tb.Tiles:
+def tiles(variant: str, T: int, ops, slots: int = 1) -> tb.Tiles:
     """``pick_tiles``' three-launch choice with PDL forced on or off (``plan`` would apply
-    ``use_pdl``); one token is asked as two, which v14 sends to the GEMV kernels instead."""
-    return replace(tb.pick_tiles(max(T, 2), ops.n * ops.intermediate * ops.hidden), **VARIANTS[variant])
+    ``use_pdl``); one token is asked as two, which v14 sends to the GEMV kernels instead. A ``lora_up``
+    variant (v33) takes ``lora_up_tiles`` and the gathered down epilogue where ``gathers`` has it for
+    ``slots`` slots."""
+    v = dict(VARIANTS[variant])
+    t = tb.pick_tiles(max(T, 2), ops.n * ops.intermediate * ops.hidden)
+    if v.pop("lora_up", False):
+        v.update(lora_up=lora_up_tiles(T, ops), gather=tb.gathers(max(T, 2), ops, t, slots))
+    return replace(t, **v)
+
+
+def lora_up_tiles(T: int, ops) -> tb.Tiles:
+    """``up_act_kernel``'s tiles for ``T`` tokens: ``up_acts``' pick, and past its token limits the tile it
+    would take at fewer tokens (unsplit where the kernel has ``UP_ACT_PROGRAMS`` programs, else split)."""
+    unsplit = ops.n * -(-ops.intermediate // tb.UP_ACT_TILES.bf) >= tb.UP_ACT_PROGRAMS
+    return tb.up_acts(max(T, 2), ops) or (tb.UP_ACT_TILES if unsplit else tb.UP_ACT_SPLIT_TILES)
 
 
 def run(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
@@ -307,12 +325,30 @@ def time_point(c: pr.Case, fns_for, flushes: dict, reps: int, base=None):
     return sink, {**c.record(), "us": us, "rel_err": errs}
 
 
-def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) -> list[dict]:
+CEILING_RECORD = "data/profiles/h200_stream_ceiling.json"
+
+
+def stream_ceilings(path: str) -> dict:
+    """The stream ceiling per shape (``CEILING``'s names -> µs) of ``path``, a ``h200_stream_ceiling.py``
+    record; ``SystemExit`` if it was made on another card than this one (a record's fractions would then
+    mix two cards: h200_gemv_v32.json's did)."""
+    rec = json.loads(Path(path).read_text())
+    made_on, here = rec["environment"]["device"], torch.cuda.get_device_name()
+    if made_on != here:
+        raise SystemExit(f"{path} was made on {made_on}, this is {here}: give --ceiling a record of this card "
+                         "(scripts/gpu/h200_stream_ceiling.py, in the same call)")
+    return {r["shape"]: r["us"]["stream"] for r in rec["rows"]}
+
+
+def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens, auto: bool = False,
+           ceiling_record: str = CEILING_RECORD) -> list[dict]:
+    """Every point of ``shapes`` x ``ranks`` x ``slots`` x ``tokens``: each variant (and with ``auto`` the
+    plan ``auto`` routes, ``auto``) and sglang's no-LoRA base, checked and timed in turns (read flush);
+    each row's ``stream_ceiling_us`` from ``ceiling_record`` (``stream_ceilings``)."""
     from inkling_lab.upstream_wheel import UpstreamSink, unpack
 
+    ceiling = stream_ceilings(ceiling_record)
     unpack(wheel, Path.home() / ".cache" / "inkling_lab" / "sglang-0.5.23")
-    ceiling = {r["shape"]: r["us"]["stream"]
-               for r in json.loads(Path("data/profiles/h200_stream_ceiling.json").read_text())["rows"]}
     flush = pr.L2Flush("cuda")
     rows = []
     for shape in shapes:
@@ -327,8 +363,10 @@ def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens) 
                     ops = sink.operands()
                     ref = reference_forward(ops, x, gammas, batch)
                     fns, errs = {}, {}
-                    for v in VARIANTS:
-                        p = tb.plan(ops, T, batch, x.device, tiles(v, T, ops))
+                    plans = {v: tb.plan(ops, T, batch, x.device, tiles(v, T, ops, S)) for v in VARIANTS}
+                    if auto:
+                        plans["auto"] = tb.plan(ops, T, batch, x.device)
+                    for v, p in plans.items():
                         out = torch.empty_like(x)
                         fns[v] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
                     upstream = UpstreamSink(sink, batch, min_slots=2)
@@ -396,11 +434,18 @@ def main() -> int:
     ap.add_argument("--tokens", default="1,8,32")
     ap.add_argument("--host-seconds", type=float, default=20.0)
     ap.add_argument("--gather", action="store_true", help="also v28's gathered LoRA epilogues (GATHER), checked and timed")
+    ap.add_argument("--up-act", action="store_true", help="also v33's up_act_kernel with the LoRA epilogue (Tiles.lora_up)")
     ap.add_argument("--ranks", default="16,64")
+    ap.add_argument("--slots", default="1,4,8")
+    ap.add_argument("--ceiling", default=CEILING_RECORD,
+                    help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another card is refused)")
     args = ap.parse_args()
     if args.gather:
         VARIANTS.update(GATHER)
         CHECKED.extend(GATHER)
+    if args.up_act:
+        VARIANTS.update(UP_ACT)
+        CHECKED.extend(UP_ACT)
     t0 = time.time()
     env = run_environment()
     hp = host_phases(args.host_seconds)  # first: the process's first seconds are one of the phases
@@ -412,8 +457,8 @@ def main() -> int:
     if not all(r["ok"] for r in rec["correctness"]):
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
     rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
-                           [int(r) for r in args.ranks.split(",")], (1, 4, 8),
-                           [int(t) for t in args.tokens.split(",")])
+                           [int(r) for r in args.ranks.split(",")], [int(s) for s in args.slots.split(",")],
+                           [int(t) for t in args.tokens.split(",")], auto=args.up_act, ceiling_record=args.ceiling)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     wins = {v: sum(1 for r in rec["points"] if v in r["us"] and r["us"][v] < r["us"]["sglang_base"])
@@ -424,9 +469,9 @@ def main() -> int:
         for v in VARIANTS:
             fr = [r["stream_ceiling_us"] / r["us"][v] for r in pts if v in r["us"]]
             print(f"{shape:<11} {v:<13} stream-ceiling fraction {min(fr):.2f}-{max(fr):.2f}")
-    hp = rec["host_phases"]
-    print("host µs (resident) min/median/max", min(r["resident_us"] for r in hp),
-          statistics.median(r["resident_us"] for r in hp), max(r["resident_us"] for r in hp))
+    hp = [r["resident_us"] for r in rec["host_phases"]]
+    if hp:  # none with --host-seconds 0
+        print("host µs (resident) min/median/max", min(hp), statistics.median(hp), max(hp))
     print(f"{rec['seconds']} s")
     return 0
 
