@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from interpreted import import_interpreted, without_overflow_checks
-from inkling_lab import profile as pr
+from inkling_lab import profile as pr, records
 from inkling_lab.geometry import PRESETS
 from inkling_lab.batch import SlotBatch
 
@@ -86,3 +86,22 @@ def test_a_stream_ceiling_record_of_another_card_is_refused(script, monkeypatch)
     assert script.stream_ceilings(str(ROOT / script.CEILING_RECORD))["inkling"] == pytest.approx(56.51, abs=0.01)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     assert script.stream_ceilings(h100)["A"] == pytest.approx(9.90, abs=0.01)
+
+
+@pytest.mark.slow
+def test_the_bare_forwards_are_the_forward_without_its_lora(script):
+    """``--bare``'s three contenders (the default kit's launches, ``up_act_kernel`` and the down kernel,
+    ``up_act_kernel`` and the down GEMM) give the reference forward without the LoRA, twice in a row (the second
+    launch on the workspaces the first left), on the tiny shape where ``up_act_kernel`` runs split."""
+    from inkling_lab.forward.reference import reference_forward
+
+    sc = pr.Case.of("A", 16, 2, 9).scenario("cuda")
+    ops = sc.sink.operands()
+    ref = reference_forward(ops, sc.x, sc.gammas, None)
+    fns = script.bare_forwards(ops, sc.x, sc.gammas)
+    assert set(fns) == {"kit_bare_base", "upact_bare_base", "upact_cublas_base"}
+    for name, fn in fns.items():
+        for _ in range(2):
+            assert records.relative_error(fn(), ref, "fro") < 1e-5, name
+    assert records.relative_error(sc.sink.base_forward(sc.x, sc.gammas), reference_forward(ops, sc.x, sc.gammas, sc.batch),
+                                  "fro") > 1e-3  # the batch's LoRA matters, so the bare forwards really left it out

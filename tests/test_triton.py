@@ -440,6 +440,7 @@ def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
         assert not tb.use_pdl(1, a, 0)   # no shrink to overlap
         assert tb.use_pdl(16, a, 8, gather=True) and not tb.use_pdl(17, a, 8, gather=True)  # v28
         assert not tb.use_pdl(8, b, 8, gather=True)
+        assert tb.use_pdl(16, b, 1, lora_up=True)  # v33: up_act_kernel's 96 programs leave room for the down kernel
     assert not tb.use_pdl(1, a, 1)       # the interpreter has no grid dependency control
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 7, True, True, seed=4)
     assert not tb.plan(sink.operands(), 7, batch, x.device).tiles.pdl
@@ -464,6 +465,30 @@ def test_gathered_epilogues_are_planned_for_several_slots_at_a_low_rank_and_few_
     one = SlotBatch.from_token_slots([0, 0, 2, -1, 0, 0, 0, 2, 0], 3, lora_ranks=[3, 3, 0])  # one slot with rank
     assert not tb.plan(sink.operands(), 9, one, x.device).tiles.gather
     assert tb.plan(sink.operands(), 9, two.to("cpu"), x.device).tiles.gather  # resident: the pool's 3 slots
+
+
+def test_the_up_gemm_with_the_lora_epilogue_is_planned_for_one_slot_of_the_tp8_slice():
+    """v33's routing read off ``h100_up_act_v33.json`` at the benchmark shapes' real sizes: one slot, 2-16 tokens,
+    where ``up_act_kernel`` runs split (the TP-8 slice), with PDL; not on A, B or Inkling (level or behind), not
+    with several slots, not past 16 tokens, and through ``plan`` for a host batch and a device-resident one."""
+    def routed(preset, tokens, slots=1):
+        g = PRESETS[preset]
+        ops = SimpleNamespace(n=g.n, intermediate=g.intermediate, hidden=g.hidden)
+        return tb.lora_ups(tokens, ops, tb.pick_tiles(tokens, g.n * g.intermediate * g.hidden), slots)
+
+    assert [routed("inkling-tp8", t) for t in (1, 2, 16, 17)] == [None, tb.UP_ACT_SPLIT_TILES, tb.UP_ACT_SPLIT_TILES, None]
+    assert all(routed(p, t) is None for p in ("A", "B", "inkling") for t in (2, 8, 16))
+    assert routed("inkling-tp8", 8, slots=2) is None and routed("inkling-tp8", 8, slots=0) is None
+    sink, x, gammas, batch = make_case(2, 40, 24, 3, 1, 9, True, True, seed=5)
+    with pytest.MonkeyPatch.context() as m:  # this tiny sink's 2 feature blocks are fewer than UP_ACT_PROGRAMS
+        m.setattr(tb, "UP_ACT_SPLIT_TILES", replace(tb.UP_ACT_SPLIT_TILES, bf=16, bk=16, stages=2))
+        plans = [tb.plan(sink.operands(), 9, b, x.device) for b in (batch, batch.to("cpu"))]
+    for p in plans:
+        assert p.tiles.lora_up is not None and p.split.up == tb.UP_ACT_SPLIT and not p.tiles.pdl  # interpreter
+        out = torch.full_like(x, float("nan"))
+        tb.launch(sink.operands(), x, gammas, p, out)
+        assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
+    assert tb.plan(sink.operands(), 17, *make_case(2, 40, 24, 3, 1, 17, True, True, seed=5)[3:], x.device).tiles.lora_up is None
 
 
 @pytest.mark.parametrize("outer_shared, interleaved", [(True, True), (False, False)],

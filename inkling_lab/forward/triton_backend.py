@@ -236,14 +236,31 @@ def gathers(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> bool:
             and not (t.cublas or t.gemv))
 
 
+def lora_ups(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> Tiles | None:
+    """The up launch of ``num_tokens`` weight-streaming tokens whose LoRA tokens use ``slots`` slots as
+    ``up_act_kernel`` with the LoRA epilogue (``Tiles.lora_up``, v33), on these tiles, or ``None``
+    (``up_kernel``): one slot, 2 to ``UP_ACT_SPLIT_TOKENS`` tokens, where ``up_act_kernel`` runs split (fewer
+    than ``UP_ACT_PROGRAMS`` programs unsplit: the TP-8 slice), with PDL. Measured on an H100
+    (``h100_up_act_v33.json``, read flush, against what was routed): TP8 R 64 at 2 / 8 / 16 tokens 0.97 / 0.92 /
+    0.82x (29.6 / 30.3 / 30.5 µs), R 16 0.99 / 1.01 / 0.94x. Not on A, B or Inkling, where it was level with
+    or behind ``up_kernel``'s launches at every point (0.94x only at A R 64 T 16), nor with several slots (TP8 S 4
+    and 8 at 8 and 32 tokens 1.16-1.34x: the epilogue's loop over the tile's slots)."""
+    n, F = ops.n, ops.intermediate
+    if (slots == 1 and 2 <= num_tokens <= UP_ACT_SPLIT_TOKENS and n * triton.cdiv(F, UP_ACT_TILES.bf) < UP_ACT_PROGRAMS
+            and not (t.cublas or t.gemv)):
+        return UP_ACT_SPLIT_TILES
+    return None
+
+
 def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -> Tiles:
-    """``pick_tiles``' tiles with v28's gathered epilogues (``gathers``) and PDL (``use_pdl``) where measured faster."""
-    gather = gathers(num_tokens, ops, t, slots)
-    pdl = use_pdl(num_tokens, ops.n * ops.intermediate * ops.hidden, slots, gather)
-    return replace(t, gather=gather, pdl=pdl) if gather or pdl else t
+    """``pick_tiles``' tiles with v28's gathered epilogues (``gathers``), v33's up launch (``lora_ups``) and PDL
+    (``use_pdl``) where measured faster."""
+    gather, lora_up = gathers(num_tokens, ops, t, slots), lora_ups(num_tokens, ops, t, slots)
+    pdl = use_pdl(num_tokens, ops.n * ops.intermediate * ops.hidden, slots, gather, lora_up is not None)
+    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up) if gather or pdl or lora_up else t
 
 
-def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False) -> bool:
+def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False, lora_up: bool = False) -> bool:
     """Chain the three weight-streaming launches by programmatic dependent launch
     (``Tiles.pdl``) for a batch of ``num_tokens`` whose LoRA tokens use ``slots`` slots,
     on weights of ``n*F*H = weight_elems``.
@@ -258,8 +275,14 @@ def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False
     kernel's stream needs. Off under Triton's interpreter (no grid dependency control).
     With the gathered epilogues (``gather``, v28) on A-sized weights at any slot count up to
     ``GATHER_TOKENS`` (``h100_gather_v28b.json``: 0.85-0.98x the same launches without it at S 4
-    and 8, 8 and 16 tokens; on B, Inkling and TP8 0.99-1.15x, so not there)."""
-    if interpreting() or weight_elems > SMALL_WEIGHTS or slots < 1:
+    and 8, 8 and 16 tokens; on B, Inkling and TP8 0.99-1.15x, so not there). With ``up_act_kernel`` as the up
+    launch (``lora_up``, v33, the TP-8 slice): always (its 96 programs leave room for the waiting down programs;
+    ``h100_up_act_v33.json``: TP8 at 2-16 tokens 0.89-0.98x the same launches without it)."""
+    if interpreting() or slots < 1:
+        return False
+    if lora_up:
+        return True
+    if weight_elems > SMALL_WEIGHTS:
         return False
     if gather:
         return num_tokens <= GATHER_TOKENS
@@ -363,23 +386,24 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     T = max(num_tokens, 1)
 
     no_lora = batch is None or ops.buffers is None or (not _resident(batch, device) and not batch.active_slots())
-    split = _splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device)
     if no_lora:
         empty = torch.full((T,), -1, dtype=torch.int32, device=device)
-        return Plan(empty, torch.ones(1, device=device), None, False, tiles, split=split)
+        return Plan(empty, torch.ones(1, device=device), None, False, tiles,
+                    split=_splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device))
     ga = ops.buffers[0]
     sh = torch.zeros(T, ga.shape[1] * ga.shape[2], dtype=torch.float32, device=device)
-    if _resident(batch, device):  # its slots are not read on the host: the pool's count bounds them
-        if not explicit:
-            tiles = _streaming_tiles(tiles, num_tokens, ops, batch.num_slots)
+    resident = _resident(batch, device)  # its slots are not read on the host: the pool's count bounds them
+    if not resident:
+        slots = batch.token_slots().clone()
+        lora = slots >= 0
+        slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
+        active = batch.active_slots()
+    if not explicit:
+        tiles = _streaming_tiles(tiles, num_tokens, ops, batch.num_slots if resident else len(active))
+    split = _splits(T, ops.n, ops.hidden, ops.intermediate, tiles, device)  # after the tiles' last change
+    if resident:
         return Plan(torch.empty(T, dtype=torch.int32, device=device), batch.scalings.to(dtype=torch.float32),
                     sh, True, tiles, batch=batch, split=split)
-    slots = batch.token_slots().clone()
-    lora = slots >= 0
-    slots[lora] = torch.where(batch.lora_ranks[slots[lora]] == 0, -1, slots[lora])
-    active = batch.active_slots()
-    if not explicit:
-        tiles = _streaming_tiles(tiles, num_tokens, ops, len(active))
     single = active[0] if len(active) == 1 and bool((slots == active[0]).all()) else -1
     if single >= 0 and not explicit and ops.shared_outer and chain_tokens(num_tokens, weight_elems):
         tiles, split = ONE_SLOT_TILES, None  # _launch_single (launch)

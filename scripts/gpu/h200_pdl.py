@@ -21,6 +21,9 @@ into L2 before the down kernel's wait: no gain at A, 5-15 µs lost elsewhere, so
 LoRA epilogues, no loop over a tile's slots), with PDL and without, checked and timed beside the others;
 ``--up-act`` (v33): also the launches with ``up_act_kernel`` on the base ``w13`` and the LoRA in its epilogue as
 the up launch (``Tiles.lora_up``), with PDL and without, and what ``auto`` routes (``auto``);
+``--bare`` (v33's breakdown): also the forward without its LoRA three ways, ``kit_bare_base`` (``up_kernel`` and
+``down_kernel``, the default kit's launches), ``upact_bare_base`` (``up_act_kernel`` and ``down_kernel``) and
+``upact_cublas_base`` (``up_act_kernel`` and cuBLAS's down GEMM: ``kit_kept``'s two launches, on the base weights);
 ``--ranks`` and ``--slots`` the pool ranks and slot counts timed.
 """
 from __future__ import annotations
@@ -340,11 +343,29 @@ def stream_ceilings(path: str) -> dict:
     return {r["shape"]: r["us"]["stream"] for r in rec["rows"]}
 
 
+def bare_forwards(ops, x: torch.Tensor, gammas: torch.Tensor) -> dict:
+    """``--bare``'s contenders (the module docstring names them): the forward of ``x [T, H]`` without its LoRA,
+    each a function of no arguments returning ``out [T, H]``."""
+    T = x.shape[0]
+    t = tb.pick_tiles(max(T, 2), ops.n * ops.intermediate * ops.hidden)
+    kit = tb.plan(ops, T, None, x.device, t)
+    up = tb.plan(ops, T, None, x.device, replace(t, lora_up=lora_up_tiles(T, ops)))
+    key = tb._launch_key(ops, x, gammas, x) + ("bare",)
+    act, outs = torch.empty(T, ops.n * ops.intermediate, dtype=x.dtype, device=x.device), [torch.empty_like(x) for _ in range(3)]
+
+    def upact_cublas():
+        tb._up_act(ops, x, gammas, ops.w13, act, up, key, up.tiles.lora_up)
+        return torch.mm(act, ops.w2_lin, out=outs[2])
+
+    return {"kit_bare_base": lambda: tb.launch(ops, x, gammas, kit, outs[0]),
+            "upact_bare_base": lambda: tb.launch(ops, x, gammas, up, outs[1]), "upact_cublas_base": upact_cublas}
+
+
 def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens, auto: bool = False,
-           ceiling_record: str = CEILING_RECORD) -> list[dict]:
+           ceiling_record: str = CEILING_RECORD, bare: bool = False) -> list[dict]:
     """Every point of ``shapes`` x ``ranks`` x ``slots`` x ``tokens``: each variant (and with ``auto`` the
-    plan ``auto`` routes, ``auto``) and sglang's no-LoRA base, checked and timed in turns (read flush);
-    each row's ``stream_ceiling_us`` from ``ceiling_record`` (``stream_ceilings``)."""
+    plan ``auto`` routes, ``auto``; with ``bare`` the ``bare_forwards``) and sglang's no-LoRA base, checked and
+    timed in turns (read flush); each row's ``stream_ceiling_us`` from ``ceiling_record`` (``stream_ceilings``)."""
     from inkling_lab.upstream_wheel import UpstreamSink, unpack
 
     ceiling = stream_ceilings(ceiling_record)
@@ -369,6 +390,8 @@ def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens, 
                     for v, p in plans.items():
                         out = torch.empty_like(x)
                         fns[v] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
+                    if bare:
+                        fns.update(bare_forwards(ops, x, gammas))
                     upstream = UpstreamSink(sink, batch, min_slots=2)
                     fns["sglang_base"] = lambda: upstream.forward(x, gammas, lora=False)
                     graphs = {}
@@ -378,7 +401,7 @@ def timing(wheel: str, reps: int, ceilings: dict, shapes, ranks, slots, tokens, 
                             o = fn()
                             torch.cuda.synchronize()
                             errs[k] = records.relative_error(
-                                o, reference_forward(ops, x, gammas, None) if k == "sglang_base" else ref, "fro")
+                                o, reference_forward(ops, x, gammas, None) if k.endswith("_base") else ref, "fro")
                             if errs[k] < 1e-2:
                                 graphs[k] = pr.capture(fn)
                         except Exception as exc:  # recorded, and the run goes on
@@ -437,6 +460,7 @@ def main() -> int:
     ap.add_argument("--up-act", action="store_true", help="also v33's up_act_kernel with the LoRA epilogue (Tiles.lora_up)")
     ap.add_argument("--ranks", default="16,64")
     ap.add_argument("--slots", default="1,4,8")
+    ap.add_argument("--bare", action="store_true", help="also the forward without its LoRA three ways (bare_forwards)")
     ap.add_argument("--ceiling", default=CEILING_RECORD,
                     help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another card is refused)")
     args = ap.parse_args()
@@ -458,7 +482,7 @@ def main() -> int:
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
     rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
                            [int(r) for r in args.ranks.split(",")], [int(s) for s in args.slots.split(",")],
-                           [int(t) for t in args.tokens.split(",")], auto=args.up_act, ceiling_record=args.ceiling)
+                           [int(t) for t in args.tokens.split(",")], auto=args.up_act, ceiling_record=args.ceiling, bare=args.bare)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     wins = {v: sum(1 for r in rec["points"] if v in r["us"] and r["us"][v] < r["us"]["sglang_base"])
