@@ -435,12 +435,15 @@ def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
         m.setattr(tb, "interpreting", lambda: False)
         assert tb.use_pdl(1, a, 1) and tb.use_pdl(32, a, 1) and tb.use_pdl(8, a, 4)
         assert not tb.use_pdl(32, a, 4) and not tb.use_pdl(8, a, 8)  # more slots: the overlap cost more than it gave
-        assert not tb.use_pdl(1, b, 1)   # B's grids do not fit beside each other
+        assert not tb.use_pdl(32, b, 1)  # B's 32-token grids do not fit beside each other
         assert not tb.use_pdl(64, a, 1)  # not measured there
         assert not tb.use_pdl(1, a, 0)   # no shrink to overlap
         assert tb.use_pdl(16, a, 8, gather=True) and not tb.use_pdl(17, a, 8, gather=True)  # v28
         assert not tb.use_pdl(8, b, 8, gather=True)
         assert tb.use_pdl(16, b, 1, lora_up=True)  # v33: up_act_kernel's 96 programs leave room for the down kernel
+        inkling = 2 * 3072 * 6144
+        assert tb.use_pdl(16, b, 1) and not tb.use_pdl(17, b, 1) and not tb.use_pdl(8, b, 2)  # v33: B, one slot
+        assert not tb.use_pdl(8, inkling, 1) and tb.PDL_ONE_SLOT_WEIGHTS < inkling
     assert not tb.use_pdl(1, a, 1)       # the interpreter has no grid dependency control
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 7, True, True, seed=4)
     assert not tb.plan(sink.operands(), 7, batch, x.device).tiles.pdl

@@ -260,6 +260,14 @@ def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -
     return replace(t, gather=gather, pdl=pdl, lora_up=lora_up) if gather or pdl or lora_up else t
 
 
+PDL_ONE_SLOT_WEIGHTS = 16 << 20
+"""``n*F*H`` up to which one slot at 2-16 tokens chains its three launches by PDL (B's 16 M, not Inkling's 36 M): on
+an H100 the launches with PDL were 0.95-0.97x those without at B R 16 and 2 / 8 / 16 tokens and 0.89-0.99x at R 64
+(``h100_up_act_v33.json``; 0.96x again in ``h100_bare_v33b.json``), on the H200 0.97-0.99x at 8 tokens (v13's
+``h200_pdl.json``); at 32 tokens 1.28-1.44x on both cards (32-feature tiles, twice the programs of each grid), and
+at Inkling (384 up programs against B's 256) 1.10-1.15x at 2-16 tokens on the H100, 1.22-1.23x at 8 on the H200."""
+
+
 def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False, lora_up: bool = False) -> bool:
     """Chain the three weight-streaming launches by programmatic dependent launch
     (``Tiles.pdl``) for a batch of ``num_tokens`` whose LoRA tokens use ``slots`` slots,
@@ -277,10 +285,11 @@ def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False
     ``GATHER_TOKENS`` (``h100_gather_v28b.json``: 0.85-0.98x the same launches without it at S 4
     and 8, 8 and 16 tokens; on B, Inkling and TP8 0.99-1.15x, so not there). With ``up_act_kernel`` as the up
     launch (``lora_up``, v33, the TP-8 slice): always (its 96 programs leave room for the waiting down programs;
-    ``h100_up_act_v33.json``: TP8 at 2-16 tokens 0.89-0.98x the same launches without it)."""
+    ``h100_up_act_v33.json``: TP8 at 2-16 tokens 0.89-0.98x the same launches without it). And with one slot at
+    up to 16 tokens on weights up to ``PDL_ONE_SLOT_WEIGHTS`` (v33's runs)."""
     if interpreting() or slots < 1:
         return False
-    if lora_up:
+    if lora_up or (slots == 1 and num_tokens <= 16 and weight_elems <= PDL_ONE_SLOT_WEIGHTS):
         return True
     if weight_elems > SMALL_WEIGHTS:
         return False
