@@ -459,6 +459,45 @@ def slot_cost_figure(record: dict, R: int = 16, T: int = 8) -> Figure:
     return fig
 
 
+_LORA_COST_BARS = (("sglang_base", "sglang,\nno LoRA", "black"), ("kit", "the kit,\nLoRA", "#d62728"),
+                   ("upact_cublas_base", "kept merge's\nlaunches", "#1f77b4"))
+
+
+def lora_cost_figure(record: dict, T: int = 8) -> Figure:
+    """Where the default kit's few-token gap to sglang's base goes (v33b): for each shape at ``T`` tokens of one
+    slot, sglang's forward without LoRA (``forward_with_lora`` of ``srt/lora/trtllm_lora_temp/inkling_dense.py``
+    with no active adapter), the kit's forward with the LoRA as a stack of its own launches without it
+    (``kit_bare_base``) and what the LoRA adds (``auto`` minus that), and the two launches the kit runs on a kept
+    merge (``upact_cublas_base``: no LoRA work at all). ``record``: ``scripts/gpu/h200_pdl.py --bare --up-act``'s
+    (``points`` of shape, R, S, T and ``us``, with those four contenders)."""
+    need = {"sglang_base", "auto", "kit_bare_base", "upact_cublas_base"}
+    rows = [p for p in record["points"] if p["T"] == T and p["S"] == 1 and need <= set(p["us"])]
+    if not rows:
+        raise ValueError(f"the record has no one-slot points at T={T} with {sorted(need)} timed (h200_pdl.py --bare --up-act)")
+    fig, axes = _subplots(1, len(rows), figsize=(2.9 * len(rows), 3.8), constrained_layout=True, squeeze=False)
+    for ax, p in zip(axes[0], rows):
+        us = p["us"]
+        bare, lora = us["kit_bare_base"], us["auto"] - us["kit_bare_base"]
+        for i, (key, label, color) in enumerate(_LORA_COST_BARS):
+            if key == "kit":
+                ax.bar(i, bare, color="#f4a6a6", edgecolor=color, label="the kit's launches without the LoRA")
+                ax.bar(i, lora, bottom=bare, color=color, label="what the LoRA adds")
+                ax.annotate(f"+{lora:.1f} µs", (i, bare + lora), ha="center", va="bottom", fontsize=8)
+            else:
+                ax.bar(i, us[key], color=color, label=label.replace("\n", " "))
+        ax.axhline(us["sglang_base"], color="black", ls="--", lw=0.8)
+        ax.set_xticks(range(len(_LORA_COST_BARS)), [label for _, label, _ in _LORA_COST_BARS], fontsize=7)
+        ax.set_ylim(0, 1.12 * max(us["auto"], us["sglang_base"]))  # from zero: the LoRA's share of the whole
+        ax.set_title(f"{p['shape']}, R {p['R']}", fontsize=9)
+    axes[0][0].set_ylabel("median µs (CUDA graph, L2 flushed)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8)
+    env = record["environment"]
+    fig.suptitle(f"{T} tokens of one adapter: {env['device']}, commit {env['git_commit'][:7]}, {env['date'][:10]}",
+                 fontsize=9)
+    return fig
+
+
 def kernel_breakdown_figure(record: dict, backend: str = "triton") -> Figure:
     """Where the time goes: the profiler's kernels per forward, one bar per probed case."""
     tables = [t for t in record["kernel_tables"] if t["backend"] == backend]

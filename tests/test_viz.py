@@ -149,3 +149,26 @@ def test_slot_cost_figure_plots_the_recorded_medians_against_the_slots():
     with pytest.raises(ValueError, match="R=64, T=8"):
         viz.slot_cost_figure(record, R=64)
 
+
+
+def test_lora_cost_figure_stacks_the_kits_launches_and_what_the_lora_adds():
+    """v33b's record: per shape, sglang's base, the kit's bare launches with the LoRA's share stacked on them (the
+    two summing to the LoRA forward's own median) and the kept merge's two launches, read off the record."""
+    import json
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "data" / "profiles" / "h100_bare_v33b.json").read_text())
+    fig = viz.lora_cost_figure(record, T=32)
+    rows = [p for p in record["points"] if p["T"] == 32]
+    assert [ax.get_title() for ax in fig.axes] == [f"{p['shape']}, R 16" for p in rows]
+    for ax, p in zip(fig.axes, rows):
+        bars = [(round(b.get_x() + b.get_width() / 2), b.get_y(), b.get_height()) for b in ax.patches]
+        us = p["us"]
+        assert bars[0] == (0, 0, pytest.approx(us["sglang_base"]))
+        assert bars[1] == (1, 0, pytest.approx(us["kit_bare_base"]))
+        assert bars[2][:2] == (1, pytest.approx(us["kit_bare_base"])) and bars[1][2] + bars[2][2] == pytest.approx(us["auto"])
+        assert bars[3] == (2, 0, pytest.approx(us["upact_cublas_base"]))
+        assert f"+{us['auto'] - us['kit_bare_base']:.1f} µs" in [t.get_text() for t in ax.texts]
+    assert "what the LoRA adds" in [t.get_text() for t in fig.legends[0].get_texts()]
+    with pytest.raises(ValueError, match="T=16"):
+        viz.lora_cost_figure(record, T=16)
