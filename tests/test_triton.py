@@ -496,18 +496,14 @@ def test_the_up_gemm_with_the_lora_epilogue_is_planned_for_one_slot_of_the_tp8_s
 
 @pytest.mark.parametrize("outer_shared, interleaved", [(True, True), (False, False)],
                          ids=["shared_outer_interleaved", "per_expert_outer_contiguous"])
-@pytest.mark.parametrize("persist", [0, 2], ids=["a_program_a_block", "persistent"])
-def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved, persist):
+def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved):
     """One token on small weights routes to the GEMV launches (``pick_tiles``); here with
-    steps smaller than the sizes, so the K loops run several steps and mask a partial one; ``persist``
-    (v34): two programs each way (the interpreter counts one multiprocessor), running 3 + 3 up blocks and
-    3 + 2 down blocks, the next block's first steps loaded before each epilogue."""
+    steps smaller than the sizes, so the K loops run several steps and mask a partial one."""
     assert tb.pick_tiles(1, weight_elems=2 * 768 * 1536).gemv and not tb.pick_tiles(2).gemv
     assert tb.pick_tiles(1, weight_elems=2 * 3072 * 6144, hidden=6144).gemv  # Inkling-sized too (v31)
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 1, outer_shared, interleaved, seed=31 + int(outer_shared))
     ops = sink.operands()
-    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8, persist=persist)  # 3 feature and 5 row tiles, the last of each partial
-    assert [tb._persistent_grid(b, persist, x.device) for b in (6, 5)] == ([2, 2] if persist else [6, 5])
+    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8)  # 3 feature and 5 row tiles, the last of each partial
     for slot in (2, -1, 1):  # a LoRA token (scaled), base only, a rank-0 slot
         batch = SlotBatch.from_token_slots([slot], 3, lora_ranks=[5, 0, 5], scalings=[1.0, 1.0, 0.6])
         p = tb.plan(ops, 1, batch, x.device, tiles)

@@ -520,19 +520,10 @@ def _token_slot(slot_ptr, R):
 
 
 @triton.jit
-def _blocks_of(pid, n_blocks, PERSIST: tl.constexpr):
-    """How many blocks program ``pid`` runs: one (``PERSIST`` off: a program a block), else every
-    ``num_programs``-th block from ``pid`` on."""
-    if PERSIST:
-        return tl.cdiv(n_blocks - pid, tl.num_programs(0))
-    return 1
-
-
-@triton.jit
 def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
                    H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                   PDL: tl.constexpr = False, PERSIST: tl.constexpr = False):
+                   PDL: tl.constexpr = False):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
     across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
@@ -541,163 +532,113 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
     before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
     down kernel may launch at once; this kernel, the shrink's programmatic dependent,
-    streams before it waits for the shrink.
-
-    ``PERSIST`` (v34): fewer programs than blocks, each running blocks ``pid``,
-    ``pid + num_programs``, ...; the next block's first weight step is loaded before this
-    block's epilogue, so the epilogue runs under a stream instead of holding its
-    multiprocessor between two waves of programs."""
+    streams before it waits for the shrink."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     fb_per_e = tl.cdiv(F, BF)
-    n_blocks = N_EXP * fb_per_e
+    e = pid // fb_per_e
+    f0 = (pid % fb_per_e) * BF
+    fs = f0 + tl.arange(0, BF)
+    f_ok = fs < F
     r = tl.arange(0, BR)
-    jj = tl.arange(0, 2 * BF)  # (gate f0, up f0, gate f0+1, ...)
-    kk = tl.arange(0, BK)
+    o = e * O_STEP
+    gam = tl.load(gam_ptr + e).to(tl.float32)
     if HAS_LORA:
         s, bound = _token_slot(slot_ptr, R)
         rk = r < bound
+        b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
+        bmask = rk[:, None] & f_ok[None, :]
+        bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0).to(tl.float32)        # [BR, BF]
+        bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0).to(tl.float32)
+        da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None], mask=f_ok[:, None] & rk[None, :],
+                     other=0.0).to(tl.float32)                                                         # [BF, BR]
         scale = tl.load(scale_ptr + s)
-    blk = pid
-    w = _gemv_up_first(w13_ptr, blk, n_blocks, fb_per_e, F, H, ROW_STEP, UP_OFFSET, jj, kk, BF)
-    for _ in range(0, _blocks_of(pid, n_blocks, PERSIST)):
-        e = blk // fb_per_e
-        f0 = (blk % fb_per_e) * BF
-        fs = f0 + tl.arange(0, BF)
-        f_ok = fs < F
-        o = e * O_STEP
-        gam = tl.load(gam_ptr + e).to(tl.float32)
-        if HAS_LORA:
-            b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
-            bmask = rk[:, None] & f_ok[None, :]
-            bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0).to(tl.float32)        # [BR, BF]
-            bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0).to(tl.float32)
-            da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None], mask=f_ok[:, None] & rk[None, :],
-                         other=0.0).to(tl.float32)                                                         # [BF, BR]
-        f_of_j = f0 + jj // 2
-        w_ok = f_of_j < F
-        w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
-        acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
-        for k in range(0, H, BK):
-            kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
-            w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
-                             eviction_policy="evict_first")
-            xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * xt[None, :]
-            w = w_next
-        blk += tl.num_programs(0)
-        if PERSIST:  # the next block's first step, before this block's epilogue
-            w = _gemv_up_first(w13_ptr, blk, n_blocks, fb_per_e, F, H, ROW_STEP, UP_OFFSET, jj, kk, BF)
-        gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-        if HAS_LORA:
-            sg = tl.load(sh_ptr + o * 2 * R + r, mask=rk, other=0.0)
-            su = tl.load(sh_ptr + o * 2 * R + R + r, mask=rk, other=0.0)
-            gate += scale * tl.sum(sg[:, None] * bg, axis=0)
-            up += scale * tl.sum(su[:, None] * bu, axis=0)
-        act = (gate / (1.0 + tl.exp(-gate)) * up * gam).to(act_ptr.dtype.element_ty)
-        tl.store(act_ptr + e * F + fs, act, mask=f_ok)
-        if HAS_LORA:
-            tl.atomic_add(mid_ptr + o * R + r, tl.sum(act.to(tl.float32)[:, None] * da, axis=0), mask=rk)
-
-
-@triton.jit
-def _gemv_up_first(w13_ptr, blk, n_blocks, fb_per_e, F, H, ROW_STEP, UP_OFFSET, jj, kk, BF: tl.constexpr):
-    """Block ``blk``'s first ``[2*BF, BK]`` step of ``w13`` (zeros past the last block)."""
-    e = blk // fb_per_e
-    f_of_j = (blk % fb_per_e) * BF + jj // 2
-    ok = (f_of_j < F) & (f_of_j * 0 + blk < n_blocks)  # the flag as a tensor of the row's shape
+    jj = tl.arange(0, 2 * BF)  # (gate f0, up f0, gate f0+1, ...)
+    f_of_j = f0 + jj // 2
+    w_ok = f_of_j < F
     w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
-    return tl.load(w_base + kk[None, :], mask=ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
-
-
-@triton.jit
-def _gemv_down_first(w2_ptr, db_ptr, blk, n_blocks, H, F, R, O, steps, W2_E, W2_H, s, rk, r, kk,
-                     BH: tl.constexpr, BK: tl.constexpr, HAS_LORA: tl.constexpr):
-    """Block ``blk``'s first two ``[BH, BK]`` steps of ``w2`` and, with the LoRA, its rows of the token's
-    down B (outer 0, ``[BR, BH]`` float32): zeros past the last block."""
-    hs = blk * BH + tl.arange(0, BH)
-    h_ok = (hs < H) & (hs * 0 + blk < n_blocks)
-    db0 = tl.zeros((r.shape[0], BH), dtype=tl.float32)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
+    w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
+    for k in range(0, H, BK):
+        kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
+        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
+                         eviction_policy="evict_first")
+        xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xt[None, :]
+        w = w_next
+    gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     if HAS_LORA:
-        db0 = tl.load(db_ptr + (s * O * H + hs)[None, :] * R + r[:, None], mask=rk[:, None] & h_ok[None, :],
-                      other=0.0).to(tl.float32)
-    w_base = w2_ptr + hs[:, None] * W2_H
-    kb = tl.cdiv(F, BK)
-    w = tl.load(w_base + kk[None, :], mask=h_ok[:, None] & (kk < F)[None, :], other=0.0, eviction_policy="evict_first")
-    e1 = 1 // kb
-    f1 = (1 - e1 * kb) * BK + kk
-    w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
-                 other=0.0, eviction_policy="evict_first")
-    return w, w1, db0
+        sg = tl.load(sh_ptr + o * 2 * R + r, mask=rk, other=0.0)
+        su = tl.load(sh_ptr + o * 2 * R + R + r, mask=rk, other=0.0)
+        gate += scale * tl.sum(sg[:, None] * bg, axis=0)
+        up += scale * tl.sum(su[:, None] * bu, axis=0)
+    act = (gate / (1.0 + tl.exp(-gate)) * up * gam).to(act_ptr.dtype.element_ty)
+    tl.store(act_ptr + e * F + fs, act, mask=f_ok)
+    if HAS_LORA:
+        tl.atomic_add(mid_ptr + o * R + r, tl.sum(act.to(tl.float32)[:, None] * da, axis=0), mask=rk)
 
 
 @triton.jit
 def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
                      H, F, R, O, N_EXP, W2_E, W2_H,
                      HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                     PDL: tl.constexpr = False, PERSIST: tl.constexpr = False):
+                     PDL: tl.constexpr = False):
     """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
     ``w2 [n, H, F]`` at strides ``(W2_E, W2_H, 1)`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
     unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
     (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. The
     token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
     kernel's programmatic dependent, it issues those and its first two steps of ``w2``
-    (which nothing writes) and only then waits for the up kernel. ``PERSIST`` (v34): as
-    ``gemv_up_kernel``'s, blocks of ``BH`` rows ``pid``, ``pid + num_programs``, ..., the next
-    block's first two steps loaded before this block's epilogue."""
+    (which nothing writes) and only then waits for the up kernel."""
     pid = tl.program_id(0)
-    n_blocks = tl.cdiv(H, BH)
+    hs = pid * BH + tl.arange(0, BH)
+    h_ok = hs < H
     r = tl.arange(0, BR)
+    if HAS_LORA:
+        s, bound = _token_slot(slot_ptr, R)
+        rk = r < bound
+        db0 = tl.load(db_ptr + (s * O * H + hs)[None, :] * R + r[:, None], mask=rk[:, None] & h_ok[None, :],
+                      other=0.0).to(tl.float32)                                                        # [BR, BH]
+        scale = tl.load(scale_ptr + s)
     kk = tl.arange(0, BK)
     kb = tl.cdiv(F, BK)
     steps = N_EXP * kb
-    s, bound, scale = 0, 0, 0.0
-    if HAS_LORA:
-        s, bound = _token_slot(slot_ptr, R)
-        scale = tl.load(scale_ptr + s)
-    rk = r < bound
-    blk = pid
-    w, w1, db0 = _gemv_down_first(w2_ptr, db_ptr, blk, n_blocks, H, F, R, O, steps, W2_E, W2_H, s, rk, r, kk, BH, BK,
-                                  HAS_LORA)
+    w_base = w2_ptr + hs[:, None] * W2_H
+    w = tl.load(w_base + kk[None, :], mask=h_ok[:, None] & (kk < F)[None, :], other=0.0, eviction_policy="evict_first")
+    e1 = 1 // kb
+    f1 = (1 - e1 * kb) * BK + kk
+    w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
+                 other=0.0, eviction_policy="evict_first")
     if PDL:
         tl.extra.cuda.gdc_wait()
-    for _ in range(0, _blocks_of(pid, n_blocks, PERSIST)):
-        hs = blk * BH + tl.arange(0, BH)
-        h_ok = hs < H
-        db_rows = db0  # this block's; db0 becomes the next block's below
-        w_base = w2_ptr + hs[:, None] * W2_H
-        acc = tl.zeros((BH, BK), dtype=tl.float32)
-        for i in range(0, steps):
-            en = (i + 2) // kb
-            fn = (i + 2 - en * kb) * BK + kk
-            w_next = tl.load(w_base + en * W2_E + fn[None, :],
-                             mask=h_ok[:, None] & ((fn < F) & (kk * 0 + i + 2 < steps))[None, :],
-                             other=0.0, eviction_policy="evict_first")
-            e = i // kb
-            fc = (i - e * kb) * BK + kk
-            at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * at[None, :]
-            w = w1
-            w1 = w_next
-        blk += tl.num_programs(0)
-        if PERSIST:  # the next block's first two steps, before this block's epilogue
-            w, w1, db0 = _gemv_down_first(w2_ptr, db_ptr, blk, n_blocks, H, F, R, O, steps, W2_E, W2_H, s, rk, r, kk,
-                                          BH, BK, HAS_LORA)
-        out = tl.sum(acc, axis=1)
-        if HAS_LORA:
-            for o in range(0, O):
-                m = tl.load(mid_ptr + o * R + r, mask=rk, other=0.0)
-                rk_o = r < tl.where(o > 0, bound, 0)  # outer 0's rows are in registers already
-                b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None], mask=rk_o[:, None] & h_ok[None, :],
-                            other=0.0).to(tl.float32) + tl.where(o == 0, db_rows, 0.0)
-                out += scale * tl.sum(m[:, None] * b, axis=0)
-        tl.store(out_ptr + hs, out, mask=h_ok)
+    acc = tl.zeros((BH, BK), dtype=tl.float32)
+    for i in range(0, steps):
+        en = (i + 2) // kb
+        fn = (i + 2 - en * kb) * BK + kk
+        w_next = tl.load(w_base + en * W2_E + fn[None, :],
+                         mask=h_ok[:, None] & ((fn < F) & (kk * 0 + i + 2 < steps))[None, :],
+                         other=0.0, eviction_policy="evict_first")
+        e = i // kb
+        fc = (i - e * kb) * BK + kk
+        at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * at[None, :]
+        w = w1
+        w1 = w_next
+    out = tl.sum(acc, axis=1)
     if HAS_LORA:
+        for o in range(0, O):
+            m = tl.load(mid_ptr + o * R + r, mask=rk, other=0.0)
+            rk_o = r < tl.where(o > 0, bound, 0)  # outer 0's rows are in registers already
+            b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None], mask=rk_o[:, None] & h_ok[None, :],
+                        other=0.0).to(tl.float32) + tl.where(o == 0, db0, 0.0)
+            out += scale * tl.sum(m[:, None] * b, axis=0)
         if pid == 0:
             j = tl.arange(0, 2 * BR)
             for o in range(0, O):
                 tl.store(sh_ptr + o * 2 * R + j // BR * R + j % BR, tl.zeros((2 * BR,), dtype=tl.float32),
                          mask=j % BR < R)
+    tl.store(out_ptr + hs, out, mask=h_ok)

@@ -63,9 +63,7 @@ class Tiles:
     slot's factors (``[bm, 16, bf]`` register tiles, no loop over the tile's slots; v28); ``lora_up``
     (v33, the pool's LoRA, few tokens): the up launch is ``up_act_kernel`` on the base ``w13`` with the LoRA
     epilogue, on these tiles (``UP_ACT_TILES`` or ``UP_ACT_SPLIT_TILES``), the shrink and the down kernel
-    on the rest of these; ``ksplit``: ``up_act_kernel``'s programs per tile, each a slice of ``H``;
-    ``persist`` (v34, the GEMV kernels): that many programs a multiprocessor, each running several blocks
-    (``_persistent_grid``), 0 for a program a block."""
+    on the rest of these; ``ksplit``: ``up_act_kernel``'s programs per tile, each a slice of ``H``."""
 
     bm: int
     bf: int
@@ -85,7 +83,6 @@ class Tiles:
     gather: bool = False
     lora_up: "Tiles | None" = None
     ksplit: int = 1
-    persist: int = 0
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -159,25 +156,11 @@ def gemv_for(hidden: int) -> Tiles:
     return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
 
 
-def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True,
-               persist: int = 0) -> Tiles:
+def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
-    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices); ``persist``
-    programs a multiprocessor (``Tiles.persist``)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl,
-                 persist=persist)
-
-
-def _persistent_grid(blocks: int, per_sm: int, device: torch.device) -> int:
-    """Programs for ``blocks`` blocks at ``per_sm`` programs a multiprocessor of ``device`` (``Tiles.persist``;
-    0: a program a block): as few as run the blocks in that many waves' worth, each program the same number of
-    blocks (or one fewer). Under the interpreter the device counts as one multiprocessor, so a program runs
-    several blocks there too."""
-    if per_sm <= 0:
-        return blocks
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return triton.cdiv(blocks, triton.cdiv(blocks, per_sm * sms))
+    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl)
 
 
 UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
@@ -704,18 +687,16 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
     w13, w2 = weights or (ops.w13, ops.w2)
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     pdl = t.pdl and not interpreting()
-    up_blocks, down_blocks = n * triton.cdiv(F, t.bf), triton.cdiv(H, t.bn)
-    up_grid, down_grid = (_persistent_grid(b, t.persist, x.device) for b in (up_blocks, down_blocks))
-    _run(kernels.gemv_up_kernel, (up_grid,),
+    _run(kernels.gemv_up_kernel, (n * triton.cdiv(F, t.bf),),
          (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
           H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl,
-         PERSIST=up_grid < up_blocks, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
-    _run(kernels.gemv_down_kernel, (down_grid,),
+         num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+    _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
          (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
           w2.stride(0), w2.stride(1)),
          fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
-         PERSIST=down_grid < down_blocks, num_warps=t.warps, num_stages=1, **_pdl(pdl))
+         num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
 def _up_act(ops: SinkOperands, x, gammas, w13: torch.Tensor, act, p: Plan, key: tuple, t: Tiles,

@@ -47,22 +47,19 @@ CANDIDATES = {
     "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
     "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
     "f8k512w8": dict(bf=8, bk=512, bn=8, dk=512, warps=8),
-    "f4k1024p2": dict(bf=4, bk=1024, bn=4, dk=1024, persist=2),
-    "f8k512p2": dict(bf=8, bk=512, bn=8, dk=512, persist=2),
 }
 """``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps). v14's run
 (``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
 (``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``, ``h200_gemv_v32.json``) a split of
 ``H``, the LoRA's loads under the stream, the shrink inside the up kernel and a sum per step, each level or
-behind; v34's ``p2``: two persistent programs a multiprocessor (``Tiles.persist``); the two runs before v14's (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens
+behind; v34's (``h100_gemv_v34.json``) persistent programs, two a multiprocessor, 2-22 % behind; the two runs before v14's (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens
 (one row-sum per token and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all
 slower than the three launches there."""
-STREAMED = ("f4k1024", "f8k512", "f4k1024p2", "f8k512p2")
+STREAMED = ("f4k1024", "f8k512")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
-CHECKED = ("f4k1024", "f8k512", "f4k1024p2", "f8k512p2")
-"""The candidates the correctness pass checks (each kind of kernel: the two step shapes, a program a block and
-persistent)."""
+CHECKED = ("f4k1024", "f8k512")
+"""The candidates the correctness pass checks (the two step shapes)."""
 
 
 def gemv(name: str) -> tb.Tiles:
