@@ -47,8 +47,12 @@ CANDIDATES = {
     "f4k1024": dict(bf=4, bk=1024, bn=4, dk=1024),
     "f8k512": dict(bf=8, bk=512, bn=8, dk=512),
     "f8k512w8": dict(bf=8, bk=512, bn=8, dk=512, warps=8),
+    "f4k1024n16": dict(bf=4, bk=1024, bn=16, dk=256),
+    "f8k512n16": dict(bf=8, bk=512, bn=16, dk=256),
+    "f8k512n32": dict(bf=8, bk=512, bn=32, dk=128),
 }
-"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps). v14's run
+"""``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``n16``, ``n32``: v35's down
+programs of 16 or 32 rows of ``w2`` in 256- or 128-wide steps, where the others take as many rows as features). v14's run
 (``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
 (``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``, ``h200_gemv_v32.json``) a split of
 ``H``, the LoRA's loads under the stream, the shrink inside the up kernel and a sum per step, each level or
