@@ -501,6 +501,9 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
     steps smaller than the sizes, so the K loops run several steps and mask a partial one."""
     assert tb.pick_tiles(1, weight_elems=2 * 768 * 1536).gemv and not tb.pick_tiles(2).gemv
     assert tb.pick_tiles(1, weight_elems=2 * 3072 * 6144, hidden=6144).gemv  # Inkling-sized too (v31)
+    tp8, inkling = tb.pick_tiles(1, 2 * 384 * 6144, 6144), tb.pick_tiles(1, 2 * 3072 * 6144, 6144)
+    assert (tp8.bf, tp8.bk, tp8.bn, tp8.dk) == (4, 1024, 16, 256)  # v35: the TP-8 slice's short down rows
+    assert (inkling.bf, inkling.bk, inkling.bn, inkling.dk) == (8, 512, 8, 512) == (tb.gemv_for(6144).bf, 512, 8, 512)
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 1, outer_shared, interleaved, seed=31 + int(outer_shared))
     ops = sink.operands()
     tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8)  # 3 feature and 5 row tiles, the last of each partial

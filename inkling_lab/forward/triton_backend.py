@@ -98,7 +98,7 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     and epilogues (narrower epilogue tiles where the features are few, ``NARROW_FEATURES``).
     Chosen from the H200 sweeps recorded in KERNEL_NOTES.md."""
     if num_tokens == 1:  # at any weights (v31): Inkling's at 0.95-0.97x the three launches (h100_gemv_v29-31.json)
-        return gemv_for(hidden)
+        return gemv_for(hidden, weight_elems // hidden if hidden else 0)
     if num_tokens <= 16:
         return Tiles(bm=16, bf=16, bn=16, bk=128, k_chunk=128, warps=2, stages=4)
     if num_tokens <= 32 or (num_tokens <= 128 and weight_elems <= SMALL_WEIGHTS):
@@ -151,9 +151,17 @@ def folds(num_tokens: int, weight_elems: int) -> bool:
     return num_tokens >= FOLD_TOKENS and weight_elems > SMALL_WEIGHTS
 
 
-def gemv_for(hidden: int) -> Tiles:
-    """The GEMV tiles for ``H = hidden`` (``h200_gemv.json``' sweep winners)."""
-    return gemv_tiles() if hidden <= 2048 else gemv_tiles(bf=8, bk=512, bn=8, dk=512)
+def gemv_for(hidden: int, features: int = 0) -> Tiles:
+    """The GEMV tiles for ``H = hidden`` and ``features = n*F`` (``h200_gemv.json``' sweep winners; 0: not
+    known, the kept copies' stream): where ``H > 2048`` and the features are few (``NARROW_FEATURES``: the TP-8
+    slice, whose down rows are 768 long), 4 features a step of 1024 up and 16 rows of ``w2`` in 256-wide steps
+    down (v35, ``h100_gemv_v35.json``: 21.6-22.9 µs against 24.0-25.3 for the tiles before at its six T = 1
+    points, 0.92-0.97x sglang's base; on A, B and Inkling those tiles were 1-20 % behind the routed ones)."""
+    if hidden <= 2048:
+        return gemv_tiles()
+    if 0 < features <= NARROW_FEATURES:
+        return gemv_tiles(bn=16, dk=256)
+    return gemv_tiles(bf=8, bk=512, bn=8, dk=512)
 
 
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True) -> Tiles:
