@@ -29,7 +29,9 @@ onto cuBLAS's ``out = act @ w2_lin``. Where the tokens per slot are many,
 ``w2_lin + a_cat_s^T B_s^T``) and cuBLAS runs the base forward's GEMMs on them
 (``triton_backend._launch_merged``): ``up_kernel`` is then the activation alone. A few tokens of one
 slot whose merge the sink keeps take ``up_act_kernel``, the up GEMM on the copy with the activation in
-its epilogue, and cuBLAS's down GEMM: two launches where the base forward takes three.
+its epilogue, and cuBLAS's down GEMM: two launches where the base forward takes three. With ``HAS_LORA``
+the same kernel is the up launch of the pool's LoRA for one slot at 2-16 tokens on the TP-8 slice
+(``triton_backend.lora_ups``, v33): ``up_kernel``'s epilogue transposed, between the shrink and the down kernel.
 
 Each slot's LoRA terms are scaled by ``scalings[s]`` of the batch (1 unless told:
 the pool folds ``lora_alpha / r`` into B). No token order is assumed: every tile reads its tokens' slots and loops over the

@@ -1,6 +1,8 @@
 """The Triton backend (``forward/kernels.py``): for one token, the shrink and two GEMV
 launches (``gemv_up_kernel``, ``gemv_down_kernel``); three launches per forward for other
-few-token batches (the up and down GEMVs split over ``K`` where rows are long); for many,
+few-token batches (the up and down GEMVs split over ``K`` where rows are long; one slot on the
+TP-8 slice's few features takes ``up_act_kernel`` with the LoRA epilogue as its up launch,
+``lora_ups``); for many,
 cuBLAS's two base GEMMs with the kernels around them. A batch whose tokens all use one
 slot runs cuBLAS GEMMs with its shrinks on a side stream beside the base GEMMs from 17
 tokens (48 on small weights; ``_launch_single``, ``chain_tokens``) and the LoRA folded into the
