@@ -375,7 +375,7 @@ def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split 
     m = triton.cdiv(num_tokens, t.bm)
     up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
     up = max(1, min(TARGET_PROGRAMS // up_tiles, H // MIN_SPLIT_K))
-    if t.lora_up is not None:  # up_act_kernel's own tiles and split (up_acts)
+    if t.lora_up is not None:  # up_act_kernel's own tiles and split (lora_ups)
         up_tiles = n * triton.cdiv(F, t.lora_up.bf)
         up = t.lora_up.ksplit
     down = max(1, min(TARGET_PROGRAMS // down_tiles, n * F // MIN_SPLIT_K))
