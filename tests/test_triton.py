@@ -371,12 +371,17 @@ def test_one_slot_batches_add_the_down_expand_as_more_k_of_the_down_gemm(interle
     assert rel(base, reference_forward(sink.operands(), x, gammas, None)) < 1e-5
 
 
+EXPANDS = (None, tb.Tiles(16, 16, 0, 0, 0, 1, 2), tb.Tiles(16, 32, 0, 0, 0, 2, 1))
+"""``_launch_single``'s activation: ``up_kernel``'s epilogue, or ``expand_act_kernel`` on a row tile it walks
+(16 x 16, two in flight) or on 32-feature tiles, one row tile at a time (v36)."""
+
+
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 3), H=st.integers(8, 40), F=st.integers(4, 24), R=st.integers(1, 9), T=st.integers(1, 40),
-       fold=st.booleans(), folded=st.booleans(), interleaved=st.booleans(),
+       fold=st.booleans(), folded=st.booleans(), interleaved=st.booleans(), expand=st.sampled_from(EXPANDS),
        scale=st.floats(-2.0, 2.0, allow_nan=False), seed=st.integers(0, 2**16))
 def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, F, R, T, fold, folded, interleaved,
-                                                                         scale, seed):
+                                                                         expand, scale, seed):
     sink, x, gammas, _ = make_case(n, H, F, R, 2, T, True, interleaved, seed)
     batch = SlotBatch.from_segments([T], [1], 2, lora_ranks=[R, R], scalings=[1.0, scale])
     ops = sink.operands()
@@ -385,7 +390,24 @@ def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, 
     if folded:
         tb._launch_folded(ops, x, gammas, p, out, ops.w2_cat)
     else:
-        tb._launch_single(ops, x, gammas, p, out, fold, ops.w2_cat)
+        tb._launch_single(ops, x, gammas, p, out, fold, ops.w2_cat, expand)
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+
+
+@pytest.mark.parametrize("programs", [1, 3, 1 << 20], ids=["one_walks_all", "three_walk", "one_tile_each"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_the_expand_kernel_walks_its_row_tiles_to_the_reference(programs, interleaved, monkeypatch):
+    """v36: each ``expand_act_kernel`` program keeps its block of gate-up B and walks every ``P``-th row tile;
+    with 1 or 3 programs a feature block the loop crosses partial and full tiles of 53 tokens."""
+    monkeypatch.setattr(tb, "TARGET_PROGRAMS", programs)
+    g = Geometry(n=2, hidden=40, intermediate=24, max_rank=6, slots=3, outer=1)
+    sc = Scenario.random(g, tokens=53, seed=31, interleaved=interleaved)
+    sink, x, gammas = sc.sink, sc.x, sc.gammas
+    batch = SlotBatch.from_segments([53], [1], 3, lora_ranks=[6, 6, 6], scalings=[1.0, -0.8, 1.0])
+    ops = sink.operands()
+    p = tb.plan(ops, 53, batch, x.device, CUBLAS)
+    out = torch.full_like(x, float("nan"))
+    tb._launch_single(ops, x, gammas, p, out, False, None, tb.Tiles(16, 16, 0, 0, 0, 1, 2))
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
 
 

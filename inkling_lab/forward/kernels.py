@@ -283,6 +283,53 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
 
 
 @triton.jit
+def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, N_EXP, LD_ACT, SLOT, scale,
+                      BM: tl.constexpr, BF: tl.constexpr, BR: tl.constexpr, INTERLEAVED: tl.constexpr,
+                      STAGES: tl.constexpr):
+    """Every token on slot ``SLOT`` (the cuBLAS chain, ``triton_backend._launch_single``): the gate/up expand
+    and the activation over cuBLAS's ``y [T, n*2F]``, ``act = silu(gate) * up * gamma`` with
+    ``gate, up += scale * sh[:, 0:R | R:2R] @ gate_up_B[SLOT, e, f | F+f, :].T``, ``sh [T, 2R]``.
+
+    Grid ``(n * cdiv(F, BF), P)``: program ``(e, block), p`` loads its block's ``[BR, BF]`` tiles of
+    ``gate_up_B`` once and walks the row tiles ``p, p + P, ...`` (``STAGES`` in flight). ``up_kernel``'s
+    epilogue reloads them for every ``BM`` rows, and ``sh`` for every ``BF`` features: at 2048 tokens and
+    rank 64 more bytes through L2 than ``y`` and ``act`` move through DRAM (v36)."""
+    fb = tl.cdiv(F, BF)
+    e = tl.program_id(0) // fb
+    f0 = (tl.program_id(0) % fb) * BF
+    fs = f0 + tl.arange(0, BF)
+    f_ok = fs < F
+    r = tl.arange(0, BR)
+    r_ok = r < R
+    b_base = gb_ptr + (SLOT * N_EXP + e) * 2 * F * R
+    bmask = r_ok[:, None] & f_ok[None, :]
+    bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)                # [BR, BF]
+    bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
+    jj = tl.arange(0, 2 * BF)
+    for m in tl.range(tl.program_id(1), tl.cdiv(T, BM), tl.num_programs(1), num_stages=STAGES):
+        rows = m * BM + tl.arange(0, BM)
+        row_ok = rows < T
+        y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
+        if INTERLEAVED:
+            pair = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & (f0 + jj // 2 < F)[None, :],
+                           other=0.0).to(tl.float32)
+            gate, up = tl.split(tl.reshape(pair, (BM, BF, 2)))
+        else:
+            y_ok = row_ok[:, None] & f_ok[None, :]
+            gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+            up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+        ld = row_ok[:, None] & r_ok[None, :]
+        sg = tl.load(sh_ptr + rows[:, None] * (2 * R) + r[None, :], mask=ld, other=0.0)
+        su = tl.load(sh_ptr + rows[:, None] * (2 * R) + R + r[None, :], mask=ld, other=0.0)
+        gate += scale * tl.dot(sg.to(bg.dtype), bg)
+        up += scale * tl.dot(su.to(bu.dtype), bu)
+        gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
+        act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
+        tl.store(act_ptr + rows[:, None] * LD_ACT + e * F + fs[None, :], act.to(act_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & f_ok[None, :])
+
+
+@triton.jit
 def down_kernel(act_ptr, w2_ptr, out_ptr,
                 slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, ws_ptr, cnt_ptr,
                 T, H, F, R, O, N_EXP,

@@ -29,7 +29,7 @@ def run(kern, grid: tuple, args: tuple, fast: tuple | None = None, **meta) -> No
             cache, key = fast[0], (kern, meta.get("HAS_LORA"), fast[1])
         else:
             cache, key = _FAST, (kern, tuple(meta.items()), tuple(
-                a if type(a) is int else (a.dtype, a.device.index, a.data_ptr() % 16 == 0) for a in args))
+                a if type(a) in (int, float) else (a.dtype, a.device.index, a.data_ptr() % 16 == 0) for a in args))
         hit = cache.get(key)
         if hit is not None:
             ck, tail, driver, knobs = hit

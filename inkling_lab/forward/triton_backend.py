@@ -770,7 +770,7 @@ class _Beside:
 
 
 def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool,
-                   w2_cat: torch.Tensor | None = None) -> torch.Tensor:
+                   w2_cat: torch.Tensor | None = None, expand: Tiles | None = None) -> torch.Tensor:
     """Every token on one slot ``s``, the cuBLAS path, shared outer: each shrink a cuBLAS GEMM
     on a side stream beside the base GEMM that reads the same input (``_Beside``), so the chain
     is four steps deep: ``sh = x A_s^T`` beside ``y = x w13_lin^T``; the activation (``_up``,
@@ -779,7 +779,8 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fol
     ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``; ``fold``: ``FOLD_ELEMS``). Where ``chain_tokens``:
     ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
     flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17). ``w2_cat``: the
-    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM."""
+    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM. ``expand``: the expand and the
+    activation as ``kernels.expand_act_kernel`` on these tiles (``_expand_act``, v36)."""
     s, scale = p.single_slot, p.single_scale
     ga, gb, da, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
@@ -795,6 +796,8 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fol
     if fold:
         y.addmm_(sh, ops.w1_delta[s].T, alpha=scale)
         _up(ops, x, y, gammas, act, p, Lora.none(x))
+    elif expand is not None:
+        _expand_act(ops, y, gammas, act, sh, s, scale, expand)
     else:
         _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, max(16, triton.next_power_of_2(R))))
     if w2_cat is not None:
@@ -835,6 +838,21 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     torch.mm(mid, db[s, 0].T, out=out)
     out.addmm_(act, ops.w2_lin)
     return out
+
+
+def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, sh: torch.Tensor,
+                s: int, scale: float, t: Tiles, programs: int = 0) -> None:
+    """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, 2R]`` of
+    slot ``s`` at ``scale`` into ``act [T, n*F]`` (any row stride); ``t.bm`` tokens by ``t.bf`` features a tile,
+    ``t.warps``, ``t.stages`` row tiles in flight, ``programs`` in all (0: ``TARGET_PROGRAMS``)."""
+    T, (n, F) = y.shape[0], (ops.n, ops.intermediate)
+    R = sh.shape[1] // 2
+    cols = n * triton.cdiv(F, t.bf)
+    per_col = max(1, min(triton.cdiv(T, t.bm), triton.cdiv(programs or TARGET_PROGRAMS, cols)))
+    _run(kernels.expand_act_kernel, (cols, per_col),
+         (y, gammas, act, sh, ops.buffers[1], T, F, R, n, act.stride(0), s, float(scale)),
+         BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
+         num_warps=t.warps)
 
 
 def _act_cat(ops: SinkOperands, x: torch.Tensor, w2_cat: torch.Tensor | None) -> torch.Tensor:

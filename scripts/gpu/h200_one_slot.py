@@ -19,6 +19,11 @@ v27 (``h100_one_slot_v27.json``, ``--tokens 32,128,512,2048,8192``): ``*_cat`` r
 as ``_down_cat`` (the down expand as more of the down GEMM's ``K``, on a copy of ``w2_lin`` with ``R`` rows
 more), and ``folded`` / ``folded_cat`` the fold (``_launch_folded``) without and with it.
 
+v36 (``--expand``): the chain as ``plan`` routes it with its activation as ``expand_act_kernel`` on each of
+``EXPAND_TILES`` (each program keeps its block of gate-up B and walks row tiles), against the chain's own
+epilogue (``epi_as_routed``) and its ``fold``, at one slot, 128-8192 tokens, R 16 / 64, every shape; the
+correctness matrix first over the same variants.
+
 ``--multi``: the multi-slot cuBLAS path (v17b) with its two shrink launches on the side stream
 (``kit``) against sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes; its
 correctness matrix first (mixed slots with base-only and rank-0 tokens, both outer layouts, a
@@ -45,6 +50,15 @@ VARIANTS = {"epi": dict(fold=False), "fold": dict(fold=True),
             "epi_t2": dict(fold=False, tiles="t2"), "fold_t2": dict(fold=True, tiles="t2"),
             "epi_cat": dict(fold=False, cat=True), "fold_cat": dict(fold=True, cat=True),
             "folded": dict(folded=True), "folded_cat": dict(folded=True, cat=True)}
+EXPAND_TILES = {"x32f128w8": tb.Tiles(32, 128, 0, 0, 0, 8, 2), "x64f128w8": tb.Tiles(64, 128, 0, 0, 0, 8, 2),
+                "x32f64w4": tb.Tiles(32, 64, 0, 0, 0, 4, 2), "x16f256w8": tb.Tiles(16, 256, 0, 0, 0, 8, 2),
+                "x64f64w4s3": tb.Tiles(64, 64, 0, 0, 0, 4, 3)}
+"""v36's candidates for ``expand_act_kernel`` (``--expand``): tokens x features a tile, warps, row tiles in flight."""
+EXPAND_VARIANTS = {"epi_as_routed": dict(fold=False, tiles="t2", cat="auto"),
+                   "fold_as_routed": dict(fold=True, tiles="t2", cat="auto"),
+                   **{k: dict(fold=False, tiles="t2", cat="auto", expand=k) for k in EXPAND_TILES}}
+"""``--expand``: the chain as ``plan`` routes it (``ONE_SLOT_TILES``, ``cats``' down side) with each activation."""
+EXPAND_POINTS = [(T, pr.SIDE_SHAPES) for T in (128, 512, 2048, 8192)]
 POINTS = [(T, shapes) for T, shapes in ((32, ("B", "Inkling", "Inkling-TP8")),
                                          (128, pr.SIDE_SHAPES), (512, pr.SIDE_SHAPES),
                                          (2048, pr.SIDE_SHAPES), (8192, pr.SIDE_SHAPES))]
@@ -61,19 +75,23 @@ def cublas_tiles(T: int, ops, which: str = "auto") -> tb.Tiles:
     return t if t.cublas else tb.pick_tiles(128, 1 << 40, ops.hidden)
 
 
-def chain(ops, x, gammas, batch, out, fold: bool = False, tiles: str = "auto", cat: bool = False,
-          folded: bool = False):
+def chain(ops, x, gammas, batch, out, fold: bool = False, tiles: str = "auto", cat: bool | str = False,
+          folded: bool = False, expand: str = ""):
     """``_launch_single`` (``folded``: ``_launch_folded``) on ``cublas_tiles``; ``cat``: with a
-    ``w2_cat`` (v27, ``_down_cat``), here a copy of ``w2_lin`` with ``R`` rows more."""
+    ``w2_cat`` (v27, ``_down_cat``), here a copy of ``w2_lin`` with ``R`` rows more (``"auto"``: the
+    operands' own where ``cats`` routes it); ``expand``: the activation as ``expand_act_kernel`` on
+    ``EXPAND_TILES[expand]`` (v36)."""
     p = tb.plan(ops, x.shape[0], batch, x.device, cublas_tiles(x.shape[0], ops, tiles))
     assert p.single_slot >= 0
     w2_cat = None
-    if cat:
+    if cat == "auto":
+        w2_cat = ops.w2_cat if tb.cats(x.shape[0], ops) else None
+    elif cat:
         R = ops.buffers[3].shape[3]
         w2_cat = torch.cat([ops.w2_lin, torch.full((R, ops.hidden), float("nan"), dtype=x.dtype, device=x.device)])
     if folded:
         return lambda: tb._launch_folded(ops, x, gammas, p, out, w2_cat)
-    return lambda: tb._launch_single(ops, x, gammas, p, out, fold, w2_cat)
+    return lambda: tb._launch_single(ops, x, gammas, p, out, fold, w2_cat, EXPAND_TILES.get(expand))
 
 
 def kit(ops, x, gammas, batch, out):
@@ -82,7 +100,7 @@ def kit(ops, x, gammas, batch, out):
     return lambda: tb.launch(ops, x, gammas, p, out)
 
 
-def correctness() -> list[dict]:
+def correctness(variants: dict = VARIANTS) -> list[dict]:
     rows = []
     for shape in ("A", "Inkling-TP8"):
         for interleaved in (True, False):
@@ -96,7 +114,7 @@ def correctness() -> list[dict]:
                     ops = sc.sink.operands()
                     ref = reference_forward(ops, x, gammas, one)
                     errs = {}
-                    for name, kw in VARIANTS.items():
+                    for name, kw in variants.items():
                         out = torch.full_like(x, float("nan"))
                         try:
                             fn = chain(ops, x, gammas, one, out, **kw)
@@ -112,7 +130,7 @@ def correctness() -> list[dict]:
     return rows
 
 
-def sweep(upstream_cls, reps: int, shapes, points=POINTS) -> list[dict]:
+def sweep(upstream_cls, reps: int, shapes, points=POINTS, variants: dict = VARIANTS) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
@@ -120,8 +138,9 @@ def sweep(upstream_cls, reps: int, shapes, points=POINTS) -> list[dict]:
         # pick_tiles' own launches, never the chain: what auto ran at 17-32 tokens before v17 (v17e)
         p = tb.plan(ops, x.shape[0], batch, x.device, tb.pick_tiles(x.shape[0], ops.n * ops.intermediate * ops.hidden,
                                                                       ops.hidden))
-        fns["launches"] = (lambda p=p, out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out))
-        for name, kw in VARIANTS.items():
+        if variants is VARIANTS:
+            fns["launches"] = (lambda p=p, out=torch.empty_like(x): tb.launch(ops, x, gammas, p, out))
+        for name, kw in variants.items():
             fns[name] = chain(ops, x, gammas, batch, torch.empty_like(x), **kw)
         one = upstream_cls(sink, batch)
         fns["sglang_one_slot"] = lambda: one.forward(x, gammas)
@@ -259,13 +278,16 @@ def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
+    ap.add_argument("--expand", action="store_true", help="v36: the chain's activation as expand_act_kernel "
+                    "(EXPAND_VARIANTS at EXPAND_POINTS, or --tokens)")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
                     "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
     t0 = time.time()
-    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=VARIANTS)
+    variants = EXPAND_VARIANTS if args.expand else VARIANTS
+    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=variants)
     if args.multi:
         rec["correctness"] = multi_correctness()
         records.write_json(args.out, rec)
@@ -278,7 +300,7 @@ def main() -> int:
             print(f"{fl}: points faster than sglang's multi-slot path (of {len(rec['points'])}):", wins)
         print(f"{rec['seconds']} s")
         return 0
-    rec["correctness"] = correctness()
+    rec["correctness"] = correctness(variants)
     records.write_json(args.out, rec)
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
           f"{time.time() - t0:.0f} s", flush=True)
@@ -286,14 +308,22 @@ def main() -> int:
         rec["breakdown"] = breakdown(UpstreamSink, args.reps)
         records.write_json(args.out, rec)
     shapes = args.shapes.split(",")
-    points = [(int(T), tuple(shapes)) for T in args.tokens.split(",")] if args.tokens else POINTS
-    rec["points"] = sweep(UpstreamSink, args.reps, shapes, points)
+    points = [(int(T), tuple(shapes)) for T in args.tokens.split(",")] if args.tokens else \
+        EXPAND_POINTS if args.expand else POINTS
+    rec["points"] = sweep(UpstreamSink, args.reps, shapes, points, variants)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     for fl in ("read", "write"):
         wins = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) < r["us"]["sglang_one_slot@" + fl])
-                for k in ["kit", "launches", *VARIANTS]}
+                for k in ["kit", "launches", *variants]}
         print(f"{fl}: points faster than sglang's one-slot path (of {len(rec['points'])}):", wins)
+        if args.expand:  # v36: each activation against the chain's own epilogue, and within 1.1x of the base
+            for k in EXPAND_TILES:
+                gain = [r["us"][f"{k}@{fl}"] / r["us"][f"epi_as_routed@{fl}"] for r in rec["points"]
+                        if f"{k}@{fl}" in r["us"] and f"epi_as_routed@{fl}" in r["us"]]
+                near = sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"]["sglang_base@" + fl])
+                print(f"  {k}: {min(gain, default=0):.3f}-{max(gain, default=0):.3f}x epi_as_routed, "
+                      f"within 1.1x of the base at {near}", flush=True)
     print(f"{rec['seconds']} s")
     return 0
 
