@@ -301,11 +301,9 @@ def route_one_slot(monkeypatch, path: str) -> None:
     """Send a one-slot batch of these tiny weights down ``path`` of the cuBLAS path."""
     monkeypatch.setattr(tb, "FOLD_TOKENS", 1 if path == "folded_into_cublas" else 1 << 30)
     monkeypatch.setattr(tb, "SMALL_WEIGHTS", 0)  # these tiny weights stand for B-sized ones
-    monkeypatch.setattr(tb, "FOLD_ELEMS", 1 if path == "cublas_expand" else 1 << 60)
-    monkeypatch.setattr(tb, "FOLD_MIN_RANK", 1)
 
 
-@pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
+@pytest.mark.parametrize("path", ["chain", "folded_into_cublas"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_one_slot_batches_take_cublas_shrinks_on_the_cublas_path(interleaved, path, monkeypatch):
     route_one_slot(monkeypatch, path)
@@ -351,7 +349,7 @@ def test_only_a_shared_outer_pool_gets_spare_down_rows():
     assert make_case(2, 37, 21, 5, 3, 9, False, True, seed=2)[0].operands().w2_cat is None
 
 
-@pytest.mark.parametrize("path", ["epilogue_expand", "cublas_expand", "folded_into_cublas"])
+@pytest.mark.parametrize("path", ["chain", "folded_into_cublas"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_one_slot_batches_add_the_down_expand_as_more_k_of_the_down_gemm(interleaved, path, monkeypatch):
     route_one_slot(monkeypatch, path)
@@ -371,26 +369,26 @@ def test_one_slot_batches_add_the_down_expand_as_more_k_of_the_down_gemm(interle
     assert rel(base, reference_forward(sink.operands(), x, gammas, None)) < 1e-5
 
 
-EXPANDS = (None, tb.Tiles(16, 16, 0, 0, 0, 1, 2), tb.Tiles(16, 32, 0, 0, 0, 2, 1))
-"""``_launch_single``'s activation: ``up_kernel``'s epilogue, or ``expand_act_kernel`` on a row tile it walks
-(16 x 16, two in flight) or on 32-feature tiles, one row tile at a time (v36)."""
+EXPANDS = (CUBLAS, replace(CUBLAS, stages=2), replace(CUBLAS, bf=32, stages=2))
+"""``_launch_single``'s activation tiles: ``expand_act_kernel`` on 16 x 16 tiles, one or two row tiles in flight, or
+on 32-feature tiles (v36)."""
 
 
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 3), H=st.integers(8, 40), F=st.integers(4, 24), R=st.integers(1, 9), T=st.integers(1, 40),
-       fold=st.booleans(), folded=st.booleans(), interleaved=st.booleans(), expand=st.sampled_from(EXPANDS),
+       folded=st.booleans(), interleaved=st.booleans(), tiles=st.sampled_from(EXPANDS),
        scale=st.floats(-2.0, 2.0, allow_nan=False), seed=st.integers(0, 2**16))
-def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, F, R, T, fold, folded, interleaved,
-                                                                         expand, scale, seed):
+def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, F, R, T, folded, interleaved,
+                                                                         tiles, scale, seed):
     sink, x, gammas, _ = make_case(n, H, F, R, 2, T, True, interleaved, seed)
     batch = SlotBatch.from_segments([T], [1], 2, lora_ranks=[R, R], scalings=[1.0, scale])
     ops = sink.operands()
-    p = tb.plan(ops, T, batch, x.device, CUBLAS)
+    p = tb.plan(ops, T, batch, x.device, tiles)
     out = torch.full_like(x, float("nan"))
     if folded:
         tb._launch_folded(ops, x, gammas, p, out, ops.w2_cat)
     else:
-        tb._launch_single(ops, x, gammas, p, out, fold, ops.w2_cat, expand)
+        tb._launch_single(ops, x, gammas, p, out, ops.w2_cat)
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
 
 
@@ -405,9 +403,9 @@ def test_the_expand_kernel_walks_its_row_tiles_to_the_reference(programs, interl
     sink, x, gammas = sc.sink, sc.x, sc.gammas
     batch = SlotBatch.from_segments([53], [1], 3, lora_ranks=[6, 6, 6], scalings=[1.0, -0.8, 1.0])
     ops = sink.operands()
-    p = tb.plan(ops, 53, batch, x.device, CUBLAS)
+    p = tb.plan(ops, 53, batch, x.device, replace(CUBLAS, stages=2))
     out = torch.full_like(x, float("nan"))
-    tb._launch_single(ops, x, gammas, p, out, False, None, tb.Tiles(16, 16, 0, 0, 0, 1, 2))
+    tb._launch_single(ops, x, gammas, p, out)
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
 
 

@@ -587,8 +587,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         w2_cat = ops.w2_cat if cats(T, ops) else None
         if folds(T, n * F * H):
             return _launch_folded(ops, x, gammas, p, out, w2_cat)
-        fold = ops.buffers[0].shape[2] // 2 >= FOLD_MIN_RANK and T * n * F >= FOLD_ELEMS
-        return _launch_single(ops, x, gammas, p, out, fold, w2_cat)
+        return _launch_single(ops, x, gammas, p, out, w2_cat)
     key = _launch_key(ops, x, gammas, out)
     act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
     pdl = t.pdl and not t.cublas and not interpreting()
@@ -769,20 +768,18 @@ class _Beside:
             self.main.wait_stream(self.side)
 
 
-def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fold: bool,
-                   w2_cat: torch.Tensor | None = None, expand: Tiles | None = None) -> torch.Tensor:
+def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
+                   w2_cat: torch.Tensor | None = None) -> torch.Tensor:
     """Every token on one slot ``s``, the cuBLAS path, shared outer: each shrink a cuBLAS GEMM
     on a side stream beside the base GEMM that reads the same input (``_Beside``), so the chain
-    is four steps deep: ``sh = x A_s^T`` beside ``y = x w13_lin^T``; the activation (``_up``,
-    ``Y_IN``), with the expand ``scale_s * sh W1Δ_s^T`` in its epilogue, or (``fold``) first
-    added onto ``y`` by cuBLAS (``addmm``, ``alpha = scale_s``); ``mid = act a_cat_s^T`` beside
-    ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``; ``fold``: ``FOLD_ELEMS``). Where ``chain_tokens``:
+    is four steps deep: ``sh = x A_s^T`` beside ``y = x w13_lin^T``; the expand ``scale_s * sh W1Δ_s^T``
+    and the activation (``_expand_act`` on ``p.tiles``, ``ONE_SLOT_TILES``); ``mid = act a_cat_s^T`` beside
+    ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``). Where ``chain_tokens``:
     ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
     flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17). ``w2_cat``: the
-    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM. ``expand``: the expand and the
-    activation as ``kernels.expand_act_kernel`` on these tiles (``_expand_act``, v36)."""
+    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM."""
     s, scale = p.single_slot, p.single_scale
-    ga, gb, da, db = ops.buffers
+    ga, _, _, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
     side = _Beside(x)
     sh = torch.empty(T, 2 * R, dtype=x.dtype, device=x.device)
@@ -793,13 +790,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, fol
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
     act = act_cat[:, :ops.n * ops.intermediate]
-    if fold:
-        y.addmm_(sh, ops.w1_delta[s].T, alpha=scale)
-        _up(ops, x, y, gammas, act, p, Lora.none(x))
-    elif expand is not None:
-        _expand_act(ops, y, gammas, act, sh, s, scale, expand)
-    else:
-        _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, max(16, triton.next_power_of_2(R))))
+    _expand_act(ops, y, gammas, act, sh, s, scale, p.tiles)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
@@ -1126,18 +1117,15 @@ and B S 8, ahead on B S 4); R 16 at 8192 0.98-1.00x, at 512 and 2048 0.99-1.36x
 faster mode at R 64 8192 tokens on B (0.89-0.90x against 0.92x) and Inkling (0.92x against 0.95x),
 ``epi`` everywhere else."""
 
-FOLD_ELEMS = 1 << 21
 FOLD_MIN_RANK = 33
-"""``_launch_single`` adds the expand onto ``y`` by cuBLAS (``fold``) where the pool's rank is at
-least ``FOLD_MIN_RANK`` and ``T * n * F`` reaches ``FOLD_ELEMS``, else in the activation's epilogue:
-the epilogue's dots grow with the rank, the fold's ``addmm`` is one more launch and a ``y`` round
-trip (``h200_one_slot.json``, R 64: the fold 0.97-0.99x sglang's one-slot chain at B 512, Inkling
-512 and 2048, A 2048, where the epilogue was 0.97-1.01x; below, the epilogue ahead, e.g. TP8 T512
-0.95-0.99x against 0.98-1.02x; at R 16 the epilogue ahead at every token count, 0.80-0.98x)."""
+"""The rank from which ``grouped_mode`` groups a multi-slot batch from ``GROUPED_RANK_TOKENS`` (and may fold)."""
 
 ONE_SLOT_TILES = Tiles(bm=32, bf=64, bn=64, bk=64, k_chunk=512, warps=4, stages=2, cublas=True, sbm=64)
-"""``_launch_single``'s activation tiles (``plan``): 32 tokens by 64 features, 4 warps (192 programs
-at TP8 T = 512, where ``pick_tiles``' 64 x 128 gave 48): 0.95-0.99x sglang there against 0.97-1.01x."""
+"""``_launch_single``'s activation tiles (``plan``): ``expand_act_kernel`` on 32 tokens by 64 features, 4 warps, 2
+row tiles in flight (v36, ``h100_one_slot_v36.json``: the best of five tiles at 25 of the 32 one-slot points, within
+1 % of the best at 31; the chain 0.94-1.01x the epilogue of ``up_kernel`` before it on these tiles and 0.89-1.00x its
+``addmm`` fold, routed at R 64 from ``T * n*F`` of 2 M; B R 64 T 2048 350 -> 336 µs, Inkling R 64 T 2048 752 -> 728).
+As ``up_kernel``'s tiles (v17): 192 programs at TP8 T = 512, where 64 x 128 gave 48."""
 
 GRAPH_TOKENS = 256
 """Up to this many tokens an eager call on CUDA replays a CUDA graph of its launches."""

@@ -7,22 +7,23 @@ at 90edd14, also timed each variant without the side stream and the kit's v15 ch
 code was removed after it: see KERNEL_NOTES.md v17.)
 
 1. Correctness first, against the float64 reference on fresh random inputs: bf16 and fp16, both
-   gate/up layouts, one slot at scaling 0.7 in a pool with a rank-0 slot, the expand in the
-   activation's epilogue and folded into cuBLAS, a graph of it replayed twice (NaN-poisoned
-   outputs), at a partial tile (37 tokens) and at 300.
-2. The sweep (``VARIANTS``): ``epi``/``fold`` (where the expand goes) on ``pick_tiles``' cuBLAS-path
-   tiles, ``_t2`` on ``ONE_SLOT_TILES`` (32 x 64, 4 warps), beside ``kit`` (``auto``) and
-   ``sglang_one_slot``; medians, read and write flush.
+   gate/up layouts, one slot at scaling 0.7 in a pool with a rank-0 slot, every variant, a graph of
+   it replayed twice (NaN-poisoned outputs), at a partial tile (37 tokens) and at 300.
+2. The sweep (``VARIANTS``): the chain on ``pick_tiles``' cuBLAS-path tiles and (``_t2``) on
+   ``ONE_SLOT_TILES``, with and without ``_down_cat``, and the fold (``_launch_folded``), beside ``kit``
+   (``auto``) and ``sglang_one_slot``; medians, read and write flush. (v17's and v27's records also timed
+   the expand in ``up_kernel``'s epilogue and as a cuBLAS ``addmm`` onto ``y``, which v36 replaced.)
 3. ``--breakdown``: each launch of both chains alone (read flush).
 
 v27 (``h100_one_slot_v27.json``, ``--tokens 32,128,512,2048,8192``): ``*_cat`` runs each chain's down side
 as ``_down_cat`` (the down expand as more of the down GEMM's ``K``, on a copy of ``w2_lin`` with ``R`` rows
 more), and ``folded`` / ``folded_cat`` the fold (``_launch_folded``) without and with it.
 
-v36 (``--expand``): the chain as ``plan`` routes it with its activation as ``expand_act_kernel`` on each of
-``EXPAND_TILES`` (each program keeps its block of gate-up B and walks row tiles), against the chain's own
-epilogue (``epi_as_routed``) and its ``fold``, at one slot, 128-8192 tokens, R 16 / 64, every shape; the
-correctness matrix first over the same variants.
+v36 (``--expand``): the chain as ``plan`` routes it (``routed``: ``expand_act_kernel`` on ``ONE_SLOT_TILES``)
+against the same chain on each of ``EXPAND_TILES``, at one slot, 128-8192 tokens, R 16 / 64, every shape; the
+correctness matrix first over the same variants. ``h100_one_slot_v36.json`` (at 71bcfd9) timed the expand in
+``up_kernel``'s epilogue (``epi_as_routed``) and the ``addmm`` fold (``fold_as_routed``) beside the kernel's tiles
+(``x32f64w4`` is ``ONE_SLOT_TILES``'s).
 
 ``--multi``: the multi-slot cuBLAS path (v17b) with its two shrink launches on the side stream
 (``kit``) against sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes; its
@@ -37,6 +38,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -46,18 +48,14 @@ from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
-VARIANTS = {"epi": dict(fold=False), "fold": dict(fold=True),
-            "epi_t2": dict(fold=False, tiles="t2"), "fold_t2": dict(fold=True, tiles="t2"),
-            "epi_cat": dict(fold=False, cat=True), "fold_cat": dict(fold=True, cat=True),
+VARIANTS = {"chain": dict(), "chain_t2": dict(tiles="t2"), "chain_cat": dict(cat=True),
             "folded": dict(folded=True), "folded_cat": dict(folded=True, cat=True)}
-EXPAND_TILES = {"x32f128w8": tb.Tiles(32, 128, 0, 0, 0, 8, 2), "x64f128w8": tb.Tiles(64, 128, 0, 0, 0, 8, 2),
-                "x32f64w4": tb.Tiles(32, 64, 0, 0, 0, 4, 2), "x16f256w8": tb.Tiles(16, 256, 0, 0, 0, 8, 2),
-                "x64f64w4s3": tb.Tiles(64, 64, 0, 0, 0, 4, 3)}
-"""v36's candidates for ``expand_act_kernel`` (``--expand``): tokens x features a tile, warps, row tiles in flight."""
-EXPAND_VARIANTS = {"epi_as_routed": dict(fold=False, tiles="t2", cat="auto"),
-                   "fold_as_routed": dict(fold=True, tiles="t2", cat="auto"),
-                   **{k: dict(fold=False, tiles="t2", cat="auto", expand=k) for k in EXPAND_TILES}}
-"""``--expand``: the chain as ``plan`` routes it (``ONE_SLOT_TILES``, ``cats``' down side) with each activation."""
+EXPAND_TILES = {"x32f128w8": (32, 128, 8, 2), "x64f128w8": (64, 128, 8, 2), "x16f256w8": (16, 256, 8, 2),
+                "x64f64w4s3": (64, 64, 4, 3)}
+"""v36's other candidates for ``expand_act_kernel`` (``--expand``): tokens and features a tile, warps, row tiles in
+flight (``ONE_SLOT_TILES``: 32, 64, 4, 2)."""
+EXPAND_VARIANTS = {"routed": dict(tiles="t2", cat="auto"), **{k: dict(tiles=k, cat="auto") for k in EXPAND_TILES}}
+"""``--expand``: the chain as ``plan`` routes it (``ONE_SLOT_TILES``, ``cats``' down side) on each tile."""
 EXPAND_POINTS = [(T, pr.SIDE_SHAPES) for T in (128, 512, 2048, 8192)]
 POINTS = [(T, shapes) for T, shapes in ((32, ("B", "Inkling", "Inkling-TP8")),
                                          (128, pr.SIDE_SHAPES), (512, pr.SIDE_SHAPES),
@@ -68,19 +66,21 @@ BREAKDOWN = [("Inkling-TP8", 64, 512), ("Inkling", 64, 512), ("Inkling", 64, 128
 
 def cublas_tiles(T: int, ops, which: str = "auto") -> tb.Tiles:
     """``pick_tiles``' cuBLAS-path tiles at ``T`` (its 33-128-token ones where it streams
-    weights there instead); ``"t2"``: ``ONE_SLOT_TILES``."""
+    weights there instead); ``"t2"``: ``ONE_SLOT_TILES``; a key of ``EXPAND_TILES``: those with its
+    activation tiles."""
     if which == "t2":
         return tb.ONE_SLOT_TILES
+    if which in EXPAND_TILES:
+        bm, bf, warps, stages = EXPAND_TILES[which]
+        return replace(tb.ONE_SLOT_TILES, bm=bm, bf=bf, warps=warps, stages=stages)
     t = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden)
     return t if t.cublas else tb.pick_tiles(128, 1 << 40, ops.hidden)
 
 
-def chain(ops, x, gammas, batch, out, fold: bool = False, tiles: str = "auto", cat: bool | str = False,
-          folded: bool = False, expand: str = ""):
+def chain(ops, x, gammas, batch, out, tiles: str = "auto", cat: bool | str = False, folded: bool = False):
     """``_launch_single`` (``folded``: ``_launch_folded``) on ``cublas_tiles``; ``cat``: with a
     ``w2_cat`` (v27, ``_down_cat``), here a copy of ``w2_lin`` with ``R`` rows more (``"auto"``: the
-    operands' own where ``cats`` routes it); ``expand``: the activation as ``expand_act_kernel`` on
-    ``EXPAND_TILES[expand]`` (v36)."""
+    operands' own where ``cats`` routes it)."""
     p = tb.plan(ops, x.shape[0], batch, x.device, cublas_tiles(x.shape[0], ops, tiles))
     assert p.single_slot >= 0
     w2_cat = None
@@ -91,7 +91,7 @@ def chain(ops, x, gammas, batch, out, fold: bool = False, tiles: str = "auto", c
         w2_cat = torch.cat([ops.w2_lin, torch.full((R, ops.hidden), float("nan"), dtype=x.dtype, device=x.device)])
     if folded:
         return lambda: tb._launch_folded(ops, x, gammas, p, out, w2_cat)
-    return lambda: tb._launch_single(ops, x, gammas, p, out, fold, w2_cat, EXPAND_TILES.get(expand))
+    return lambda: tb._launch_single(ops, x, gammas, p, out, w2_cat)
 
 
 def kit(ops, x, gammas, batch, out):
@@ -196,11 +196,11 @@ def breakdown(upstream_cls, reps: int) -> list[dict]:
                "addmm_down_lora": lambda: out.addmm_(mid, db[s, 0].T),
                "sglang_one_slot": lambda: one.forward(x, gammas),
                "kit": kit(ops, x, gammas, batch, torch.empty_like(x))}
-        for w, p in plans.items():
+        for w, p in plans.items():  # the activation alone, with the several-slot path's expand, with v36's
             fns[f"up_act_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, tb.Lora.none(x))
             fns[f"up_act_expand_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, lora)
-        for name in ("epi", "fold"):
-            fns[name] = chain(ops, x, gammas, batch, torch.empty_like(x), **VARIANTS[name])
+            fns[f"expand_act_{w}"] = lambda p=p: tb._expand_act(ops, y, gammas, act, sh, s, 1.0, p.tiles)
+        fns["chain"] = chain(ops, x, gammas, batch, torch.empty_like(x), **VARIANTS["chain_t2"])
         graphs = {}
         for k, fn in fns.items():
             try:
@@ -317,12 +317,12 @@ def main() -> int:
         wins = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) < r["us"]["sglang_one_slot@" + fl])
                 for k in ["kit", "launches", *variants]}
         print(f"{fl}: points faster than sglang's one-slot path (of {len(rec['points'])}):", wins)
-        if args.expand:  # v36: each activation against the chain's own epilogue, and within 1.1x of the base
-            for k in EXPAND_TILES:
-                gain = [r["us"][f"{k}@{fl}"] / r["us"][f"epi_as_routed@{fl}"] for r in rec["points"]
-                        if f"{k}@{fl}" in r["us"] and f"epi_as_routed@{fl}" in r["us"]]
+        if args.expand:  # v36: each tile against the routed one, and within 1.1x of the base
+            for k in variants:
+                gain = [r["us"][f"{k}@{fl}"] / r["us"][f"routed@{fl}"] for r in rec["points"]
+                        if f"{k}@{fl}" in r["us"] and f"routed@{fl}" in r["us"]]
                 near = sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"]["sglang_base@" + fl])
-                print(f"  {k}: {min(gain, default=0):.3f}-{max(gain, default=0):.3f}x epi_as_routed, "
+                print(f"  {k}: {min(gain, default=0):.3f}-{max(gain, default=0):.3f}x routed, "
                       f"within 1.1x of the base at {near}", flush=True)
     print(f"{rec['seconds']} s")
     return 0
