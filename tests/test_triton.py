@@ -409,26 +409,6 @@ def test_the_expand_kernel_walks_its_row_tiles_to_the_reference(programs, interl
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
 
 
-@pytest.mark.parametrize("programs", [1, 1 << 20], ids=["one_walks_all", "one_tile_each"])
-@pytest.mark.parametrize("outer_shared", [True, False], ids=["shared_outer", "per_expert_outer"])
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_the_expand_kernel_holds_each_slots_b_over_mixed_tokens(programs, outer_shared, interleaved, monkeypatch):
-    """v36b: on the several-slot cuBLAS path ``expand_act_kernel`` keeps the last slot's gate-up B and loads
-    another's where a tile holds it: tokens of three slots in no order, base-only and rank-0 tokens among them."""
-    monkeypatch.setattr(tb, "EXPAND_SLOTS_TILES", replace(CUBLAS, stages=2))
-    monkeypatch.setattr(tb, "TARGET_PROGRAMS", programs)
-    sink, x, gammas, _ = make_case(3, 37, 21, 5, 4, 45, outer_shared, interleaved, seed=41 + programs % 7)
-    ids = torch.randint(-1, 4, (45,), generator=torch.Generator().manual_seed(3))
-    batch = SlotBatch.from_token_slots(ids, 4, lora_ranks=[5, 0, 5, 5], scalings=[0.7, 1.0, -1.2, 1.5])
-    ops = sink.operands()
-    p = tb.plan(ops, 45, batch, x.device, CUBLAS)
-    assert p.single_slot == -1 and p.tiles.cublas and p.grouped == ""
-    out = torch.full_like(x, float("nan"))
-    tb.launch(ops, x, gammas, p, out)
-    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
-    assert torch.count_nonzero(p.sh) == 0
-
-
 @pytest.mark.parametrize("tiles", [FUSED, CUBLAS], ids=["fused", "cublas_path"])
 @pytest.mark.parametrize("grouped", [False, True], ids=["segments", "grouped"])
 def test_a_device_resident_batch_follows_in_place_updates(tiles, grouped):
@@ -557,13 +537,10 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
             assert p.sh is None or torch.count_nonzero(p.sh) == 0  # no pool slot in use: no workspace
 
 
-@pytest.mark.parametrize("expand", [None, replace(CUBLAS, stages=2)], ids=["up_kernel", "expand_act"])
 @pytest.mark.parametrize("mode", ["epi", "fold"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, expand, monkeypatch):
+def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, monkeypatch):
     monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
-    monkeypatch.setattr(tb, "EXPAND_SLOTS_TILES", expand)
-    monkeypatch.setattr(tb, "TARGET_PROGRAMS", 2)  # the expand kernel's programs walk several row tiles
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)  # as at 512+ tokens on the H200
     sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=5)
     ops = sink.operands()

@@ -283,19 +283,17 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
 
 
 @triton.jit
-def expand_act_kernel(y_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, T, F, R, O, N_EXP, O_STEP, LD_ACT,
+def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, N_EXP, LD_ACT, SLOT, scale,
                       BM: tl.constexpr, BF: tl.constexpr, BR: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      STAGES: tl.constexpr, ONE_SLOT: tl.constexpr):
-    """The cuBLAS path's gate/up expand and activation over cuBLAS's ``y [T, n*2F]``: ``act = silu(gate) * up *
-    gamma`` with ``gate, up += scalings[s] * sh[:, o, 0:R | R:2R] @ gate_up_B[s, e, f | F+f, :].T`` for each token's
-    slot ``s = slots[t]`` (``-1``: none), ``sh [T, O*2R]``.
+                      STAGES: tl.constexpr):
+    """Every token on slot ``SLOT`` (the cuBLAS chain, ``triton_backend._launch_single``): the gate/up expand
+    and the activation over cuBLAS's ``y [T, n*2F]``, ``act = silu(gate) * up * gamma`` with
+    ``gate, up += scale * sh[:, 0:R | R:2R] @ gate_up_B[SLOT, e, f | F+f, :].T``, ``sh [T, 2R]``.
 
-    Grid ``(n * cdiv(F, BF), P)``: program ``(e, block), p`` walks the row tiles ``p, p + P, ...`` and keeps the
-    ``[BR, BF]`` tiles of gate-up B it needs. ``ONE_SLOT`` (every token on ``slots[0]``, the one-slot chain): loaded
-    once, and ``STAGES`` row tiles in flight (``cp.async``); else those of the last slot met, loaded again only when a
-    tile holds another slot (tokens in slot order: once per run; the tile's slot loop keeps Triton from pipelining
-    the walk). ``up_kernel``'s epilogue reloads them for every ``BM`` rows, and ``sh`` for every ``BF`` features: at
-    2048 tokens and rank 64 more bytes through L2 than ``y`` and ``act`` move through DRAM (v36)."""
+    Grid ``(n * cdiv(F, BF), P)``: program ``(e, block), p`` loads its block's ``[BR, BF]`` tiles of
+    ``gate_up_B`` once and walks the row tiles ``p, p + P, ...`` (``STAGES`` in flight). ``up_kernel``'s
+    epilogue reloads them for every ``BM`` rows, and ``sh`` for every ``BF`` features: at 2048 tokens and
+    rank 64 more bytes through L2 than ``y`` and ``act`` move through DRAM (v36)."""
     fb = tl.cdiv(F, BF)
     e = tl.program_id(0) // fb
     f0 = (tl.program_id(0) % fb) * BF
@@ -303,18 +301,10 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_p
     f_ok = fs < F
     r = tl.arange(0, BR)
     r_ok = r < R
-    o = e * O_STEP
+    b_base = gb_ptr + (SLOT * N_EXP + e) * 2 * F * R
     bmask = r_ok[:, None] & f_ok[None, :]
-    if ONE_SLOT:
-        held = tl.load(slot_ptr)
-        b_base = gb_ptr + (held * N_EXP + e) * 2 * F * R
-        bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)                # [BR, BF]
-        bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
-        scale = tl.load(scale_ptr + held)
-    else:
-        bg = tl.zeros((BR, BF), dtype=gb_ptr.dtype.element_ty)
-        bu = tl.zeros((BR, BF), dtype=gb_ptr.dtype.element_ty)
-        held = tl.zeros((), dtype=tl.int32) - 1
+    bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)                # [BR, BF]
+    bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
     jj = tl.arange(0, 2 * BF)
     for m in tl.range(tl.program_id(1), tl.cdiv(T, BM), tl.num_programs(1), num_stages=STAGES):
         rows = m * BM + tl.arange(0, BM)
@@ -328,23 +318,11 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_p
             y_ok = row_ok[:, None] & f_ok[None, :]
             gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
             up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
-        src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
-        if ONE_SLOT:
-            ld = row_ok[:, None] & r_ok[None, :]
-            gate += scale * tl.dot(tl.load(src, mask=ld, other=0.0).to(bg.dtype), bg)
-            up += scale * tl.dot(tl.load(src + R, mask=ld, other=0.0).to(bu.dtype), bu)
-        else:
-            slot, smin, smax = _tile_slots(slot_ptr, rows, row_ok)
-            for s in range(smin, smax + 1):
-                if s != held:
-                    b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
-                    bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)
-                    bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
-                    held = s
-                ld = (row_ok & (slot == s))[:, None] & r_ok[None, :]
-                scale = tl.load(scale_ptr + s)
-                gate += scale * tl.dot(tl.load(src, mask=ld, other=0.0).to(bg.dtype), bg)
-                up += scale * tl.dot(tl.load(src + R, mask=ld, other=0.0).to(bu.dtype), bu)
+        ld = row_ok[:, None] & r_ok[None, :]
+        sg = tl.load(sh_ptr + rows[:, None] * (2 * R) + r[None, :], mask=ld, other=0.0)
+        su = tl.load(sh_ptr + rows[:, None] * (2 * R) + R + r[None, :], mask=ld, other=0.0)
+        gate += scale * tl.dot(sg.to(bg.dtype), bg)
+        up += scale * tl.dot(su.to(bu.dtype), bu)
         gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
         act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
         tl.store(act_ptr + rows[:, None] * LD_ACT + e * F + fs[None, :], act.to(act_ptr.dtype.element_ty),

@@ -618,8 +618,6 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     side.join()
     if t.lora_up is not None:  # v33: up_act_kernel with the LoRA epilogue
         _up_act(ops, x, gammas, ops.w13, act, p, key, t.lora_up, lora)
-    elif t.cublas and lora.on and EXPAND_SLOTS_TILES is not None:
-        _expand_act(ops, y, gammas, act, p, lora, EXPAND_SLOTS_TILES)
     else:
         _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
@@ -792,8 +790,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
     act = act_cat[:, :ops.n * ops.intermediate]
-    _expand_act(ops, y, gammas, act, p, Lora(True, sh, ops.buffers[1], x, x, x, R, 1, 0,
-                                             max(16, triton.next_power_of_2(R))), p.tiles)
+    _expand_act(ops, y, gammas, act, sh, s, scale, p.tiles)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
@@ -834,18 +831,18 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     return out
 
 
-def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, p: Plan,
-                lora: Lora, t: Tiles) -> None:
-    """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``lora.sh
-    [T, O*2R]`` of each token's slot (``p.slots``, ``p.scalings``; every token on ``p.single_slot`` where the plan
-    knows one) into ``act [T, n*F]`` (any row stride), ``t.bm`` tokens by ``t.bf`` features a tile, ``t.warps``,
-    ``t.stages`` row tiles in flight, ~``TARGET_PROGRAMS`` programs."""
+def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, sh: torch.Tensor,
+                s: int, scale: float, t: Tiles, programs: int = 0) -> None:
+    """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, 2R]`` of
+    slot ``s`` at ``scale`` into ``act [T, n*F]`` (any row stride); ``t.bm`` tokens by ``t.bf`` features a tile,
+    ``t.warps``, ``t.stages`` row tiles in flight, ``programs`` in all (0: ``TARGET_PROGRAMS``)."""
     T, (n, F) = y.shape[0], (ops.n, ops.intermediate)
+    R = sh.shape[1] // 2
     cols = n * triton.cdiv(F, t.bf)
-    per_col = max(1, min(triton.cdiv(T, t.bm), triton.cdiv(TARGET_PROGRAMS, cols)))
+    per_col = max(1, min(triton.cdiv(T, t.bm), triton.cdiv(programs or TARGET_PROGRAMS, cols)))
     _run(kernels.expand_act_kernel, (cols, per_col),
-         (y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, T, F, lora.R, lora.O, n, lora.o_step, act.stride(0)),
-         BM=t.bm, BF=t.bf, BR=lora.br, INTERLEAVED=ops.interleaved, STAGES=t.stages, ONE_SLOT=p.single_slot >= 0,
+         (y, gammas, act, sh, ops.buffers[1], T, F, R, n, act.stride(0), s, float(scale)),
+         BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
          num_warps=t.warps)
 
 
@@ -895,11 +892,7 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
             torch.mm(x, ops.w13_lin.T, out=y)
         sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
         side.join()
-        lora = Lora(True, sh, gb, da, db, x, R, 1, 0, br)
-        if EXPAND_SLOTS_TILES is not None:
-            _expand_act(ops, y, gammas, act, p, lora, EXPAND_SLOTS_TILES)
-        else:
-            _up(ops, x, y, gammas, act, p, lora)
+        _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
     else:
         sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)
         sh.mul_(p.token_scale)
@@ -1133,10 +1126,6 @@ row tiles in flight (v36, ``h100_one_slot_v36.json``: the best of five tiles at 
 1 % of the best at 31; the chain 0.94-1.01x the epilogue of ``up_kernel`` before it on these tiles and 0.89-1.00x its
 ``addmm`` fold, routed at R 64 from ``T * n*F`` of 2 M; B R 64 T 2048 350 -> 336 µs, Inkling R 64 T 2048 752 -> 728).
 As ``up_kernel``'s tiles (v17): 192 programs at TP8 T = 512, where 64 x 128 gave 48."""
-
-EXPAND_SLOTS_TILES: Tiles | None = None
-"""The several-slot cuBLAS path's expand and activation (``launch``, ``_launch_grouped``'s ``"epi"``) as
-``expand_act_kernel`` on these tiles (v36b), or ``None``: ``up_kernel``'s epilogue."""
 
 GRAPH_TOKENS = 256
 """Up to this many tokens an eager call on CUDA replays a CUDA graph of its launches."""

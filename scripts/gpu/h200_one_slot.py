@@ -25,9 +25,6 @@ correctness matrix first over the same variants. ``h100_one_slot_v36.json`` (at 
 ``up_kernel``'s epilogue (``epi_as_routed``) and the ``addmm`` fold (``fold_as_routed``) beside the kernel's tiles
 (``x32f64w4`` is ``ONE_SLOT_TILES``'s).
 
-``--multi --expand`` (v36b): that path with its activation as ``expand_act_kernel`` on each of ``MULTI_EXPAND``
-(``EXPAND_SLOTS_TILES``) beside it as the commit routes it (``kit``), its correctness matrix with each.
-
 ``--multi``: the multi-slot cuBLAS path (v17b) with its two shrink launches on the side stream
 (``kit``) against sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes; its
 correctness matrix first (mixed slots with base-only and rank-0 tokens, both outer layouts, a
@@ -222,28 +219,7 @@ def breakdown(upstream_cls, reps: int) -> list[dict]:
 MULTI_TOKENS = (128, 512, 2048, 8192)
 
 
-MULTI_EXPAND = {"x32f64w4": (32, 64, 4, 2), "x32f128w8": (32, 128, 8, 2), "x64f64w4": (64, 64, 4, 2)}
-"""v36b (``--multi --expand``): the several-slot path's activation as ``expand_act_kernel`` on these tiles (tokens,
-features, warps, stages) against ``up_kernel``'s epilogue (``kit`` at the commit's ``EXPAND_SLOTS_TILES``)."""
-
-
-def expand_tiles(name: str) -> tb.Tiles:
-    bm, bf, warps, stages = MULTI_EXPAND[name]
-    return replace(tb.ONE_SLOT_TILES, bm=bm, bf=bf, warps=warps, stages=stages)
-
-
-def with_expand(t: tb.Tiles | None, fn):
-    """``fn`` run with ``EXPAND_SLOTS_TILES = t`` (a graph captures what it launched)."""
-    def go():
-        held, tb.EXPAND_SLOTS_TILES = tb.EXPAND_SLOTS_TILES, t
-        try:
-            return fn()
-        finally:
-            tb.EXPAND_SLOTS_TILES = held
-    return go
-
-
-def multi_correctness(expand: bool = False) -> list[dict]:
+def multi_correctness() -> list[dict]:
     rows = []
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
     for shape, T in (("A", 200), ("Inkling-TP8", 100)):
@@ -261,10 +237,6 @@ def multi_correctness(expand: bool = False) -> list[dict]:
             ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
             try:
                 errs = h200_pdl.check(ops, x, gammas, batch, t, ref, ref_base, c)
-                for name in MULTI_EXPAND if expand else ():
-                    got = with_expand(expand_tiles(name), lambda: h200_pdl.check(ops, x, gammas, batch, t, ref,
-                                                                                 ref_base, c))()
-                    errs.update({f"{name}_{k}": e for k, e in got.items()})
             except Exception as exc:  # recorded, and the run goes on
                 errs = {"failure": float("nan")}
                 print(f"check {shape} O={o} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -274,7 +246,7 @@ def multi_correctness(expand: bool = False) -> list[dict]:
     return rows
 
 
-def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False) -> list[dict]:
+def multi_sweep(upstream_cls, reps: int, shapes) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
@@ -282,10 +254,7 @@ def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False) -> list[d
         assert p.tiles.cublas and p.single_slot < 0
         out = torch.empty_like(x)
         multi = upstream_cls(sink, batch, min_slots=2)
-        fns = {"kit": lambda: tb.launch(ops, x, gammas, p, out), "sglang_multi": lambda: multi.forward(x, gammas)}
-        for name in MULTI_EXPAND if expand else ():
-            fns[name] = with_expand(expand_tiles(name), lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, p, o))
-        return fns
+        return {"kit": lambda: tb.launch(ops, x, gammas, p, out), "sglang_multi": lambda: multi.forward(x, gammas)}
 
     rows = []
     for shape in shapes:
@@ -318,22 +287,17 @@ def main() -> int:
 
     t0 = time.time()
     variants = EXPAND_VARIANTS if args.expand else VARIANTS
-    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel,
-                               variants=MULTI_EXPAND if args.multi and args.expand else variants)
+    rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=variants)
     if args.multi:
-        rec["correctness"] = multi_correctness(args.expand)
+        rec["correctness"] = multi_correctness()
         records.write_json(args.out, rec)
         print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok", flush=True)
-        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand)
+        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","))
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         for fl in ("read", "write"):
             wins = sum(1 for r in rec["points"] if r["us"][f"kit@{fl}"] < r["us"]["sglang_multi@" + fl])
             print(f"{fl}: points faster than sglang's multi-slot path (of {len(rec['points'])}):", wins)
-            for name in MULTI_EXPAND if args.expand else ():
-                got = [r["us"][f"{name}@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"{name}@{fl}" in r["us"]]
-                print(f"  {name}: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
-                      f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
         print(f"{rec['seconds']} s")
         return 0
     rec["correctness"] = correctness(variants)
