@@ -409,6 +409,33 @@ def test_the_expand_kernel_walks_its_row_tiles_to_the_reference(programs, interl
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
 
 
+@pytest.mark.parametrize("programs", [1, 1 << 20], ids=["one_walks_each_run", "one_tile_each"])
+@pytest.mark.parametrize("outer_shared", [True, False], ids=["shared_outer", "per_expert_outer"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_the_expand_kernel_walks_each_run_of_several_slots(programs, outer_shared, interleaved, monkeypatch):
+    """v36c: on the several-slot cuBLAS path ``expand_act_kernel`` gives each run of one slot its own programs:
+    runs of three slots in no order, of base-only and of rank-0 tokens, 1-9 tokens long across 16-token tiles."""
+    monkeypatch.setattr(tb, "EXPAND_RUN_TOKENS", 1)
+    monkeypatch.setattr(tb, "TARGET_PROGRAMS", programs)
+    sink, x, gammas, _ = make_case(3, 37, 21, 5, 4, 45, outer_shared, interleaved, seed=43)
+    lengths = [9, 3, 7, 1, 8, 5, 6, 6]
+    batch = SlotBatch.from_segments(lengths, [2, -1, 0, 3, 1, 2, 3, 0], 4, lora_ranks=[5, 0, 5, 5],
+                                    scalings=[0.7, 1.0, -1.2, 1.5])
+    ops = sink.operands()
+    p = tb.plan(ops, 45, batch, x.device, CUBLAS)
+    assert p.act_runs is None, "tiles given: the caller's path"
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+    p = tb.plan(ops, 45, batch, x.device)
+    assert p.single_slot == -1 and p.grouped == "" and p.act_runs.longest == 9
+    assert p.act_runs.slots.tolist() == [2, -1, 0, 3, -1, 2, 3, 0] and p.act_runs.ends.tolist()[-1] == 45
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+    assert torch.count_nonzero(p.sh) == 0
+    monkeypatch.setattr(tb, "EXPAND_RUN_TOKENS", 6)  # 45 tokens in 8 runs: fewer than 6 a run, up_kernel's epilogue
+    assert tb.plan(ops, 45, batch, x.device).act_runs is None
+
+
 @pytest.mark.parametrize("tiles", [FUSED, CUBLAS], ids=["fused", "cublas_path"])
 @pytest.mark.parametrize("grouped", [False, True], ids=["segments", "grouped"])
 def test_a_device_resident_batch_follows_in_place_updates(tiles, grouped):
@@ -537,10 +564,12 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
             assert p.sh is None or torch.count_nonzero(p.sh) == 0  # no pool slot in use: no workspace
 
 
+@pytest.mark.parametrize("runs", [0, 1], ids=["up_kernel", "expand_act_runs"])
 @pytest.mark.parametrize("mode", ["epi", "fold"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, monkeypatch):
+def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, runs, monkeypatch):
     monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
+    monkeypatch.setattr(tb, "EXPAND_RUN_TOKENS", runs)
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)  # as at 512+ tokens on the H200
     sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=5)
     ops = sink.operands()
@@ -548,6 +577,7 @@ def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, 
     batch = SlotBatch.from_segments([7, 12, 10], [0, 2, 3], 4, lora_ranks=[8, 8, 8, 8], scalings=[0.6, 1.0, 1.4, 0.8])
     p = tb.plan(ops, 29, batch, x.device)
     assert p.grouped == mode and p.offs.tolist() == [7, 7, 19, 29]
+    assert (p.act_runs is not None) == (runs > 0 and mode == "epi")
     assert p.token_scale[:, 0].tolist() == pytest.approx([0.6] * 7 + [1.4] * 12 + [0.8] * 10)
     out, _ = run(sink, x, gammas, batch)
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5

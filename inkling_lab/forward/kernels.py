@@ -283,32 +283,48 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
 
 
 @triton.jit
-def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, N_EXP, LD_ACT, SLOT, scale,
+def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, O, N_EXP, O_STEP, LD_ACT, SLOT, scale,
+                      run_slot_ptr, run_end_ptr, scale_ptr,
                       BM: tl.constexpr, BF: tl.constexpr, BR: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      STAGES: tl.constexpr):
-    """Every token on slot ``SLOT`` (the cuBLAS chain, ``triton_backend._launch_single``): the gate/up expand
-    and the activation over cuBLAS's ``y [T, n*2F]``, ``act = silu(gate) * up * gamma`` with
-    ``gate, up += scale * sh[:, 0:R | R:2R] @ gate_up_B[SLOT, e, f | F+f, :].T``, ``sh [T, 2R]``.
+                      STAGES: tl.constexpr, RUNS: tl.constexpr = False):
+    """The cuBLAS path's gate/up expand and activation over cuBLAS's ``y [T, n*2F]``: ``act = silu(gate) * up *
+    gamma`` with ``gate, up += scale_s * sh[:, o, 0:R | R:2R] @ gate_up_B[s, e, f | F+f, :].T``, ``sh [T, O*2R]``:
+    every token on slot ``SLOT`` at ``scale`` (the one-slot chain, ``triton_backend._launch_single``), or with
+    ``RUNS`` the tokens in runs of one slot each, run ``g`` ending at ``run_ends[g]`` on slot ``run_slots[g]``
+    (``-1``: no LoRA) at ``scalings[run_slots[g]]``.
 
-    Grid ``(n * cdiv(F, BF), P)``: program ``(e, block), p`` loads its block's ``[BR, BF]`` tiles of
-    ``gate_up_B`` once and walks the row tiles ``p, p + P, ...`` (``STAGES`` in flight). ``up_kernel``'s
-    epilogue reloads them for every ``BM`` rows, and ``sh`` for every ``BF`` features: at 2048 tokens and
-    rank 64 more bytes through L2 than ``y`` and ``act`` move through DRAM (v36)."""
+    Grid ``(n * cdiv(F, BF), P)``, with ``RUNS`` ``(n * cdiv(F, BF), G, P)``: program ``(e, block), [g,] p`` loads its
+    block's ``[BR, BF]`` tiles of ``gate_up_B`` once and walks the row tiles ``p, p + P, ...`` of its rows (``STAGES``
+    in flight, ``cp.async``). ``up_kernel``'s epilogue reloads them for every ``BM`` rows, and ``sh`` for every ``BF``
+    features: at 2048 tokens and rank 64 more bytes through L2 than ``y`` and ``act`` move through DRAM (v36). A
+    slot loop inside the walk keeps Triton from pipelining it, and without that the kept B bought nothing (v36b):
+    hence one slot a program."""
     fb = tl.cdiv(F, BF)
     e = tl.program_id(0) // fb
     f0 = (tl.program_id(0) % fb) * BF
     fs = f0 + tl.arange(0, BF)
     f_ok = fs < F
     r = tl.arange(0, BR)
-    r_ok = r < R
-    b_base = gb_ptr + (SLOT * N_EXP + e) * 2 * F * R
+    if RUNS:
+        g = tl.program_id(1)
+        p, P = tl.program_id(2), tl.num_programs(2)
+        lo = tl.where(g > 0, tl.load(run_end_ptr + tl.maximum(g - 1, 0)), 0)
+        hi = tl.load(run_end_ptr + g)
+        s, rank = _token_slot(run_slot_ptr + g, R)  # a run of no LoRA: rank 0, nothing loaded or added
+        scale = tl.load(scale_ptr + s)
+    else:
+        p, P = tl.program_id(1), tl.num_programs(1)
+        lo, hi, s, rank = 0, T, SLOT, R
+    r_ok = r < rank
     bmask = r_ok[:, None] & f_ok[None, :]
+    b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
     bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)                # [BR, BF]
     bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
+    o = e * O_STEP
     jj = tl.arange(0, 2 * BF)
-    for m in tl.range(tl.program_id(1), tl.cdiv(T, BM), tl.num_programs(1), num_stages=STAGES):
-        rows = m * BM + tl.arange(0, BM)
-        row_ok = rows < T
+    for m0 in tl.range(lo + p * BM, hi, P * BM, num_stages=STAGES):
+        rows = m0 + tl.arange(0, BM)
+        row_ok = rows < hi
         y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
         if INTERLEAVED:
             pair = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & (f0 + jj // 2 < F)[None, :],
@@ -319,8 +335,9 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, N_EXP, L
             gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
             up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
         ld = row_ok[:, None] & r_ok[None, :]
-        sg = tl.load(sh_ptr + rows[:, None] * (2 * R) + r[None, :], mask=ld, other=0.0)
-        su = tl.load(sh_ptr + rows[:, None] * (2 * R) + R + r[None, :], mask=ld, other=0.0)
+        src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
+        sg = tl.load(src, mask=ld, other=0.0)
+        su = tl.load(src + R, mask=ld, other=0.0)
         gate += scale * tl.dot(sg.to(bg.dtype), bg)
         up += scale * tl.dot(su.to(bu.dtype), bu)
         gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)

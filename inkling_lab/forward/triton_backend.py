@@ -340,6 +340,7 @@ class Plan:
     runs: tuple[tuple[int, int], ...] = ()
     merge_rows: tuple[int, ...] = ()
     run_streams: bool = False
+    act_runs: "Runs | None" = None
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -446,6 +447,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         if offs is not None:
             extra = merge_operands(slots, device) if mode == "merge" else \
                 grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
+    if routed and single < 0 and extra.get("grouped", "epi") == "epi":  # up_kernel's epilogue, or v36c's runs
+        extra["act_runs"] = expand_runs(slots, device)
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
                 float(batch.scalings[single]) if single >= 0 else 1.0, split=split, **extra)
 
@@ -618,6 +621,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     side.join()
     if t.lora_up is not None:  # v33: up_act_kernel with the LoRA epilogue
         _up_act(ops, x, gammas, ops.w13, act, p, key, t.lora_up, lora)
+    elif p.act_runs is not None and lora.on:
+        _expand_act(ops, y, gammas, act, lora.sh, ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
     else:
         _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
@@ -790,7 +795,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
     act = act_cat[:, :ops.n * ops.intermediate]
-    _expand_act(ops, y, gammas, act, sh, s, scale, p.tiles)
+    _expand_act(ops, y, gammas, act, sh, p.tiles, s, scale)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
@@ -832,18 +837,52 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
 
 
 def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, sh: torch.Tensor,
-                s: int, scale: float, t: Tiles, programs: int = 0) -> None:
-    """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, 2R]`` of
-    slot ``s`` at ``scale`` into ``act [T, n*F]`` (any row stride); ``t.bm`` tokens by ``t.bf`` features a tile,
-    ``t.warps``, ``t.stages`` row tiles in flight, ``programs`` in all (0: ``TARGET_PROGRAMS``)."""
+                t: Tiles, slot: int = 0, scale: float = 1.0, runs: "Runs | None" = None,
+                scalings: torch.Tensor | None = None) -> None:
+    """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, O*2R]``
+    into ``act [T, n*F]`` (any row stride), every token on ``slot`` at ``scale``, or (``runs``) each run on its own
+    slot at ``scalings[s]``; ``t.bm`` tokens by ``t.bf`` features a tile, ``t.warps``, ``t.stages`` row tiles in
+    flight, ~``TARGET_PROGRAMS`` programs."""
     T, (n, F) = y.shape[0], (ops.n, ops.intermediate)
-    R = sh.shape[1] // 2
+    O = ops.buffers[0].shape[1]
+    R = sh.shape[1] // (2 * O)
     cols = n * triton.cdiv(F, t.bf)
-    per_col = max(1, min(triton.cdiv(T, t.bm), triton.cdiv(programs or TARGET_PROGRAMS, cols)))
-    _run(kernels.expand_act_kernel, (cols, per_col),
-         (y, gammas, act, sh, ops.buffers[1], T, F, R, n, act.stride(0), s, float(scale)),
+    if runs is None:
+        grid = (cols, max(1, min(triton.cdiv(T, t.bm), triton.cdiv(TARGET_PROGRAMS, cols))))
+        tables = (y, y, y)
+    else:
+        G = runs.slots.numel()
+        grid = (cols, G, max(1, min(triton.cdiv(runs.longest, t.bm), triton.cdiv(TARGET_PROGRAMS, cols * G))))
+        tables = (runs.slots, runs.ends, scalings)
+    _run(kernels.expand_act_kernel, grid,
+         (y, gammas, act, sh, ops.buffers[1], T, F, R, O, n, 0 if O == 1 else 1, act.stride(0), slot, float(scale),
+          *tables),
          BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
-         num_warps=t.warps)
+         RUNS=runs is not None, num_warps=t.warps)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A batch's tokens as runs of one slot each (``_runs``), on the device for ``expand_act_kernel``: ``slots [G]``
+    int32 (``-1``: no LoRA) and ``ends [G]`` int32, and the longest run's tokens."""
+
+    slots: torch.Tensor
+    ends: torch.Tensor
+    longest: int
+
+
+EXPAND_RUN_TOKENS = 0
+"""The several-slot cuBLAS path (``launch``, ``_launch_grouped``'s ``"epi"``) takes ``expand_act_kernel`` over the
+batch's runs where they average at least this many tokens (``expand_runs``; 0: never, ``up_kernel``'s epilogue)."""
+
+
+def expand_runs(slots: torch.Tensor, device) -> Runs | None:
+    """``Runs`` of effective ``slots [T]`` (host) where they average ``EXPAND_RUN_TOKENS`` tokens or more, else ``None``."""
+    active, runs = _runs(slots)
+    if not EXPAND_RUN_TOKENS or slots.numel() < EXPAND_RUN_TOKENS * len(runs):
+        return None
+    return Runs(active.to(device=device, dtype=torch.int32),
+                torch.tensor([b for _, b in runs], dtype=torch.int32, device=device), max(b - a for a, b in runs))
 
 
 def _act_cat(ops: SinkOperands, x: torch.Tensor, w2_cat: torch.Tensor | None) -> torch.Tensor:
@@ -892,7 +931,10 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
             torch.mm(x, ops.w13_lin.T, out=y)
         sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
         side.join()
-        _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
+        if p.act_runs is not None:
+            _expand_act(ops, y, gammas, act, sh, ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
+        else:
+            _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
     else:
         sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)
         sh.mul_(p.token_scale)

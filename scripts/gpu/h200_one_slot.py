@@ -25,6 +25,11 @@ correctness matrix first over the same variants. ``h100_one_slot_v36.json`` (at 
 ``up_kernel``'s epilogue (``epi_as_routed``) and the ``addmm`` fold (``fold_as_routed``) beside the kernel's tiles
 (``x32f64w4`` is ``ONE_SLOT_TILES``'s).
 
+``--multi --expand`` (v36c): that path beside the same batch planned with ``EXPAND_RUN_TOKENS = RUN_TOKENS``
+(``runs``: ``expand_act_kernel`` over the batch's runs of one slot), its correctness matrix with the runs kernel
+on the mixed batch and on the same tokens sorted by slot. (At cf13028 the same flags timed v36b's several-slot
+kernel, since taken out: ``h100_multi_v36b.json``.)
+
 ``--multi``: the multi-slot cuBLAS path (v17b) with its two shrink launches on the side stream
 (``kit``) against sglang's multi-slot kernels, at S 4 and 8 from 128 tokens, both flushes; its
 correctness matrix first (mixed slots with base-only and rank-0 tokens, both outer layouts, a
@@ -219,7 +224,38 @@ def breakdown(upstream_cls, reps: int) -> list[dict]:
 MULTI_TOKENS = (128, 512, 2048, 8192)
 
 
-def multi_correctness() -> list[dict]:
+RUN_TOKENS = 64
+"""v36c (``--multi --expand``): the ``EXPAND_RUN_TOKENS`` its ``runs`` contender plans with."""
+
+
+def with_runs(tokens: int, make):
+    """``make()`` (a plan) with ``EXPAND_RUN_TOKENS = tokens``."""
+    held, tb.EXPAND_RUN_TOKENS = tb.EXPAND_RUN_TOKENS, tokens
+    try:
+        return make()
+    finally:
+        tb.EXPAND_RUN_TOKENS = held
+
+
+def runs_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
+    """v36c: the several-slot path with ``expand_act_kernel`` over the batch's runs (``EXPAND_RUN_TOKENS = 1``)
+    and over the runs of the same tokens sorted by slot, each launched twice and replayed from a graph."""
+    T, S = x.shape[0], ops.buffers[0].shape[0]
+    order = torch.argsort(batch.token_slots().long() % (S + 1), stable=True)  # base-only tokens last
+    ids = batch.token_slots()[order]
+    runs = SlotBatch.from_token_slots(ids, S, lora_ranks=batch.lora_ranks.tolist(),
+                                      scalings=batch.scalings.tolist())
+    for name, b, xs, gs, want in (("runs_mixed", batch, x, gammas, ref),
+                                  ("runs_sorted", runs, x[order.to(x.device)], gammas[order.to(x.device)], None)):
+        p = with_runs(1, lambda b=b, xs=xs: tb.plan(ops, T, b, xs.device))
+        assert p.act_runs is not None and p.tiles.cublas
+        want = reference_forward(ops, xs, gs, b) if want is None else want
+        out = torch.empty_like(xs)
+        h200_pdl.check_contender(name, lambda p=p, xs=xs, gs=gs, out=out: tb.launch(ops, xs, gs, p, out), want,
+                                 errs, label)
+
+
+def multi_correctness(expand: bool = False) -> list[dict]:
     rows = []
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
     for shape, T in (("A", 200), ("Inkling-TP8", 100)):
@@ -237,6 +273,8 @@ def multi_correctness() -> list[dict]:
             ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
             try:
                 errs = h200_pdl.check(ops, x, gammas, batch, t, ref, ref_base, c)
+                if expand:
+                    runs_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T} O={o}")
             except Exception as exc:  # recorded, and the run goes on
                 errs = {"failure": float("nan")}
                 print(f"check {shape} O={o} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -246,7 +284,7 @@ def multi_correctness() -> list[dict]:
     return rows
 
 
-def multi_sweep(upstream_cls, reps: int, shapes) -> list[dict]:
+def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
@@ -254,7 +292,11 @@ def multi_sweep(upstream_cls, reps: int, shapes) -> list[dict]:
         assert p.tiles.cublas and p.single_slot < 0
         out = torch.empty_like(x)
         multi = upstream_cls(sink, batch, min_slots=2)
-        return {"kit": lambda: tb.launch(ops, x, gammas, p, out), "sglang_multi": lambda: multi.forward(x, gammas)}
+        fns = {"kit": lambda: tb.launch(ops, x, gammas, p, out), "sglang_multi": lambda: multi.forward(x, gammas)}
+        if expand:  # v36c: the same batch planned with expand_act_kernel over its runs
+            pr_ = with_runs(RUN_TOKENS, lambda: tb.plan(ops, x.shape[0], batch, x.device))
+            fns["runs"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pr_, o)
+        return fns
 
     rows = []
     for shape in shapes:
@@ -278,8 +320,8 @@ def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
-    ap.add_argument("--expand", action="store_true", help="v36: the chain's activation as expand_act_kernel "
-                    "(EXPAND_VARIANTS at EXPAND_POINTS, or --tokens)")
+    ap.add_argument("--expand", action="store_true", help="v36: the chain's activation tiles (EXPAND_VARIANTS at "
+                    "EXPAND_POINTS, or --tokens); with --multi, v36c's runs")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
                     "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
     args = ap.parse_args()
@@ -289,15 +331,19 @@ def main() -> int:
     variants = EXPAND_VARIANTS if args.expand else VARIANTS
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=variants)
     if args.multi:
-        rec["correctness"] = multi_correctness()
+        rec["correctness"] = multi_correctness(args.expand)
         records.write_json(args.out, rec)
         print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok", flush=True)
-        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","))
+        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand)
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         for fl in ("read", "write"):
             wins = sum(1 for r in rec["points"] if r["us"][f"kit@{fl}"] < r["us"]["sglang_multi@" + fl])
             print(f"{fl}: points faster than sglang's multi-slot path (of {len(rec['points'])}):", wins)
+            if args.expand:
+                got = [r["us"][f"runs@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"runs@{fl}" in r["us"]]
+                print(f"  runs: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
+                      f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
         print(f"{rec['seconds']} s")
         return 0
     rec["correctness"] = correctness(variants)
