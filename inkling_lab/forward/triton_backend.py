@@ -871,9 +871,12 @@ class Runs:
     longest: int
 
 
-EXPAND_RUN_TOKENS = 0
+EXPAND_RUN_TOKENS = 64
 """The several-slot cuBLAS path (``launch``, ``_launch_grouped``'s ``"epi"``) takes ``expand_act_kernel`` over the
-batch's runs where they average at least this many tokens (``expand_runs``; 0: never, ``up_kernel``'s epilogue)."""
+batch's runs where they average at least this many tokens (``expand_runs``; 0: never), else ``up_kernel``'s epilogue.
+``h100_multi_v36c.json`` (S 4 / 8, R 16 / 64, 128-8192 tokens in slot order, every shape, both flushes): 0.94-0.98x
+the epilogue at 2048 and 8192 tokens on B and Inkling where the path runs, level at 512 (0.97-1.02x) and on the
+TP-8 slice (0.98-1.02x), and level where the batch merges or folds."""
 
 
 def expand_runs(slots: torch.Tensor, device) -> Runs | None:
