@@ -21,7 +21,9 @@ epilogues, but each program streams a few weight rows across all of ``K`` with n
 
 For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
 ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
-(``Y_IN``) instead of computing it, a second ``shrink_kernel`` launch computes the
+(``Y_IN``) instead of computing it, or, where the tokens run in long runs of one slot (one slot
+always), ``expand_act_kernel`` adds the gate/up expand and takes the activation, each program
+keeping one slot's gate-up B and walking that slot's rows (v36); a second ``shrink_kernel`` launch computes the
 down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
 the same input, ``triton_backend._Beside``), and ``down_kernel`` adds only the LoRA term
 onto cuBLAS's ``out = act @ w2_lin``. Where the tokens per slot are many,

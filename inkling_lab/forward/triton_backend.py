@@ -5,8 +5,10 @@ TP-8 slice's few features takes ``up_act_kernel`` with the LoRA epilogue as its 
 ``lora_ups``); for many,
 cuBLAS's two base GEMMs with the kernels around them. A batch whose tokens all use one
 slot runs cuBLAS GEMMs with its shrinks on a side stream beside the base GEMMs from 17
-tokens (48 on small weights; ``_launch_single``, ``chain_tokens``) and the LoRA folded into the
-base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``). Several slots whose tokens run in slot order
+tokens (48 on small weights; ``_launch_single``, ``chain_tokens``; the expand and activation in
+``expand_act_kernel``) and the LoRA folded into the base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``).
+Several slots on the cuBLAS path take ``expand_act_kernel`` over their runs of one slot where the runs are
+long (``expand_runs``, v36c), ``up_kernel``'s epilogue otherwise. Several slots whose tokens run in slot order
 take grouped GEMMs for their LoRA products where ``grouped_mode`` says (``_launch_grouped``: rank 64
 from 2048 tokens, any rank from 8192). Where the tokens per slot are many (``merges``), each slot's
 adapter is merged into a copy of the base weights for the forward and the base forward's GEMMs run on
@@ -322,7 +324,8 @@ class Plan:
     their runs' ends and ``runs`` the same ``(start, end)`` on the host; ``"kept"`` (``_launch_merged``
     on ``ops.kept``, ``kept_operands``): ``runs``, ``merge_rows`` the kept row of each run and ``offs``
     the runs' ends over the kept rows they span, ``run_streams``: each run's GEMMs one ``torch.mm`` on a
-    stream of its own (``RUN_STREAMS``)."""
+    stream of its own (``RUN_STREAMS``); ``act_runs``: the several-slot cuBLAS path's runs for ``expand_act_kernel``
+    (``expand_runs``), ``None`` where ``up_kernel``'s epilogue takes the activation."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
