@@ -153,6 +153,25 @@ def shrink_kernel(x_ptr, slot_ptr, a_ptr, dst_ptr, mid_ptr,
 
 
 @triton.jit
+def _y_tile(y_ptr, rows, row_ok, e, f0, F, N_EXP, BM: tl.constexpr, BF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The gate and up ``[BM, BF]`` float32 tiles of features ``f0..f0+BF`` of expert ``e`` from cuBLAS's ``y [T, n*2F]``
+    (rows as in ``w13_lin``), read as contiguous row spans (``INTERLEAVED``: one span of ``2*BF`` gate/up pairs; else
+    a gate span and an up span of ``BF``), so the loads vectorize; an index computed per column would not."""
+    y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
+    if INTERLEAVED:
+        jj = tl.arange(0, 2 * BF)
+        pair = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & (f0 + jj // 2 < F)[None, :],
+                       other=0.0).to(tl.float32)
+        gate, up = tl.split(tl.reshape(pair, (BM, BF, 2)))
+    else:
+        fs = f0 + tl.arange(0, BF)
+        y_ok = row_ok[:, None] & (fs < F)[None, :]
+        gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+        up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+    return gate, up
+
+
+@triton.jit
 def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr, ws_ptr, cnt_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, LD_ACT,
@@ -165,9 +184,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     ``LD_ACT`` elements apart (``n*F``, or more where ``act`` is the first ``n*F`` columns of
     the down GEMM's operand ``[act | mid]``).
 
-    With ``Y_IN`` the tile of ``y`` is read as contiguous row spans (``INTERLEAVED``:
-    one span of ``2*BF`` gate/up pairs; else a gate span and an up span of ``BF``), so
-    the loads vectorize; an index computed per column would not.
+    With ``Y_IN`` the tile of cuBLAS's ``y`` is read (``_y_tile``) instead of computed.
 
     ``SPLIT > 1`` (few tokens, weight streaming): ``SPLIT`` consecutive programs share
     a tile, each reducing one slice of ``H``; they add their partial sums into the
@@ -196,15 +213,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     fs = f0 + tl.arange(0, BF)
     f_ok = fs < F
     if Y_IN:
-        y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
-        if INTERLEAVED:
-            acc = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & w_ok[None, :],
-                          other=0.0).to(tl.float32)
-            gate, up = tl.split(tl.reshape(acc, (BM, BF, 2)))
-        else:
-            y_ok = row_ok[:, None] & f_ok[None, :]
-            gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
-            up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+        gate, up = _y_tile(y_ptr, rows, row_ok, e, f0, F, N_EXP, BM, BF, INTERLEAVED)
     else:
         acc = tl.zeros((BM, 2 * BF), dtype=tl.float32)
         k_per = tl.cdiv(tl.cdiv(H, SPLIT), BK) * BK
@@ -323,19 +332,10 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, O, N_EXP
     bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)                # [BR, BF]
     bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
     o = e * O_STEP
-    jj = tl.arange(0, 2 * BF)
     for m0 in tl.range(lo + p * BM, hi, P * BM, num_stages=STAGES):
         rows = m0 + tl.arange(0, BM)
         row_ok = rows < hi
-        y_row = y_ptr + rows[:, None] * (N_EXP * 2 * F) + e * 2 * F
-        if INTERLEAVED:
-            pair = tl.load(y_row + 2 * f0 + jj[None, :], mask=row_ok[:, None] & (f0 + jj // 2 < F)[None, :],
-                           other=0.0).to(tl.float32)
-            gate, up = tl.split(tl.reshape(pair, (BM, BF, 2)))
-        else:
-            y_ok = row_ok[:, None] & f_ok[None, :]
-            gate = tl.load(y_row + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
-            up = tl.load(y_row + F + fs[None, :], mask=y_ok, other=0.0).to(tl.float32)
+        gate, up = _y_tile(y_ptr, rows, row_ok, e, f0, F, N_EXP, BM, BF, INTERLEAVED)
         ld = row_ok[:, None] & r_ok[None, :]
         src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
         sg = tl.load(src, mask=ld, other=0.0)
