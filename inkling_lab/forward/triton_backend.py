@@ -1170,8 +1170,8 @@ FOLD_MIN_RANK = 33
 
 ONE_SLOT_TILES = Tiles(bm=32, bf=64, bn=64, bk=64, k_chunk=512, warps=4, stages=2, cublas=True, sbm=64)
 """``_launch_single``'s activation tiles (``plan``): ``expand_act_kernel`` on 32 tokens by 64 features, 4 warps, 2
-row tiles in flight (v36, ``h100_one_slot_v36.json``: the best of five tiles at 25 of the 32 one-slot points, within
-1 % of the best at 31; the chain 0.94-1.01x the epilogue of ``up_kernel`` before it on these tiles and 0.89-1.00x its
+row tiles in flight (v36, ``h100_one_slot_v36.json``: the best of five tiles at 22 of the 32 one-slot points in each
+flush, within 1 % of the best at 26 read and 28 write, 3 % at all; the chain 0.94-1.01x the epilogue of ``up_kernel`` before it on these tiles and 0.89-1.00x its
 ``addmm`` fold, routed at R 64 from ``T * n*F`` of 2 M; B R 64 T 2048 350 -> 336 µs, Inkling R 64 T 2048 752 -> 728).
 As ``up_kernel``'s tiles (v17): 192 programs at TP8 T = 512, where 64 x 128 gave 48."""
 
