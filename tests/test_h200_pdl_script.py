@@ -121,3 +121,40 @@ def test_the_gemv_scripts_correctness_pass_checks_each_candidate(script, monkeyp
     assert len(rows) == 16 and {r["variant"] for r in rows} == set(gemv.CHECKED) == {"f4k1024", "f8k512"}
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert {"mixed", "no_adapter", "graph", "rank0"} <= set(rows[0]["rel_err"])
+
+
+@pytest.fixture
+def one_slot(script, monkeypatch):
+    """``scripts/gpu/h200_one_slot.py`` on the same interpreted backend and stubs (it drives ``h200_pdl``'s checks),
+    its correctness shapes shrunk as ``A`` is (both at 2 experts, ``H`` 32, ``F`` 16)."""
+    module = import_interpreted("h200_one_slot")
+    sys.modules.pop("h200_one_slot", None)
+    monkeypatch.setattr(module, "tb", script.tb)
+    monkeypatch.setattr(module, "h200_pdl", script)
+    monkeypatch.setitem(PRESETS, "inkling-tp8", PRESETS["inkling-tp8"].with_(n=2, hidden=32, intermediate=16))
+    monkeypatch.setitem(pr.SHAPES, "Inkling-TP8", "inkling-tp8")
+    monkeypatch.setattr(module, "CHECK_TOKENS", (37, 70))  # the interpreter is slow: a partial tile and a few
+    monkeypatch.setattr(module, "MULTI_CHECKS", (("A", 45), ("Inkling-TP8", 37)))
+    return module
+
+
+@pytest.mark.slow
+def test_the_one_slot_scripts_expand_pass_checks_every_tile(one_slot, monkeypatch):
+    """v36's pass (``--expand``): the chain as routed and on each of ``EXPAND_TILES``, at a partial tile and at 70
+    tokens, both gate/up layouts, right, graph replays included; a chain that leaves its output unwritten is flagged."""
+    rows = one_slot.correctness(one_slot.EXPAND_VARIANTS)
+    assert len(rows) == 16 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    assert set(rows[0]["rel_err"]) >= {"routed", "routed_graph", *one_slot.EXPAND_TILES}
+    monkeypatch.setattr(one_slot.tb, "_launch_single", lambda ops, x, *a: x.fill_(float("nan")))
+    assert not any(r["ok"] for r in one_slot.correctness({"routed": one_slot.EXPAND_VARIANTS["routed"]}))
+
+
+@pytest.mark.slow
+def test_the_one_slot_scripts_runs_pass_checks_mixed_and_sorted_tokens(one_slot, monkeypatch):
+    """v36c's pass (``--multi --expand``): the several-slot path with ``expand_act_kernel`` over the batch's runs, on
+    its mixed tokens and on the same tokens sorted by slot, every layout and outer, right (graph replays included)."""
+    monkeypatch.setattr(one_slot.tb, "SMALL_WEIGHTS", 0)  # the tiny TP-8 slice stands for the real one: the cuBLAS path
+    rows = one_slot.multi_correctness(expand=True)
+    assert len(rows) == 16 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    assert {"runs_mixed", "runs_mixed_graph", "runs_sorted", "runs_sorted_graph"} <= set(rows[0]["rel_err"])
+    assert one_slot.tb.EXPAND_RUN_TOKENS == 64  # with_runs put the routed constant back

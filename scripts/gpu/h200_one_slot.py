@@ -105,12 +105,18 @@ def kit(ops, x, gammas, batch, out):
     return lambda: tb.launch(ops, x, gammas, p, out)
 
 
+CHECK_TOKENS = (37, 300)
+"""The one-slot correctness pass's token counts: a partial tile and a few hundred."""
+MULTI_CHECKS = (("A", 200), ("Inkling-TP8", 100))
+"""The several-slot correctness pass's shapes and token counts."""
+
+
 def correctness(variants: dict = VARIANTS) -> list[dict]:
     rows = []
     for shape in ("A", "Inkling-TP8"):
         for interleaved in (True, False):
             for dtype in ("bfloat16", "float16"):
-                for T in (37, 300):
+                for T in CHECK_TOKENS:
                     c = pr.Case.of(shape, 16, 3, T, interleaved=interleaved, dtype=dtype)
                     sc = c.scenario("cuda", seed=T + int(interleaved))
                     x, gammas, g = sc.x, sc.gammas, c.geometry
@@ -258,7 +264,7 @@ def runs_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
 def multi_correctness(expand: bool = False) -> list[dict]:
     rows = []
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
-    for shape, T in (("A", 200), ("Inkling-TP8", 100)):
+    for shape, T in MULTI_CHECKS:
         for o, i, d in layouts:
             c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
             sc = c.scenario("cuda", seed=T + o)
