@@ -625,7 +625,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if t.lora_up is not None:  # v33: up_act_kernel with the LoRA epilogue
         _up_act(ops, x, gammas, ops.w13, act, p, key, t.lora_up, lora)
     elif p.act_runs is not None and lora.on:
-        _expand_act(ops, y, gammas, act, lora.sh, ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
+        _expand_act(ops, y, gammas, act, lora.sh, lora.gb, ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
     else:
         _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
@@ -798,7 +798,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
     act = act_cat[:, :ops.n * ops.intermediate]
-    _expand_act(ops, y, gammas, act, sh, p.tiles, s, scale)
+    _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), p.tiles, s, scale)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
@@ -840,10 +840,10 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
 
 
 def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, sh: torch.Tensor,
-                t: Tiles, slot: int = 0, scale: float = 1.0, runs: "Runs | None" = None,
+                gb: torch.Tensor, t: Tiles, slot: int = 0, scale: float = 1.0, runs: "Runs | None" = None,
                 scalings: torch.Tensor | None = None) -> None:
-    """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, O*2R]``
-    into ``act [T, n*F]`` (any row stride), every token on ``slot`` at ``scale``, or (``runs``) each run on its own
+    """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]``, ``sh [T, O*2R]`` and
+    ``gb``, the pool's gate-up B (contiguous), into ``act [T, n*F]`` (any row stride), every token on ``slot`` at ``scale``, or (``runs``) each run on its own
     slot at ``scalings[s]``; ``t.bm`` tokens by ``t.bf`` features a tile, ``t.warps``, ``t.stages`` row tiles in
     flight, ~``TARGET_PROGRAMS`` programs."""
     T, (n, F) = y.shape[0], (ops.n, ops.intermediate)
@@ -858,7 +858,7 @@ def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: t
         grid = (cols, G, max(1, min(triton.cdiv(runs.longest, t.bm), triton.cdiv(TARGET_PROGRAMS, cols * G))))
         tables = (runs.slots, runs.ends, scalings)
     _run(kernels.expand_act_kernel, grid,
-         (y, gammas, act, sh, ops.buffers[1], T, F, R, O, n, 0 if O == 1 else 1, act.stride(0), slot, float(scale),
+         (y, gammas, act, sh, gb, T, F, R, O, n, 0 if O == 1 else 1, act.stride(0), slot, float(scale),
           *tables),
          BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
          RUNS=runs is not None, num_warps=t.warps)
@@ -938,7 +938,7 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
         sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
         side.join()
         if p.act_runs is not None:
-            _expand_act(ops, y, gammas, act, sh, ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
+            _expand_act(ops, y, gammas, act, sh, gb.contiguous(), ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
         else:
             _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
     else:

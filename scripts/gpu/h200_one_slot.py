@@ -210,7 +210,7 @@ def breakdown(upstream_cls, reps: int) -> list[dict]:
         for w, p in plans.items():  # the activation alone, with the several-slot path's expand, with v36's
             fns[f"up_act_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, tb.Lora.none(x))
             fns[f"up_act_expand_{w}"] = lambda p=p: tb._up(ops, x, y, gammas, act, p, lora)
-            fns[f"expand_act_{w}"] = lambda p=p: tb._expand_act(ops, y, gammas, act, sh, s, 1.0, p.tiles)
+            fns[f"expand_act_{w}"] = lambda p=p: tb._expand_act(ops, y, gammas, act, sh, gb, p.tiles, s, 1.0)
         fns["chain"] = chain(ops, x, gammas, batch, torch.empty_like(x), **VARIANTS["chain_t2"])
         graphs = {}
         for k, fn in fns.items():
