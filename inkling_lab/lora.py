@@ -407,7 +407,8 @@ class SharedSinkLoRA(SharedSink):
     def _operands(self, buffers: tuple[torch.Tensor, ...] | None, w1_delta: torch.Tensor | None,
                   a_cat: torch.Tensor | None, kept: KeptMerge | None = None) -> SinkOperands:
         # first: it may linearize again, with the spare rows (shared outer only)
-        w2_cat = None if buffers is None or w1_delta is None else self._down_cat(buffers[1].shape[-1])  # R
+        w2_cat = None if buffers is None or w1_delta is None else self._down_cat(buffers[1].shape[0]
+                                                                                 * buffers[1].shape[-1])  # S*R
         w13_lin, w2_lin = self.linearized()
         return SinkOperands(w13=self.w13.detach(), w2=self.w2.detach(), w13_lin=w13_lin, w2_lin=w2_lin,
                             interleaved=self.interleaved, buffers=buffers, w1_delta=w1_delta, a_cat=a_cat,

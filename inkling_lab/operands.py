@@ -55,8 +55,9 @@ class SinkOperands:
       or ``None`` (no pool: the base sink);
     * ``w1_delta [S, n*2F, 2R]`` and ``a_cat [S, R, n*F]`` (shared outer only, else ``None``);
     * ``kept``: the slots whose merged weights the sink keeps (``KeptMerge``, made by ``merged.py``), or ``None``;
-    * ``w2_cat [n*F + R, H]`` (shared outer only, else ``None``): ``w2_lin``'s rows and ``R`` more in its
-      storage, where a one-slot forward puts the slot's down ``B^T`` (``triton_backend._down_cat``).
+    * ``w2_cat [n*F + S*R, H]`` (shared outer only, else ``None``): ``w2_lin``'s rows and ``S*R`` more in its
+      storage, where a one-slot forward puts the slot's down ``B^T`` (``triton_backend._down_cat``) and a
+      several-slot one each used slot's (``triton_backend._down_slot_cats``).
 
     The sizes, dtype and device of the weights are read once (every forward asks for
     them, and the record's weight views are its own); the pool's are read each time.

@@ -210,12 +210,12 @@ class SharedSink(nn.Module):
             self._lin_cache = (key, linearize(w13.detach(), w2.detach(), spare), spare)
         return self._lin_cache[1]
 
-    def _down_cat(self, rank: int) -> torch.Tensor:
-        """``[n*F + rank, H]``: ``w2_lin``'s rows and ``rank`` rows after them in the same storage,
-        which a one-slot forward overwrites with the slot's down ``B^T`` to run the down expand as
-        more of the down GEMM's ``K`` (``triton_backend._down_cat``, v27)."""
-        w2_lin = self.linearized(rank)[1]
-        return w2_lin.as_strided((w2_lin.shape[0] + rank, w2_lin.shape[1]), w2_lin.stride(),
+    def _down_cat(self, rows: int) -> torch.Tensor:
+        """``[n*F + rows, H]``: ``w2_lin``'s rows and ``rows`` more after them in the same storage,
+        which a forward overwrites with its slots' down ``B^T`` to run the down expand as more of the
+        down GEMM's ``K`` (``triton_backend._down_cat``, v27, one slot; ``_down_slot_cats``, v37, several)."""
+        w2_lin = self.linearized(rows)[1]
+        return w2_lin.as_strided((w2_lin.shape[0] + rows, w2_lin.shape[1]), w2_lin.stride(),
                                  w2_lin.storage_offset())
 
     def base_forward(self, x: torch.Tensor, gammas: torch.Tensor, form: Form = "linearized") -> torch.Tensor:

@@ -344,7 +344,7 @@ def test_cats_follows_the_measured_tokens_and_rank():
 
 def test_only_a_shared_outer_pool_gets_spare_down_rows():
     shared = make_case(2, 37, 21, 5, 3, 9, True, True, seed=2)[0].operands()
-    assert shared.w2_cat.shape == (2 * 21 + 5, 37) and shared.w2_cat.data_ptr() == shared.w2_lin.data_ptr()
+    assert shared.w2_cat.shape == (2 * 21 + 3 * 5, 37) and shared.w2_cat.data_ptr() == shared.w2_lin.data_ptr()
     assert torch.equal(shared.w2_cat[:42], shared.w2_lin)
     assert make_case(2, 37, 21, 5, 3, 9, False, True, seed=2)[0].operands().w2_cat is None
 
@@ -582,6 +582,76 @@ def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, 
     out, _ = run(sink, x, gammas, batch)
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
     assert torch.count_nonzero(p.sh) == 0
+
+
+def route_slot_cats(monkeypatch) -> None:
+    """Send several-slot batches of these tiny weights down the cuBLAS path with v37's down side."""
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+    monkeypatch.setattr(tb, "SLOT_CAT_TOKENS", 1)
+    monkeypatch.setattr(tb, "SLOT_CAT_SHARE", 1e9)
+
+
+@pytest.mark.parametrize("mode", ["", "epi", "fold"], ids=["triton_shrinks", "grouped_epi", "grouped_fold"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_several_slots_add_the_down_expand_as_more_k_of_the_down_gemm(interleaved, mode, monkeypatch):
+    """v37: each used slot's ``B^T`` a block of rows after ``w2_lin``'s, each token's scaled down shrink in its own
+    slot's block of ``act_cat``: one GEMM writes ``out``. Slot 1 has no tokens and gets no block; the Triton
+    shrinks' batch (``""``) also has base-only tokens, a rank-0 slot and its runs out of order."""
+    route_slot_cats(monkeypatch)
+    monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
+    sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=11)
+    ops = sink.operands()
+    w2_lin = ops.w2_lin.clone()
+    if mode:
+        batch = SlotBatch.from_segments([7, 12, 10], [0, 2, 3], 4, lora_ranks=[8, 8, 8, 8],
+                                        scalings=[0.6, 1.0, -1.4, 0.8])
+    else:
+        batch = SlotBatch.from_segments([5, 6, 4, 9, 5], [3, -1, 0, 1, 3], 4, lora_ranks=[8, 0, 8, 8],
+                                        scalings=[0.6, 1.0, -1.4, 0.8])
+    p = tb.plan(ops, 29, batch, x.device)
+    assert p.grouped == mode and p.cats is not None
+    assert p.cats.slots.tolist() == ([0, 2, 3] if mode else [0, 3])     # slot 1: no tokens, or rank 0
+    assert p.cats.block.tolist() == ([0, -1, 1, 2] if mode else [0, -1, -1, 1])
+    for _ in range(2):  # a repeat launch on the plan: the shrink workspace left zero
+        out = torch.full_like(x, float("nan"))
+        tb.launch(ops, x, gammas, p, out)
+        assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+        assert torch.count_nonzero(p.sh) == 0
+    assert torch.equal(ops.w2_lin, w2_lin)  # the base rows are never written
+    G, R = p.cats.slots.numel(), 8
+    rows = ops.w2_cat[48:48 + G * R].view(G, R, 40)
+    assert torch.equal(rows, ops.buffers[3][p.cats.slots, 0].transpose(1, 2))
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(8, 40), F=st.integers(4, 24), R=st.integers(1, 9), S=st.integers(2, 5),
+       T=st.integers(2, 40), interleaved=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_several_slot_down_k_matches_the_reference_on_random_batches(n, H, F, R, S, T, interleaved, seed):
+    """v37 on random shapes, pools and batches (tokens of any slot in any order, base-only ones, a rank-0 slot)."""
+    with pytest.MonkeyPatch.context() as m:
+        route_slot_cats(m)
+        sink, x, gammas, batch = make_case(n, H, F, R, S, T, True, interleaved, seed)
+        ops = sink.operands()
+        p = tb.plan(ops, T, batch, x.device)
+        used = sorted({s for s in p.slots.tolist() if s >= 0})
+        assert (p.cats is not None) == (len(used) > 1 and p.grouped == "")
+        out = torch.full_like(x, float("nan"))
+        tb.launch(ops, x, gammas, p, out)
+        assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+
+
+def test_slot_cats_follows_its_constants():
+    ops = SimpleNamespace(w2_cat=torch.empty(6144 + 8 * 64, 1), n=2, intermediate=3072, hidden=6144, max_rank=16,
+                          shared_outer=True)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tb, "SLOT_CAT_TOKENS", 512)
+        m.setattr(tb, "SLOT_CAT_SHARE", 0.05)
+        assert tb.slot_cats(512, ops, 4) and not tb.slot_cats(511, ops, 4) and not tb.slot_cats(512, ops, 1)
+        ops.max_rank = 64                                   # the rule's tokens grow with R, its K with used * R
+        assert tb.slot_cats(2048, ops, 4) and not tb.slot_cats(2047, ops, 4) and not tb.slot_cats(2048, ops, 5)
+        assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "shared_outer": False}), 4)
+        assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "w2_cat": None}), 4)
+        assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "w2_cat": torch.empty(6144 + 200, 1)}), 4)
 
 
 def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):

@@ -349,6 +349,33 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, O, N_EXP
 
 
 @triton.jit
+def spread_kernel(mid_ptr, slot_ptr, scale_ptr, block_ptr, cat_ptr, sh_ptr, T, R, G, LD_CAT, SH_COLS,
+                  BM: tl.constexpr, BR: tl.constexpr, BSH: tl.constexpr, ZERO_SH: tl.constexpr):
+    """The several-slot down shrink ``mid [T, R]`` (float32 or the working dtype) spread into the down GEMM's extra
+    ``K`` (v37, ``triton_backend._down_slot_cats``): ``cat[t, g*R + r] = scale_s * mid[t, r]`` where ``g = block[s]``
+    is token ``t``'s slot's block, ``0`` in the other ``G - 1`` blocks and in all of a base-only token's; ``cat``
+    is the last ``G*R`` columns of ``act_cat [T, n*F + G*R]`` (rows ``LD_CAT`` apart). With ``ZERO_SH`` it also
+    zeroes its rows of ``sh [T, SH_COLS]``, the gate/up shrink's workspace, for the next forward (``down_kernel``
+    does it on the other paths). Grid ``(cdiv(T, BM),)``."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    row_ok = rows < T
+    live, sl, scale = _row_slots(slot_ptr, scale_ptr, rows, row_ok)
+    blk = tl.load(block_ptr + sl, mask=live, other=-1)
+    r = tl.arange(0, BR)
+    r_ok = r < R
+    m = tl.load(mid_ptr + rows[:, None] * R + r[None, :], mask=live[:, None] & r_ok[None, :], other=0.0)
+    v = (scale[:, None] * m.to(tl.float32)).to(cat_ptr.dtype.element_ty)
+    keep = row_ok[:, None] & r_ok[None, :]
+    for g in range(0, G):
+        tl.store(cat_ptr + rows[:, None] * LD_CAT + g * R + r[None, :], tl.where((blk == g)[:, None], v, 0.0),
+                 mask=keep)
+    if ZERO_SH:
+        c = tl.arange(0, BSH)
+        tl.store(sh_ptr + rows[:, None] * SH_COLS + c[None, :], tl.zeros((BM, BSH), dtype=tl.float32),
+                 mask=row_ok[:, None] & (c < SH_COLS)[None, :])
+
+
+@triton.jit
 def down_kernel(act_ptr, w2_ptr, out_ptr,
                 slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, ws_ptr, cnt_ptr,
                 T, H, F, R, O, N_EXP,

@@ -325,7 +325,9 @@ class Plan:
     on ``ops.kept``, ``kept_operands``): ``runs``, ``merge_rows`` the kept row of each run and ``offs``
     the runs' ends over the kept rows they span, ``run_streams``: each run's GEMMs one ``torch.mm`` on a
     stream of its own (``RUN_STREAMS``); ``act_runs``: the several-slot cuBLAS path's runs for ``expand_act_kernel``
-    (``expand_runs``), ``None`` where ``up_kernel``'s epilogue takes the activation."""
+    (``expand_runs``), ``None`` where ``up_kernel``'s epilogue takes the activation; ``cats``: the several-slot
+    cuBLAS path's down expand as more of the down GEMM's ``K`` (``slot_cats``, ``_down_slot_cats``), ``None``
+    where the down epilogue adds it onto ``out``."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
@@ -344,6 +346,7 @@ class Plan:
     merge_rows: tuple[int, ...] = ()
     run_streams: bool = False
     act_runs: "Runs | None" = None
+    cats: "SlotCats | None" = None
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -452,6 +455,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
                 grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
     if routed and single < 0 and extra.get("grouped", "epi") == "epi":  # up_kernel's epilogue, or v36c's runs
         extra["act_runs"] = expand_runs(slots, device)
+    if routed and single < 0 and extra.get("grouped", "epi") in ("epi", "fold"):
+        extra["cats"] = slot_cat_operands(ops, num_tokens, slots, device)
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
                 float(batch.scalings[single]) if single >= 0 else 1.0, split=split, **extra)
 
@@ -595,7 +600,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
             return _launch_folded(ops, x, gammas, p, out, w2_cat)
         return _launch_single(ops, x, gammas, p, out, w2_cat)
     key = _launch_key(ops, x, gammas, out)
-    act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+    act_cat, act = _act_slot_cat(ops, x, p.cats)
     pdl = t.pdl and not t.cublas and not interpreting()
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
@@ -614,6 +619,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         with side:
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
                     a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
+            _cat_slot_rows(ops, p.cats)
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
     else:
         lora = Lora.none(x)
@@ -633,6 +639,10 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         if not lora.on:
             return torch.mm(act, ops.w2_lin, out=out)
         R, O, br = lora.R, lora.O, lora.br
+        if p.cats is not None:  # v37: the down shrink before the down GEMM, whose K its product joins
+            _shrink(act, p, ops.a_cat, mid, mid, k=n * F, ldx=act.stride(0), x_o_off=0, rank=R, outer=1, a_slot=R,
+                    a_outer=0, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
+            return _down_slot_cats(ops, act_cat, mid, p, out, zero_sh=True)
         with side:
             if O == 1:  # a_cat [S, R, n*F]: one shrink over all experts' features is the expert sum
                 _shrink(act, p, ops.a_cat, mid, mid, k=n * F, ldx=n * F, x_o_off=0, rank=R, outer=1, a_slot=R,
@@ -915,6 +925,75 @@ def _down_cat(ops: SinkOperands, act_cat: torch.Tensor, s: int, scale: float, w2
     return torch.mm(act_cat, w2_cat[:nf + R], out=out)
 
 
+@dataclass(frozen=True)
+class SlotCats:
+    """The used slots of a several-slot batch as blocks of the down GEMM's ``K`` (``_down_slot_cats``):
+    ``slots [G]`` int64, the slots with tokens in order, whose ``B_s^T`` go after ``w2_lin``'s rows in
+    ``ops.w2_cat``, and ``block [S]`` int32, each pool slot's block (``-1``: none)."""
+
+    slots: torch.Tensor
+    block: torch.Tensor
+
+
+SLOT_CAT_TOKENS = 0
+"""From this many tokens (times ``R / 16`` from rank 16 up) a several-slot batch on the cuBLAS path runs its
+down expand as more of the down GEMM's ``K`` (``slot_cats``, v37; 0: never), where the extra ``K`` is at most
+``SLOT_CAT_SHARE`` of ``n*F``."""
+SLOT_CAT_SHARE = 0.25
+
+
+def slot_cats(num_tokens: int, ops: SinkOperands, used: int) -> bool:
+    """A several-slot batch of ``num_tokens``, ``used`` slots with tokens, takes ``_down_slot_cats`` (shared
+    outer, ``ops.w2_cat`` with room for ``used * R`` rows)."""
+    R, nf = ops.max_rank, ops.n * ops.intermediate
+    return (SLOT_CAT_TOKENS > 0 and ops.shared_outer and ops.w2_cat is not None and used > 1
+            and ops.w2_cat.shape[0] >= nf + used * R
+            and num_tokens >= SLOT_CAT_TOKENS * max(1, R // 16) and used * R <= SLOT_CAT_SHARE * nf)
+
+
+def slot_cat_operands(ops: SinkOperands, num_tokens: int, slots: torch.Tensor, device) -> SlotCats | None:
+    """``SlotCats`` of effective ``slots [T]`` (host) where ``slot_cats``, else ``None``."""
+    used = torch.unique(slots[slots >= 0])
+    if not slot_cats(num_tokens, ops, used.numel()):
+        return None
+    block = torch.full((ops.slots,), -1, dtype=torch.int32)
+    block[used] = torch.arange(used.numel(), dtype=torch.int32)
+    return SlotCats(used.to(device=device, dtype=torch.int64), block.to(device))
+
+
+def _act_slot_cat(ops: SinkOperands, x: torch.Tensor, cats: SlotCats | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(act_cat [T, n*F + G*R], act)``, ``act`` its first ``n*F`` columns (``act_cat`` is ``act`` without ``cats``)."""
+    nf = ops.n * ops.intermediate
+    extra = 0 if cats is None else cats.slots.numel() * ops.max_rank
+    act_cat = torch.empty(x.shape[0], nf + extra, dtype=x.dtype, device=x.device)
+    return act_cat, act_cat[:, :nf]
+
+
+def _cat_slot_rows(ops: SinkOperands, cats: SlotCats | None) -> None:
+    """The used slots' ``B_s^T [R, H]`` into ``ops.w2_cat``'s rows after ``n*F``, block by block, if ``cats``."""
+    if cats is not None:
+        nf, R, G = ops.n * ops.intermediate, ops.max_rank, cats.slots.numel()
+        rows = ops.w2_cat[nf:nf + G * R].view(G, R, ops.hidden)
+        rows.copy_(ops.buffers[3].index_select(0, cats.slots)[:, 0].transpose(1, 2))
+
+
+def _down_slot_cats(ops: SinkOperands, act_cat: torch.Tensor, mid: torch.Tensor, p: Plan, out: torch.Tensor,
+                    zero_sh: bool = False) -> torch.Tensor:
+    """The down side of several slots as one GEMM (v37, ``_down_cat`` for each used slot): ``act_cat = [act |
+    scale_s * mid in slot s's block]`` ``[T, n*F + G*R]`` (``kernels.spread_kernel``, from the down shrink
+    ``mid [T, R]``) times ``w2_cat = [w2_lin ; B_0^T ; ... ; B_{G-1}^T]`` ``[n*F + G*R, H]``: ``out`` is written once,
+    where the down epilogue reads it and writes it again, for ``G*R`` more steps of ``K`` (zeros outside a
+    token's own block). ``zero_sh``: the spread also zeroes ``p.sh`` (the Triton shrinks' workspace)."""
+    T, nf, R = act_cat.shape[0], ops.n * ops.intermediate, ops.max_rank
+    G = p.cats.slots.numel()
+    sh = p.sh if zero_sh else mid
+    _run(kernels.spread_kernel, (triton.cdiv(T, 64),),
+         (mid, p.slots, p.scalings, p.cats.block, act_cat[:, nf:], sh, T, R, G, act_cat.stride(0), sh.shape[1]),
+         fast=(p.fast, ("spread", zero_sh, mid.dtype, act_cat.dtype)), BM=64, BR=max(16, triton.next_power_of_2(R)), BSH=max(16, triton.next_power_of_2(sh.shape[1])),
+         ZERO_SH=zero_sh, num_warps=4)
+    return torch.mm(act_cat, ops.w2_cat[:nf + G * R], out=out)
+
+
 def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mode: str) -> torch.Tensor:
     """Several slots, their tokens in slot order (``p.offs``, ``segment_offsets``), the cuBLAS path,
     shared outer: each LoRA product one grouped GEMM over the slots' runs (``torch._grouped_mm``;
@@ -929,12 +1008,13 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
     n, F = ops.n, ops.intermediate
     offs = p.offs
     br = max(16, triton.next_power_of_2(R))
-    act = torch.empty(T, n * F, dtype=x.dtype, device=x.device)
+    act_cat, act = _act_slot_cat(ops, x, p.cats)
     if mode == "epi":
         y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
         side = _Beside(x)
         with side:
             torch.mm(x, ops.w13_lin.T, out=y)
+            _cat_slot_rows(ops, p.cats)
         sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
         side.join()
         if p.act_runs is not None:
@@ -946,7 +1026,10 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
         sh.mul_(p.token_scale)
         y = torch._grouped_mm(sh, ops.w1_delta.transpose(1, 2), offs=offs)       # [T, n*2F]
         y.addmm_(x, ops.w13_lin.T)
+        _cat_slot_rows(ops, p.cats)
         _up(ops, x, y, gammas, act, p, Lora.none(x))
+    if p.cats is not None:  # v37
+        return _down_slot_cats(ops, act_cat, torch._grouped_mm(act, ops.a_cat.transpose(1, 2), offs=offs), p, out)
     side = _Beside(x)
     with side:
         torch.mm(act, ops.w2_lin, out=out)

@@ -234,13 +234,50 @@ RUN_TOKENS = 64
 """v36c (``--multi --expand``): the ``EXPAND_RUN_TOKENS`` its ``runs`` contender plans with."""
 
 
-def with_runs(tokens: int, make):
-    """``make()`` (a plan) with ``EXPAND_RUN_TOKENS = tokens``."""
-    held, tb.EXPAND_RUN_TOKENS = tb.EXPAND_RUN_TOKENS, tokens
+def forcing(make, **constants):
+    """``make()`` (a plan) with ``triton_backend``'s ``constants`` set, then restored."""
+    held = {k: getattr(tb, k) for k in constants}
+    for k, v in constants.items():
+        setattr(tb, k, v)
     try:
         return make()
     finally:
-        tb.EXPAND_RUN_TOKENS = held
+        for k, v in held.items():
+            setattr(tb, k, v)
+
+
+def with_runs(tokens: int, make):
+    """``make()`` (a plan) with ``EXPAND_RUN_TOKENS = tokens``."""
+    return forcing(make, EXPAND_RUN_TOKENS=tokens)
+
+
+CATS = dict(SLOT_CAT_TOKENS=1, SLOT_CAT_SHARE=float("inf"), MERGE_RATIO=float("inf"))
+"""v37 (``--multi --cats``): the constants its ``cats`` contender plans with (every several-slot batch on the cuBLAS
+path takes ``_down_slot_cats``; no merge)."""
+NO_MERGE = dict(MERGE_RATIO=float("inf"))
+"""v37: ``nomerge``, where the routed plan merges: the same batch on the path it would take without merging."""
+
+
+def cats_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
+    """v37: the several-slot path with the down expand as more of the down GEMM's ``K`` (``CATS``): on the mixed
+    batch (Triton shrinks), and on its tokens in slot order with every token on a slot of rank ``R`` through
+    ``_launch_grouped``'s ``epi`` and ``fold``, each launched twice and replayed from a graph."""
+    T = x.shape[0]
+    p = forcing(lambda: tb.plan(ops, T, batch, x.device), **CATS)
+    assert p.cats is not None and p.tiles.cublas and p.grouped == ""
+    h200_pdl.check_contender("cats_mixed", lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, p, o), ref, errs,
+                             label)
+    if x.is_cuda and ops.dtype != torch.bfloat16:  # the grouped GEMM: bfloat16 on CUDA
+        return
+    ids = torch.sort(batch.token_slots() % 2).values  # slots 0 and 1, both at rank R, in order
+    inorder = SlotBatch.from_token_slots(ids, batch.num_slots, lora_ranks=batch.lora_ranks.tolist(),
+                                         scalings=batch.scalings.tolist())
+    want = reference_forward(ops, x, gammas, inorder)
+    for mode in ("epi", "fold"):
+        pm = forcing(lambda: tb.plan(ops, T, inorder, x.device), grouped_mode=lambda *a, m=mode: m, **CATS)
+        assert pm.cats is not None and pm.grouped == mode
+        h200_pdl.check_contender(f"cats_{mode}", lambda pm=pm, o=torch.empty_like(x): tb.launch(ops, x, gammas, pm, o),
+                                 want, errs, label)
 
 
 def runs_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
@@ -261,7 +298,7 @@ def runs_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
                                  errs, label)
 
 
-def multi_correctness(expand: bool = False) -> list[dict]:
+def multi_correctness(expand: bool = False, cats: bool = False) -> list[dict]:
     rows = []
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
     for shape, T in MULTI_CHECKS:
@@ -281,6 +318,8 @@ def multi_correctness(expand: bool = False) -> list[dict]:
                 errs = h200_pdl.check(ops, x, gammas, batch, t, ref, ref_base, c)
                 if expand:
                     runs_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T} O={o}")
+                if cats and o == 1:
+                    cats_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T}")
             except Exception as exc:  # recorded, and the run goes on
                 errs = {"failure": float("nan")}
                 print(f"check {shape} O={o} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -290,18 +329,30 @@ def multi_correctness(expand: bool = False) -> list[dict]:
     return rows
 
 
-def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False) -> list[dict]:
+CATS_TOKENS = (512, 2048, 8192)
+"""v37 (``--multi --cats``): the token counts it times (where ``CAT_TOKENS`` starts the one-slot ``cats``)."""
+
+
+def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: bool = False) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
-        p = tb.plan(ops, x.shape[0], batch, x.device)
+        T = x.shape[0]
+        p = tb.plan(ops, T, batch, x.device)
         assert p.tiles.cublas and p.single_slot < 0
         out = torch.empty_like(x)
         multi = upstream_cls(sink, batch, min_slots=2)
         fns = {"kit": lambda: tb.launch(ops, x, gammas, p, out), "sglang_multi": lambda: multi.forward(x, gammas)}
         if expand:  # v36c: the same batch planned with expand_act_kernel over its runs
-            pr_ = with_runs(RUN_TOKENS, lambda: tb.plan(ops, x.shape[0], batch, x.device))
+            pr_ = with_runs(RUN_TOKENS, lambda: tb.plan(ops, T, batch, x.device))
             fns["runs"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pr_, o)
+        if cats:  # v37: the same batch with the down expand as more K (no merge), and without it where p merges
+            fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
+            pc = forcing(lambda: tb.plan(ops, T, batch, x.device), **CATS)
+            fns["cats"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pc, o)
+            if p.grouped == "merge":
+                pn = forcing(lambda: tb.plan(ops, T, batch, x.device), **NO_MERGE)
+                fns["nomerge"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pn, o)
         return fns
 
     rows = []
@@ -309,7 +360,7 @@ def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False) -> list[d
         base = None
         for R in (16, 64):
             for S in (4, 8):
-                for T in MULTI_TOKENS:
+                for T in CATS_TOKENS if cats else MULTI_TOKENS:
                     g = pr.Case.of(shape, R, S, T).geometry
                     if not tb.pick_tiles(T, g.n * g.intermediate * g.hidden, g.hidden).cublas:
                         continue  # A at 128 tokens: the weight-streaming launches
@@ -328,6 +379,8 @@ def main() -> int:
     ap.add_argument("--multi", action="store_true", help="only the multi-slot cuBLAS path (v17b)")
     ap.add_argument("--expand", action="store_true", help="v36: the chain's activation tiles (EXPAND_VARIANTS at "
                     "EXPAND_POINTS, or --tokens); with --multi, v36c's runs")
+    ap.add_argument("--cats", action="store_true", help="with --multi, v37: the down expand as more of the down "
+                    "GEMM's K (CATS) beside the routed path, and sglang's base")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
                     "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
     args = ap.parse_args()
@@ -337,10 +390,10 @@ def main() -> int:
     variants = EXPAND_VARIANTS if args.expand else VARIANTS
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=variants)
     if args.multi:
-        rec["correctness"] = multi_correctness(args.expand)
+        rec["correctness"] = multi_correctness(args.expand, args.cats)
         records.write_json(args.out, rec)
         print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok", flush=True)
-        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand)
+        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand, args.cats)
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         for fl in ("read", "write"):
@@ -349,6 +402,14 @@ def main() -> int:
             if args.expand:
                 got = [r["us"][f"runs@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"runs@{fl}" in r["us"]]
                 print(f"  runs: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
+                      f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
+            if args.cats:
+                for k in ("kit", "cats"):
+                    near = sum(1 for r in rec["points"] if r["T"] >= 2048
+                               and r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"]["sglang_base@" + fl])
+                    print(f"  {k}: within 1.1x of the base at {near} of the T >= 2048 points", flush=True)
+                got = [r["us"][f"cats@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"cats@{fl}" in r["us"]]
+                print(f"  cats: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
                       f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
         print(f"{rec['seconds']} s")
         return 0
