@@ -170,6 +170,6 @@ def test_the_one_slot_scripts_cats_pass_checks_each_several_slot_path(one_slot, 
     assert len(rows) == 16 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     shared = [r for r in rows if r["outer"] == 1]
     assert len(shared) == 8 and all({"cats_mixed", "cats_epi_graph", "cats_fold"} <= set(r["rel_err"]) for r in shared)
-    assert one_slot.tb.SLOT_CAT_TOKENS == 0 and one_slot.tb.MERGE_RATIO == 2.0
+    assert one_slot.tb.SLOT_CAT_TOKENS == 2048 and one_slot.tb.MERGE_RATIO == 2.0
     monkeypatch.setattr(one_slot.tb, "_down_slot_cats", lambda ops, act_cat, mid, p, out, *a: out.fill_(float("nan")))
     assert not any(r["ok"] for r in one_slot.multi_correctness(cats=True) if r["outer"] == 1)

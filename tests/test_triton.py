@@ -588,7 +588,7 @@ def route_slot_cats(monkeypatch) -> None:
     """Send several-slot batches of these tiny weights down the cuBLAS path with v37's down side."""
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
     monkeypatch.setattr(tb, "SLOT_CAT_TOKENS", 1)
-    monkeypatch.setattr(tb, "SLOT_CAT_SHARE", 1e9)
+    monkeypatch.setattr(tb, "SLOT_CAT_RANKS", 1 << 30)
 
 
 @pytest.mark.parametrize("mode", ["", "epi", "fold"], ids=["triton_shrinks", "grouped_epi", "grouped_fold"])
@@ -640,18 +640,31 @@ def test_the_several_slot_down_k_matches_the_reference_on_random_batches(n, H, F
         assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
 
 
-def test_slot_cats_follows_its_constants():
+def test_slot_cats_follows_the_measured_tokens_and_ranks():
+    """v37 as ``h100_multi_v37.json`` measured it: from 2048 tokens where the used slots' ranks add up to 64, from
+    8192 where they add up to 128, never beyond; one slot is ``cats``' (v27), not this."""
     ops = SimpleNamespace(w2_cat=torch.empty(6144 + 8 * 64, 1), n=2, intermediate=3072, hidden=6144, max_rank=16,
                           shared_outer=True)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(tb, "SLOT_CAT_TOKENS", 512)
-        m.setattr(tb, "SLOT_CAT_SHARE", 0.05)
-        assert tb.slot_cats(512, ops, 4) and not tb.slot_cats(511, ops, 4) and not tb.slot_cats(512, ops, 1)
-        ops.max_rank = 64                                   # the rule's tokens grow with R, its K with used * R
-        assert tb.slot_cats(2048, ops, 4) and not tb.slot_cats(2047, ops, 4) and not tb.slot_cats(2048, ops, 5)
-        assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "shared_outer": False}), 4)
-        assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "w2_cat": None}), 4)
-        assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "w2_cat": torch.empty(6144 + 200, 1)}), 4)
+    assert tb.slot_cats(2048, ops, 4) and not tb.slot_cats(2047, ops, 4) and not tb.slot_cats(8192, ops, 1)
+    assert tb.slot_cats(8192, ops, 8) and not tb.slot_cats(8191, ops, 8)   # G R = 128
+    assert not tb.slot_cats(8192, ops, 9)                                 # G R = 144: not measured ahead
+    ops.max_rank = 64
+    assert not tb.slot_cats(1 << 20, ops, 4)                               # G R = 256: never
+    assert tb.slot_cats(8192, ops, 2)                                     # G R = 128
+    assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "shared_outer": False}), 2)
+    assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "w2_cat": None}), 2)
+    assert not tb.slot_cats(8192, SimpleNamespace(**{**vars(ops), "w2_cat": torch.empty(6144 + 100, 1)}), 2)
+
+
+def test_slot_cats_comes_before_the_merge_where_both_route():
+    """A and TP8 R 16 S 4 T 8192: ``merges`` routes them, v37 was faster there (0.97-0.98x the merge)."""
+    for shape in ("A", "inkling-tp8"):
+        g = PRESETS[shape]
+        ops = SimpleNamespace(w2_cat=torch.empty(g.n * g.intermediate + 64, 1), n=g.n, intermediate=g.intermediate,
+                              hidden=g.hidden, max_rank=16, shared_outer=True, dtype=torch.bfloat16)
+        assert tb.merges(8192, ops, 4) and tb.grouped_mode(8192, ops, torch.device("cuda"), 4) == "epi"
+        ops.max_rank = 64                                                  # G R = 256: the merge, as before
+        assert tb.grouped_mode(8192, ops, torch.device("cuda"), 4) == "merge"
 
 
 def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):
@@ -676,11 +689,13 @@ def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):
 def test_grouped_mode_follows_the_measured_grid(shape):
     """``grouped_mode`` as KERNEL_NOTES v20 and v21 measured it, four slots with tokens: rank 64 from 2048
     tokens (Inkling's weights from 512), rank 16 from 8192; ``fold`` only at rank 64 from 4096 tokens on
-    weights with many features (B, Inkling); merged weights at 8192 tokens on A and TP-8 (``merges``)."""
+    weights with many features (B, Inkling); merged weights at 8192 tokens on A and TP-8 (``merges``) at rank 64,
+    where at rank 16 the down expand as more ``K`` (v37, ``slot_cats``) comes first."""
     g = PRESETS[shape]
     def ops(rank, **kw):
         return SimpleNamespace(**{"shared_outer": True, "max_rank": rank, "dtype": torch.bfloat16, "n": g.n,
-                                  "intermediate": g.intermediate, "hidden": g.hidden, **kw})
+                                  "intermediate": g.intermediate, "hidden": g.hidden,
+                                  "w2_cat": torch.empty(g.n * g.intermediate + 8 * 64, 1), **kw})
     cuda = torch.device("cuda")
     many = shape in ("B", "inkling")
     large = shape == "inkling"  # n*F*H 38 M: from 512 tokens at rank 64
@@ -688,7 +703,8 @@ def test_grouped_mode_follows_the_measured_grid(shape):
     assert [tb.grouped_mode(T, ops(64), cuda, 4) for T in (511, 512, 2047, 2048, 4096, 8192)] == \
         ["", "epi" if large else "", "epi" if large else "", "epi", "fold" if many else "epi",
          "merge" if merged else "fold" if many else "epi"]
-    assert [tb.grouped_mode(T, ops(16), cuda, 4) for T in (2048, 8191, 8192)] == \
+    assert [tb.grouped_mode(T, ops(16), cuda, 4) for T in (2048, 8191, 8192)] == ["", "", "epi"]
+    assert [tb.grouped_mode(T, ops(16, w2_cat=None), cuda, 4) for T in (2048, 8191, 8192)] == \
         ["", "merge" if merged else "", "merge" if merged else "epi"]  # A and TP-8 merge from 6144 and 5462
     assert tb.grouped_mode(8192, ops(16), cuda, 8) == "epi"  # eight merges cost more than the LoRA they replace
     assert tb.grouped_mode(8192, ops(64, dtype=torch.float16), cuda, 4) == ""  # torch's host-side loop

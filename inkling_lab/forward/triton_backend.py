@@ -501,8 +501,8 @@ four slots: A from 6144, TP8 from 5462 (on the measured grid: A and TP8 from 204
 def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``),
     ``used`` slots with tokens, takes ``_launch_grouped`` or ``_launch_merged``: ``"merge"`` where
-    ``merges`` (at any rank; ``H`` and ``n*2F`` multiples of 8 for the merged grouped GEMM's rows),
-    else ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
+    ``merges`` (at any rank; ``H`` and ``n*2F`` multiples of 8 for the merged grouped GEMM's rows)
+    and not ``slot_cats`` (v37: ahead of the merge where it routes), else ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
     shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from ``GROUPED_RANK_TOKENS``
     tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank from
     ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
@@ -514,7 +514,8 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     R, nf = ops.max_rank, ops.n * ops.intermediate
     if not ops.shared_outer or (torch.device(device).type == "cuda" and ops.dtype != torch.bfloat16):
         return ""
-    if merges(num_tokens, ops, used) and ops.hidden % 8 == 0 and nf % 4 == 0:  # the merged GEMM's 16-byte rows
+    merged = merges(num_tokens, ops, used) and ops.hidden % 8 == 0 and nf % 4 == 0  # the merged GEMM's 16-byte rows
+    if merged and not slot_cats(num_tokens, ops, used):
         return "merge"
     if R % 8:
         return ""
@@ -935,20 +936,27 @@ class SlotCats:
     block: torch.Tensor
 
 
-SLOT_CAT_TOKENS = 0
-"""From this many tokens (times ``R / 16`` from rank 16 up) a several-slot batch on the cuBLAS path runs its
-down expand as more of the down GEMM's ``K`` (``slot_cats``, v37; 0: never), where the extra ``K`` is at most
-``SLOT_CAT_SHARE`` of ``n*F``."""
-SLOT_CAT_SHARE = 0.25
+SLOT_CAT_TOKENS = 2048
+SLOT_CAT_RANKS = 64
+SLOT_CAT_WIDE_TOKENS = 8192
+"""A several-slot batch on the cuBLAS path runs its down expand as more of the down GEMM's ``K`` (``slot_cats``, v37)
+from ``SLOT_CAT_TOKENS`` tokens where its used slots' ranks add up to at most ``SLOT_CAT_RANKS`` (the extra ``K``),
+from ``SLOT_CAT_WIDE_TOKENS`` where they add up to twice that, never beyond; it then takes no merge (``grouped_mode``).
+``h100_multi_v37.json`` (an H100; S 4 / 8, R 16 / 64, 512-8192 tokens in slot order, every shape, both flushes),
+``_down_slot_cats`` over the path routed before: ahead at every point this routes (0.93-0.98x at ``G R = 64`` from
+2048 tokens, 0.88-0.97x at 128 from 8192, TP8 R 16 S 8 T 8192 0.877x; A and TP8 R 16 S 4 T 8192 0.97-0.98x the merge
+routed there); behind at every shape at 512 tokens (1.0-1.4x: the down shrink no longer beside the down GEMM), at
+``G R = 128`` on A and TP8 at 2048 (1.02-1.04x), and level or behind at ``G R`` 256-512 (0.99-1.12x, but TP8 R 64 S 4
+T 2048 0.94x and S 8 T 8192 0.975x)."""
 
 
 def slot_cats(num_tokens: int, ops: SinkOperands, used: int) -> bool:
     """A several-slot batch of ``num_tokens``, ``used`` slots with tokens, takes ``_down_slot_cats`` (shared
     outer, ``ops.w2_cat`` with room for ``used * R`` rows)."""
-    R, nf = ops.max_rank, ops.n * ops.intermediate
-    return (SLOT_CAT_TOKENS > 0 and ops.shared_outer and ops.w2_cat is not None and used > 1
-            and ops.w2_cat.shape[0] >= nf + used * R
-            and num_tokens >= SLOT_CAT_TOKENS * max(1, R // 16) and used * R <= SLOT_CAT_SHARE * nf)
+    k = used * ops.max_rank
+    first = SLOT_CAT_TOKENS if k <= SLOT_CAT_RANKS else SLOT_CAT_WIDE_TOKENS if k <= 2 * SLOT_CAT_RANKS else 0
+    return (first > 0 and num_tokens >= first and ops.shared_outer and ops.w2_cat is not None and used > 1
+            and ops.w2_cat.shape[0] >= ops.n * ops.intermediate + k)
 
 
 def slot_cat_operands(ops: SinkOperands, num_tokens: int, slots: torch.Tensor, device) -> SlotCats | None:

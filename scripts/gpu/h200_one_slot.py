@@ -251,7 +251,7 @@ def with_runs(tokens: int, make):
     return forcing(make, EXPAND_RUN_TOKENS=tokens)
 
 
-CATS = dict(SLOT_CAT_TOKENS=1, SLOT_CAT_SHARE=float("inf"), MERGE_RATIO=float("inf"))
+CATS = dict(SLOT_CAT_TOKENS=1, SLOT_CAT_RANKS=1 << 30, MERGE_RATIO=float("inf"))
 """v37 (``--multi --cats``): the constants its ``cats`` contender plans with (every several-slot batch on the cuBLAS
 path takes ``_down_slot_cats``; no merge)."""
 NO_MERGE = dict(MERGE_RATIO=float("inf"))
