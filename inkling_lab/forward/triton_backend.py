@@ -8,7 +8,8 @@ slot runs cuBLAS GEMMs with its shrinks on a side stream beside the base GEMMs f
 tokens (48 on small weights; ``_launch_single``, ``chain_tokens``; the expand and activation in
 ``expand_act_kernel``) and the LoRA folded into the base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``).
 Several slots on the cuBLAS path take ``expand_act_kernel`` over their runs of one slot where the runs are
-long (``expand_runs``, v36c), ``up_kernel``'s epilogue otherwise. Several slots whose tokens run in slot order
+long (``expand_runs``, v36c), ``up_kernel``'s epilogue otherwise, and from 2048 tokens at low ranks run the
+down expand as more of the down GEMM's ``K``, a block of rows per used slot (``slot_cats``, v37). Several slots whose tokens run in slot order
 take grouped GEMMs for their LoRA products where ``grouped_mode`` says (``_launch_grouped``: rank 64
 from 2048 tokens, any rank from 8192). Where the tokens per slot are many (``merges``), each slot's
 adapter is merged into a copy of the base weights for the forward and the base forward's GEMMs run on
