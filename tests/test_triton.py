@@ -584,6 +584,39 @@ def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, 
     assert torch.count_nonzero(p.sh) == 0
 
 
+@pytest.mark.parametrize("programs", [1, 1 << 20], ids=["one_walks_each_run", "one_tile_each"])
+@pytest.mark.parametrize("mode", ["", "epi", "fold"], ids=["triton_shrinks", "grouped_epi", "grouped_fold"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_the_down_expand_walks_each_run_of_several_slots(interleaved, mode, programs, monkeypatch):
+    """v38: ``expand_down_kernel`` adds each run's down expand onto cuBLAS's ``out``, one slot's ``down_B`` block kept a
+    program: runs of three slots in no order with base-only and rank-0 runs on the Triton shrinks' path (whose
+    workspace it re-zeroes), in slot order with an empty slot through the grouped ``epi`` and ``fold``."""
+    monkeypatch.setattr(tb, "DOWN_RUN_TOKENS", 1)
+    monkeypatch.setattr(tb, "TARGET_PROGRAMS", programs)
+    monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+    sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 45, True, interleaved, seed=47)
+    if mode:
+        batch = SlotBatch.from_segments([9, 20, 16], [0, 2, 3], 4, lora_ranks=[8, 8, 8, 8],
+                                        scalings=[0.6, 1.0, -1.4, 0.8])
+    else:
+        batch = SlotBatch.from_segments([9, 3, 7, 1, 8, 5, 6, 6], [2, -1, 0, 3, 1, 2, 3, 0], 4,
+                                        lora_ranks=[8, 0, 8, 8], scalings=[0.7, 1.0, -1.2, 1.5])
+    ops = sink.operands()
+    p = tb.plan(ops, 45, batch, x.device)
+    assert p.grouped == mode and p.down_runs is not None and p.cats is None
+    for _ in range(2):  # a repeat launch on the plan: the workspace left zero
+        out = torch.full_like(x, float("nan"))
+        tb.launch(ops, x, gammas, p, out)
+        assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+        assert torch.count_nonzero(p.sh) == 0
+    monkeypatch.setattr(tb, "DOWN_RUN_TOKENS", 0)
+    assert tb.plan(ops, 45, batch, x.device).down_runs is None
+    per_expert, *_ = make_case(2, 40, 24, 8, 4, 45, False, interleaved, seed=47)
+    monkeypatch.setattr(tb, "DOWN_RUN_TOKENS", 1)
+    assert tb.plan(per_expert.operands(), 45, batch, x.device).down_runs is None  # shared outer only
+
+
 def route_slot_cats(monkeypatch) -> None:
     """Send several-slot batches of these tiny weights down the cuBLAS path with v37's down side."""
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)

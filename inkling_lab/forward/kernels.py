@@ -350,6 +350,45 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, O, N_EXP
 
 
 @triton.jit
+def expand_down_kernel(out_ptr, mid_ptr, db_ptr, sh_ptr, run_slot_ptr, run_end_ptr, scale_ptr, H, R, SH_COLS,
+                       BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BSH: tl.constexpr, STAGES: tl.constexpr,
+                       ZERO_SH: tl.constexpr):
+    """The several-slot cuBLAS path's down expand over the batch's runs of one slot (v38): ``out[t, h] += scale_s *
+    mid[t, :R] @ down_B[s, 0, h, :R]`` onto cuBLAS's ``out = act @ w2_lin`` ``[T, H]``, ``mid [T, R]`` (float32 or the
+    working dtype, rounded to ``down_B``'s dtype as ``down_kernel`` does), shared outer; run ``g`` ends at
+    ``run_ends[g]`` on slot ``run_slots[g]`` (``-1``: no LoRA, its rows left as they are) at ``scalings[s]``.
+
+    Grid ``(cdiv(H, BN), G, P)``: program ``(block, g, p)`` loads its ``[BR, BN]`` of slot ``s``'s ``down_B`` once and
+    walks the row tiles ``p, p + P, ...`` of run ``g`` (``STAGES`` in flight), as ``expand_act_kernel`` walks the up
+    side, where ``down_kernel`` reloads ``down_B`` for every ``BM`` rows. With ``ZERO_SH`` the first column of programs
+    also zeroes its rows of ``sh [T, SH_COLS]``, the Triton shrinks' workspace, as ``down_kernel`` does."""
+    hs = tl.program_id(0) * BN + tl.arange(0, BN)
+    h_ok = hs < H
+    g = tl.program_id(1)
+    p, P = tl.program_id(2), tl.num_programs(2)
+    lo = tl.where(g > 0, tl.load(run_end_ptr + tl.maximum(g - 1, 0)), 0)
+    s, rank = _token_slot(run_slot_ptr + g, R)
+    hi = tl.where(rank > 0, tl.load(run_end_ptr + g), lo)  # a run of no LoRA: nothing to add, nothing to zero
+    scale = tl.load(scale_ptr + s)
+    r = tl.arange(0, BR)
+    r_ok = r < rank
+    b = tl.load(db_ptr + (s * H + hs)[None, :] * R + r[:, None], mask=r_ok[:, None] & h_ok[None, :], other=0.0)
+    for m0 in tl.range(lo + p * BM, hi, P * BM, num_stages=STAGES):
+        rows = m0 + tl.arange(0, BM)
+        row_ok = rows < hi
+        tile = out_ptr + rows[:, None] * H + hs[None, :]
+        ok = row_ok[:, None] & h_ok[None, :]
+        acc = tl.load(tile, mask=ok, other=0.0).to(tl.float32)
+        m = tl.load(mid_ptr + rows[:, None] * R + r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+        acc += scale * tl.dot(m.to(b.dtype), b)
+        tl.store(tile, acc.to(out_ptr.dtype.element_ty), mask=ok)
+        if ZERO_SH:  # a mask, not a branch, inside the pipelined walk
+            c = tl.arange(0, BSH)
+            tl.store(sh_ptr + rows[:, None] * SH_COLS + c[None, :], tl.zeros((BM, BSH), dtype=tl.float32),
+                     mask=(row_ok & (rows * 0 + tl.program_id(0) == 0))[:, None] & (c < SH_COLS)[None, :])
+
+
+@triton.jit
 def spread_kernel(mid_ptr, slot_ptr, scale_ptr, block_ptr, cat_ptr, sh_ptr, T, R, G, LD_CAT, SH_COLS,
                   BM: tl.constexpr, BR: tl.constexpr, BSH: tl.constexpr, ZERO_SH: tl.constexpr):
     """The several-slot down shrink ``mid [T, R]`` (float32 or the working dtype) spread into the down GEMM's extra

@@ -326,7 +326,8 @@ class Plan:
     on ``ops.kept``, ``kept_operands``): ``runs``, ``merge_rows`` the kept row of each run and ``offs``
     the runs' ends over the kept rows they span, ``run_streams``: each run's GEMMs one ``torch.mm`` on a
     stream of its own (``RUN_STREAMS``); ``act_runs``: the several-slot cuBLAS path's runs for ``expand_act_kernel``
-    (``expand_runs``), ``None`` where ``up_kernel``'s epilogue takes the activation; ``cats``: the several-slot
+    (``expand_runs``), ``None`` where ``up_kernel``'s epilogue takes the activation; ``down_runs``: its runs for
+    ``expand_down_kernel`` (``DOWN_RUN_TOKENS``), ``None`` where ``down_kernel`` adds the down expand; ``cats``: the several-slot
     cuBLAS path's down expand as more of the down GEMM's ``K`` (``slot_cats``, ``_down_slot_cats``), ``None``
     where the down epilogue adds it onto ``out``."""
 
@@ -347,6 +348,7 @@ class Plan:
     merge_rows: tuple[int, ...] = ()
     run_streams: bool = False
     act_runs: "Runs | None" = None
+    down_runs: "Runs | None" = None
     cats: "SlotCats | None" = None
     fast: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -458,6 +460,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
         extra["act_runs"] = expand_runs(slots, device)
     if routed and single < 0 and extra.get("grouped", "epi") in ("epi", "fold"):
         extra["cats"] = slot_cat_operands(ops, num_tokens, slots, device)
+        if extra["cats"] is None and ops.shared_outer:
+            extra["down_runs"] = expand_runs(slots, device, DOWN_RUN_TOKENS)
     return Plan(slots.to(device=device, dtype=torch.int32), scalings, sh, True, tiles, single,
                 float(batch.scalings[single]) if single >= 0 else 1.0, split=split, **extra)
 
@@ -654,7 +658,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
                         a_outer=R, halves=1, br=br, zero_mid=False, key=("shrink_down", key))
         torch.mm(act, ops.w2_lin, out=out)
         side.join()
-    _down(ops, act, out, p, lora, mid, key)  # on the cuBLAS path: adds the LoRA term onto out
+    _down_expand(ops, act, out, p, lora, mid, key, zero_sh=True)  # on the cuBLAS path: adds the LoRA term onto out
     return out
 
 
@@ -876,6 +880,24 @@ def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: t
          RUNS=runs is not None, num_warps=t.warps)
 
 
+def _down_expand(ops: SinkOperands, act: torch.Tensor, out: torch.Tensor, p: Plan, lora: "Lora", mid: torch.Tensor,
+                 key: tuple, zero_sh: bool = False) -> None:
+    """The cuBLAS path's down expand onto ``out``: ``expand_down_kernel`` over ``p.down_runs`` (v38; ``mid [T, R]``,
+    shared outer; ``zero_sh``: it also re-zeroes ``p.sh``), else ``_down``."""
+    runs = p.down_runs
+    if runs is None:
+        return _down(ops, act, out, p, lora, mid, key)
+    T, H = out.shape
+    R, t = lora.R, ONE_SLOT_TILES
+    cols, G = triton.cdiv(H, t.bn), runs.slots.numel()
+    grid = (cols, G, max(1, min(triton.cdiv(runs.longest, t.bm), triton.cdiv(TARGET_PROGRAMS, cols * G))))
+    sh = p.sh if zero_sh else mid
+    _run(kernels.expand_down_kernel, grid,
+         (out, mid, lora.db, sh, runs.slots, runs.ends, p.scalings, H, R, sh.shape[1]),
+         fast=(p.fast, ("down_runs", key, zero_sh, mid.dtype)), BM=t.bm, BN=t.bn, BR=max(16, triton.next_power_of_2(R)), BSH=max(16, triton.next_power_of_2(sh.shape[1])),
+         STAGES=t.stages, ZERO_SH=zero_sh, num_warps=t.warps)
+
+
 @dataclass(frozen=True)
 class Runs:
     """A batch's tokens as runs of one slot each (``_runs``), on the device for ``expand_act_kernel``: ``slots [G]``
@@ -894,10 +916,17 @@ the epilogue at 2048 and 8192 tokens on B and Inkling where the path runs, level
 TP-8 slice (0.98-1.02x), and level where the batch merges or folds."""
 
 
-def expand_runs(slots: torch.Tensor, device) -> Runs | None:
-    """``Runs`` of effective ``slots [T]`` (host) where they average ``EXPAND_RUN_TOKENS`` tokens or more, else ``None``."""
+DOWN_RUN_TOKENS = 0
+"""The several-slot cuBLAS path's down expand (shared outer, no ``slot_cats``) takes ``expand_down_kernel`` over the
+batch's runs where they average at least this many tokens (0: never), else ``down_kernel``'s epilogue (v38)."""
+
+
+def expand_runs(slots: torch.Tensor, device, tokens: int | None = None) -> Runs | None:
+    """``Runs`` of effective ``slots [T]`` (host) where they average ``tokens`` (``EXPAND_RUN_TOKENS``) or more, else
+    ``None``."""
+    tokens = EXPAND_RUN_TOKENS if tokens is None else tokens
     active, runs = _runs(slots)
-    if not EXPAND_RUN_TOKENS or slots.numel() < EXPAND_RUN_TOKENS * len(runs):
+    if not tokens or slots.numel() < tokens * len(runs):
         return None
     return Runs(active.to(device=device, dtype=torch.int32),
                 torch.tensor([b for _, b in runs], dtype=torch.int32, device=device), max(b - a for a, b in runs))
@@ -1045,7 +1074,7 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mo
     mid = torch._grouped_mm(act, ops.a_cat.transpose(1, 2), offs=offs)
     side.join()
     key = (x.dtype, "grouped")
-    _down(ops, act, out, p, Lora(True, sh, gb, da, db, mid, R, 1, 0, br), mid, key)
+    _down_expand(ops, act, out, p, Lora(True, sh, gb, da, db, mid, R, 1, 0, br), mid, key)
     return out
 
 

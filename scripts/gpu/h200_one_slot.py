@@ -258,14 +258,21 @@ NO_MERGE = dict(MERGE_RATIO=float("inf"))
 """v37: ``nomerge``, where the routed plan merges: the same batch on the path it would take without merging."""
 
 
-def cats_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
-    """v37: the several-slot path with the down expand as more of the down GEMM's ``K`` (``CATS``): on the mixed
-    batch (Triton shrinks), and on its tokens in slot order with every token on a slot of rank ``R`` through
-    ``_launch_grouped``'s ``epi`` and ``fold``, each launched twice and replayed from a graph."""
+DOWN = dict(DOWN_RUN_TOKENS=RUN_TOKENS)
+"""v38 (``--multi --down``): the constants its ``down_runs`` contender plans with (``expand_down_kernel`` over the
+batch's runs where they average ``RUN_TOKENS``; ``slot_cats`` keeps its points)."""
+EPI = dict(grouped_mode=lambda *a: "epi")
+"""v38: ``epi``, where the routed plan folds: the same batch through ``_launch_grouped``'s ``epi`` instead."""
+
+
+def path_checks(ops, x, gammas, batch, ref, errs: dict, label: str, name: str, constants: dict, field: str) -> None:
+    """A several-slot route planned with ``constants`` (its ``Plan.<field>`` set): on the mixed batch (Triton
+    shrinks), and on its tokens in slot order with every token on a slot of rank ``R`` through ``_launch_grouped``'s
+    ``epi`` and ``fold``, each launched twice and replayed from a graph (``<name>_mixed``, ``<name>_epi``, ...)."""
     T = x.shape[0]
-    p = forcing(lambda: tb.plan(ops, T, batch, x.device), **CATS)
-    assert p.cats is not None and p.tiles.cublas and p.grouped == ""
-    h200_pdl.check_contender("cats_mixed", lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, p, o), ref, errs,
+    p = forcing(lambda: tb.plan(ops, T, batch, x.device), **constants)
+    assert getattr(p, field) is not None and p.tiles.cublas and p.grouped == ""
+    h200_pdl.check_contender(f"{name}_mixed", lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, p, o), ref, errs,
                              label)
     if x.is_cuda and ops.dtype != torch.bfloat16:  # the grouped GEMM: bfloat16 on CUDA
         return
@@ -274,9 +281,9 @@ def cats_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
                                          scalings=batch.scalings.tolist())
     want = reference_forward(ops, x, gammas, inorder)
     for mode in ("epi", "fold"):
-        pm = forcing(lambda: tb.plan(ops, T, inorder, x.device), grouped_mode=lambda *a, m=mode: m, **CATS)
-        assert pm.cats is not None and pm.grouped == mode
-        h200_pdl.check_contender(f"cats_{mode}", lambda pm=pm, o=torch.empty_like(x): tb.launch(ops, x, gammas, pm, o),
+        pm = forcing(lambda: tb.plan(ops, T, inorder, x.device), grouped_mode=lambda *a, m=mode: m, **constants)
+        assert getattr(pm, field) is not None and pm.grouped == mode
+        h200_pdl.check_contender(f"{name}_{mode}", lambda pm=pm, o=torch.empty_like(x): tb.launch(ops, x, gammas, pm, o),
                                  want, errs, label)
 
 
@@ -298,7 +305,7 @@ def runs_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
                                  errs, label)
 
 
-def multi_correctness(expand: bool = False, cats: bool = False) -> list[dict]:
+def multi_correctness(expand: bool = False, cats: bool = False, down: bool = False) -> list[dict]:
     rows = []
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
     for shape, T in MULTI_CHECKS:
@@ -319,7 +326,10 @@ def multi_correctness(expand: bool = False, cats: bool = False) -> list[dict]:
                 if expand:
                     runs_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T} O={o}")
                 if cats and o == 1:
-                    cats_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T}")
+                    path_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T}", "cats", CATS, "cats")
+                if down and o == 1:
+                    path_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T}", "down", {**DOWN, "DOWN_RUN_TOKENS": 1},
+                                "down_runs")
             except Exception as exc:  # recorded, and the run goes on
                 errs = {"failure": float("nan")}
                 print(f"check {shape} O={o} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -333,7 +343,8 @@ CATS_TOKENS = (512, 2048, 8192)
 """v37 (``--multi --cats``): the token counts it times (where ``CAT_TOKENS`` starts the one-slot ``cats``)."""
 
 
-def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: bool = False) -> list[dict]:
+def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: bool = False,
+                down: bool = False) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
@@ -353,6 +364,16 @@ def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: boo
             if p.grouped == "merge":
                 pn = forcing(lambda: tb.plan(ops, T, batch, x.device), **NO_MERGE)
                 fns["nomerge"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pn, o)
+        if down:  # v38: the down expand over the runs; where the routed plan folds, epi with and without it
+            fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
+            pd = forcing(lambda: tb.plan(ops, T, batch, x.device), **DOWN)
+            if pd.down_runs is not None:
+                fns["down_runs"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pd, o)
+            if p.grouped == "fold":
+                pe = forcing(lambda: tb.plan(ops, T, batch, x.device), **EPI)
+                ped = forcing(lambda: tb.plan(ops, T, batch, x.device), **EPI, **DOWN)
+                fns["epi"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pe, o)
+                fns["epi_down_runs"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, ped, o)
         return fns
 
     rows = []
@@ -360,7 +381,7 @@ def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: boo
         base = None
         for R in (16, 64):
             for S in (4, 8):
-                for T in CATS_TOKENS if cats else MULTI_TOKENS:
+                for T in CATS_TOKENS if cats or down else MULTI_TOKENS:
                     g = pr.Case.of(shape, R, S, T).geometry
                     if not tb.pick_tiles(T, g.n * g.intermediate * g.hidden, g.hidden).cublas:
                         continue  # A at 128 tokens: the weight-streaming launches
@@ -381,6 +402,8 @@ def main() -> int:
                     "EXPAND_POINTS, or --tokens); with --multi, v36c's runs")
     ap.add_argument("--cats", action="store_true", help="with --multi, v37: the down expand as more of the down "
                     "GEMM's K (CATS) beside the routed path, and sglang's base")
+    ap.add_argument("--down", action="store_true", help="with --multi, v38: the down expand over the batch's runs "
+                    "(DOWN) beside the routed path, epi where it folds, and sglang's base")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
                     "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
     args = ap.parse_args()
@@ -390,10 +413,10 @@ def main() -> int:
     variants = EXPAND_VARIANTS if args.expand else VARIANTS
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=variants)
     if args.multi:
-        rec["correctness"] = multi_correctness(args.expand, args.cats)
+        rec["correctness"] = multi_correctness(args.expand, args.cats, args.down)
         records.write_json(args.out, rec)
         print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok", flush=True)
-        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand, args.cats)
+        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand, args.cats, args.down)
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         for fl in ("read", "write"):
@@ -403,6 +426,11 @@ def main() -> int:
                 got = [r["us"][f"runs@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"runs@{fl}" in r["us"]]
                 print(f"  runs: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
                       f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
+            if args.down:
+                for k in ("down_runs", "epi", "epi_down_runs"):
+                    got = [r["us"][f"{k}@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"{k}@{fl}" in r["us"]]
+                    print(f"  {k}: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
+                          f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
             if args.cats:
                 for k in ("kit", "cats"):
                     near = sum(1 for r in rec["points"] if r["T"] >= 2048
