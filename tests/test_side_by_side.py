@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from in_process import run_cli
 from inkling_lab import profile as pr
 from inkling_lab import records
 from inkling_lab import upstream_wheel as uw
@@ -79,6 +80,24 @@ def test_side_by_side_rows_apply_issue_15_targets():
     assert large["targets"]["beats_base"]  # 200 <= 1.1 * 185
     table = pr.side_by_side_table(rec)
     assert "| A | 64 | 1 | 8192 | 200.0 | 500.0 | 190.0 | 185.0 |" in table and "beats_upstream" in table
+
+
+def test_a_base_off_its_shapes_median_is_named_with_what_it_does_to_the_target():
+    """sglang's base runs no LoRA, so its time at one shape and token count should not depend on R or S. Three 8-token
+    points whose bases are 90, 91 and 98 µs (median 91): the slow one is named, and the kit's 95 µs, under it but over
+    the median, is in its target by the base's time alone; three at 2048 tokens whose bases are 600, 660 and 662:
+    the fast one's kit, 1.12x it but 1.02x the median, is out by the base alone; within the spread, nothing."""
+    small = [_point(8, kit, 500.0, base) for kit, base in ((93.0, 90.0), (93.0, 91.0), (95.0, 98.0))]
+    large = [_point(2048, kit, 5e3, base) for kit, base in ((672.0, 600.0), (700.0, 660.0), (700.0, 662.0))]
+    text = pr.base_outliers({"points": small + large}).splitlines()
+    assert len(text) == 2
+    assert text[0].startswith("- A R64 S4 T8: sglang_base 98.0 µs, 1.077x the median of its shape and tokens "
+                              "(91.0 µs over 3 points); kit_triton 0.969x it, 1.044x the median")
+    assert text[0].endswith("(in its target by the base's time alone)")
+    assert text[1].startswith("- A R64 S4 T2048: sglang_base 600.0 µs, 0.909x the median")
+    assert text[1].endswith("(out of its target by the base's time alone)")
+    assert pr.base_outliers({"points": small[:2] + large[1:]}) == "none"
+    assert "by the base" not in pr.base_outliers({"points": small}, spread=0.0).split("\n")[0]  # 90 vs 91: no flip
 
 
 def test_the_kept_kit_is_counted_on_its_own_points():
@@ -167,3 +186,8 @@ def test_the_h100_record_is_complete_and_kernel_notes_carry_its_summaries():
     for kit in ("kit_triton", "kit_kept"):
         for flush in ("read", "write"):
             assert pr.side_by_side_summary(rec, flush, kit) in notes, (kit, flush)
+    second = pr.load_side_by_side(H100_RECORD.parent / "history" / "h100_side_by_side_2.json")
+    for r in (rec, second):  # the base's outliers of both passes, as KERNEL_NOTES quotes them
+        assert pr.base_outliers(r, "read") in notes
+    shown = run_cli("profile", "--show", str(H100_RECORD))
+    assert shown.returncode == 0 and pr.base_outliers(rec, "write", "kit_kept").encode() in shown.stdout

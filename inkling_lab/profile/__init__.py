@@ -25,9 +25,9 @@ from .passes import pass_agreement, pass_agreement_text
 from .roofline_model import (GRID_RANKS, GRID_SLOTS, GRID_TOKENS, RECORD_FIELDS, SHAPES, SIDE_SHAPES, SIDE_TOKENS,
                              TARGET_LARGE_T, TARGET_SMALL_T, TARGET_VS_BASE_LARGE_T, UPSTREAM_ISSUE4, Case, Issue4,
                              Roofline, case_bytes, case_flops, issue4_upstream, roofline, target_ratio, upstream_us)
-from .side_by_side import (KIT_VARIANTS, UPSTREAM_VARIANTS, kits, load_side_by_side, run_side_by_side, side_by_side_case,
-                           side_by_side_cases, side_by_side_rows, side_by_side_summary, side_by_side_table,
-                           side_by_side_variants, stream_ceiling_table)
+from .side_by_side import (BASE_SPREAD, KIT_VARIANTS, UPSTREAM_VARIANTS, base_outliers, kits, load_side_by_side,
+                           run_side_by_side, side_by_side_case, side_by_side_cases, side_by_side_rows,
+                           side_by_side_summary, side_by_side_table, side_by_side_variants, stream_ceiling_table)
 from .timing import (L2Flush, capture, host_us, measure_ceilings, quantile, stats, time_eager, time_graph,
                      time_interleaved)
 
@@ -40,6 +40,7 @@ __all__ = [
     "backend_runner", "check_correctness", "correctness_cases", "grid", "kernel_table", "load_record", "run_grid",
     "summary_table", "time_case",
     "load_side_by_side", "run_side_by_side", "side_by_side_case", "side_by_side_cases", "side_by_side_rows",
-    "side_by_side_summary", "side_by_side_table", "side_by_side_variants", "stream_ceiling_table", "KIT_VARIANTS", "kits",
+    "side_by_side_summary", "side_by_side_table", "side_by_side_variants", "stream_ceiling_table", "KIT_VARIANTS",
+    "kits", "base_outliers", "BASE_SPREAD",
     "pass_agreement", "pass_agreement_text", "graph_check", "main", "profile_command", "register_cli",
 ]

@@ -20,7 +20,7 @@ from .graph_capture import graph_check
 from .benchmark import check_correctness, correctness_cases, grid, kernel_table, run_grid, summary_table
 from .roofline_model import GRID_RANKS, GRID_SLOTS, GRID_TOKENS, SHAPES, SIDE_SHAPES, SIDE_TOKENS, Case
 from .passes import pass_agreement_text
-from .side_by_side import kits, load_side_by_side, run_side_by_side, side_by_side_cases, side_by_side_summary, \
+from .side_by_side import BASE_SPREAD, base_outliers, kits, load_side_by_side, run_side_by_side, side_by_side_cases, side_by_side_summary, \
     side_by_side_table
 from .timing import measure_ceilings
 
@@ -97,7 +97,8 @@ def profile_command(args: argparse.Namespace) -> int:
             for kit in kits(rec):
                 for mode in rec["modes"]:
                     print(f"{kit}, flush {mode}:\n" + side_by_side_summary(rec, mode, kit) + "\n\n"
-                          + side_by_side_table(rec, mode, kit) + "\n")
+                          + side_by_side_table(rec, mode, kit) + "\n\nsglang's base off its shape's median "
+                          f"(over {BASE_SPREAD:.0%}):\n" + base_outliers(rec, mode, kit) + "\n")
             return 0
         print(f"{env['device']}, {env['date']}, torch {env['torch']}, triton {env['triton']}, commit {env['git_commit']}")
         print(f"ceilings: copy {ceil['copy_TBps']:.2f} TB/s, bf16 matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s\n")

@@ -7,6 +7,7 @@ timed as graphs taking turns (``timing.time_interleaved``) under both flush mode
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Callable, Sequence
 
 import torch
@@ -203,6 +204,41 @@ def side_by_side_summary(record: dict, flush: str = "read", kit: str = "kit_trit
                    f"| {count(small, 'beats_base')} | {count(large, 'roofline')} | {count(where, 'roofline')} "
                    f"| {count(large, 'beats_base')} | {span} |")
     return "\n".join(out)
+
+
+BASE_SPREAD = 0.04
+"""``base_outliers``: how far sglang's base at a point may sit from its shape's and token count's median before it is
+named. The base runs no LoRA, so R and S should not move it; two passes of one grid agree to ~0.4 % (median) and 2 %
+(90th percentile) per point, and the base at the real model's 8-token points ran 7-9 % slow in some passes (KERNEL_NOTES)."""
+
+
+def base_outliers(record: dict, flush: str = "read", kit: str = "kit_triton", spread: float = BASE_SPREAD) -> str:
+    """The points whose ``sglang_base`` differs from the median of the base over the points of the same shape and
+    token count (its ranks and slot counts) by more than ``spread``, one line each, and whether judging the kit against
+    that median instead moves the point in or out of its target (``T <= 32``: under the base; ``T >= 2048``: within
+    ``TARGET_VS_BASE_LARGE_T``); ``"none"`` if no point is."""
+    rows = [r for r in side_by_side_rows(record, flush, kit) if r["sglang_base_us"] is not None]
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["T"]), []).append(r["sglang_base_us"])
+    out = []
+    for r in rows:
+        group = groups[(r["shape"], r["T"])]
+        median = statistics.median(group)
+        off = r["sglang_base_us"] / median
+        if abs(off - 1) <= spread:
+            continue
+        line = (f"- {r['shape']} R{r['R']} S{r['S']} T{r['T']}: sglang_base {r['sglang_base_us']:.1f} µs, {off:.3f}x "
+                f"the median of its shape and tokens ({median:.1f} µs over {len(group)} points)")
+        if r["kit_us"] is not None:
+            vs = r["kit_us"] / median
+            line += f"; {kit} {r['vs_base']:.3f}x it, {vs:.3f}x the median"
+            bound = 1.0 if r["T"] <= 32 else TARGET_VS_BASE_LARGE_T if r["T"] >= 2048 else None
+            if bound is not None and r["targets"]["beats_base"] != (vs < bound if r["T"] <= 32 else vs <= bound):
+                line += " (in its target by the base's time alone)" if r["targets"]["beats_base"] else \
+                    " (out of its target by the base's time alone)"
+        out.append(line)
+    return "\n".join(out) or "none"
 
 
 def stream_ceiling_table(record: dict, ceiling: dict, flush: str = "read") -> str:
