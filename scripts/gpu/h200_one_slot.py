@@ -344,7 +344,7 @@ CATS_TOKENS = (512, 2048, 8192)
 
 
 def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: bool = False,
-                down: bool = False) -> list[dict]:
+                down: bool = False, tokens=None) -> list[dict]:
     flushes = {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
     def fns_for(sink, ops, x, gammas, batch):
@@ -381,7 +381,7 @@ def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: boo
         base = None
         for R in (16, 64):
             for S in (4, 8):
-                for T in CATS_TOKENS if cats or down else MULTI_TOKENS:
+                for T in tokens or (CATS_TOKENS if cats or down else MULTI_TOKENS):
                     g = pr.Case.of(shape, R, S, T).geometry
                     if not tb.pick_tiles(T, g.n * g.intermediate * g.hidden, g.hidden).cublas:
                         continue  # A at 128 tokens: the weight-streaming launches
@@ -404,8 +404,8 @@ def main() -> int:
                     "GEMM's K (CATS) beside the routed path, and sglang's base")
     ap.add_argument("--down", action="store_true", help="with --multi, v38: the down expand over the batch's runs "
                     "(DOWN) beside the routed path, epi where it folds, and sglang's base")
-    ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep at these, on every shape of "
-                    "--shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
+    ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep (with --multi, the several-slot "
+                    "one) at these, on every shape of --shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
@@ -416,7 +416,8 @@ def main() -> int:
         rec["correctness"] = multi_correctness(args.expand, args.cats, args.down)
         records.write_json(args.out, rec)
         print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok", flush=True)
-        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand, args.cats, args.down)
+        rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand, args.cats, args.down,
+                                    [int(T) for T in args.tokens.split(",")] if args.tokens else None)
         rec["seconds"] = round(time.time() - t0, 1)
         records.write_json(args.out, rec)
         for fl in ("read", "write"):
