@@ -617,6 +617,21 @@ def test_the_down_expand_walks_each_run_of_several_slots(interleaved, mode, prog
     assert tb.plan(per_expert.operands(), 45, batch, x.device).down_runs is None  # shared outer only
 
 
+def test_the_down_runs_are_planned_from_the_measured_run_length(monkeypatch):
+    """v38 as ``h100_multi_v38.json`` measured it: runs averaging ``DOWN_RUN_TOKENS`` (256) tokens or more on the
+    several-slot cuBLAS path take ``expand_down_kernel``; shorter ones, and batches ``slot_cats`` takes, do not."""
+    monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)
+    sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 768, True, True, seed=3)
+    ops = sink.operands()
+    ranks = [8, 8, 8, 8]
+    even = SlotBatch.from_segments([256, 256, 256], [2, 0, 3], 4, lora_ranks=ranks)
+    assert tb.DOWN_RUN_TOKENS == 256 and tb.plan(ops, 768, even, x.device).down_runs.longest == 256
+    short = SlotBatch.from_segments([256, 255, 1, 256], [2, 0, 1, 3], 4, lora_ranks=ranks)  # 192 a run
+    assert tb.plan(ops, 768, short, x.device).down_runs is None
+    monkeypatch.setattr(tb, "SLOT_CAT_TOKENS", 1)
+    assert tb.plan(ops, 768, even, x.device).down_runs is None  # the down GEMM's K carries it instead (v37)
+
+
 def route_slot_cats(monkeypatch) -> None:
     """Send several-slot batches of these tiny weights down the cuBLAS path with v37's down side."""
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)

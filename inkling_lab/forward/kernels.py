@@ -26,8 +26,10 @@ always), ``expand_act_kernel`` adds the gate/up expand and takes the activation,
 keeping one slot's gate-up B and walking that slot's rows (v36); a second ``shrink_kernel`` launch computes the
 down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
 the same input, ``triton_backend._Beside``), and ``down_kernel`` adds only the LoRA term
-onto cuBLAS's ``out = act @ w2_lin``, or (several slots, many tokens, low ranks: v37) ``spread_kernel`` puts each
-token's scaled down shrink in its slot's block of extra ``K`` columns and one cuBLAS GEMM writes ``out``. Where the tokens per slot are many,
+onto cuBLAS's ``out = act @ w2_lin`` (``expand_down_kernel`` where the tokens run in long runs of one slot, each
+program keeping one slot's down B and walking its rows: v38), or (several slots, many tokens, low ranks: v37)
+``spread_kernel`` puts each token's scaled down shrink in its slot's block of extra ``K`` columns and one cuBLAS GEMM
+writes ``out``. Where the tokens per slot are many,
 ``merge_kernel`` writes each slot's merged weights instead (``w13_lin + W1Δ_s A_s``,
 ``w2_lin + a_cat_s^T B_s^T``) and cuBLAS runs the base forward's GEMMs on them
 (``triton_backend._launch_merged``): ``up_kernel`` is then the activation alone. A few tokens of one

@@ -9,7 +9,8 @@ tokens (48 on small weights; ``_launch_single``, ``chain_tokens``; the expand an
 ``expand_act_kernel``) and the LoRA folded into the base GEMMs from ``FOLD_TOKENS`` (``_launch_folded``).
 Several slots on the cuBLAS path take ``expand_act_kernel`` over their runs of one slot where the runs are
 long (``expand_runs``, v36c), ``up_kernel``'s epilogue otherwise, and from 2048 tokens at low ranks run the
-down expand as more of the down GEMM's ``K``, a block of rows per used slot (``slot_cats``, v37). Several slots whose tokens run in slot order
+down expand as more of the down GEMM's ``K``, a block of rows per used slot (``slot_cats``, v37), else, over runs of
+256 tokens or more, ``expand_down_kernel`` over the runs (``DOWN_RUN_TOKENS``, v38). Several slots whose tokens run in slot order
 take grouped GEMMs for their LoRA products where ``grouped_mode`` says (``_launch_grouped``: rank 64
 from 2048 tokens, any rank from 8192). Where the tokens per slot are many (``merges``), each slot's
 adapter is merged into a copy of the base weights for the forward and the base forward's GEMMs run on
@@ -916,9 +917,12 @@ the epilogue at 2048 and 8192 tokens on B and Inkling where the path runs, level
 TP-8 slice (0.98-1.02x), and level where the batch merges or folds."""
 
 
-DOWN_RUN_TOKENS = 0
+DOWN_RUN_TOKENS = 256
 """The several-slot cuBLAS path's down expand (shared outer, no ``slot_cats``) takes ``expand_down_kernel`` over the
-batch's runs where they average at least this many tokens (0: never), else ``down_kernel``'s epilogue (v38)."""
+batch's runs where they average at least this many tokens (0: never), else ``down_kernel``'s epilogue (v38).
+``h100_multi_v38.json`` (an H100; S 4 / 8, R 16 / 64, 2048 and 8192 tokens in slot order, runs of 256-2048 tokens, on
+B, Inkling and the TP-8 slice, both flushes): 0.93-0.99x ``down_kernel`` at all 14 points it ran (TP8 R 64 0.93-0.95x;
+in ``_launch_grouped``'s ``epi`` and ``fold`` and on the Triton shrinks' path); shorter runs were not timed."""
 
 
 def expand_runs(slots: torch.Tensor, device, tokens: int | None = None) -> Runs | None:
