@@ -10,7 +10,8 @@ tokens (48 on small weights; ``_launch_single``, ``chain_tokens``; the expand an
 Several slots on the cuBLAS path take ``expand_act_kernel`` over their runs of one slot where the runs are
 long (``expand_runs``, v36c), ``up_kernel``'s epilogue otherwise, and from 2048 tokens at low ranks run the
 down expand as more of the down GEMM's ``K``, a block of rows per used slot (``slot_cats``, v37), else, over runs of
-256 tokens or more, ``expand_down_kernel`` over the runs (``DOWN_RUN_TOKENS``, v38). Several slots whose tokens run in slot order
+256 tokens or more, ``expand_down_kernel`` over the runs (``DOWN_RUN_TOKENS``, v38). Several slots whose tokens run
+in slot order
 take grouped GEMMs for their LoRA products where ``grouped_mode`` says (``_launch_grouped``: rank 64
 from 2048 tokens, any rank from 8192). Where the tokens per slot are many (``merges``), each slot's
 adapter is merged into a copy of the base weights for the forward and the base forward's GEMMs run on
@@ -328,9 +329,9 @@ class Plan:
     the runs' ends over the kept rows they span, ``run_streams``: each run's GEMMs one ``torch.mm`` on a
     stream of its own (``RUN_STREAMS``); ``act_runs``: the several-slot cuBLAS path's runs for ``expand_act_kernel``
     (``expand_runs``), ``None`` where ``up_kernel``'s epilogue takes the activation; ``down_runs``: its runs for
-    ``expand_down_kernel`` (``DOWN_RUN_TOKENS``), ``None`` where ``down_kernel`` adds the down expand; ``cats``: the several-slot
-    cuBLAS path's down expand as more of the down GEMM's ``K`` (``slot_cats``, ``_down_slot_cats``), ``None``
-    where the down epilogue adds it onto ``out``."""
+    ``expand_down_kernel`` (``DOWN_RUN_TOKENS``), ``None`` where ``down_kernel`` adds the down expand; ``cats``: the
+    several-slot cuBLAS path's down expand as more of the down GEMM's ``K`` (``slot_cats``, ``_down_slot_cats``),
+    ``None`` where the down epilogue adds it onto ``out``."""
 
     slots: torch.Tensor
     scalings: torch.Tensor
@@ -508,10 +509,10 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``),
     ``used`` slots with tokens, takes ``_launch_grouped`` or ``_launch_merged``: ``"merge"`` where
     ``merges`` (at any rank; ``H`` and ``n*2F`` multiples of 8 for the merged grouped GEMM's rows)
-    and not ``slot_cats`` (v37: ahead of the merge where it routes), else ``"fold"``, ``"epi"``, or ``""`` (the multi-slot path with its Triton
-    shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from ``GROUPED_RANK_TOKENS``
-    tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank from
-    ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
+    and not ``slot_cats`` (v37: ahead of the merge where it routes), else ``"fold"``, ``"epi"``, or ``""`` (the
+    multi-slot path with its Triton shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from
+    ``GROUPED_RANK_TOKENS`` tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank
+    from ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
     the grouped GEMM), on CUDA in bfloat16 only (torch's CUTLASS grouped GEMM; other dtypes fall back
     to a loop that reads the offsets on the host; on the CPU, Triton's interpreter, any dtype).
     ``"fold"`` where the rank is that high, the batch ``folds`` and the features are not few
@@ -888,20 +889,21 @@ def _down_expand(ops: SinkOperands, act: torch.Tensor, out: torch.Tensor, p: Pla
     runs = p.down_runs
     if runs is None:
         return _down(ops, act, out, p, lora, mid, key)
-    T, H = out.shape
-    R, t = lora.R, ONE_SLOT_TILES
+    H, R, t = out.shape[1], lora.R, ONE_SLOT_TILES
     cols, G = triton.cdiv(H, t.bn), runs.slots.numel()
     grid = (cols, G, max(1, min(triton.cdiv(runs.longest, t.bm), triton.cdiv(TARGET_PROGRAMS, cols * G))))
     sh = p.sh if zero_sh else mid
     _run(kernels.expand_down_kernel, grid,
          (out, mid, lora.db, sh, runs.slots, runs.ends, p.scalings, H, R, sh.shape[1]),
-         fast=(p.fast, ("down_runs", key, zero_sh, mid.dtype)), BM=t.bm, BN=t.bn, BR=max(16, triton.next_power_of_2(R)), BSH=max(16, triton.next_power_of_2(sh.shape[1])),
-         STAGES=t.stages, ZERO_SH=zero_sh, num_warps=t.warps)
+         fast=(p.fast, ("down_runs", key, zero_sh, mid.dtype)), BM=t.bm, BN=t.bn,
+         BR=max(16, triton.next_power_of_2(R)), BSH=max(16, triton.next_power_of_2(sh.shape[1])), STAGES=t.stages,
+         ZERO_SH=zero_sh, num_warps=t.warps)
 
 
 @dataclass(frozen=True)
 class Runs:
-    """A batch's tokens as runs of one slot each (``_runs``), on the device for ``expand_act_kernel``: ``slots [G]``
+    """A batch's tokens as runs of one slot each (``_runs``), on the device for ``expand_act_kernel`` and
+    ``expand_down_kernel``: ``slots [G]``
     int32 (``-1``: no LoRA) and ``ends [G]`` int32, and the longest run's tokens."""
 
     slots: torch.Tensor
@@ -1004,7 +1006,8 @@ def slot_cat_operands(ops: SinkOperands, num_tokens: int, slots: torch.Tensor, d
 
 
 def _act_slot_cat(ops: SinkOperands, x: torch.Tensor, cats: SlotCats | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(act_cat [T, n*F + G*R], act)``, ``act`` its first ``n*F`` columns (``act_cat`` is ``act`` without ``cats``)."""
+    """``(act_cat [T, n*F + G*R], act)``, ``act`` its first ``n*F`` columns (without ``cats``, ``act_cat`` is
+    ``act``)."""
     nf = ops.n * ops.intermediate
     extra = 0 if cats is None else cats.slots.numel() * ops.max_rank
     act_cat = torch.empty(x.shape[0], nf + extra, dtype=x.dtype, device=x.device)
@@ -1031,8 +1034,8 @@ def _down_slot_cats(ops: SinkOperands, act_cat: torch.Tensor, mid: torch.Tensor,
     sh = p.sh if zero_sh else mid
     _run(kernels.spread_kernel, (triton.cdiv(T, 64),),
          (mid, p.slots, p.scalings, p.cats.block, act_cat[:, nf:], sh, T, R, G, act_cat.stride(0), sh.shape[1]),
-         fast=(p.fast, ("spread", zero_sh, mid.dtype, act_cat.dtype)), BM=64, BR=max(16, triton.next_power_of_2(R)), BSH=max(16, triton.next_power_of_2(sh.shape[1])),
-         ZERO_SH=zero_sh, num_warps=4)
+         fast=(p.fast, ("spread", zero_sh, mid.dtype, act_cat.dtype)), BM=64, BR=max(16, triton.next_power_of_2(R)),
+         BSH=max(16, triton.next_power_of_2(sh.shape[1])), ZERO_SH=zero_sh, num_warps=4)
     return torch.mm(act_cat, ops.w2_cat[:nf + G * R], out=out)
 
 

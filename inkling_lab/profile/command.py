@@ -20,8 +20,8 @@ from .graph_capture import graph_check
 from .benchmark import check_correctness, correctness_cases, grid, kernel_table, run_grid, summary_table
 from .roofline_model import GRID_RANKS, GRID_SLOTS, GRID_TOKENS, SHAPES, SIDE_SHAPES, SIDE_TOKENS, Case
 from .passes import pass_agreement_text
-from .side_by_side import BASE_SPREAD, base_outliers, kits, load_side_by_side, run_side_by_side, side_by_side_cases, side_by_side_summary, \
-    side_by_side_table
+from .side_by_side import BASE_SPREAD, base_outliers, kits, load_side_by_side, run_side_by_side, side_by_side_cases, \
+    side_by_side_summary, side_by_side_table
 from .timing import measure_ceilings
 
 

@@ -209,7 +209,8 @@ def side_by_side_summary(record: dict, flush: str = "read", kit: str = "kit_trit
 BASE_SPREAD = 0.04
 """``base_outliers``: how far sglang's base at a point may sit from its shape's and token count's median before it is
 named. The base runs no LoRA, so R and S should not move it; two passes of one grid agree to ~0.4 % (median) and 2 %
-(90th percentile) per point, and the base at the real model's 8-token points ran 7-9 % slow in some passes (KERNEL_NOTES)."""
+(90th percentile) per point, and the base at the real model's 8-token points ran 7-9 % slow in some passes
+(KERNEL_NOTES)."""
 
 
 def base_outliers(record: dict, flush: str = "read", kit: str = "kit_triton", spread: float = BASE_SPREAD) -> str:

@@ -283,8 +283,8 @@ def path_checks(ops, x, gammas, batch, ref, errs: dict, label: str, name: str, c
     for mode in ("epi", "fold"):
         pm = forcing(lambda: tb.plan(ops, T, inorder, x.device), grouped_mode=lambda *a, m=mode: m, **constants)
         assert getattr(pm, field) is not None and pm.grouped == mode
-        h200_pdl.check_contender(f"{name}_{mode}", lambda pm=pm, o=torch.empty_like(x): tb.launch(ops, x, gammas, pm, o),
-                                 want, errs, label)
+        h200_pdl.check_contender(f"{name}_{mode}",
+                                 lambda pm=pm, o=torch.empty_like(x): tb.launch(ops, x, gammas, pm, o), want, errs, label)
 
 
 def runs_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
@@ -328,7 +328,7 @@ def multi_correctness(expand: bool = False, cats: bool = False, down: bool = Fal
                 if cats and o == 1:
                     path_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T}", "cats", CATS, "cats")
                 if down and o == 1:
-                    path_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T}", "down", {**DOWN, "DOWN_RUN_TOKENS": 1},
+                    path_checks(ops, x, gammas, batch, ref, errs, f"{shape} T{T}", "down", {"DOWN_RUN_TOKENS": 1},
                                 "down_runs")
             except Exception as exc:  # recorded, and the run goes on
                 errs = {"failure": float("nan")}
@@ -405,7 +405,8 @@ def main() -> int:
     ap.add_argument("--down", action="store_true", help="with --multi, v38: the down expand over the batch's runs "
                     "(DOWN) beside the routed path, epi where it folds, and sglang's base")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep (with --multi, the several-slot "
-                    "one) at these, on every shape of --shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: 34-47 on A, 2-16 elsewhere; v17e: 17-32)")
+                    "one) at these, on every shape of --shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: "
+                    "34-47 on A, 2-16 elsewhere; v17e: 17-32)")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
