@@ -320,11 +320,8 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, O, N_EXP
     f_ok = fs < F
     r = tl.arange(0, BR)
     if RUNS:
-        g = tl.program_id(1)
         p, P = tl.program_id(2), tl.num_programs(2)
-        lo = tl.where(g > 0, tl.load(run_end_ptr + tl.maximum(g - 1, 0)), 0)
-        hi = tl.load(run_end_ptr + g)
-        s, rank = _token_slot(run_slot_ptr + g, R)  # a run of no LoRA: rank 0, nothing loaded or added
+        lo, hi, s, rank = _run_span(run_slot_ptr, run_end_ptr, tl.program_id(1), R)  # no LoRA: nothing loaded or added
         scale = tl.load(scale_ptr + s)
     else:
         p, P = tl.program_id(1), tl.num_programs(1)
@@ -366,11 +363,9 @@ def expand_down_kernel(out_ptr, mid_ptr, db_ptr, sh_ptr, run_slot_ptr, run_end_p
     also zeroes its rows of ``sh [T, SH_COLS]``, the Triton shrinks' workspace, as ``down_kernel`` does."""
     hs = tl.program_id(0) * BN + tl.arange(0, BN)
     h_ok = hs < H
-    g = tl.program_id(1)
     p, P = tl.program_id(2), tl.num_programs(2)
-    lo = tl.where(g > 0, tl.load(run_end_ptr + tl.maximum(g - 1, 0)), 0)
-    s, rank = _token_slot(run_slot_ptr + g, R)
-    hi = tl.where(rank > 0, tl.load(run_end_ptr + g), lo)  # a run of no LoRA: nothing to add, nothing to zero
+    lo, hi, s, rank = _run_span(run_slot_ptr, run_end_ptr, tl.program_id(1), R)
+    hi = tl.where(rank > 0, hi, lo)  # a run of no LoRA: nothing to add, nothing to zero
     scale = tl.load(scale_ptr + s)
     r = tl.arange(0, BR)
     r_ok = r < rank
@@ -385,9 +380,7 @@ def expand_down_kernel(out_ptr, mid_ptr, db_ptr, sh_ptr, run_slot_ptr, run_end_p
         acc += scale * tl.dot(m.to(b.dtype), b)
         tl.store(tile, acc.to(out_ptr.dtype.element_ty), mask=ok)
         if ZERO_SH:  # a mask, not a branch, inside the pipelined walk
-            c = tl.arange(0, BSH)
-            tl.store(sh_ptr + rows[:, None] * SH_COLS + c[None, :], tl.zeros((BM, BSH), dtype=tl.float32),
-                     mask=(row_ok & (rows * 0 + tl.program_id(0) == 0))[:, None] & (c < SH_COLS)[None, :])
+            _zero_rows(sh_ptr, rows, row_ok & (rows * 0 + tl.program_id(0) == 0), SH_COLS, BM, BSH)
 
 
 @triton.jit
@@ -412,9 +405,7 @@ def spread_kernel(mid_ptr, slot_ptr, scale_ptr, block_ptr, cat_ptr, sh_ptr, T, R
         tl.store(cat_ptr + rows[:, None] * LD_CAT + g * R + r[None, :], tl.where((blk == g)[:, None], v, 0.0),
                  mask=keep)
     if ZERO_SH:
-        c = tl.arange(0, BSH)
-        tl.store(sh_ptr + rows[:, None] * SH_COLS + c[None, :], tl.zeros((BM, BSH), dtype=tl.float32),
-                 mask=row_ok[:, None] & (c < SH_COLS)[None, :])
+        _zero_rows(sh_ptr, rows, row_ok, SH_COLS, BM, BSH)
 
 
 @triton.jit
@@ -654,6 +645,24 @@ def _token_slot(slot_ptr, R):
     a real slot, 0 for base only (masks ``r < bound`` then load nothing)."""
     s = tl.load(slot_ptr)
     return tl.maximum(s, 0), tl.where(s >= 0, R, 0)
+
+
+@triton.jit
+def _run_span(run_slot_ptr, run_end_ptr, g, R):
+    """Run ``g`` of a batch's runs of one slot (``triton_backend.Runs``): its rows ``lo..hi``, its slot clamped to 0
+    and its rank bound (``_token_slot``: 0 for a run of no LoRA)."""
+    lo = tl.where(g > 0, tl.load(run_end_ptr + tl.maximum(g - 1, 0)), 0)
+    s, rank = _token_slot(run_slot_ptr + g, R)
+    return lo, tl.load(run_end_ptr + g), s, rank
+
+
+@triton.jit
+def _zero_rows(sh_ptr, rows, ok, SH_COLS, BM: tl.constexpr, BSH: tl.constexpr):
+    """Zero the rows ``rows`` (where ``ok``) of the Triton shrinks' float32 workspace ``sh [T, SH_COLS]`` for the next
+    forward."""
+    c = tl.arange(0, BSH)
+    tl.store(sh_ptr + rows[:, None] * SH_COLS + c[None, :], tl.zeros((BM, BSH), dtype=tl.float32),
+             mask=ok[:, None] & (c < SH_COLS)[None, :])
 
 
 @triton.jit

@@ -857,24 +857,34 @@ def _launch_folded(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     return out
 
 
+def _walk_grid(cols: int, t: Tiles, rows: int = 0, runs: "Runs | None" = None) -> tuple[int, ...]:
+    """The grid of a kernel that walks row tiles of ``t.bm``: ``(cols, P)``, or over ``runs`` ``(cols, G, P)``, ``P``
+    programs a column block (and run) sharing the ``rows`` (the longest run's), ~``TARGET_PROGRAMS`` in all."""
+    G = 1 if runs is None else runs.slots.numel()
+    tiles = triton.cdiv(rows if runs is None else runs.longest, t.bm)
+    walkers = max(1, min(tiles, triton.cdiv(TARGET_PROGRAMS, cols * G)))
+    return (cols, walkers) if runs is None else (cols, G, walkers)
+
+
+def _workspace(p: Plan, mid: torch.Tensor, zero_sh: bool) -> tuple[torch.Tensor, int]:
+    """The ``sh`` a down-side kernel re-zeroes (``p.sh`` where ``zero_sh``; else ``mid``, never written) and its
+    column block."""
+    sh = p.sh if zero_sh else mid
+    return sh, max(16, triton.next_power_of_2(sh.shape[1]))
+
+
 def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, sh: torch.Tensor,
                 gb: torch.Tensor, t: Tiles, slot: int = 0, scale: float = 1.0, runs: "Runs | None" = None,
                 scalings: torch.Tensor | None = None) -> None:
     """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]``, ``sh [T, O*2R]`` and
-    ``gb``, the pool's gate-up B (contiguous), into ``act [T, n*F]`` (any row stride), every token on ``slot`` at ``scale``, or (``runs``) each run on its own
-    slot at ``scalings[s]``; ``t.bm`` tokens by ``t.bf`` features a tile, ``t.warps``, ``t.stages`` row tiles in
-    flight, ~``TARGET_PROGRAMS`` programs."""
+    ``gb``, the pool's gate-up B (contiguous), into ``act [T, n*F]`` (any row stride), every token on ``slot`` at
+    ``scale``, or (``runs``) each run on its own slot at ``scalings[s]``; ``t.bm`` tokens by ``t.bf`` features a tile,
+    ``t.warps``, ``t.stages`` row tiles in flight, ~``TARGET_PROGRAMS`` programs."""
     T, (n, F) = y.shape[0], (ops.n, ops.intermediate)
     O = ops.buffers[0].shape[1]
     R = sh.shape[1] // (2 * O)
-    cols = n * triton.cdiv(F, t.bf)
-    if runs is None:
-        grid = (cols, max(1, min(triton.cdiv(T, t.bm), triton.cdiv(TARGET_PROGRAMS, cols))))
-        tables = (y, y, y)
-    else:
-        G = runs.slots.numel()
-        grid = (cols, G, max(1, min(triton.cdiv(runs.longest, t.bm), triton.cdiv(TARGET_PROGRAMS, cols * G))))
-        tables = (runs.slots, runs.ends, scalings)
+    grid = _walk_grid(n * triton.cdiv(F, t.bf), t, T, runs)
+    tables = (y, y, y) if runs is None else (runs.slots, runs.ends, scalings)
     _run(kernels.expand_act_kernel, grid,
          (y, gammas, act, sh, gb, T, F, R, O, n, 0 if O == 1 else 1, act.stride(0), slot, float(scale),
           *tables),
@@ -890,14 +900,11 @@ def _down_expand(ops: SinkOperands, act: torch.Tensor, out: torch.Tensor, p: Pla
     if runs is None:
         return _down(ops, act, out, p, lora, mid, key)
     H, R, t = out.shape[1], lora.R, ONE_SLOT_TILES
-    cols, G = triton.cdiv(H, t.bn), runs.slots.numel()
-    grid = (cols, G, max(1, min(triton.cdiv(runs.longest, t.bm), triton.cdiv(TARGET_PROGRAMS, cols * G))))
-    sh = p.sh if zero_sh else mid
-    _run(kernels.expand_down_kernel, grid,
+    sh, bsh = _workspace(p, mid, zero_sh)
+    _run(kernels.expand_down_kernel, _walk_grid(triton.cdiv(H, t.bn), t, runs=runs),
          (out, mid, lora.db, sh, runs.slots, runs.ends, p.scalings, H, R, sh.shape[1]),
          fast=(p.fast, ("down_runs", key, zero_sh, mid.dtype)), BM=t.bm, BN=t.bn,
-         BR=max(16, triton.next_power_of_2(R)), BSH=max(16, triton.next_power_of_2(sh.shape[1])), STAGES=t.stages,
-         ZERO_SH=zero_sh, num_warps=t.warps)
+         BR=max(16, triton.next_power_of_2(R)), BSH=bsh, STAGES=t.stages, ZERO_SH=zero_sh, num_warps=t.warps)
 
 
 @dataclass(frozen=True)
@@ -1031,11 +1038,11 @@ def _down_slot_cats(ops: SinkOperands, act_cat: torch.Tensor, mid: torch.Tensor,
     token's own block). ``zero_sh``: the spread also zeroes ``p.sh`` (the Triton shrinks' workspace)."""
     T, nf, R = act_cat.shape[0], ops.n * ops.intermediate, ops.max_rank
     G = p.cats.slots.numel()
-    sh = p.sh if zero_sh else mid
+    sh, bsh = _workspace(p, mid, zero_sh)
     _run(kernels.spread_kernel, (triton.cdiv(T, 64),),
          (mid, p.slots, p.scalings, p.cats.block, act_cat[:, nf:], sh, T, R, G, act_cat.stride(0), sh.shape[1]),
          fast=(p.fast, ("spread", zero_sh, mid.dtype, act_cat.dtype)), BM=64, BR=max(16, triton.next_power_of_2(R)),
-         BSH=max(16, triton.next_power_of_2(sh.shape[1])), ZERO_SH=zero_sh, num_warps=4)
+         BSH=bsh, ZERO_SH=zero_sh, num_warps=4)
     return torch.mm(act_cat, ops.w2_cat[:nf + G * R], out=out)
 
 
