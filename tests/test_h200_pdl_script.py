@@ -163,13 +163,13 @@ def test_the_one_slot_scripts_runs_pass_checks_mixed_and_sorted_tokens(one_slot,
 @pytest.mark.slow
 def test_the_one_slot_scripts_cats_pass_checks_each_several_slot_path(one_slot, monkeypatch):
     """v37's pass (``--multi --cats``): the down expand as more of the down GEMM's ``K`` on the mixed batch and, in
-    slot order, through the grouped ``epi`` and ``fold``, right (graph replays included) at the shared outer; a
+    slot order, through the grouped GEMMs (``epi``), right (graph replays included) at the shared outer; a
     down side that leaves its output unwritten is flagged; the routed constants are put back."""
     monkeypatch.setattr(one_slot.tb, "SMALL_WEIGHTS", 0)
     rows = one_slot.multi_correctness(cats=True)
     assert len(rows) == 16 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     shared = [r for r in rows if r["outer"] == 1]
-    assert len(shared) == 8 and all({"cats_mixed", "cats_epi_graph", "cats_fold"} <= set(r["rel_err"]) for r in shared)
+    assert len(shared) == 8 and all({"cats_mixed", "cats_epi", "cats_epi_graph"} <= set(r["rel_err"]) for r in shared)
     assert one_slot.tb.SLOT_CAT_TOKENS == 2048 and one_slot.tb.MERGE_RATIO == 2.0
     monkeypatch.setattr(one_slot.tb, "_down_slot_cats", lambda ops, act_cat, mid, p, out, *a: out.fill_(float("nan")))
     assert not any(r["ok"] for r in one_slot.multi_correctness(cats=True) if r["outer"] == 1)
@@ -178,13 +178,13 @@ def test_the_one_slot_scripts_cats_pass_checks_each_several_slot_path(one_slot, 
 @pytest.mark.slow
 def test_the_one_slot_scripts_down_pass_checks_each_several_slot_path(one_slot, monkeypatch):
     """v38's pass (``--multi --down``): the down expand over the batch's runs on the mixed batch and, in slot order,
-    through the grouped ``epi`` and ``fold``, right (graph replays included) at the shared outer; a down expand that
+    through the grouped GEMMs (``epi``), right (graph replays included) at the shared outer; a down expand that
     leaves its output unwritten is flagged; the routed constant is put back."""
     monkeypatch.setattr(one_slot.tb, "SMALL_WEIGHTS", 0)
     rows = one_slot.multi_correctness(down=True)
     assert len(rows) == 16 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     shared = [r for r in rows if r["outer"] == 1]
-    assert len(shared) == 8 and all({"down_mixed", "down_epi_graph", "down_fold"} <= set(r["rel_err"]) for r in shared)
+    assert len(shared) == 8 and all({"down_mixed", "down_epi", "down_epi_graph"} <= set(r["rel_err"]) for r in shared)
     assert one_slot.tb.DOWN_RUN_TOKENS == 256
     monkeypatch.setattr(one_slot.tb, "_down_expand", lambda ops, act, out, *a, **k: out.fill_(float("nan")))
     assert not any(r["ok"] for r in one_slot.multi_correctness(down=True) if r["outer"] == 1)

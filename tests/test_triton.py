@@ -565,10 +565,9 @@ def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared
 
 
 @pytest.mark.parametrize("runs", [0, 1], ids=["up_kernel", "expand_act_runs"])
-@pytest.mark.parametrize("mode", ["epi", "fold"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, mode, runs, monkeypatch):
-    monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
+def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, runs, monkeypatch):
+    monkeypatch.setattr(tb, "grouped_mode", lambda *a: "epi")
     monkeypatch.setattr(tb, "EXPAND_RUN_TOKENS", runs)
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)  # as at 512+ tokens on the H200
     sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, interleaved, seed=5)
@@ -576,21 +575,20 @@ def test_slots_in_order_take_grouped_gemms_and_match_the_reference(interleaved, 
     # slot 1 has no tokens (an empty group); uneven runs; scalings per slot
     batch = SlotBatch.from_segments([7, 12, 10], [0, 2, 3], 4, lora_ranks=[8, 8, 8, 8], scalings=[0.6, 1.0, 1.4, 0.8])
     p = tb.plan(ops, 29, batch, x.device)
-    assert p.grouped == mode and p.offs.tolist() == [7, 7, 19, 29]
-    assert (p.act_runs is not None) == (runs > 0 and mode == "epi")
-    assert p.token_scale[:, 0].tolist() == pytest.approx([0.6] * 7 + [1.4] * 12 + [0.8] * 10)
+    assert p.grouped == "epi" and p.offs.tolist() == [7, 7, 19, 29]
+    assert (p.act_runs is not None) == (runs > 0)
     out, _ = run(sink, x, gammas, batch)
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
     assert torch.count_nonzero(p.sh) == 0
 
 
 @pytest.mark.parametrize("programs", [1, 1 << 20], ids=["one_walks_each_run", "one_tile_each"])
-@pytest.mark.parametrize("mode", ["", "epi", "fold"], ids=["triton_shrinks", "grouped_epi", "grouped_fold"])
+@pytest.mark.parametrize("mode", ["", "epi"], ids=["triton_shrinks", "grouped_epi"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_the_down_expand_walks_each_run_of_several_slots(interleaved, mode, programs, monkeypatch):
     """v38: ``expand_down_kernel`` adds each run's down expand onto cuBLAS's ``out``, one slot's ``down_B`` block kept a
     program: runs of three slots in no order with base-only and rank-0 runs on the Triton shrinks' path (whose
-    workspace it re-zeroes), in slot order with an empty slot through the grouped ``epi`` and ``fold``."""
+    workspace it re-zeroes), in slot order with an empty slot through the grouped GEMMs (``epi``)."""
     monkeypatch.setattr(tb, "DOWN_RUN_TOKENS", 1)
     monkeypatch.setattr(tb, "TARGET_PROGRAMS", programs)
     monkeypatch.setattr(tb, "grouped_mode", lambda *a: mode)
@@ -639,7 +637,7 @@ def route_slot_cats(monkeypatch) -> None:
     monkeypatch.setattr(tb, "SLOT_CAT_RANKS", 1 << 30)
 
 
-@pytest.mark.parametrize("mode", ["", "epi", "fold"], ids=["triton_shrinks", "grouped_epi", "grouped_fold"])
+@pytest.mark.parametrize("mode", ["", "epi"], ids=["triton_shrinks", "grouped_epi"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_several_slots_add_the_down_expand_as_more_k_of_the_down_gemm(interleaved, mode, monkeypatch):
     """v37: each used slot's ``B^T`` a block of rows after ``w2_lin``'s, each token's scaled down shrink in its own
@@ -736,8 +734,8 @@ def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):
 @pytest.mark.parametrize("shape", ["A", "B", "inkling", "inkling-tp8"])
 def test_grouped_mode_follows_the_measured_grid(shape):
     """``grouped_mode`` as KERNEL_NOTES v20 and v21 measured it, four slots with tokens: rank 64 from 2048
-    tokens (Inkling's weights from 512), rank 16 from 8192; ``fold`` only at rank 64 from 4096 tokens on
-    weights with many features (B, Inkling); merged weights at 8192 tokens on A and TP-8 (``merges``) at rank 64,
+    tokens (Inkling's weights from 512), rank 16 from 8192 (v20's ``fold`` at rank 64 from 4096 tokens on B and
+    Inkling left in v39); merged weights at 8192 tokens on A and TP-8 (``merges``) at rank 64,
     where at rank 16 the down expand as more ``K`` (v37, ``slot_cats``) comes first."""
     g = PRESETS[shape]
     def ops(rank, **kw):
@@ -745,12 +743,10 @@ def test_grouped_mode_follows_the_measured_grid(shape):
                                   "intermediate": g.intermediate, "hidden": g.hidden,
                                   "w2_cat": torch.empty(g.n * g.intermediate + 8 * 64, 1), **kw})
     cuda = torch.device("cuda")
-    many = shape in ("B", "inkling")
     large = shape == "inkling"  # n*F*H 38 M: from 512 tokens at rank 64
     merged = shape in ("A", "inkling-tp8")
     assert [tb.grouped_mode(T, ops(64), cuda, 4) for T in (511, 512, 2047, 2048, 4096, 8192)] == \
-        ["", "epi" if large else "", "epi" if large else "", "epi", "fold" if many else "epi",
-         "merge" if merged else "fold" if many else "epi"]
+        ["", "epi" if large else "", "epi" if large else "", "epi", "epi", "merge" if merged else "epi"]
     assert [tb.grouped_mode(T, ops(16), cuda, 4) for T in (2048, 8191, 8192)] == ["", "", "epi"]
     assert [tb.grouped_mode(T, ops(16, w2_cat=None), cuda, 4) for T in (2048, 8191, 8192)] == \
         ["", "merge" if merged else "", "merge" if merged else "epi"]  # A and TP-8 merge from 6144 and 5462

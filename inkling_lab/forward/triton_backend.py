@@ -321,8 +321,8 @@ class Plan:
     token uses, when the host knows it (``-1`` otherwise; the cuBLAS path then runs
     the shrinks through cuBLAS too); ``batch``: a device-resident batch whose
     metadata ``launch`` turns into ``slots`` on the device at every launch; ``grouped``:
-    ``_launch_grouped``'s mode (``grouped_mode``) with its ``offs [S]`` and ``token_scale [T, 1]``
-    (``grouped_operands``), ``""`` where the batch takes another path; ``"merge"`` (``_launch_merged``,
+    ``"epi"`` (``grouped_mode``: ``_launch_grouped``) with its ``offs [S]`` (``segment_offsets``), ``""`` where
+    the batch takes another path; ``"merge"`` (``_launch_merged``,
     ``merge_operands``): ``merge_slots [G]`` int32, the slots that have tokens, in order, ``offs [G]``
     their runs' ends and ``runs`` the same ``(start, end)`` on the host; ``"kept"`` (``_launch_merged``
     on ``ops.kept``, ``kept_operands``): ``runs``, ``merge_rows`` the kept row of each run and ``offs``
@@ -343,7 +343,6 @@ class Plan:
     batch: SlotBatch | None = None
     split: "Split | None" = None
     offs: torch.Tensor | None = None
-    token_scale: torch.Tensor | None = None
     grouped: str = ""
     merge_slots: torch.Tensor | None = None
     runs: tuple[tuple[int, int], ...] = ()
@@ -456,11 +455,9 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     elif routed and (mode := grouped_mode(num_tokens, ops, device, len(active))):
         offs = segment_offsets(slots, ga.shape[0])  # None: not every token in its slot's run, in order
         if offs is not None:
-            extra = merge_operands(slots, device) if mode == "merge" else \
-                grouped_operands(offs, slots, scalings, ops.dtype, device, mode)
-    if routed and single < 0 and extra.get("grouped", "epi") == "epi":  # up_kernel's epilogue, or v36c's runs
+            extra = merge_operands(slots, device) if mode == "merge" else {"offs": offs.to(device), "grouped": mode}
+    if routed and single < 0 and extra.get("grouped", "epi") == "epi":  # v36c's runs, v37's cats or v38's runs
         extra["act_runs"] = expand_runs(slots, device)
-    if routed and single < 0 and extra.get("grouped", "epi") in ("epi", "fold"):
         extra["cats"] = slot_cat_operands(ops, num_tokens, slots, device)
         if extra["cats"] is None and ops.shared_outer:
             extra["down_runs"] = expand_runs(slots, device, DOWN_RUN_TOKENS)
@@ -476,14 +473,6 @@ def segment_offsets(slots: torch.Tensor, num_slots: int) -> torch.Tensor | None:
     if slots.numel() == 0 or bool((slots < 0).any()) or bool((slots[1:] < slots[:-1]).any()):
         return None
     return torch.bincount(slots.long(), minlength=num_slots).cumsum(0).to(torch.int32)
-
-
-def grouped_operands(offs: torch.Tensor, slots: torch.Tensor, scalings: torch.Tensor, dtype: torch.dtype,
-                     device, mode: str) -> dict:
-    """The ``Plan`` fields of ``_launch_grouped``: ``offs`` on ``device``, each token's scaling,
-    ``token_scale [T, 1]`` in ``dtype``, and the mode."""
-    return {"offs": offs.to(device), "token_scale": scalings[slots.to(scalings.device).long()][:, None].to(dtype),
-            "grouped": mode}
 
 
 def merges(num_tokens: int, ops: SinkOperands, used: int) -> bool:
@@ -509,15 +498,16 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     """How a multi-slot batch of ``num_tokens`` whose tokens run in slot order (``segment_offsets``),
     ``used`` slots with tokens, takes ``_launch_grouped`` or ``_launch_merged``: ``"merge"`` where
     ``merges`` (at any rank; ``H`` and ``n*2F`` multiples of 8 for the merged grouped GEMM's rows)
-    and not ``slot_cats`` (v37: ahead of the merge where it routes), else ``"fold"``, ``"epi"``, or ``""`` (the
-    multi-slot path with its Triton shrinks). Grouped where the pool's rank is at least ``FOLD_MIN_RANK`` from
+    and not ``slot_cats`` (v37: ahead of the merge where it routes), else ``"epi"``, or ``""`` (the
+    multi-slot path with its Triton shrinks). Grouped where the pool's rank is at least ``GROUPED_MIN_RANK`` from
     ``GROUPED_RANK_TOKENS`` tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank
     from ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
     the grouped GEMM), on CUDA in bfloat16 only (torch's CUTLASS grouped GEMM; other dtypes fall back
     to a loop that reads the offsets on the host; on the CPU, Triton's interpreter, any dtype).
-    ``"fold"`` where the rank is that high, the batch ``folds`` and the features are not few
-    (``n*F > NARROW_FEATURES``), else ``"epi"``. Measured (``h200_grouped.json``, v20; the grid
-    below the constants)."""
+    Measured (``h200_grouped.json``, v20; the grid below the constants). v20's ``"fold"`` (the gate/up
+    expand written first, the base GEMM adding onto it) left in v39: since v36c's runs and v38's down runs,
+    ``"epi"`` was 0.95x it on B at rank 64 and level on Inkling, the two shapes it routed on
+    (``h100_multi_v38.json``, ``h100_multi_v39_epi.json``)."""
     R, nf = ops.max_rank, ops.n * ops.intermediate
     if not ops.shared_outer or (torch.device(device).type == "cuda" and ops.dtype != torch.bfloat16):
         return ""
@@ -526,11 +516,9 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
         return "merge"
     if R % 8:
         return ""
-    high, weights = R >= FOLD_MIN_RANK, nf * ops.hidden
+    high, weights = R >= GROUPED_MIN_RANK, nf * ops.hidden
     first = (GROUPED_LARGE_TOKENS if weights > GROUPED_LARGE_WEIGHTS else GROUPED_RANK_TOKENS) if high else GROUPED_TOKENS
-    if num_tokens < first:
-        return ""
-    return "fold" if high and nf > NARROW_FEATURES and folds(num_tokens, weights) else "epi"
+    return "epi" if num_tokens >= first else ""
 
 
 _PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
@@ -601,7 +589,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if p.grouped in ("merge", "kept"):
         return _launch_merged(ops, x, gammas, p, out)
     if p.grouped:
-        return _launch_grouped(ops, x, gammas, p, out, p.grouped)
+        return _launch_grouped(ops, x, gammas, p, out)
     if single and t.cublas:
         w2_cat = ops.w2_cat if cats(T, ops) else None
         if folds(T, n * F * H):
@@ -931,7 +919,8 @@ DOWN_RUN_TOKENS = 256
 batch's runs where they average at least this many tokens (0: never), else ``down_kernel``'s epilogue (v38).
 ``h100_multi_v38.json`` (an H100; S 4 / 8, R 16 / 64, 2048 and 8192 tokens in slot order, runs of 256-2048 tokens, on
 B, Inkling and the TP-8 slice, both flushes): 0.93-0.99x ``down_kernel`` at all 14 points it ran (TP8 R 64 0.93-0.95x;
-in ``_launch_grouped``'s ``epi`` and ``fold`` and on the Triton shrinks' path); shorter runs were not timed."""
+in ``_launch_grouped`` and on the Triton shrinks' path); at 512 tokens (runs of 64-128) and on A at 512-8192, forced
+on every run, level with the routed plan (0.98-1.02x, ``h100_multi_v38b_*.json``)."""
 
 
 def expand_runs(slots: torch.Tensor, device, tokens: int | None = None) -> Runs | None:
@@ -1046,40 +1035,30 @@ def _down_slot_cats(ops: SinkOperands, act_cat: torch.Tensor, mid: torch.Tensor,
     return torch.mm(act_cat, ops.w2_cat[:nf + G * R], out=out)
 
 
-def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor, mode: str) -> torch.Tensor:
+def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
     """Several slots, their tokens in slot order (``p.offs``, ``segment_offsets``), the cuBLAS path,
-    shared outer: each LoRA product one grouped GEMM over the slots' runs (``torch._grouped_mm``;
-    slot ``s``'s tokens against slot ``s``'s factor). ``mode`` ``"epi"``: the shrinks beside the base
-    GEMMs (``_Beside``; the base GEMM on the side stream, into its preallocated output), the
-    expands in the activation's and the down kernel's epilogues, each slot's scaling there;
-    ``"fold"``: the gate/up expand written first, the base GEMM adding onto it (``beta = 1``, as
-    ``_launch_folded``), the down side as ``"epi"`` (folding it too costs a copy into ``out``: the
-    grouped GEMM takes no ``out=``; never the faster, v20)."""
+    shared outer: each shrink one grouped GEMM over the slots' runs (``torch._grouped_mm``; slot ``s``'s
+    tokens against slot ``s``'s factor) beside the base GEMM that reads the same input (``_Beside``; the
+    base GEMM on the side stream, into its preallocated output), the expands in the activation (over the
+    runs, ``expand_act_kernel``, or ``up_kernel``'s epilogue) and on the down side (more of the down GEMM's
+    ``K``, ``expand_down_kernel`` over the runs, or the down kernel's epilogue), each slot's scaling there."""
     ga, gb, da, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
     n, F = ops.n, ops.intermediate
     offs = p.offs
     br = max(16, triton.next_power_of_2(R))
     act_cat, act = _act_slot_cat(ops, x, p.cats)
-    if mode == "epi":
-        y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
-        side = _Beside(x)
-        with side:
-            torch.mm(x, ops.w13_lin.T, out=y)
-            _cat_slot_rows(ops, p.cats)
-        sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
-        side.join()
-        if p.act_runs is not None:
-            _expand_act(ops, y, gammas, act, sh, gb.contiguous(), ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
-        else:
-            _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
-    else:
-        sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)
-        sh.mul_(p.token_scale)
-        y = torch._grouped_mm(sh, ops.w1_delta.transpose(1, 2), offs=offs)       # [T, n*2F]
-        y.addmm_(x, ops.w13_lin.T)
+    y = torch.empty(T, n * 2 * F, dtype=x.dtype, device=x.device)
+    side = _Beside(x)
+    with side:
+        torch.mm(x, ops.w13_lin.T, out=y)
         _cat_slot_rows(ops, p.cats)
-        _up(ops, x, y, gammas, act, p, Lora.none(x))
+    sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
+    side.join()
+    if p.act_runs is not None:
+        _expand_act(ops, y, gammas, act, sh, gb.contiguous(), ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
+    else:
+        _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
     if p.cats is not None:  # v37
         return _down_slot_cats(ops, act_cat, torch._grouped_mm(act, ops.a_cat.transpose(1, 2), offs=offs), p, out)
     side = _Beside(x)
@@ -1290,18 +1269,18 @@ GROUPED_TOKENS = 8192
 GROUPED_RANK_TOKENS = 2048
 GROUPED_LARGE_TOKENS = 512
 GROUPED_LARGE_WEIGHTS = 32 << 20
-"""From these many tokens (at any rank; at ranks from ``FOLD_MIN_RANK``) a multi-slot batch in slot
+"""From these many tokens (at any rank; at ranks from ``GROUPED_MIN_RANK``) a multi-slot batch in slot
 order takes ``_launch_grouped`` (``grouped_mode``). Measured at S 4 and 8, 512/2048/8192 tokens on
 every shape, read flush (``h200_grouped.json``), the best mode against the multi-slot
 path: R 64 from 2048 tokens 0.88-0.95x; R 64 at 512 tokens 0.89-1.06x (ahead on Inkling, ``n*F*H``
 38 M, at S 4 and 8: so from 512 tokens on weights over ``GROUPED_LARGE_WEIGHTS``; behind on A, TP8
 and B S 8, ahead on B S 4); R 16 at 8192 0.98-1.00x, at 512 and 2048 0.99-1.36x
-(the grouped shrinks, ~20-30 µs each, cost more than the Triton shrinks save). ``fold`` was the
-faster mode at R 64 8192 tokens on B (0.89-0.90x against 0.92x) and Inkling (0.92x against 0.95x),
-``epi`` everywhere else."""
+(the grouped shrinks, ~20-30 µs each, cost more than the Triton shrinks save). v20's ``fold`` mode was
+then the faster at R 64 8192 tokens on B (0.89-0.90x against 0.92x) and Inkling (0.92x against 0.95x); no
+longer since v36c's and v38's runs (``grouped_mode``)."""
 
-FOLD_MIN_RANK = 33
-"""The rank from which ``grouped_mode`` groups a multi-slot batch from ``GROUPED_RANK_TOKENS`` (and may fold)."""
+GROUPED_MIN_RANK = 33
+"""The rank from which ``grouped_mode`` groups a multi-slot batch from ``GROUPED_RANK_TOKENS``."""
 
 ONE_SLOT_TILES = Tiles(bm=32, bf=64, bn=64, bk=64, k_chunk=512, warps=4, stages=2, cublas=True, sbm=64)
 """``_launch_single``'s activation tiles (``plan``): ``expand_act_kernel`` on 32 tokens by 64 features, 4 warps, 2

@@ -1,6 +1,6 @@
 """v20 on a CUDA GPU (issue 26 target 3): several slots whose tokens run in slot order, each LoRA
 product one grouped GEMM over the slots' runs (``triton_backend._launch_grouped``,
-``torch._grouped_mm``: CUTLASS on sm90 in bfloat16), in its modes (``epi``, ``fold``), against the
+``torch._grouped_mm``: CUTLASS on sm90 in bfloat16), its ``epi`` (v20's ``fold`` mode left in v39), against the
 multi-slot cuBLAS path with its Triton shrinks (``kit``), sglang 0.5.23's multi-slot path and its
 no-LoRA base, at S 4 and 8, R 16 and 64, 512-8192 tokens on every shape, both flushes; each point
 records what ``auto`` routes there (``routed``: ``grouped_mode``'s mode, or ``kit``); then each
@@ -8,7 +8,7 @@ launch of both paths alone at a few points.
 
 1. Correctness first, against the float64 reference on fresh random inputs (bfloat16, both gate/up
    layouts, three runs of uneven length with an empty slot between them and scalings 0.6-1.4, 600
-   tokens), each mode launched twice and replayed from a graph twice into NaN-poisoned outputs.
+   tokens), the grouped launch launched twice and replayed from a graph twice into NaN-poisoned outputs.
 2. The sweep; every contender is checked again at each point (``h200_pdl.time_point``).
 3. ``--breakdown``: the launches alone (read flush).
 
@@ -28,7 +28,7 @@ from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
-MODES = ("epi", "fold")
+MODES = ("epi",)
 TOKENS = (512, 2048, 8192)
 BREAKDOWN = [("A", 64, 4, 8192), ("B", 64, 4, 8192), ("Inkling-TP8", 64, 4, 2048)]
 
@@ -41,19 +41,16 @@ def grouped_plan(ops, x, batch):
         return p
     slots = p.slots.cpu()
     offs = tb.segment_offsets(slots, ops.slots)
-    return p if offs is None else dataclasses.replace(
-        p, merge_slots=None, runs=(), **tb.grouped_operands(offs, slots, p.scalings, ops.dtype, x.device, "epi"))
+    return p if offs is None else dataclasses.replace(p, merge_slots=None, runs=(), offs=offs.to(x.device), grouped="epi")
 
 
 def contenders(ops, x, gammas, batch) -> dict:
-    """``kit``: the plan without its groups (the multi-slot path); ``g_<mode>``: the grouped launch."""
+    """``kit``: the plan without its groups (the multi-slot path); ``g_epi``: the grouped launch."""
     p = grouped_plan(ops, x, batch)
     assert p.offs is not None, "the grouped plan was not made"
-    old = dataclasses.replace(p, offs=None, token_scale=None, grouped="", fast={})
-    fns = {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, old, out)}
-    for m in MODES:
-        fns["g_" + m] = lambda m=m, out=torch.empty_like(x): tb._launch_grouped(ops, x, gammas, p, out, m)
-    return fns
+    old = dataclasses.replace(p, offs=None, grouped="", fast={})
+    return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, old, out),
+            "g_epi": lambda out=torch.empty_like(x): tb._launch_grouped(ops, x, gammas, p, out)}
 
 
 def correctness() -> list[dict]:

@@ -261,14 +261,12 @@ NO_MERGE = dict(MERGE_RATIO=float("inf"))
 DOWN = dict(DOWN_RUN_TOKENS=RUN_TOKENS)
 """v38 (``--multi --down``): the constants its ``down_runs`` contender plans with (``expand_down_kernel`` over the
 batch's runs where they average ``RUN_TOKENS``; ``slot_cats`` keeps its points)."""
-EPI = dict(grouped_mode=lambda *a: "epi")
-"""v38: ``epi``, where the routed plan folds: the same batch through ``_launch_grouped``'s ``epi`` instead."""
 
 
 def path_checks(ops, x, gammas, batch, ref, errs: dict, label: str, name: str, constants: dict, field: str) -> None:
     """A several-slot route planned with ``constants`` (its ``Plan.<field>`` set): on the mixed batch (Triton
-    shrinks), and on its tokens in slot order with every token on a slot of rank ``R`` through ``_launch_grouped``'s
-    ``epi`` and ``fold``, each launched twice and replayed from a graph (``<name>_mixed``, ``<name>_epi``, ...)."""
+    shrinks), and on its tokens in slot order with every token on a slot of rank ``R`` through ``_launch_grouped``,
+    each launched twice and replayed from a graph (``<name>_mixed``, ``<name>_epi``, ...)."""
     T = x.shape[0]
     p = forcing(lambda: tb.plan(ops, T, batch, x.device), **constants)
     assert getattr(p, field) is not None and p.tiles.cublas and p.grouped == ""
@@ -280,11 +278,10 @@ def path_checks(ops, x, gammas, batch, ref, errs: dict, label: str, name: str, c
     inorder = SlotBatch.from_token_slots(ids, batch.num_slots, lora_ranks=batch.lora_ranks.tolist(),
                                          scalings=batch.scalings.tolist())
     want = reference_forward(ops, x, gammas, inorder)
-    for mode in ("epi", "fold"):
-        pm = forcing(lambda: tb.plan(ops, T, inorder, x.device), grouped_mode=lambda *a, m=mode: m, **constants)
-        assert getattr(pm, field) is not None and pm.grouped == mode
-        h200_pdl.check_contender(f"{name}_{mode}",
-                                 lambda pm=pm, o=torch.empty_like(x): tb.launch(ops, x, gammas, pm, o), want, errs, label)
+    pm = forcing(lambda: tb.plan(ops, T, inorder, x.device), grouped_mode=lambda *a: "epi", **constants)
+    assert getattr(pm, field) is not None and pm.grouped == "epi"
+    h200_pdl.check_contender(f"{name}_epi", lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pm, o), want, errs,
+                             label)
 
 
 def runs_checks(ops, x, gammas, batch, ref, errs: dict, label: str) -> None:
@@ -364,16 +361,11 @@ def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: boo
             if p.grouped == "merge":
                 pn = forcing(lambda: tb.plan(ops, T, batch, x.device), **NO_MERGE)
                 fns["nomerge"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pn, o)
-        if down:  # v38: the down expand over the runs; where the routed plan folds, epi with and without it
+        if down:  # v38: the down expand over the runs
             fns["sglang_base"] = lambda: multi.forward(x, gammas, lora=False)
             pd = forcing(lambda: tb.plan(ops, T, batch, x.device), **DOWN)
             if pd.down_runs is not None:
                 fns["down_runs"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pd, o)
-            if p.grouped == "fold":
-                pe = forcing(lambda: tb.plan(ops, T, batch, x.device), **EPI)
-                ped = forcing(lambda: tb.plan(ops, T, batch, x.device), **EPI, **DOWN)
-                fns["epi"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, pe, o)
-                fns["epi_down_runs"] = lambda o=torch.empty_like(x): tb.launch(ops, x, gammas, ped, o)
         return fns
 
     rows = []
@@ -403,7 +395,7 @@ def main() -> int:
     ap.add_argument("--cats", action="store_true", help="with --multi, v37: the down expand as more of the down "
                     "GEMM's K (CATS) beside the routed path, and sglang's base")
     ap.add_argument("--down", action="store_true", help="with --multi, v38: the down expand over the batch's runs "
-                    "(DOWN) beside the routed path, epi where it folds, and sglang's base")
+                    "(DOWN) beside the routed path, and sglang's base")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep (with --multi, the several-slot "
                     "one) at these, on every shape of --shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: "
                     "34-47 on A, 2-16 elsewhere; v17e: 17-32)")
@@ -429,10 +421,10 @@ def main() -> int:
                 print(f"  runs: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
                       f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
             if args.down:
-                for k in ("down_runs", "epi", "epi_down_runs"):
-                    got = [r["us"][f"{k}@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"{k}@{fl}" in r["us"]]
-                    print(f"  {k}: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
-                          f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
+                got = [r["us"][f"down_runs@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"]
+                       if f"down_runs@{fl}" in r["us"]]
+                print(f"  down_runs: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
+                      f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
             if args.cats:
                 for k in ("kit", "cats"):
                     near = sum(1 for r in rec["points"] if r["T"] >= 2048
