@@ -43,6 +43,26 @@ def test_unpack_checks_every_file_against_record(tmp_path, monkeypatch):
         uw.unpack(bad, tmp_path / "cache2")
 
 
+def test_the_cut_wheel_holds_the_checked_files_and_unpacks_as_the_wheel_does(tmp_path, monkeypatch):
+    """``scripts/gpu/cut_wheel.py`` (what the device calls carry instead of the 38 MB wheel): the cut zip holds
+    ``FILES`` and ``RECORD`` alone, ``unpack`` finds the same files with the same RECORD hashes, and a wheel
+    whose file does not match its RECORD is refused with nothing written."""
+    from interpreted import gpu_script
+
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    wheel = _fake_wheel(tmp_path / "ok.whl")
+    with zipfile.ZipFile(wheel, "a") as z:
+        z.writestr("sglang/srt/models/other.py", b"# not read by the harness\n")
+    with gpu_script("cut_wheel") as cw:
+        out = cw.cut(wheel, tmp_path / "trim" / "cut.zip")
+        with zipfile.ZipFile(out) as z:
+            assert sorted(z.namelist()) == sorted([*uw.FILES, uw.RECORD_PATH])
+        assert uw.unpack(out, tmp_path / "a")["files_sha256_record"] == uw.unpack(wheel, tmp_path / "b")["files_sha256_record"]
+        with pytest.raises(RuntimeError, match="does not match the wheel's RECORD"):
+            cw.cut(_fake_wheel(tmp_path / "bad.whl", tamper=uw.FILES[2]), tmp_path / "bad.zip")
+        assert not (tmp_path / "bad.zip").exists()
+
+
 def _case(S, T, outer=1, R=3):
     return pr.Case("toy", Geometry(2, 24, 10, R, S, outer), T, dtype="float32")
 
