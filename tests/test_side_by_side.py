@@ -58,6 +58,7 @@ def test_the_cut_wheel_holds_the_checked_files_and_unpacks_as_the_wheel_does(tmp
         with zipfile.ZipFile(out) as z:
             assert sorted(z.namelist()) == sorted([*uw.FILES, uw.RECORD_PATH])
         assert uw.unpack(out, tmp_path / "a")["files_sha256_record"] == uw.unpack(wheel, tmp_path / "b")["files_sha256_record"]
+        assert cw.cut(wheel, tmp_path / "again.zip").read_bytes() == out.read_bytes()  # a record's sha256 can be remade
         with pytest.raises(RuntimeError, match="does not match the wheel's RECORD"):
             cw.cut(_fake_wheel(tmp_path / "bad.whl", tamper=uw.FILES[2]), tmp_path / "bad.zip")
         assert not (tmp_path / "bad.zip").exists()

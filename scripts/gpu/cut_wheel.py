@@ -19,15 +19,13 @@ from inkling_lab.upstream_wheel import FILES, RECORD_PATH, opened_wheel, read_ch
 
 def cut(wheel: str | Path, out: str | Path) -> Path:
     """Write ``out`` (atomically): a zip of the wheel's ``FILES`` (each checked against its ``RECORD``) and
-    that ``RECORD``. Raises naming the file that does not match, and writes nothing then."""
+    that ``RECORD``, the same bytes for the same wheel. Raises naming the file that does not match, and
+    writes nothing then."""
     files = read_checked(wheel, FILES)
-    with opened_wheel(wheel) as w:
-        record = w.read(RECORD_PATH)
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in files.items():
-            z.writestr(name, data)
-        z.writestr(RECORD_PATH, record)
+    with opened_wheel(wheel) as w, zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in (*FILES, RECORD_PATH):  # each entry's own date: the same wheel cuts to the same bytes
+            z.writestr(w.getinfo(name), files.get(name) or w.read(name))
     return atomic_write(out, buf.getvalue())
 
 
