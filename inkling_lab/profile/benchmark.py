@@ -141,15 +141,21 @@ def kernel_table(c: Case, backend: str, device: str = "cuda", top: int = 12, til
     """Which kernels take the time: ``torch.profiler`` over 10 forwards of case ``c``,
     CUDA time per kernel name (µs per forward), largest first. ``tiles``: the triton
     backend's ``Tiles`` (default: its own pick)."""
-    from torch.profiler import ProfilerActivity, profile
-
     sc = c.scenario(device)
     fn, _ = backend_runner(backend, sc.sink, sc.x, sc.gammas, sc.batch, tiles)
+    return kernel_rows(fn, top)
+
+
+def kernel_rows(fn: Callable[[], object], top: int = 12, forwards: int = 10) -> list[dict]:
+    """``kernel_table``'s rows for any forward ``fn`` (warmed three times, then ``forwards`` profiled): each
+    CUDA kernel's name, calls and device µs per forward, largest first, side streams' time counted whole."""
+    from torch.profiler import ProfilerActivity, profile
+
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
+        for _ in range(forwards):
             fn()
         torch.cuda.synchronize()
     rows = []
@@ -158,7 +164,8 @@ def kernel_table(c: Case, backend: str, device: str = "cuda", top: int = 12, til
         if us is None:
             us = ev.cuda_time_total
         if us > 0:
-            rows.append({"kernel": ev.key[:90], "calls_per_forward": ev.count / 10, "us_per_forward": us / 10})
+            rows.append({"kernel": ev.key[:90], "calls_per_forward": ev.count / forwards,
+                         "us_per_forward": us / forwards})
     rows.sort(key=lambda r: -r["us_per_forward"])
     return rows[:top]
 

@@ -25,7 +25,7 @@ def cut(wheel: str | Path, out: str | Path) -> Path:
     buf = io.BytesIO()
     with opened_wheel(wheel) as w, zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for name in (*FILES, RECORD_PATH):  # each entry's own date: the same wheel cuts to the same bytes
-            z.writestr(w.getinfo(name), files.get(name) or w.read(name))
+            z.writestr(w.getinfo(name), files[name] if name in files else w.read(name))
     return atomic_write(out, buf.getvalue())
 
 

@@ -1,0 +1,43 @@
+"""``scripts/gpu/h200_kernels.py`` on the CPU (``interpreted.gpu_script``): the forward it profiles at a point is the
+kit's routed forward, right against the float64 reference, and sglang's base is asked for without its adapter."""
+from interpreted import gpu_script
+from inkling_lab import profile as pr, records
+from inkling_lab.forward.reference import reference_forward
+
+
+def test_a_point_profiles_the_routed_forward_and_the_base_without_lora(monkeypatch):
+    with gpu_script("h200_kernels") as module:
+        seen = {}
+
+        class Base:  # sglang's base stands in as the sink's own base forward; the call's arguments are kept
+            def __init__(self, sink, batch, min_slots):
+                self.sink, seen["min_slots"] = sink, min_slots
+
+            def forward(self, x, gammas, lora=True):
+                seen["lora"] = lora
+                return self.sink.base_forward(x, gammas)
+
+        def rows(fn, top):  # the profiler needs CUDA: run the forward once and keep its output
+            seen.setdefault("outs", []).append(fn().clone())
+            return [{"kernel": "k", "calls_per_forward": 1.0, "us_per_forward": 1.0}]
+
+        monkeypatch.setattr(module, "kernel_rows", rows)
+        monkeypatch.setattr(pr.Case, "of", _toy_case())
+        row = module.point(Base, "B", 16, 3, 40, device="cpu")
+        assert row["plan"] == {"grouped": "", "single_slot": -1, "cats": False, "down_runs": False, "act_runs": False}
+        assert seen["lora"] is False and seen["min_slots"] == 2
+        sc = pr.Case.of("B", 16, 3, 40).scenario("cpu")
+        ops = sc.sink.operands()
+        kit, base = seen["outs"]
+        assert records.relative_error(kit, reference_forward(ops, sc.x, sc.gammas, sc.batch), "fro") < 1e-5
+        assert records.relative_error(base, reference_forward(ops, sc.x, sc.gammas, None), "fro") < 1e-5
+        assert set(row) == {"shape", "R", "S", "T", "plan", "kit", "sglang_base"}
+
+
+def _toy_case():
+    """``Case.of`` at a toy geometry in float32 (the interpreter's sizes), the same one every call."""
+    from inkling_lab.geometry import Geometry
+
+    def of(shape, R, S, T, **kw):
+        return pr.Case("toy", Geometry(2, 24, 10, 4, S, 1), T, dtype="float32")
+    return staticmethod(of)
