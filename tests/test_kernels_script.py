@@ -1,12 +1,17 @@
 """``scripts/gpu/h200_kernels.py`` on the CPU (``interpreted.gpu_script``): the forward it profiles at a point is the
 kit's routed forward, right against the float64 reference, and sglang's base is asked for without its adapter."""
-from interpreted import gpu_script
+import sys
+
+from interpreted import gpu_script, import_interpreted
 from inkling_lab import profile as pr, records
 from inkling_lab.forward.reference import reference_forward
 
 
 def test_a_point_profiles_the_routed_forward_and_the_base_without_lora(monkeypatch):
+    tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
     with gpu_script("h200_kernels") as module:
+        sys.modules.pop("h200_pdl", None)  # the script's neighbour, imported with it: no other test sees it
+        monkeypatch.setattr(module, "tb", tb)  # the backend interpreted, whatever imported the library first
         seen = {}
 
         class Base:  # sglang's base stands in as the sink's own base forward; the call's arguments are kept
