@@ -733,20 +733,19 @@ def test_grouped_gemms_only_where_every_token_has_a_slot_in_order(monkeypatch):
 
 @pytest.mark.parametrize("shape", ["A", "B", "inkling", "inkling-tp8"])
 def test_grouped_mode_follows_the_measured_grid(shape):
-    """``grouped_mode`` as KERNEL_NOTES v20 and v21 measured it, four slots with tokens: rank 64 from 2048
-    tokens (Inkling's weights from 512), rank 16 from 8192 (v20's ``fold`` at rank 64 from 4096 tokens on B and
-    Inkling left in v39); merged weights at 8192 tokens on A and TP-8 (``merges``) at rank 64,
-    where at rank 16 the down expand as more ``K`` (v37, ``slot_cats``) comes first."""
+    """``grouped_mode`` as KERNEL_NOTES v20 and v41 measured it, four slots with tokens: rank 64 from 512
+    tokens on every shape (v41; v21 had 2048 but on Inkling's weights), rank 16 from 8192 (v20's ``fold`` at rank
+    64 from 4096 tokens on B and Inkling left in v39); merged weights at 8192 tokens on A and TP-8 (``merges``) at
+    rank 64, where at rank 16 the down expand as more ``K`` (v37, ``slot_cats``) comes first."""
     g = PRESETS[shape]
     def ops(rank, **kw):
         return SimpleNamespace(**{"shared_outer": True, "max_rank": rank, "dtype": torch.bfloat16, "n": g.n,
                                   "intermediate": g.intermediate, "hidden": g.hidden,
                                   "w2_cat": torch.empty(g.n * g.intermediate + 8 * 64, 1), **kw})
     cuda = torch.device("cuda")
-    large = shape == "inkling"  # n*F*H 38 M: from 512 tokens at rank 64
     merged = shape in ("A", "inkling-tp8")
     assert [tb.grouped_mode(T, ops(64), cuda, 4) for T in (511, 512, 2047, 2048, 4096, 8192)] == \
-        ["", "epi" if large else "", "epi" if large else "", "epi", "epi", "merge" if merged else "epi"]
+        ["", "epi", "epi", "epi", "epi", "merge" if merged else "epi"]
     assert [tb.grouped_mode(T, ops(16), cuda, 4) for T in (2048, 8191, 8192)] == ["", "", "epi"]
     assert [tb.grouped_mode(T, ops(16, w2_cat=None), cuda, 4) for T in (2048, 8191, 8192)] == \
         ["", "merge" if merged else "", "merge" if merged else "epi"]  # A and TP-8 merge from 6144 and 5462

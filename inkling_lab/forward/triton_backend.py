@@ -500,8 +500,7 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     ``merges`` (at any rank; ``H`` and ``n*2F`` multiples of 8 for the merged grouped GEMM's rows)
     and not ``slot_cats`` (v37: ahead of the merge where it routes), else ``"epi"``, or ``""`` (the
     multi-slot path with its Triton shrinks). Grouped where the pool's rank is at least ``GROUPED_MIN_RANK`` from
-    ``GROUPED_RANK_TOKENS`` tokens (``GROUPED_LARGE_TOKENS`` on weights over ``GROUPED_LARGE_WEIGHTS``), at any rank
-    from ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
+    ``GROUPED_RANK_TOKENS`` tokens, at any rank from ``GROUPED_TOKENS``; shared outer, ranks a multiple of 8 (16-byte rows for
     the grouped GEMM), on CUDA in bfloat16 only (torch's CUTLASS grouped GEMM; other dtypes fall back
     to a loop that reads the offsets on the host; on the CPU, Triton's interpreter, any dtype).
     Measured (``h200_grouped.json``, v20; the grid below the constants). v20's ``"fold"`` (the gate/up
@@ -516,8 +515,7 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
         return "merge"
     if R % 8:
         return ""
-    high, weights = R >= GROUPED_MIN_RANK, nf * ops.hidden
-    first = (GROUPED_LARGE_TOKENS if weights > GROUPED_LARGE_WEIGHTS else GROUPED_RANK_TOKENS) if high else GROUPED_TOKENS
+    first = GROUPED_RANK_TOKENS if R >= GROUPED_MIN_RANK else GROUPED_TOKENS
     return "epi" if num_tokens >= first else ""
 
 
@@ -1052,9 +1050,8 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) ->
     side = _Beside(x)
     with side:
         torch.mm(x, ops.w13_lin.T, out=y)
-    # v40: the used slots' B^T copied on this stream, beside the up GEMM, not after it on the side stream
-    # (h100_kernels_v39.log: 7-33 µs of copies, which the grouped shrink leaves room for under the GEMM)
-    _cat_slot_rows(ops, p.cats)
+        # after the GEMM on its stream: v40's copy beside it on this one ran 1-2 % slower (h100_side_by_side_v40*)
+        _cat_slot_rows(ops, p.cats)
     sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
     side.join()
     if p.act_runs is not None:
@@ -1268,18 +1265,15 @@ def cats(num_tokens: int, ops: SinkOperands) -> bool:
 
 
 GROUPED_TOKENS = 8192
-GROUPED_RANK_TOKENS = 2048
-GROUPED_LARGE_TOKENS = 512
-GROUPED_LARGE_WEIGHTS = 32 << 20
+GROUPED_RANK_TOKENS = 512
 """From these many tokens (at any rank; at ranks from ``GROUPED_MIN_RANK``) a multi-slot batch in slot
-order takes ``_launch_grouped`` (``grouped_mode``). Measured at S 4 and 8, 512/2048/8192 tokens on
-every shape, read flush (``h200_grouped.json``), the best mode against the multi-slot
-path: R 64 from 2048 tokens 0.88-0.95x; R 64 at 512 tokens 0.89-1.06x (ahead on Inkling, ``n*F*H``
-38 M, at S 4 and 8: so from 512 tokens on weights over ``GROUPED_LARGE_WEIGHTS``; behind on A, TP8
-and B S 8, ahead on B S 4); R 16 at 8192 0.98-1.00x, at 512 and 2048 0.99-1.36x
-(the grouped shrinks, ~20-30 µs each, cost more than the Triton shrinks save). v20's ``fold`` mode was
-then the faster at R 64 8192 tokens on B (0.89-0.90x against 0.92x) and Inkling (0.92x against 0.95x); no
-longer since v36c's and v38's runs (``grouped_mode``)."""
+order takes ``_launch_grouped`` (``grouped_mode``). v20's grid (``h200_grouped.json``, S 4 and 8, 512/2048/8192
+tokens on every shape, read flush): R 16 at 8192 0.98-1.00x the multi-slot path with its Triton shrinks, at 512
+and 2048 0.99-1.36x (the grouped shrinks, ~20-30 µs each, cost more than the Triton shrinks save); R 64 from 2048
+0.88-0.95x, at 512 ahead only on Inkling's weights. v41 on an H100 (``h100_grouped_v40.json``, after v36c's runs,
+v38's down runs and v39's ``epi``): R 64 at 512 tokens 0.87-0.97x on A, B and TP8 too (Inkling 0.85-0.95x), so
+every shape groups from 512 at R 64; R 16 as before (at 512 and 2048 tokens 0.99-1.25x, ahead only at Inkling S 4
+T 512; at 8192 0.97-0.99x)."""
 
 GROUPED_MIN_RANK = 33
 """The rank from which ``grouped_mode`` groups a multi-slot batch from ``GROUPED_RANK_TOKENS``."""
