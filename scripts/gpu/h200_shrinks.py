@@ -1,4 +1,4 @@
-"""v42 on a CUDA GPU (issue 26 target 3): the several-slot shrinks alone, tokens in slot order, at rank 64 and
+"""v42 on a CUDA GPU (issue 26 target 3): the several-slot shrinks alone, tokens in slot order, at rank 64 (``--ranks``) and
 512-8192 tokens on every shape, both flushes: ``torch._grouped_mm`` over the slots' runs (what
 ``_launch_grouped`` runs; CUTLASS on sm90, bfloat16 out) against ``shrink_kernel`` (``triton_backend._shrink``,
 float32 atomics into a zeroed workspace, the zeroing timed with it) on token tiles of 64 and 128, slices of ``K``
@@ -111,19 +111,20 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(pr.SIDE_SHAPES))
+    ap.add_argument("--ranks", default="64")
     args = ap.parse_args()
     t0 = time.time()
     rec = h200_pdl.record_head(h200_pdl.run_environment(), None, variants=VARIANTS, points=[])
     flushes = h200_pdl.both_flushes()
-    for shape in args.shapes.split(","):
+    for shape, R in ((s, int(r)) for r in args.ranks.split(",") for s in args.shapes.split(",")):
         for S in SLOTS:
             for T in TOKENS:
-                for row in point(shape, 64, S, T, flushes, args.reps, timer=timed):
+                for row in point(shape, R, S, T, flushes, args.reps, timer=timed):
                     rec["points"].append(row)
                     for fl in flushes:
                         got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
                         best = min(got, key=got.get)
-                        print(f"{shape:<11} S{S} T{T:<4} {row['side']:<4} {fl:<5} grouped {got['grouped']:7.1f} "
+                        print(f"{shape:<11} R{R} S{S} T{T:<4} {row['side']:<4} {fl:<5} grouped {got['grouped']:7.1f} "
                               f"kit {row['kit']} {got.get(row['kit'], float('nan')):7.1f} best {best} {got[best]:7.1f} "
                               f"({got[best] / got['grouped']:.3f}x grouped)  worst err {max(row['rel_err'].values()):.1e}",
                               flush=True)
