@@ -294,6 +294,8 @@ def test_few_features_take_narrow_epilogue_tiles_on_the_cublas_path(T):
     assert tp8.cublas and (tp8.bm, tp8.bf, tp8.warps) == (32, 64, 4)
     assert a.cublas and (a.bm, a.bf, a.warps) == (64, 128, 8)
     assert tp8.k_chunk == a.k_chunk and tp8.sbm == a.sbm  # the shrinks as before
+    assert tp8.swarps == a.swarps == tb.SHRINK_WARPS == 8  # v42: the shrinks on 8 warps past 128 tokens
+    assert tb.pick_tiles(128, 2 * 2048 * 4096).swarps == 4
     assert tb.pick_tiles(T, 2 * 384 * 6144) == tb.pick_tiles(T)  # no hidden size given: no narrowing
 
 

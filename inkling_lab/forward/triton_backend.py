@@ -116,8 +116,18 @@ def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int =
     # multiprocessors busy than it costs in atomics (up to ~4096 tokens on the H200).
     k_chunk = 512 if num_tokens <= 4096 else 1 << 30
     if 0 < weight_elems <= NARROW_FEATURES * hidden:
-        return Tiles(bm=32, bf=64, bn=128, bk=64, k_chunk=k_chunk, warps=4, stages=2, cublas=True, sbm=64)
-    return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64)
+        return Tiles(bm=32, bf=64, bn=128, bk=64, k_chunk=k_chunk, warps=4, stages=2, cublas=True, sbm=64,
+                     swarps=SHRINK_WARPS)
+    return Tiles(bm=64, bf=128, bn=128, bk=64, k_chunk=k_chunk, warps=8, stages=2, cublas=True, sbm=64,
+                 swarps=SHRINK_WARPS)
+
+
+SHRINK_WARPS = 8
+"""The warps of ``shrink_kernel`` on ``pick_tiles``' many-token tiles (more than 128 tokens; 4 below, ``Tiles``'
+default). v42 on an H100: alone (``h100_shrinks_v42.json``, R 64, 64 tokens by 512 of ``K``) 8 warps were 0.76-1.08x 4
+at 28 of 32 points up to 2048 tokens (median 0.82); in the forward (``h100_grouped_v42.json``, ``kit_w8`` against
+``kit``, both flushes) 0.97-0.985x on A where the multi-slot path is routed (R 16, 512 and 2048 tokens), level on B,
+Inkling and TP8 (0.98-1.015x, median 0.99), level at 8192 (one slice of ``K``)."""
 
 
 NARROW_FEATURES = 1024
