@@ -45,14 +45,12 @@ def grouped_plan(ops, x, batch):
 
 
 def contenders(ops, x, gammas, batch) -> dict:
-    """``kit``: the plan without its groups (the multi-slot path); ``kit_w8``: the same with its Triton shrinks
-    on 8 warps (v42, ``h200_shrinks.py``); ``g_epi``: the grouped launch."""
+    """``kit``: the plan without its groups (the multi-slot path); ``g_epi``: the grouped launch. (v42's ``kit_w8``,
+    the same on 8 warps' shrinks, in ``h100_grouped_v42.json``, is ``kit`` since ``SHRINK_WARPS``.)"""
     p = grouped_plan(ops, x, batch)
     assert p.offs is not None, "the grouped plan was not made"
     old = dataclasses.replace(p, offs=None, grouped="", fast={})
-    w8 = dataclasses.replace(old, tiles=dataclasses.replace(old.tiles, swarps=8), fast={})
     return {"kit": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, old, out),
-            "kit_w8": lambda out=torch.empty_like(x): tb.launch(ops, x, gammas, w8, out),
             "g_epi": lambda out=torch.empty_like(x): tb._launch_grouped(ops, x, gammas, p, out)}
 
 
@@ -165,9 +163,6 @@ def main() -> int:
         base = {k: sum(1 for r in pts if r["T"] >= 2048 and r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"][f"sglang_base@{fl}"])
                 for k in ("kit", *("g_" + m for m in MODES))}
         fastest = h200_pdl.routed_fastest(pts, fl, ("kit", *("g_" + m for m in MODES)))
-        w8 = sorted(r["us"][f"kit_w8@{fl}"] / r["us"][f"kit@{fl}"] for r in pts if f"kit_w8@{fl}" in r["us"])
-        if w8:  # a contender that failed its check is not timed
-            print(f"{fl}: kit_w8 / kit {w8[0]:.3f}-{w8[-1]:.3f} (median {w8[len(w8) // 2]:.3f}, {len(w8)} points)", flush=True)
         print(f"{fl}: faster than kit (of {len(pts)}): {best}; T>=2048 within 1.1x base: {base}; "
               f"routed within 1% of the fastest: {fastest}/{len(pts)}", flush=True)
     print(f"{rec['seconds']} s")
