@@ -386,6 +386,13 @@ def multi_sweep(upstream_cls, reps: int, shapes, expand: bool = False, cats: boo
     return rows
 
 
+def print_against_kit(points: list[dict], contender: str, flush: str) -> None:
+    """One line: ``contender``'s time over ``kit``'s at the points where it was timed, and at how many it was ahead."""
+    got = [r["us"][f"{contender}@{flush}"] / r["us"][f"kit@{flush}"] for r in points if f"{contender}@{flush}" in r["us"]]
+    print(f"  {contender}: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
+          f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
+
+
 def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
     ap.add_argument("--breakdown", action="store_true")
@@ -416,23 +423,14 @@ def main() -> int:
         for fl in ("read", "write"):
             wins = sum(1 for r in rec["points"] if r["us"][f"kit@{fl}"] < r["us"]["sglang_multi@" + fl])
             print(f"{fl}: points faster than sglang's multi-slot path (of {len(rec['points'])}):", wins)
-            if args.expand:
-                got = [r["us"][f"runs@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"runs@{fl}" in r["us"]]
-                print(f"  runs: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
-                      f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
-            if args.down:
-                got = [r["us"][f"down_runs@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"]
-                       if f"down_runs@{fl}" in r["us"]]
-                print(f"  down_runs: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
-                      f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
             if args.cats:
                 for k in ("kit", "cats"):
                     near = sum(1 for r in rec["points"] if r["T"] >= 2048
                                and r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"]["sglang_base@" + fl])
                     print(f"  {k}: within 1.1x of the base at {near} of the T >= 2048 points", flush=True)
-                got = [r["us"][f"cats@{fl}"] / r["us"][f"kit@{fl}"] for r in rec["points"] if f"cats@{fl}" in r["us"]]
-                print(f"  cats: {min(got, default=0):.3f}-{max(got, default=0):.3f}x kit, ahead at "
-                      f"{sum(g < 1 for g in got)} of {len(got)}", flush=True)
+            for k, on in (("runs", args.expand), ("down_runs", args.down), ("cats", args.cats)):
+                if on:
+                    print_against_kit(rec["points"], k, fl)
         print(f"{rec['seconds']} s")
         return 0
     rec["correctness"] = correctness(variants)

@@ -33,29 +33,27 @@ def variant_name(bm: int, kc: int, warps: int) -> str:
     return f"tri_{bm}_{kc or 'all'}_w{warps}"
 
 
+def shrink_operands(ops, x: torch.Tensor, act: torch.Tensor, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, a)`` of ``side`` ``"up"`` (``x [T, H]``, ``gate_up_A``'s ``[S, 2R, H]``) or ``"down"`` (``act [T, n*F]``,
+    ``a_cat [S, R, n*F]``): each token's shrink is ``src[t] @ a[s(t)].T``."""
+    return (x, ops.buffers[0][:, 0]) if side == "up" else (act, ops.a_cat)
+
+
 def shrink_contenders(ops, x: torch.Tensor, act: torch.Tensor, p: tb.Plan, side: str) -> dict:
-    """``side`` ``"up"`` or ``"down"``: ``grouped`` and each ``VARIANTS`` launch, each a callable returning its
-    ``[T, N]`` product (``N = 2R`` up, ``R`` down)."""
-    ga = ops.buffers[0]
-    R = ga.shape[2] // 2
-    T, nf, H = x.shape[0], ops.n * ops.intermediate, ops.hidden
-    src, a, k = (x, ga, H) if side == "up" else (act, ops.a_cat, nf)
-    cols = 2 * R if side == "up" else R
-    fns = {"grouped": lambda: torch._grouped_mm(src, (ga[:, 0] if side == "up" else a).transpose(1, 2), offs=p.offs)}
-    dst = torch.zeros(T, cols, dtype=torch.float32, device=x.device)
+    """``grouped`` and each ``VARIANTS`` launch of ``side``'s shrink (``shrink_operands``), each a callable returning
+    its ``[T, N]`` product (``N = 2R`` up, as ``HALVES`` 2 blocks of ``R``; ``R`` down)."""
+    src, a = shrink_operands(ops, x, act, side)
+    (S, N, k), R = a.shape, ops.buffers[0].shape[2] // 2
+    fns = {"grouped": lambda: torch._grouped_mm(src, a.transpose(1, 2), offs=p.offs)}
+    dst = torch.zeros(src.shape[0], N, dtype=torch.float32, device=src.device)
     for bm, kc, w in VARIANTS:
-        tiles = dataclasses.replace(p.tiles, sbm=bm, k_chunk=kc or k, swarps=w)
-        q = dataclasses.replace(p, tiles=tiles, fast={})
         name = variant_name(bm, kc, w)
+        q = dataclasses.replace(p, tiles=dataclasses.replace(p.tiles, sbm=bm, k_chunk=kc or k, swarps=w), fast={})
 
         def run(q=q, name=name):
             dst.zero_()
-            if side == "up":
-                tb._shrink(src, q, a, dst, dst, k=k, ldx=k, x_o_off=0, rank=R, outer=1, a_slot=2 * R, a_outer=2 * R,
-                           halves=2, br=max(16, R), zero_mid=False, key=(name, "up"))
-            else:
-                tb._shrink(src, q, a, dst, dst, k=k, ldx=k, x_o_off=0, rank=R, outer=1, a_slot=R, a_outer=0,
-                           halves=1, br=max(16, R), zero_mid=False, key=(name, "down"))
+            tb._shrink(src, q, a, dst, dst, k=k, ldx=k, x_o_off=0, rank=R, outer=1, a_slot=N, a_outer=0,
+                       halves=N // R, br=max(16, R), zero_mid=False, key=(name, side))
             return dst
         fns[name] = run
     return fns
@@ -89,8 +87,7 @@ def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: 
     rows = []
     for side in ("up", "down"):
         fns = shrink_contenders(ops, sc.x, act, p, side)
-        src, a = (sc.x, ops.buffers[0][:, 0]) if side == "up" else (act, ops.a_cat)
-        ref = reference(src, a, p.slots.long())
+        ref = reference(*shrink_operands(ops, sc.x, act, side), p.slots.long())
         errs = {k: records.relative_error(fn().clone(), ref, "fro") for k, fn in fns.items()}
         ok = {k: fn for k, fn in fns.items() if errs[k] < 1e-2}
         us = timer(ok, flushes, reps) if timer else {}
