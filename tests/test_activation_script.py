@@ -24,13 +24,24 @@ def _timer(seen):
     return timer
 
 
+class _Sglang:
+    """Stands in for ``upstream_wheel.UpstreamSink``: its layer's ``_swiglu`` takes ``y [T, n, 2F]`` of interleaved
+    (gate, up) pairs and ``gammas [T, n]`` to ``[T, n, F]``, as sglang's ``silu_and_mul_triton`` with the gammas."""
+
+    def __init__(self, sink, batch, min_slots=1):
+        def swiglu(y, gammas):
+            gate, up = y[..., 0::2], y[..., 1::2]
+            return torch.nn.functional.silu(gate) * up * gammas[..., None]
+        self.layer = type("Layer", (), {"_swiglu": staticmethod(swiglu)})()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("S", [1, 3])
 def test_every_activation_is_the_float64_one(script, S):
     module, _ = script
     seen = []
-    row = module.point("A", 16, S, 130, {"read": None}, 1, device="cpu", timer=_timer(seen))
-    names = {"expand", "bare", *(f"expand_{k}" for k in module.TILES)}
+    row = module.point("A", 16, S, 130, {"read": None}, 1, device="cpu", timer=_timer(seen), upstream_cls=_Sglang)
+    names = {"expand", "bare", "swiglu", *(f"expand_{k}" for k in module.TILES)}
     assert set(row["rel_err"]) == names == seen[0], row["rel_err"]
     assert max(row["rel_err"].values()) < 1e-5, row["rel_err"]
 

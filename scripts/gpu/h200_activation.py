@@ -85,7 +85,7 @@ def contenders(ops, x: torch.Tensor, y: torch.Tensor, sh: torch.Tensor, gammas: 
     for name, (bm, bf, warps, stages) in TILES.items():
         fns[f"expand_{name}"] = expand(dataclasses.replace(tb.ONE_SLOT_TILES, bm=bm, bf=bf, warps=warps, stages=stages))
     if swiglu is not None:
-        fns["swiglu"] = lambda: swiglu(y.view(y.shape[0], ops.n, -1), gammas)
+        fns["swiglu"] = lambda: swiglu(y.view(y.shape[0], ops.n, -1), gammas).view(y.shape[0], -1)
     return fns
 
 
