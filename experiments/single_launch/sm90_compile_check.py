@@ -25,11 +25,10 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import create_function_from_signature
 
-import single_launch as sl  # this folder (the script's own, first on sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+import single_launch as sl  # noqa: E402  this folder (the script's own, first on sys.path)
+from sm90 import compile_for_sm90  # noqa: E402  tests/sm90.py (act_down's report imports it from here)
 from inkling_lab.geometry import Geometry
 from inkling_lab.scenario import Scenario
 
@@ -45,7 +44,6 @@ CONFIGS = {
     "r128": sl.SingleConfig(maxnreg=128),
     "big_r168": sl.SingleConfig(kc=512, bn=64, maxnreg=168),
 }
-TARGET = GPUTarget("cuda", 90, 32)
 
 
 def capture(ops, x, gammas, slots, scalings, ws):
@@ -65,18 +63,6 @@ def capture(ops, x, gammas, slots, scalings, ws):
     finally:
         sl.single_launch_kernel = real
     return seen
-
-
-def compile_for_sm90(args, kwargs, fn=None):
-    """Triton's binder and packer for an sm_90 target, then the compiler: the same
-    signature, constants and alignment attributes a launch there would produce (of ``fn``,
-    by default the one-launch kernel; ``experiments/act_down/sm90_report.py`` passes its own)."""
-    fn = fn or sl.single_launch_kernel
-    backend = make_backend(TARGET)
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
 
 
 def cuobjdump() -> str:
@@ -158,7 +144,7 @@ def main() -> int:
             config = CONFIGS[name]
             ws = sl.make_workspace(ops, T, config)
             seen = capture(ops, sc.x, sc.gammas, slots, scalings, ws)
-            k = compile_for_sm90(seen["args"], seen["kwargs"])
+            k = compile_for_sm90(seen["args"], seen["kwargs"], sl.single_launch_kernel)
             ptx = k.asm["ptx"]
             res = resources(k.asm["cubin"], ptx, config.maxnreg, tmp)
             per_sm = sl._resident(type("K", (), dict(n_regs=res.get("n_regs", 0), n_spills=0,

@@ -1,0 +1,68 @@
+"""A kernel of the kit compiled for sm_90 (the H100's and H200's) on a machine without a GPU, and what the PTX says
+of the width of its memory accesses.
+
+``compile_for_sm90`` runs Triton's own binder and packer for a CUDA sm_90 target, then its compiler: the same
+signature, constants and divisibility attributes a launch with these arguments would produce there (the values
+matter only through ``% 16`` and ``== 1``). It needs ``@triton.jit`` functions compiled, not interpreted, so it runs
+in a process of its own (``test_sm90_codegen.py``); ``experiments/``' sm_90 reports use it too. Triton here is the
+local one, the GPU machines run their own: counts can differ a little, the widths of plain copies should not.
+
+    python tests/sm90.py     # the widths test_sm90_codegen.py asserts, as JSON
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_for_sm90(args, kwargs, fn):
+    """``fn`` (a ``@triton.jit`` function) compiled for ``TARGET`` as ``fn[grid](*args, **kwargs)`` would be."""
+    backend = make_backend(TARGET)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+
+
+def access_widths(ptx: str) -> dict[str, list]:
+    """The byte counts of the PTX's ``cp.async`` copies and the forms of its global loads and stores."""
+    return {"cp_async": sorted({int(b, 0) for b in re.findall(r"cp\.async\.\w+\.shared\.global[^;]*?, (0x\w+|\d+)", ptx)}),
+            "ld": sorted(set(re.findall(r"ld\.global[.\w]*", ptx))),
+            "st": sorted(set(re.findall(r"st\.global[.\w]*", ptx)))}
+
+
+def activation_widths() -> dict[str, dict]:
+    """The reads of cuBLAS's ``y`` on an sm_90 (B's ``n 2, H 4096, F 2048``, 2048 tokens, bfloat16, rows interleaved):
+    ``expand_act_kernel`` (``ONE_SLOT_TILES``' 32 x 64, R 16 and 64) and ``up_kernel``'s epilogue without the LoRA
+    (64 x 128, 8 warps)."""
+    import torch
+
+    from inkling_lab.forward import kernels
+
+    bf, (n, H, F, T) = torch.bfloat16, (2, 4096, 2048, 2048)
+    y, g, act = torch.empty(T, n * 2 * F, dtype=bf), torch.empty(T, n, dtype=bf), torch.empty(T, n * F, dtype=bf)
+    out = {}
+    for R in (16, 64):
+        sh, gb = torch.empty(T, 2 * R, dtype=bf), torch.empty(4, n, 2 * F, R, dtype=bf)
+        k = compile_for_sm90((y, g, act, sh, gb, T, F, R, 1, n, 1, n * F, 0, 1.0, y, y, y),
+                             dict(BM=32, BF=64, BR=R, INTERLEAVED=True, STAGES=2, RUNS=False, num_warps=4),
+                             kernels.expand_act_kernel)
+        out[f"expand_act_R{R}"] = access_widths(k.asm["ptx"])
+    x, w13 = torch.empty(T, H, dtype=bf), torch.empty(n * 2 * F, H, dtype=bf)
+    i32, f32 = torch.empty(T, dtype=torch.int32), torch.empty(T, 32)
+    k = compile_for_sm90((x, w13, y, g, act, i32, f32, f32, w13, w13, f32, f32, i32, T, H, F, 16, 1, n, 1, 1, F, n * F),
+                         dict(Y_IN=True, HAS_LORA=False, BM=64, BF=128, BK=64, BR=16, GROUP_M=8, INTERLEAVED=True,
+                              SPLIT=1, num_warps=8), kernels.up_kernel)
+    out["up_epilogue"] = access_widths(k.asm["ptx"])
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(activation_widths()))

@@ -1,0 +1,42 @@
+"""The activation's reads of cuBLAS's ``y`` compile to 16-byte copies for sm_90 (v43, ``kernels._y_tile``).
+
+With the interleaved gate/up rows (sglang's layout, the side by side's) the pair load was masked per feature
+(``f0 + jj // 2 < F``), which the compiler sees constant over two elements only: 4-byte ``cp.async`` copies in
+``expand_act_kernel`` and 4-byte loads in ``up_kernel``'s epilogue, where the same tile without interleaving
+copied 16. Compiled here for an sm_90 target in a process of its own (``tests/sm90.py``: the library's kernels
+compiled, not interpreted)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def widths() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run([sys.executable, str(ROOT / "tests" / "sm90.py")], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("R", [16, 64])
+def test_expand_act_copies_y_16_bytes_at_a_time(widths, R):
+    got = widths[f"expand_act_R{R}"]
+    assert 4 not in got["cp_async"] and 16 in got["cp_async"], got
+    if R == 64:  # sh's rows are 128 bytes too: nothing narrower than 16 bytes is copied
+        assert got["cp_async"] == [16], got
+    assert got["st"] == ["st.global.v4.b32"], got
+
+
+@pytest.mark.slow
+def test_up_kernels_epilogue_loads_y_16_bytes_at_a_time(widths):
+    got = widths["up_epilogue"]
+    assert "ld.global.v4.b32" in got["ld"] and "ld.global.b32" not in got["ld"], got
