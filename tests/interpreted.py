@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 @contextmanager
@@ -144,6 +144,15 @@ def sweep_script(name: str, monkeypatch, folder: Path = GPU_SCRIPTS) -> Iterator
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
         with without_overflow_checks():
             yield module, tb
+
+
+def recording_timer(seen: list) -> Callable:
+    """A sweep script's ``timer`` for the CPU: appends the names it is given to time to ``seen`` and times each at 1 µs
+    under the read flush."""
+    def timer(fns, flushes, reps):
+        seen.append(set(fns))
+        return {f"{k}@read": 1.0 for k in fns}
+    return timer
 
 
 def stubbed_sweep(module: ModuleType, monkeypatch, shapes=("A",), **fields) -> list[dict]:

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from interpreted import sweep_script
+from interpreted import recording_timer, sweep_script
 from inkling_lab import profile as pr
 
 
@@ -15,13 +15,6 @@ from inkling_lab import profile as pr
 def script(monkeypatch):
     with sweep_script("h200_activation", monkeypatch) as loaded:
         yield loaded
-
-
-def _timer(seen):
-    def timer(fns, flushes, reps):
-        seen.append(set(fns))
-        return {f"{k}@read": 1.0 for k in fns}
-    return timer
 
 
 class _Sglang:
@@ -40,7 +33,7 @@ class _Sglang:
 def test_every_activation_is_the_float64_one(script, S):
     module, _ = script
     seen = []
-    row = module.point("A", 16, S, 130, {"read": None}, 1, device="cpu", timer=_timer(seen), upstream_cls=_Sglang)
+    row = module.point("A", 16, S, 130, {"read": None}, 1, device="cpu", timer=recording_timer(seen), upstream_cls=_Sglang)
     names = {"expand", "bare", "swiglu", *(f"expand_{k}" for k in module.TILES)}
     assert set(row["rel_err"]) == names == seen[0], row["rel_err"]
     assert max(row["rel_err"].values()) < 1e-5, row["rel_err"]
@@ -84,5 +77,5 @@ def test_an_activation_reading_another_slots_factor_is_not_timed(script, monkeyp
 
     monkeypatch.setattr(tb, "_expand_act", wrong)
     seen = []
-    row = module.point("A", 16, 3, 130, {"read": None}, 1, device="cpu", timer=_timer(seen))
+    row = module.point("A", 16, 3, 130, {"read": None}, 1, device="cpu", timer=recording_timer(seen))
     assert seen == [{"bare"}], row["rel_err"]

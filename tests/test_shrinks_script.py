@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from interpreted import sweep_script
+from interpreted import recording_timer, sweep_script
 from inkling_lab import profile as pr
 
 
@@ -17,18 +17,11 @@ def script(monkeypatch):
         yield loaded
 
 
-def _timer(seen):
-    def timer(fns, flushes, reps):
-        seen.append(set(fns))
-        return {f"{k}@read": 1.0 for k in fns}
-    return timer
-
-
 @pytest.mark.slow
 def test_every_contender_is_each_tokens_own_slot_product(script):
     module, tb = script
     seen = []
-    rows = module.point("A", 16, 3, 130, {"read": None}, 1, device="cpu", timer=_timer(seen))
+    rows = module.point("A", 16, 3, 130, {"read": None}, 1, device="cpu", timer=recording_timer(seen))
     names = {"grouped", *(module.variant_name(*v) for v in module.VARIANTS)}
     assert [r["side"] for r in rows] == ["up", "down"]
     for r, timed in zip(rows, seen):
@@ -59,6 +52,6 @@ def test_a_shrink_reading_another_slots_factor_is_not_timed(script, monkeypatch)
 
     monkeypatch.setattr(tb, "_shrink", wrong)
     seen = []
-    rows = module.point("A", 16, 3, 130, {"read": None}, 1, device="cpu", timer=_timer(seen))
+    rows = module.point("A", 16, 3, 130, {"read": None}, 1, device="cpu", timer=recording_timer(seen))
     assert all(s == {"grouped"} for s in seen)
     assert all(r["rel_err"]["grouped"] < 1e-5 for r in rows)

@@ -17,15 +17,13 @@ before it is timed. Run it on two trees in one call to compare kernels (``PYTHON
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import statistics
 import sys
 import time
 
 import torch
 
-import h200_pdl  # this folder's: run_environment, record_head, both_flushes
+import h200_pdl  # this folder's: run_arguments, record_head, both_flushes, timed_medians, finish_record
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
 
@@ -110,13 +108,6 @@ def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: 
     return {"shape": shape, "R": R, "S": S, "T": T, "rel_err": errs, "us": timer(ok, flushes, reps) if timer else {}}
 
 
-def timed(fns: dict, flushes: dict, reps: int) -> dict:
-    """``"<contender>@<flush>"`` medians, the contenders' graphs taking turns (``profile.time_interleaved``)."""
-    graphs = {k: pr.capture(fn) for k, fn in fns.items()}
-    return {f"{k}@{fl}": statistics.median(v) for fl, f in flushes.items()
-            for k, v in pr.time_interleaved(graphs, f, reps).items()}
-
-
 def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
@@ -130,7 +121,8 @@ def main() -> int:
         for R in RANKS:
             for S in SLOTS:
                 for T in (int(t) for t in args.tokens.split(",")):
-                    row = point(shape, R, S, T, flushes, args.reps, timer=timed, upstream_cls=UpstreamSink)
+                    row = point(shape, R, S, T, flushes, args.reps, timer=h200_pdl.timed_medians,
+                                upstream_cls=UpstreamSink)
                     rec["points"].append(row)
                     us = {k.split("@")[0]: v for k, v in row["us"].items() if k.endswith("@read")}
                     sw = us.get("swiglu", float("nan"))
@@ -138,10 +130,7 @@ def main() -> int:
                         f"{k} {v:7.1f} ({v / sw:.2f}x)" for k, v in us.items() if k != "swiglu")
                         + f"  worst err {max(row['rel_err'].values()):.1e}", flush=True)
                     records.write_json(args.out, rec)
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
-    print(f"{rec['seconds']} s")
-    return 0
+    return h200_pdl.finish_record(rec, args.out, t0)
 
 
 if __name__ == "__main__":

@@ -228,6 +228,21 @@ def both_flushes() -> dict:
     return {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}
 
 
+def timed_medians(fns: dict, flushes: dict, reps: int) -> dict:
+    """``"<contender>@<flush>"`` medians of ``fns``, their graphs taking turns (``profile.time_interleaved``)."""
+    graphs = {k: pr.capture(fn) for k, fn in fns.items()}
+    return {f"{k}@{fl}": statistics.median(v) for fl, f in flushes.items()
+            for k, v in pr.time_interleaved(graphs, f, reps).items()}
+
+
+def finish_record(rec: dict, path: str, t0: float) -> int:
+    """``rec`` with its ``seconds`` since ``t0``, written to ``path``; the seconds printed -> the exit status."""
+    rec["seconds"] = round(time.time() - t0, 1)
+    records.write_json(path, rec)
+    print(f"{rec['seconds']} s")
+    return 0
+
+
 def with_sglang_base(fns: dict, upstream_cls, sink, batch, x: torch.Tensor, gammas: torch.Tensor):
     """``fns`` with sglang 0.5.23's no-LoRA base added as ``sglang_base`` (its multi-slot layer's forward with
     ``lora=False``: ``forward_with_lora`` of ``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no active adapter,

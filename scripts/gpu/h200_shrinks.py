@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 
 import torch
 
-import h200_pdl  # this folder's: run_environment, record_head
+import h200_pdl  # this folder's: run_environment, record_head, timed_medians, finish_record
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
 
@@ -96,13 +95,6 @@ def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: 
     return rows
 
 
-def timed(fns: dict, flushes: dict, reps: int) -> dict:
-    """``"<contender>@<flush>"`` medians, the contenders' graphs taking turns (``profile.time_interleaved``)."""
-    graphs = {k: pr.capture(fn) for k, fn in fns.items()}
-    return {f"{k}@{fl}": statistics.median(v) for fl, f in flushes.items()
-            for k, v in pr.time_interleaved(graphs, f, reps).items()}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -116,7 +108,7 @@ def main() -> int:
     for shape, R in ((s, int(r)) for r in args.ranks.split(",") for s in args.shapes.split(",")):
         for S in SLOTS:
             for T in TOKENS:
-                for row in point(shape, R, S, T, flushes, args.reps, timer=timed):
+                for row in point(shape, R, S, T, flushes, args.reps, timer=h200_pdl.timed_medians):
                     rec["points"].append(row)
                     for fl in flushes:
                         got = {k.split("@")[0]: u for k, u in row["us"].items() if k.endswith("@" + fl)}
@@ -126,10 +118,7 @@ def main() -> int:
                               f"({got[best] / got['grouped']:.3f}x grouped)  worst err {max(row['rel_err'].values()):.1e}",
                               flush=True)
                 records.write_json(args.out, rec)
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
-    print(f"{rec['seconds']} s")
-    return 0
+    return h200_pdl.finish_record(rec, args.out, t0)
 
 
 if __name__ == "__main__":
