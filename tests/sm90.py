@@ -8,6 +8,7 @@ in a process of its own (``test_sm90_codegen.py``); ``experiments/``' sm_90 repo
 local one, the GPU machines run their own: counts can differ a little, the widths of plain copies should not.
 
     python tests/sm90.py     # the widths test_sm90_codegen.py asserts, as JSON
+    python tests/sm90.py --forward B 512,2048   # every Triton launch of the default kit's forward there, a line each
 """
 from __future__ import annotations
 
@@ -64,5 +65,36 @@ def activation_widths() -> dict[str, dict]:
     return out
 
 
+def forward_widths(shape: str, tokens) -> None:
+    """Prints each distinct Triton launch of the default kit's forward (``triton_backend.launch`` on ``plan``'s own
+    route, CPU tensors of the shape's real sizes, the launches captured instead of run) at R 16 / 64, S 1 / 4 and each
+    of ``tokens``, compiled for sm_90, with its access widths (v43's audit)."""
+    import torch
+
+    from inkling_lab import profile as pr
+    from inkling_lab.forward import triton_backend as tb
+
+    launches, done = [], set()
+    tb._run = lambda kern, grid, args, fast=None, **meta: launches.append((kern, args, meta))
+    for R in (16, 64):
+        for S in (1, 4):
+            for T in tokens:
+                sc = pr.Case.of(shape, R, S, T).scenario("cpu")
+                ops = sc.sink.operands()
+                launches.clear()
+                tb.launch(ops, sc.x, sc.gammas, tb.plan(ops, T, sc.batch, sc.x.device), torch.empty_like(sc.x))
+                for kern, args, meta in launches:
+                    key = (kern.fn.__name__, json.dumps(meta, sort_keys=True, default=str))
+                    if key not in done:
+                        done.add(key)
+                        widths = access_widths(compile_for_sm90(args, meta, kern).asm["ptx"])
+                        print(f"{shape} R{R} S{S} T{T} {key[0]} {key[1]} {widths}", flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(activation_widths()))
+    import sys
+
+    if sys.argv[1:2] == ["--forward"]:
+        forward_widths(sys.argv[2], [int(t) for t in sys.argv[3].split(",")])
+    else:
+        print(json.dumps(activation_widths()))
