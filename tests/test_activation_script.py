@@ -79,3 +79,20 @@ def test_an_activation_reading_another_slots_factor_is_not_timed(script, monkeyp
     seen = []
     row = module.point("A", 16, 3, 130, {"read": None}, 1, device="cpu", timer=recording_timer(seen))
     assert seen == [{"bare"}], row["rel_err"]
+
+
+def test_against_puts_each_contender_over_its_own_in_the_other_record(script):
+    module, _ = script
+    before = [{"shape": "B", "R": 16, "S": 1, "T": 2048, "us": {"expand@read": 25.0, "bare@read": 20.0,
+                                                                "swiglu@read": 18.0, "expand@write": 30.0}},
+              {"shape": "B", "R": 64, "S": 1, "T": 2048, "us": {"expand@read": 40.0}}]
+    after = [{"shape": "B", "R": 16, "S": 1, "T": 2048, "us": {"expand@read": 20.0, "bare@read": 18.0,
+                                                               "swiglu@read": 16.0, "expand_x64f64w4@read": 19.0}},
+             {"shape": "Inkling", "R": 16, "S": 1, "T": 2048, "us": {"expand@read": 50.0}}]
+    lines = module.against(before, after, "read")
+    assert len(lines) == 1  # the one point both timed
+    line = lines[0]
+    assert "expand    25.0 ->    20.0 (0.800x, 1.25x sglang's)" in line, line
+    assert "bare    20.0 ->    18.0 (0.900x, 1.12x sglang's)" in line, line
+    assert "x64f64w4" not in line and "swiglu" not in line  # nothing of its own before; sglang's is the yardstick
+    assert module.against(before, after, "write") == []  # no contender timed under that flush in both

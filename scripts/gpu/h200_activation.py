@@ -10,16 +10,18 @@ and four, both flushes, the sink's gate/up rows interleaved (the layout sglang's
 * ``swiglu``: sglang's (with ``--wheel``).
 
 Each is checked against the float64 activation computed here from ``y``, ``sh`` and the pool's gate-up ``B``
-before it is timed. Run it on two trees in one call to compare kernels (``PYTHONPATH=OLD_TREE:.``): the record's
-``commit`` says which.
+before it is timed. Run it on two trees in one call to compare kernels (``PYTHONPATH=OLD_TREE:.`` first, the
+record's ``commit`` says which; then ``--against`` the first record: each contender over its own there).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=. python3 scripts/gpu/h200_activation.py --wheel WHEEL --out $OUT/NAME.json
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -108,9 +110,29 @@ def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: 
     return {"shape": shape, "R": R, "S": S, "T": T, "rel_err": errs, "us": timer(ok, flushes, reps) if timer else {}}
 
 
+def against(before: list[dict], after: list[dict], flush: str) -> list[str]:
+    """A line per point of ``after`` that ``before`` (another tree's record, ``--against``) timed too: each contender's
+    median over its own there, and over sglang's in ``after``."""
+    old = {(r["shape"], r["R"], r["S"], r["T"]): r["us"] for r in before}
+    lines = []
+    for r in after:
+        was = old.get((r["shape"], r["R"], r["S"], r["T"]))
+        if was is None:
+            continue
+        now = {k.split("@")[0]: v for k, v in r["us"].items() if k.endswith("@" + flush)}
+        sw = now.get("swiglu", float("nan"))
+        both = [(k, was[f"{k}@{flush}"], v) for k, v in now.items() if k != "swiglu" and f"{k}@{flush}" in was]
+        if both:
+            lines.append(f"{r['shape']:<11} R{r['R']} S{r['S']} T{r['T']:<4} {flush:<5} " + "  ".join(
+                f"{k} {u:7.1f} -> {v:7.1f} ({v / u:.3f}x, {v / sw:.2f}x sglang's)" for k, u, v in both))
+    return lines
+
+
 def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--against", default="", help="another tree's record of this script: each contender over its own "
+                    "there, printed at the end")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
@@ -130,6 +152,10 @@ def main() -> int:
                         f"{k} {v:7.1f} ({v / sw:.2f}x)" for k, v in us.items() if k != "swiglu")
                         + f"  worst err {max(row['rel_err'].values()):.1e}", flush=True)
                     records.write_json(args.out, rec)
+    if args.against:
+        before = json.loads(Path(args.against).read_text())["points"]
+        for fl in flushes:
+            print("\n".join(against(before, rec["points"], fl)), flush=True)
     return h200_pdl.finish_record(rec, args.out, t0)
 
 
