@@ -74,21 +74,23 @@ def forward_widths(shape: str, tokens) -> None:
     from inkling_lab import profile as pr
     from inkling_lab.forward import triton_backend as tb
 
-    launches, done = [], set()
-    tb._run = lambda kern, grid, args, fast=None, **meta: launches.append((kern, args, meta))
-    for R in (16, 64):
-        for S in (1, 4):
-            for T in tokens:
-                sc = pr.Case.of(shape, R, S, T).scenario("cpu")
-                ops = sc.sink.operands()
-                launches.clear()
-                tb.launch(ops, sc.x, sc.gammas, tb.plan(ops, T, sc.batch, sc.x.device), torch.empty_like(sc.x))
-                for kern, args, meta in launches:
-                    key = (kern.fn.__name__, json.dumps(meta, sort_keys=True, default=str))
-                    if key not in done:
-                        done.add(key)
-                        widths = access_widths(compile_for_sm90(args, meta, kern).asm["ptx"])
-                        print(f"{shape} R{R} S{S} T{T} {key[0]} {key[1]} {widths}", flush=True)
+    launches, done, run = [], set(), tb._run
+    tb._run = lambda kern, grid, args, fast=None, **meta: launches.append((kern, args, meta))  # captured, not run
+    cases = [(R, S, T) for R in (16, 64) for S in (1, 4) for T in tokens]
+    try:
+        for R, S, T in cases:
+            sc = pr.Case.of(shape, R, S, T).scenario("cpu")
+            ops = sc.sink.operands()
+            launches.clear()
+            tb.launch(ops, sc.x, sc.gammas, tb.plan(ops, T, sc.batch, sc.x.device), torch.empty_like(sc.x))
+            for kern, args, meta in launches:
+                key = (kern.fn.__name__, json.dumps(meta, sort_keys=True, default=str))
+                if key not in done:
+                    done.add(key)
+                    widths = access_widths(compile_for_sm90(args, meta, kern).asm["ptx"])
+                    print(f"{shape} R{R} S{S} T{T} {key[0]} {key[1]} {widths}", flush=True)
+    finally:
+        tb._run = run
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 import h200_pdl  # this folder's: run_arguments, record_head, both_flushes, timed_medians, finish_record
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
+from inkling_lab.sink import gate_up_rows
 
 TOKENS = (512, 2048, 8192)
 RANKS = (16, 64)
@@ -45,8 +46,8 @@ def reference(ops, y: torch.Tensor, sh: torch.Tensor, gammas: torch.Tensor, slot
     gb = ops.buffers[1].double()
     O, R = ops.buffers[0].shape[1], ops.buffers[0].shape[2] // 2
     yy = y.double().view(T, n, 2 * F)
-    gate, up = (yy[..., 0::2], yy[..., 1::2]) if ops.interleaved else (yy[..., :F], yy[..., F:])
-    gate, up = gate.clone(), up.clone()
+    gate_rows, up_rows = gate_up_rows(F, ops.interleaved, y.device)
+    gate, up = yy[..., gate_rows], yy[..., up_rows]               # copies: the expand adds onto them
     for s in slots.unique().tolist():
         if s < 0:
             continue
