@@ -1,6 +1,6 @@
 """v43 on a CUDA GPU (issue 26 target 3): the activation alone, the one launch between the two base GEMMs, against
 sglang 0.5.23's own (``silu_and_mul_triton`` of ``sglang/kernels/ops/moe/inkling_moe.py``, which
-``InklingBatchDenseMLP._swiglu`` calls in the base forward), at 512-8192 tokens on every shape, R 16 / 64, one slot
+``InklingBatchDenseMLP._swiglu`` of ``sglang/srt/models/inkling_common/dense_mlp.py`` calls for interleaved ``w13``), at 512-8192 tokens on every shape, R 16 / 64, one slot
 and four, both flushes, the sink's gate/up rows interleaved (the layout sglang's kernel reads):
 
 * ``expand``: ``expand_act_kernel`` with the LoRA's gate/up expand in it, as the forward runs it (one slot on
