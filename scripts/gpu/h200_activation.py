@@ -68,11 +68,12 @@ def contenders(ops, x: torch.Tensor, y: torch.Tensor, sh: torch.Tensor, gammas: 
     runs = p.act_runs or tb.expand_runs(p.slots.cpu(), x.device, 1)
     one = runs.slots.numel() == 1  # the one-slot chain's launch: its slot and scale as arguments
     slot = int(runs.slots[0])
+    scale = float(p.scalings[slot])  # read before capture: a device-to-host copy cannot sit inside a CUDA graph
 
     def expand(t: tb.Tiles):
         def run():
             if one:
-                tb._expand_act(ops, y, gammas, act, sh, gb, t, slot, float(p.scalings[slot]))
+                tb._expand_act(ops, y, gammas, act, sh, gb, t, slot, scale)
             else:
                 tb._expand_act(ops, y, gammas, act, sh, gb, t, runs=runs, scalings=p.scalings)
             return act
