@@ -811,7 +811,11 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
         _cat_rows(ops, s, w2_cat)
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
-    act = act_cat[:, :ops.n * ops.intermediate]
+    nf = ops.n * ops.intermediate
+    if w2_cat is not None and SHRINK_IN_ACT:           # v44: the down shrink in the activation's launch
+        _expand_act_shrink(ops, y, gammas, act_cat, sh, p, s, scale)
+        return torch.mm(act_cat, w2_cat[:nf + R], out=out)
+    act = act_cat[:, :nf]
     _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), p.tiles, s, scale)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
@@ -886,6 +890,33 @@ def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: t
           *tables),
          BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
          RUNS=runs is not None, num_warps=t.warps)
+
+
+SHRINK_IN_ACT = True
+"""The one-slot chain with ``_down_cat`` (``cats``) computes its down shrink in the activation's launch
+(``_expand_act_shrink``, v44) instead of a GEMM after it (``_down_cat``'s ``addmm``: cuBLAS's split-K and its reduce,
+6.1 + ~2 µs at B R 16 T 2048 in ``h100_kernels_v39.log``). Routed untimed; KERNEL_NOTES v44 has the prediction."""
+
+
+def _expand_act_shrink(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act_cat: torch.Tensor,
+                       sh: torch.Tensor, p: Plan, slot: int, scale: float, t: Tiles | None = None) -> None:
+    """One ``expand_act_shrink_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, 2R]``
+    into ``act_cat [T, n*F + R]``, every token on ``slot`` at ``scale``; row tiles of ``t.bm`` (``p.tiles``), each
+    split over ~``TARGET_PROGRAMS / cdiv(T, t.bm)`` programs' column blocks. Its float32 partial sums and counters
+    live in ``p.sh [T, 2R]``, zero between forwards and not otherwise used on this path: the partials in its first
+    ``R`` columns, row tile ``m``'s count in row ``m``'s column ``R`` (read as int32)."""
+    t = t or p.tiles
+    T, n, F = y.shape[0], ops.n, ops.intermediate
+    R = sh.shape[1] // 2
+    tiles, blocks = triton.cdiv(T, t.bm), n * triton.cdiv(F, t.bf)
+    per = triton.cdiv(blocks, min(blocks, triton.cdiv(TARGET_PROGRAMS, tiles)))
+    split = triton.cdiv(blocks, per)
+    ws = p.sh
+    _run(kernels.expand_act_shrink_kernel, (tiles, split),
+         (y, gammas, act_cat, sh, ops.buffers[1].contiguous(), ops.a_cat, ws, ws.view(torch.int32)[:, R:], T, F, R,
+          n, act_cat.stride(0), ws.stride(0), slot, float(scale), per, split),
+         BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
+         REDUCE=split > 1, num_warps=t.warps)
 
 
 def _down_expand(ops: SinkOperands, act: torch.Tensor, out: torch.Tensor, p: Plan, lora: "Lora", mid: torch.Tensor,
