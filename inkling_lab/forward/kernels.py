@@ -23,8 +23,9 @@ For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
 ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
 (``Y_IN``) instead of computing it, or, where the tokens run in long runs of one slot (one slot
 always), ``expand_act_kernel`` adds the gate/up expand and takes the activation, each program
-keeping one slot's gate-up B and walking that slot's rows (v36); a second ``shrink_kernel`` launch computes the
-down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
+keeping one slot's gate-up B and walking that slot's rows (v36), or, where the one-slot chain adds its down expand as
+more of the down GEMM's ``K``, ``expand_act_shrink_kernel`` computes the down shrink in the same launch (v44); elsewhere a second
+``shrink_kernel`` launch computes the down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
 the same input, ``triton_backend._Beside``), and ``down_kernel`` adds only the LoRA term
 onto cuBLAS's ``out = act @ w2_lin`` (``expand_down_kernel`` where the tokens run in long runs of one slot, each
 program keeping one slot's down B and walking its rows: v38), or (several slots, many tokens, low ranks: v37)

@@ -799,7 +799,8 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``). Where ``chain_tokens``:
     ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
     flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17). ``w2_cat``: the
-    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM."""
+    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM, and (``SHRINK_IN_ACT``, v44) its down
+    shrink computed in the activation's launch (``_expand_act_shrink``) instead of a GEMM after it."""
     s, scale = p.single_slot, p.single_scale
     ga, _, _, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
