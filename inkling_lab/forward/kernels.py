@@ -365,10 +365,10 @@ def expand_act_shrink_kernel(y_ptr, gam_ptr, cat_ptr, sh_ptr, gb_ptr, ac_ptr, mi
     Grid ``(cdiv(T, BM), SPLIT)``: program ``(m, c)`` takes row tile ``m`` and the column blocks ``c * BLOCKS`` up to
     ``(c + 1) * BLOCKS`` (of ``n * cdiv(F, BF)``, expert-major), reloading their ``[BR, BF]`` of ``gate_up_B`` and
     ``a_cat`` from L2 at every block (``STAGES`` blocks in flight), and keeps its row tile's ``[BM, R]`` partial shrink
-    in registers. With ``REDUCE`` (``SPLIT > 1``) the partials meet in ``mid`` (float32, rows ``LD_MID`` apart) and
-    ``cnt [cdiv(T, BM)]`` (int32) as ``_split_reduce`` adds them, so the last program of a row tile writes its
-    columns and leaves both zero: ``T R SPLIT`` float adds, where the column-block walk of ``expand_act_kernel``
-    would take ``T R n cdiv(F, BF)``."""
+    in registers. With ``REDUCE`` (``SPLIT > 1``) the partials meet in ``mid [T, R]`` (float32, rows ``LD_MID``
+    apart) and row tile ``m``'s count at ``cnt + m * LD_MID`` (int32) as ``_split_reduce`` adds them, so the last
+    program of a row tile writes its columns and leaves both zero: ``T R SPLIT`` float adds, where the column-block
+    walk of ``expand_act_kernel`` would take ``T R n cdiv(F, BF)``."""
     m, c = tl.program_id(0), tl.program_id(1)
     rows = m * BM + tl.arange(0, BM)
     row_ok = rows < T

@@ -900,13 +900,13 @@ SHRINK_IN_ACT = True
 
 
 def _expand_act_shrink(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act_cat: torch.Tensor,
-                       sh: torch.Tensor, p: Plan, slot: int, scale: float, t: Tiles | None = None) -> None:
+                       sh: torch.Tensor, p: Plan, slot: int, scale: float) -> None:
     """One ``expand_act_shrink_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, 2R]``
     into ``act_cat [T, n*F + R]``, every token on ``slot`` at ``scale``; row tiles of ``t.bm`` (``p.tiles``), each
     split over ~``TARGET_PROGRAMS / cdiv(T, t.bm)`` programs' column blocks. Its float32 partial sums and counters
     live in ``p.sh [T, 2R]``, zero between forwards and not otherwise used on this path: the partials in its first
     ``R`` columns, row tile ``m``'s count in row ``m``'s column ``R`` (read as int32)."""
-    t = t or p.tiles
+    t = p.tiles
     T, n, F = y.shape[0], ops.n, ops.intermediate
     R = sh.shape[1] // 2
     tiles, blocks = triton.cdiv(T, t.bm), n * triton.cdiv(F, t.bf)
