@@ -893,10 +893,11 @@ def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: t
          RUNS=runs is not None, num_warps=t.warps)
 
 
-SHRINK_IN_ACT = True
-"""The one-slot chain with ``_down_cat`` (``cats``) computes its down shrink in the activation's launch
+SHRINK_IN_ACT = False
+"""On: the one-slot chain with ``_down_cat`` (``cats``) computes its down shrink in the activation's launch
 (``_expand_act_shrink``, v44) instead of a GEMM after it (``_down_cat``'s ``addmm``: cuBLAS's split-K and its reduce,
-6.1 + ~2 µs at B R 16 T 2048 in ``h100_kernels_v39.log``). Routed untimed; KERNEL_NOTES v44 has the prediction."""
+6.1 + ~2 µs at B R 16 T 2048 in ``h100_kernels_v39.log``). Off until a GPU has timed it: ``scripts/gpu/h200_one_slot.py
+--shrink`` runs the chain both ways (KERNEL_NOTES v44 has the prediction; the interpreter tests run both)."""
 
 
 def _expand_act_shrink(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act_cat: torch.Tensor,

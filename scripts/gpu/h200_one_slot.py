@@ -25,9 +25,9 @@ correctness matrix first over the same variants. ``h100_one_slot_v36.json`` (at 
 ``up_kernel``'s epilogue (``epi_as_routed``) and the ``addmm`` fold (``fold_as_routed``) beside the kernel's tiles
 (``x32f64w4`` is ``ONE_SLOT_TILES``'s).
 
-v44 (``--shrink``): the chain with ``_down_cat`` as routed before (``addmm``, the down shrink a cuBLAS GEMM after the
+v44 (``--shrink``): the chain with ``_down_cat`` as routed (``addmm``, the down shrink a cuBLAS GEMM after the
 activation) against ``expand_act_shrink_kernel`` (the down shrink in the activation's launch) on ``ONE_SLOT_TILES``
-(``routed``) and on each of ``SHRINK_TILES``, one slot, 512 and 2048 tokens, R 16 / 64, B, Inkling and the TP-8 slice;
+(``fused``) and on each of ``SHRINK_TILES``, one slot, 512 and 2048 tokens, R 16 / 64, B, Inkling and the TP-8 slice;
 the correctness matrix first over the same variants (each with a ``w2_cat``).
 
 ``--multi --expand`` (v36c): that path beside the same batch planned with ``EXPAND_RUN_TOKENS = RUN_TOKENS``
@@ -70,11 +70,11 @@ EXPAND_POINTS = [(T, pr.SIDE_SHAPES) for T in (128, 512, 2048, 8192)]
 SHRINK_TILES = {"x64f64w8": (64, 64, 8, 2), "x32f128w8": (32, 128, 8, 2), "x64f64w4s3": (64, 64, 4, 3),
                 "x16f64w4": (16, 64, 4, 2)}
 """v44's other candidates for ``expand_act_shrink_kernel`` (``--shrink``), as ``EXPAND_TILES``."""
-SHRINK_VARIANTS = {"addmm": dict(tiles="t2", cat=True, shrink=False), "routed": dict(tiles="t2", cat=True),
-                   **{f"shrink_{k}": dict(tiles=k, cat=True) for k in SHRINK_TILES}}
-"""``--shrink`` (v44): the chain with ``_down_cat`` as before v44 (``addmm``: the down shrink a cuBLAS GEMM after the
-activation), and with the down shrink in the activation's launch (``SHRINK_IN_ACT``) on ``ONE_SLOT_TILES``
-(``routed``) and on each of ``SHRINK_TILES``."""
+SHRINK_VARIANTS = {"addmm": dict(tiles="t2", cat=True, shrink=False), "fused": dict(tiles="t2", cat=True, shrink=True),
+                   **{f"fused_{k}": dict(tiles=k, cat=True, shrink=True) for k in SHRINK_TILES}}
+"""``--shrink`` (v44): the chain with ``_down_cat`` as routed (``addmm``: the down shrink a cuBLAS GEMM after the
+activation), and with the down shrink in the activation's launch (``SHRINK_IN_ACT`` on) on ``ONE_SLOT_TILES``
+(``fused``) and on each of ``SHRINK_TILES``."""
 SHRINK_POINTS = [(T, ("B", "Inkling", "Inkling-TP8")) for T in (512, 2048)]
 POINTS = [(T, shapes) for T, shapes in ((32, ("B", "Inkling", "Inkling-TP8")),
                                          (128, pr.SIDE_SHAPES), (512, pr.SIDE_SHAPES),
@@ -97,10 +97,11 @@ def cublas_tiles(T: int, ops, which: str = "auto") -> tb.Tiles:
 
 
 def chain(ops, x, gammas, batch, out, tiles: str = "auto", cat: bool | str = False, folded: bool = False,
-          shrink: bool = True):
+          shrink: bool | None = None):
     """``_launch_single`` (``folded``: ``_launch_folded``) on ``cublas_tiles``; ``cat``: with a
     ``w2_cat`` (v27, ``_down_cat``), here a copy of ``w2_lin`` with ``R`` rows more (``"auto"``: the
-    operands' own where ``cats`` routes it); ``shrink``: ``SHRINK_IN_ACT`` while it launches (v44)."""
+    operands' own where ``cats`` routes it); ``shrink``: ``SHRINK_IN_ACT`` while it launches (v44; ``None``: as
+    routed)."""
     p = tb.plan(ops, x.shape[0], batch, x.device, cublas_tiles(x.shape[0], ops, tiles))
     assert p.single_slot >= 0
     w2_cat = None
@@ -111,6 +112,8 @@ def chain(ops, x, gammas, batch, out, tiles: str = "auto", cat: bool | str = Fal
         w2_cat = torch.cat([ops.w2_lin, torch.full((R, ops.hidden), float("nan"), dtype=x.dtype, device=x.device)])
     if folded:
         return lambda: tb._launch_folded(ops, x, gammas, p, out, w2_cat)
+    if shrink is None:
+        return lambda: tb._launch_single(ops, x, gammas, p, out, w2_cat)
     return lambda: forcing(lambda: tb._launch_single(ops, x, gammas, p, out, w2_cat), SHRINK_IN_ACT=shrink)
 
 
