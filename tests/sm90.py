@@ -41,8 +41,8 @@ def access_widths(ptx: str) -> dict[str, list]:
 
 def activation_widths() -> dict[str, dict]:
     """The reads of cuBLAS's ``y`` on an sm_90 (B's ``n 2, H 4096, F 2048``, 2048 tokens, bfloat16, rows interleaved):
-    ``expand_act_kernel`` and ``expand_act_shrink_kernel`` (``ONE_SLOT_TILES``' 32 x 64, R 16 and 64) and
-    ``up_kernel``'s epilogue without the LoRA (64 x 128, 8 warps)."""
+    ``expand_act_kernel`` (``ONE_SLOT_TILES``' 32 x 64, R 16 and 64) and ``up_kernel``'s epilogue without the LoRA
+    (64 x 128, 8 warps)."""
     import torch
 
     from inkling_lab.forward import kernels
@@ -56,11 +56,6 @@ def activation_widths() -> dict[str, dict]:
                              dict(BM=32, BF=64, BR=R, INTERLEAVED=True, STAGES=2, RUNS=False, num_warps=4),
                              kernels.expand_act_kernel)
         out[f"expand_act_R{R}"] = access_widths(k.asm["ptx"])
-        cat, ac, ws = torch.empty(T, n * F + R, dtype=bf), torch.empty(4, R, n * F, dtype=bf), torch.empty(T, 2 * R)
-        k = compile_for_sm90((y, g, cat, sh, gb, ac, ws, ws, T, F, R, n, n * F + R, 2 * R, 0, 1.0, 4, 16),
-                             dict(BM=32, BF=64, BR=R, INTERLEAVED=True, STAGES=2, REDUCE=True, num_warps=4),
-                             kernels.expand_act_shrink_kernel)
-        out[f"expand_act_shrink_R{R}"] = access_widths(k.asm["ptx"])
     x, w13 = torch.empty(T, H, dtype=bf), torch.empty(n * 2 * F, H, dtype=bf)
     i32, f32 = torch.empty(T, dtype=torch.int32), torch.empty(T, 32)
     k = compile_for_sm90((x, w13, y, g, act, i32, f32, f32, w13, w13, f32, f32, i32, T, H, F, 16, 1, n, 1, 1, F, n * F),

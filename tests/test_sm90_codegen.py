@@ -2,9 +2,9 @@
 
 With the interleaved gate/up rows (sglang's layout, the side by side's) the pair load was masked per feature
 (``f0 + jj // 2 < F``), which the compiler sees constant over two elements only: 4-byte ``cp.async`` copies in
-``expand_act_kernel``, where the same tile without interleaving copied 16. Masked per column (``WIDE``) the expand
-kernels copy 16 bytes at a time (0.70-0.92x their time on the H200); ``up_kernel``'s epilogue keeps the feature's
-mask, whose 4-byte loads ran 0.99-1.09x faster than the 16-byte ones there. Compiled here for an sm_90 target in a
+``expand_act_kernel``, where the same tile without interleaving copied 16. Masked per column (``WIDE``) it copies
+16 bytes at a time (the expand 0.70-0.92x its time on the H200); ``up_kernel``'s epilogue keeps the feature's
+mask and its 4-byte loads (with 16-byte ones its activation ran 0.99-1.09x the time, median 1.03x). Compiled here for an sm_90 target in a
 process of its own (``tests/sm90.py``: the library's kernels compiled, not interpreted)."""
 import json
 import os
@@ -28,14 +28,13 @@ def widths() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["expand_act", "expand_act_shrink"])
 @pytest.mark.parametrize("R", [16, 64])
-def test_the_expand_kernels_copy_y_16_bytes_at_a_time(widths, kernel, R):
-    got = widths[f"{kernel}_R{R}"]
+def test_expand_act_copies_y_16_bytes_at_a_time(widths, R):
+    got = widths[f"expand_act_R{R}"]
     assert 4 not in got["cp_async"] and 16 in got["cp_async"], got
     if R == 64:  # sh's rows are 128 bytes too: nothing narrower than 16 bytes is copied
         assert got["cp_async"] == [16], got
-    assert "st.global.v4.b32" in got["st"], got
+    assert got["st"] == ["st.global.v4.b32"], got
 
 
 @pytest.mark.slow

@@ -351,26 +351,20 @@ def test_only_a_shared_outer_pool_gets_spare_down_rows():
     assert make_case(2, 37, 21, 5, 3, 9, False, True, seed=2)[0].operands().w2_cat is None
 
 
-@pytest.mark.parametrize("path", ["chain", "chain_shrink_in_act", "folded_into_cublas"])
+@pytest.mark.parametrize("path", ["chain", "folded_into_cublas"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_one_slot_batches_add_the_down_expand_as_more_k_of_the_down_gemm(interleaved, path, monkeypatch):
-    """v27's ``_down_cat``, and v44's down shrink in the activation's launch (``_expand_act_shrink``) before the same
-    GEMM: each slot's rows, the workspace it borrows left zero."""
-    fused = path == "chain_shrink_in_act"
-    route_one_slot(monkeypatch, "chain" if fused else path)
-    monkeypatch.setattr(tb, "SHRINK_IN_ACT", fused)
+    route_one_slot(monkeypatch, path)
     monkeypatch.setattr(tb, "CAT_TOKENS", 4)
     calls = []
-    name, slot_arg = ("_expand_act_shrink", 6) if fused else ("_down_cat", 2)
-    real = getattr(tb, name)
-    monkeypatch.setattr(tb, name, lambda *a: calls.append(a[slot_arg]) or real(*a))
+    real = tb._down_cat
+    monkeypatch.setattr(tb, "_down_cat", lambda *a: calls.append(a[2]) or real(*a))
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 19, True, interleaved, seed=23)
     w2_lin = sink.operands().w2_lin.clone()
     for slot, scale in ((2, 0.7), (0, -1.3)):  # the second call overwrites the first slot's rows
         batch = SlotBatch.from_segments([19], [slot], 3, lora_ranks=[5, 5, 5], scalings=[scale, 1.0, scale])
         out, p = run(sink, x, gammas, batch, CUBLAS)
         assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
-        assert torch.count_nonzero(p.sh) == 0
     assert calls == [2, 0]
     assert torch.equal(sink.operands().w2_lin, w2_lin)        # the base rows are never written
     base, _ = run(sink, x, gammas, None, CUBLAS)
@@ -384,25 +378,20 @@ on 32-feature tiles (v36)."""
 
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 3), H=st.integers(8, 40), F=st.integers(4, 24), R=st.integers(1, 9), T=st.integers(1, 40),
-       path=st.sampled_from(["chain", "chain_shrink_in_act", "folded"]), interleaved=st.booleans(),
-       tiles=st.sampled_from(EXPANDS), programs=st.sampled_from([1, 3, 1 << 20]),
+       folded=st.booleans(), interleaved=st.booleans(), tiles=st.sampled_from(EXPANDS),
        scale=st.floats(-2.0, 2.0, allow_nan=False), seed=st.integers(0, 2**16))
-def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, F, R, T, path, interleaved,
-                                                                         tiles, programs, scale, seed):
-    """``programs`` sets how far v44's kernel splits each row tile's column blocks: one program a row tile (no
-    reduction), a few blocks each, or one block each."""
+def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, F, R, T, folded, interleaved,
+                                                                         tiles, scale, seed):
     sink, x, gammas, _ = make_case(n, H, F, R, 2, T, True, interleaved, seed)
     batch = SlotBatch.from_segments([T], [1], 2, lora_ranks=[R, R], scalings=[1.0, scale])
     ops = sink.operands()
     p = tb.plan(ops, T, batch, x.device, tiles)
     out = torch.full_like(x, float("nan"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tb, "SHRINK_IN_ACT", path == "chain_shrink_in_act")
-        mp.setattr(tb, "TARGET_PROGRAMS", programs)
-        launch = tb._launch_folded if path == "folded" else tb._launch_single
-        launch(ops, x, gammas, p, out, ops.w2_cat)
+    if folded:
+        tb._launch_folded(ops, x, gammas, p, out, ops.w2_cat)
+    else:
+        tb._launch_single(ops, x, gammas, p, out, ops.w2_cat)
     assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
-    assert torch.count_nonzero(p.sh) == 0
 
 
 @pytest.mark.parametrize("programs", [1, 3, 1 << 20], ids=["one_walks_all", "three_walk", "one_tile_each"])

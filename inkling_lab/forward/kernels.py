@@ -23,9 +23,8 @@ For many tokens the two base GEMMs are cuBLAS's (it runs them near the matmul
 ceiling, see KERNEL_NOTES.md): ``up_kernel`` then reads ``y = x @ w13_lin.T``
 (``Y_IN``) instead of computing it, or, where the tokens run in long runs of one slot (one slot
 always), ``expand_act_kernel`` adds the gate/up expand and takes the activation, each program
-keeping one slot's gate-up B and walking that slot's rows (v36), or, where the one-slot chain adds its down expand as
-more of the down GEMM's ``K``, ``expand_act_shrink_kernel`` computes the down shrink in the same launch (v44); elsewhere a second
-``shrink_kernel`` launch computes the down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
+keeping one slot's gate-up B and walking that slot's rows (v36); a second ``shrink_kernel`` launch computes the
+down shrink from ``act`` (each shrink on a side stream beside the cuBLAS GEMM that reads
 the same input, ``triton_backend._Beside``), and ``down_kernel`` adds only the LoRA term
 onto cuBLAS's ``out = act @ w2_lin`` (``expand_down_kernel`` where the tokens run in long runs of one slot, each
 program keeping one slot's down B and walking its rows: v38), or (several slots, many tokens, low ranks: v37)
@@ -163,8 +162,8 @@ def _y_tile(y_ptr, rows, row_ok, e, f0, F, N_EXP, BM: tl.constexpr, BF: tl.const
     (rows as in ``w13_lin``), read as contiguous row spans (``INTERLEAVED``: one span of ``2*BF`` gate/up pairs; else
     a gate span and an up span of ``BF``), so the loads vectorize; an index computed per column would not. ``WIDE``:
     the pairs' mask is on the element's own column (``2*f0 + jj < 2*F``), else on its feature's (``f0 + jj // 2 < F``,
-    the same elements), which the compiler sees constant over only two elements: for sm_90 the expand kernels then
-    copy 4 bytes at a time, 16 with the column's, and ``up_kernel``'s plain loads go from ``ld.global.b32`` to
+    the same elements), which the compiler sees constant over only two elements: for sm_90 ``expand_act_kernel`` then
+    copies 4 bytes at a time, 16 with the column's, and ``up_kernel``'s plain loads go from ``ld.global.b32`` to
     ``v4.b32``. Measured (v43, ``h200_activation_v43*.json``): the copies 16 bytes wide took the expand to 0.70-0.92x
     its time, the loads took ``up_kernel``'s bare activation to 0.99-1.09x (median 1.03x), so ``up_kernel`` keeps the
     feature's mask."""
@@ -335,96 +334,25 @@ def expand_act_kernel(y_ptr, gam_ptr, act_ptr, sh_ptr, gb_ptr, T, F, R, O, N_EXP
         p, P = tl.program_id(1), tl.num_programs(1)
         lo, hi, s, rank = 0, T, SLOT, R
     r_ok = r < rank
-    bg, bu = _gate_up_b(gb_ptr, s, e, fs, f_ok, r, r_ok, F, R, N_EXP)
+    bmask = r_ok[:, None] & f_ok[None, :]
+    b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
+    bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)                # [BR, BF]
+    bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
     o = e * O_STEP
     for m0 in tl.range(lo + p * BM, hi, P * BM, num_stages=STAGES):
         rows = m0 + tl.arange(0, BM)
         row_ok = rows < hi
+        gate, up = _y_tile(y_ptr, rows, row_ok, e, f0, F, N_EXP, BM, BF, INTERLEAVED)
         ld = row_ok[:, None] & r_ok[None, :]
         src = sh_ptr + rows[:, None] * (O * 2 * R) + o * 2 * R + r[None, :]
-        sg = tl.load(src, mask=ld, other=0.0).to(bg.dtype)
-        su = tl.load(src + R, mask=ld, other=0.0).to(bu.dtype)
-        act = _expanded_act(y_ptr, gam_ptr, rows, row_ok, e, f0, F, N_EXP, sg, su, bg, bu, scale, BM, BF,
-                            INTERLEAVED)
+        sg = tl.load(src, mask=ld, other=0.0)
+        su = tl.load(src + R, mask=ld, other=0.0)
+        gate += scale * tl.dot(sg.to(bg.dtype), bg)
+        up += scale * tl.dot(su.to(bu.dtype), bu)
+        gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
+        act = gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
         tl.store(act_ptr + rows[:, None] * LD_ACT + e * F + fs[None, :], act.to(act_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & f_ok[None, :])
-
-
-@triton.jit
-def expand_act_shrink_kernel(y_ptr, gam_ptr, cat_ptr, sh_ptr, gb_ptr, ac_ptr, mid_ptr, cnt_ptr,
-                             T, F, R, N_EXP, LD_CAT, LD_MID, SLOT, scale, BLOCKS, SPLIT,
-                             BM: tl.constexpr, BF: tl.constexpr, BR: tl.constexpr, INTERLEAVED: tl.constexpr,
-                             STAGES: tl.constexpr, REDUCE: tl.constexpr):
-    """The one-slot chain's gate/up expand, activation and down shrink in one launch (v44,
-    ``triton_backend._expand_act_shrink``): ``expand_act_kernel``'s ``act`` for every token on slot ``SLOT`` at
-    ``scale`` into ``cat[:, :n*F]``, and ``cat[:, n*F:n*F + R] = scale * act @ a_cat[SLOT].T``, the extra ``K`` of
-    ``_down_cat``'s one GEMM, where a GEMM of its own took the down shrink after the activation. ``cat [T, n*F + R]``
-    (rows ``LD_CAT`` apart), ``sh [T, 2R]`` (the working dtype: cuBLAS's ``x A_s^T``), ``gate_up_B`` as ``gb``,
-    ``a_cat [S, R, n*F]`` as ``ac``.
-
-    Grid ``(cdiv(T, BM), SPLIT)``: program ``(m, c)`` takes row tile ``m`` and the column blocks ``c * BLOCKS`` up to
-    ``(c + 1) * BLOCKS`` (of ``n * cdiv(F, BF)``, expert-major), reloading their ``[BR, BF]`` of ``gate_up_B`` and
-    ``a_cat`` from L2 at every block (``STAGES`` blocks in flight), and keeps its row tile's ``[BM, R]`` partial shrink
-    in registers. With ``REDUCE`` (``SPLIT > 1``) the partials meet in ``mid [T, R]`` (float32, rows ``LD_MID``
-    apart) and row tile ``m``'s count at ``cnt + m * LD_MID`` (int32) as ``_split_reduce`` adds them, so the last
-    program of a row tile writes its columns and leaves both zero: ``T R SPLIT`` float adds, where the column-block
-    walk of ``expand_act_kernel`` would take ``T R n cdiv(F, BF)``."""
-    m, c = tl.program_id(0), tl.program_id(1)
-    rows = m * BM + tl.arange(0, BM)
-    row_ok = rows < T
-    r = tl.arange(0, BR)
-    r_ok = r < R
-    ld = row_ok[:, None] & r_ok[None, :]
-    src = sh_ptr + rows[:, None] * (2 * R) + r[None, :]
-    sg = tl.load(src, mask=ld, other=0.0).to(gb_ptr.dtype.element_ty)
-    su = tl.load(src + R, mask=ld, other=0.0).to(gb_ptr.dtype.element_ty)
-    fb = tl.cdiv(F, BF)
-    nf = N_EXP * F
-    shrink = tl.zeros((BM, BR), dtype=tl.float32)
-    for j in tl.range(c * BLOCKS, tl.minimum((c + 1) * BLOCKS, N_EXP * fb), num_stages=STAGES):
-        e = j // fb
-        f0 = (j % fb) * BF
-        fs = f0 + tl.arange(0, BF)
-        f_ok = fs < F
-        bg, bu = _gate_up_b(gb_ptr, SLOT, e, fs, f_ok, r, r_ok, F, R, N_EXP)
-        act = _expanded_act(y_ptr, gam_ptr, rows, row_ok, e, f0, F, N_EXP, sg, su, bg, bu, scale, BM, BF,
-                            INTERLEAVED).to(cat_ptr.dtype.element_ty)
-        tl.store(cat_ptr + rows[:, None] * LD_CAT + e * F + fs[None, :], act, mask=row_ok[:, None] & f_ok[None, :])
-        a = tl.load(ac_ptr + (SLOT * R + r)[None, :] * nf + (e * F + fs)[:, None],
-                    mask=f_ok[:, None] & r_ok[None, :], other=0.0)                              # [BF, BR]
-        shrink = tl.dot(act, a.to(act.dtype), shrink)  # the rounded act: what _down_cat's GEMM reads
-    dst = cat_ptr + rows[:, None] * LD_CAT + nf + r[None, :]
-    if REDUCE:
-        total, arrived = _split_reduce(shrink, mid_ptr + rows[:, None] * LD_MID + r[None, :], ld, cnt_ptr + m * LD_MID,
-                                       SPLIT)
-        last = (tl.zeros((BM, BR), dtype=tl.int32) + arrived) == SPLIT - 1  # a tensor: see _split_reduce
-        tl.store(dst, (scale * total).to(cat_ptr.dtype.element_ty), mask=ld & last)
-    else:
-        tl.store(dst, (scale * shrink).to(cat_ptr.dtype.element_ty), mask=ld)
-
-
-@triton.jit
-def _gate_up_b(gb_ptr, s, e, fs, f_ok, r, r_ok, F, R, N_EXP):
-    """Slot ``s``'s gate-up B of expert ``e`` at features ``fs`` as the expand's right operands: ``[BR, BF]`` of the
-    gate rows and of the up rows of ``gate_up_B [S, n, 2F, R]`` (zero beyond the rank)."""
-    bmask = r_ok[:, None] & f_ok[None, :]
-    b_base = gb_ptr + (s * N_EXP + e) * 2 * F * R
-    bg = tl.load(b_base + fs[None, :] * R + r[:, None], mask=bmask, other=0.0)
-    bu = tl.load(b_base + (F + fs)[None, :] * R + r[:, None], mask=bmask, other=0.0)
-    return bg, bu
-
-
-@triton.jit
-def _expanded_act(y_ptr, gam_ptr, rows, row_ok, e, f0, F, N_EXP, sg, su, bg, bu, scale, BM: tl.constexpr,
-                  BF: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """``silu(gate) * up * gamma`` in float32 ``[BM, BF]`` for features ``f0..f0+BF`` of expert ``e``, ``gate, up``
-    cuBLAS's ``y`` plus ``scale`` times the expand ``sg @ bg``, ``su @ bu`` (``sh``'s gate and up halves ``[BM, BR]``,
-    ``_gate_up_b``'s tiles)."""
-    gate, up = _y_tile(y_ptr, rows, row_ok, e, f0, F, N_EXP, BM, BF, INTERLEAVED)
-    gate += scale * tl.dot(sg, bg)
-    up += scale * tl.dot(su, bu)
-    gam = tl.load(gam_ptr + rows * N_EXP + e, mask=row_ok, other=0.0).to(tl.float32)
-    return gate / (1.0 + tl.exp(-gate)) * up * gam[:, None]
 
 
 @triton.jit

@@ -799,8 +799,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``). Where ``chain_tokens``:
     ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
     flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17). ``w2_cat``: the
-    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM, and (``SHRINK_IN_ACT``, v44) its down
-    shrink computed in the activation's launch (``_expand_act_shrink``) instead of a GEMM after it."""
+    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM."""
     s, scale = p.single_slot, p.single_scale
     ga, _, _, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
@@ -812,11 +811,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
         _cat_rows(ops, s, w2_cat)
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
-    nf = ops.n * ops.intermediate
-    if w2_cat is not None and SHRINK_IN_ACT:           # v44: the down shrink in the activation's launch
-        _expand_act_shrink(ops, y, gammas, act_cat, sh, p, s, scale)
-        return torch.mm(act_cat, w2_cat[:nf + R], out=out)
-    act = act_cat[:, :nf]
+    act = act_cat[:, :ops.n * ops.intermediate]
     _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), p.tiles, s, scale)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
@@ -891,34 +886,6 @@ def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: t
           *tables),
          BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
          RUNS=runs is not None, num_warps=t.warps)
-
-
-SHRINK_IN_ACT = False
-"""On: the one-slot chain with ``_down_cat`` (``cats``) computes its down shrink in the activation's launch
-(``_expand_act_shrink``, v44) instead of a GEMM after it (``_down_cat``'s ``addmm``: cuBLAS's split-K and its reduce,
-6.1 + ~2 µs at B R 16 T 2048 in ``h100_kernels_v39.log``). Off until a GPU has timed it: ``scripts/gpu/h200_one_slot.py
---shrink`` runs the chain both ways (KERNEL_NOTES v44 has the prediction; the interpreter tests run both)."""
-
-
-def _expand_act_shrink(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act_cat: torch.Tensor,
-                       sh: torch.Tensor, p: Plan, slot: int, scale: float) -> None:
-    """One ``expand_act_shrink_kernel`` launch (its docstring names the operands): ``y [T, n*2F]`` and ``sh [T, 2R]``
-    into ``act_cat [T, n*F + R]``, every token on ``slot`` at ``scale``; row tiles of ``t.bm`` (``p.tiles``), each
-    split over ~``TARGET_PROGRAMS / cdiv(T, t.bm)`` programs' column blocks. Its float32 partial sums and counters
-    live in ``p.sh [T, 2R]``, zero between forwards and not otherwise used on this path: the partials in its first
-    ``R`` columns, row tile ``m``'s count in row ``m``'s column ``R`` (read as int32)."""
-    t = p.tiles
-    T, n, F = y.shape[0], ops.n, ops.intermediate
-    R = sh.shape[1] // 2
-    tiles, blocks = triton.cdiv(T, t.bm), n * triton.cdiv(F, t.bf)
-    per = triton.cdiv(blocks, min(blocks, triton.cdiv(TARGET_PROGRAMS, tiles)))
-    split = triton.cdiv(blocks, per)
-    ws = p.sh
-    _run(kernels.expand_act_shrink_kernel, (tiles, split),
-         (y, gammas, act_cat, sh, ops.buffers[1].contiguous(), ops.a_cat, ws, ws.view(torch.int32)[:, R:], T, F, R,
-          n, act_cat.stride(0), ws.stride(0), slot, float(scale), per, split),
-         BM=t.bm, BF=t.bf, BR=max(16, triton.next_power_of_2(R)), INTERLEAVED=ops.interleaved, STAGES=t.stages,
-         REDUCE=split > 1, num_warps=t.warps)
 
 
 def _down_expand(ops: SinkOperands, act: torch.Tensor, out: torch.Tensor, p: Plan, lora: "Lora", mid: torch.Tensor,

@@ -25,11 +25,6 @@ correctness matrix first over the same variants. ``h100_one_slot_v36.json`` (at 
 ``up_kernel``'s epilogue (``epi_as_routed``) and the ``addmm`` fold (``fold_as_routed``) beside the kernel's tiles
 (``x32f64w4`` is ``ONE_SLOT_TILES``'s).
 
-v44 (``--shrink``): the chain with ``_down_cat`` as routed (``addmm``, the down shrink a cuBLAS GEMM after the
-activation) against ``expand_act_shrink_kernel`` (the down shrink in the activation's launch) on ``ONE_SLOT_TILES``
-(``fused``) and on each of ``SHRINK_TILES``, one slot, 512 and 2048 tokens, R 16 / 64, B, Inkling and the TP-8 slice;
-the correctness matrix first over the same variants (each with a ``w2_cat``).
-
 ``--multi --expand`` (v36c): that path beside the same batch planned with ``EXPAND_RUN_TOKENS = RUN_TOKENS``
 (``runs``: ``expand_act_kernel`` over the batch's runs of one slot), its correctness matrix with the runs kernel
 on the mixed batch and on the same tokens sorted by slot. (At cf13028 the same flags timed v36b's several-slot
@@ -67,15 +62,6 @@ flight (``ONE_SLOT_TILES``: 32, 64, 4, 2)."""
 EXPAND_VARIANTS = {"routed": dict(tiles="t2", cat="auto"), **{k: dict(tiles=k, cat="auto") for k in EXPAND_TILES}}
 """``--expand``: the chain as ``plan`` routes it (``ONE_SLOT_TILES``, ``cats``' down side) on each tile."""
 EXPAND_POINTS = [(T, pr.SIDE_SHAPES) for T in (128, 512, 2048, 8192)]
-SHRINK_TILES = {"x64f64w8": (64, 64, 8, 2), "x32f128w8": (32, 128, 8, 2), "x64f64w4s3": (64, 64, 4, 3),
-                "x16f64w4": (16, 64, 4, 2)}
-"""v44's other candidates for ``expand_act_shrink_kernel`` (``--shrink``), as ``EXPAND_TILES``."""
-SHRINK_VARIANTS = {"addmm": dict(tiles="t2", cat=True, shrink=False), "fused": dict(tiles="t2", cat=True, shrink=True),
-                   **{f"fused_{k}": dict(tiles=k, cat=True, shrink=True) for k in SHRINK_TILES}}
-"""``--shrink`` (v44): the chain with ``_down_cat`` as routed (``addmm``: the down shrink a cuBLAS GEMM after the
-activation), and with the down shrink in the activation's launch (``SHRINK_IN_ACT`` on) on ``ONE_SLOT_TILES``
-(``fused``) and on each of ``SHRINK_TILES``."""
-SHRINK_POINTS = [(T, ("B", "Inkling", "Inkling-TP8")) for T in (512, 2048)]
 POINTS = [(T, shapes) for T, shapes in ((32, ("B", "Inkling", "Inkling-TP8")),
                                          (128, pr.SIDE_SHAPES), (512, pr.SIDE_SHAPES),
                                          (2048, pr.SIDE_SHAPES), (8192, pr.SIDE_SHAPES))]
@@ -89,19 +75,17 @@ def cublas_tiles(T: int, ops, which: str = "auto") -> tb.Tiles:
     activation tiles."""
     if which == "t2":
         return tb.ONE_SLOT_TILES
-    if which in EXPAND_TILES or which in SHRINK_TILES:
-        bm, bf, warps, stages = EXPAND_TILES.get(which) or SHRINK_TILES[which]
+    if which in EXPAND_TILES:
+        bm, bf, warps, stages = EXPAND_TILES[which]
         return replace(tb.ONE_SLOT_TILES, bm=bm, bf=bf, warps=warps, stages=stages)
     t = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden)
     return t if t.cublas else tb.pick_tiles(128, 1 << 40, ops.hidden)
 
 
-def chain(ops, x, gammas, batch, out, tiles: str = "auto", cat: bool | str = False, folded: bool = False,
-          shrink: bool | None = None):
+def chain(ops, x, gammas, batch, out, tiles: str = "auto", cat: bool | str = False, folded: bool = False):
     """``_launch_single`` (``folded``: ``_launch_folded``) on ``cublas_tiles``; ``cat``: with a
     ``w2_cat`` (v27, ``_down_cat``), here a copy of ``w2_lin`` with ``R`` rows more (``"auto"``: the
-    operands' own where ``cats`` routes it); ``shrink``: ``SHRINK_IN_ACT`` while it launches (v44; ``None``: as
-    routed)."""
+    operands' own where ``cats`` routes it)."""
     p = tb.plan(ops, x.shape[0], batch, x.device, cublas_tiles(x.shape[0], ops, tiles))
     assert p.single_slot >= 0
     w2_cat = None
@@ -112,9 +96,7 @@ def chain(ops, x, gammas, batch, out, tiles: str = "auto", cat: bool | str = Fal
         w2_cat = torch.cat([ops.w2_lin, torch.full((R, ops.hidden), float("nan"), dtype=x.dtype, device=x.device)])
     if folded:
         return lambda: tb._launch_folded(ops, x, gammas, p, out, w2_cat)
-    if shrink is None:
-        return lambda: tb._launch_single(ops, x, gammas, p, out, w2_cat)
-    return lambda: forcing(lambda: tb._launch_single(ops, x, gammas, p, out, w2_cat), SHRINK_IN_ACT=shrink)
+    return lambda: tb._launch_single(ops, x, gammas, p, out, w2_cat)
 
 
 def kit(ops, x, gammas, batch, out):
@@ -253,7 +235,7 @@ RUN_TOKENS = 64
 
 
 def forcing(make, **constants):
-    """``make()`` (a plan, or a launch) with ``triton_backend``'s ``constants`` set, then restored."""
+    """``make()`` (a plan) with ``triton_backend``'s ``constants`` set, then restored."""
     held = {k: getattr(tb, k) for k in constants}
     for k, v in constants.items():
         setattr(tb, k, v)
@@ -421,8 +403,6 @@ def main() -> int:
                     "GEMM's K (CATS) beside the routed path, and sglang's base")
     ap.add_argument("--down", action="store_true", help="with --multi, v38: the down expand over the batch's runs "
                     "(DOWN) beside the routed path, and sglang's base")
-    ap.add_argument("--shrink", action="store_true", help="v44: the one-slot chain's down shrink in the activation's "
-                    "launch (SHRINK_VARIANTS at SHRINK_POINTS, or --tokens) against it as a GEMM after it")
     ap.add_argument("--tokens", default="", help="token counts: the one-slot sweep (with --multi, the several-slot "
                     "one) at these, on every shape of --shapes, instead of POINTS (v17c: A at 33-128 tokens; v17d: "
                     "34-47 on A, 2-16 elsewhere; v17e: 17-32)")
@@ -430,7 +410,7 @@ def main() -> int:
     from inkling_lab.upstream_wheel import UpstreamSink
 
     t0 = time.time()
-    variants = SHRINK_VARIANTS if args.shrink else EXPAND_VARIANTS if args.expand else VARIANTS
+    variants = EXPAND_VARIANTS if args.expand else VARIANTS
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=variants)
     if args.multi:
         rec["correctness"] = multi_correctness(args.expand, args.cats, args.down)
@@ -462,7 +442,7 @@ def main() -> int:
         records.write_json(args.out, rec)
     shapes = args.shapes.split(",")
     points = [(int(T), tuple(shapes)) for T in args.tokens.split(",")] if args.tokens else \
-        SHRINK_POINTS if args.shrink else EXPAND_POINTS if args.expand else POINTS
+        EXPAND_POINTS if args.expand else POINTS
     rec["points"] = sweep(UpstreamSink, args.reps, shapes, points, variants)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
@@ -470,13 +450,12 @@ def main() -> int:
         wins = {k: sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) < r["us"]["sglang_one_slot@" + fl])
                 for k in ["kit", "launches", *variants]}
         print(f"{fl}: points faster than sglang's one-slot path (of {len(rec['points'])}):", wins)
-        if args.expand or args.shrink:  # v36, v44: each variant against the one before, and within 1.1x of the base
-            before = "addmm" if args.shrink else "routed"
+        if args.expand:  # v36: each tile against the routed one, and within 1.1x of the base
             for k in variants:
-                gain = [r["us"][f"{k}@{fl}"] / r["us"][f"{before}@{fl}"] for r in rec["points"]
-                        if f"{k}@{fl}" in r["us"] and f"{before}@{fl}" in r["us"]]
+                gain = [r["us"][f"{k}@{fl}"] / r["us"][f"routed@{fl}"] for r in rec["points"]
+                        if f"{k}@{fl}" in r["us"] and f"routed@{fl}" in r["us"]]
                 near = sum(1 for r in rec["points"] if r["us"].get(f"{k}@{fl}", 1e9) <= 1.1 * r["us"]["sglang_base@" + fl])
-                print(f"  {k}: {min(gain, default=0):.3f}-{max(gain, default=0):.3f}x {before}, "
+                print(f"  {k}: {min(gain, default=0):.3f}-{max(gain, default=0):.3f}x routed, "
                       f"within 1.1x of the base at {near}", flush=True)
     print(f"{rec['seconds']} s")
     return 0
