@@ -679,13 +679,13 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
                    PDL: tl.constexpr = False):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
-    across all of ``H`` in ``[2*BF, BK]`` steps, two steps in flight while it waits for
-    one, FMAs into an unreduced float32 tile summed once after the loop. Then
+    across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
+    step's FMAs, which go into an unreduced float32 tile summed once after the loop. Then
     ``up_kernel``'s epilogue: the LoRA expand from ``sh``, SwiGLU x gamma, ``act``, the down
-    shrink added into ``mid``. The first two steps go out first (v45), then the token's
-    slot and the gate-up B, down A, scaling and gamma it picks, so the epilogue waits for
-    nothing but ``sh`` (in L2). ``PDL``: the down kernel may launch at once; this kernel,
-    the shrink's programmatic dependent, streams before it waits for the shrink."""
+    shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
+    before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
+    down kernel may launch at once; this kernel, the shrink's programmatic dependent,
+    streams before it waits for the shrink."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -699,13 +699,8 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     w_ok = f_of_j < F
     w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
     kk = tl.arange(0, BK)
-    # The stream's first two steps before the slot: a load whose address needs the slot waits a
-    # memory trip for it, and issue is in order, so loaded first they would start every program's
-    # stream that trip late (sm_90's SASS kept this order; KERNEL_NOTES.md v45).
     w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
-    w1 = tl.load(w_base + BK + kk[None, :], mask=w_ok[:, None] & (BK + kk < H)[None, :], other=0.0,
-                 eviction_policy="evict_first")
-    tl.debug_barrier()  # ptxas would hoist the slot's loads above the stream's: a barrier is not crossed
+    tl.debug_barrier()  # v45b: ptxas would hoist the slot's loads above the stream's first step; a barrier is not crossed
     r = tl.arange(0, BR)
     o = e * O_STEP
     gam = tl.load(gam_ptr + e).to(tl.float32)
@@ -721,12 +716,12 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
         scale = tl.load(scale_ptr + s)
     acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
     for k in range(0, H, BK):
+        kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
+        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
+                         eviction_policy="evict_first")
         xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * xt[None, :]
-        kn = k + 2 * BK + kk  # issued once step k is summed: steps k+1 and k+2 in flight while k+1 is awaited
-        w = w1
-        w1 = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
-                     eviction_policy="evict_first")
+        w = w_next
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -749,11 +744,10 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
     ``w2 [n, H, F]`` at strides ``(W2_E, W2_H, 1)`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
     unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
-    (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. Its
-    first two steps of ``w2`` go out first, then the token's slot and the down B (outer 0)
-    and scaling it picks (v45, as ``gemv_up_kernel``). ``PDL``: launched as the up
-    kernel's programmatic dependent, it issues those (nothing it reads there is written by
-    the up kernel) and only then waits for the up kernel."""
+    (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. The
+    token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
+    kernel's programmatic dependent, it issues those and its first two steps of ``w2``
+    (which nothing writes) and only then waits for the up kernel."""
     pid = tl.program_id(0)
     hs = pid * BH + tl.arange(0, BH)
     h_ok = hs < H
@@ -767,7 +761,7 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     f1 = (1 - e1 * kb) * BK + kk
     w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
                  other=0.0, eviction_policy="evict_first")
-    tl.debug_barrier()  # as gemv_up_kernel's: the slot's loads after the stream's first two steps
+    tl.debug_barrier()  # v45b: as gemv_up_kernel's, the slot's loads after the stream's first steps
     if HAS_LORA:
         s, bound = _token_slot(slot_ptr, R)
         rk = r < bound
