@@ -7,7 +7,7 @@ matter only through ``% 16`` and ``== 1``). It needs ``@triton.jit`` functions c
 in a process of its own (``test_sm90_codegen.py``); ``experiments/``' sm_90 reports use it too. Triton here is the
 local one, the GPU machines run their own: counts can differ a little, the widths of plain copies should not.
 
-    python tests/sm90.py     # the widths and the GEMV's load order test_sm90_codegen.py asserts, as JSON
+    python tests/sm90.py     # the widths test_sm90_codegen.py asserts, as JSON
     python tests/sm90.py --forward B 512,2048   # every Triton launch of the default kit's forward there, a line each
 """
 from __future__ import annotations
@@ -65,52 +65,6 @@ def activation_widths() -> dict[str, dict]:
     return out
 
 
-def sass_loads(kernel) -> list[str]:
-    """The global loads of a compiled kernel's SASS (``nvdisasm``, Triton's own), in the order the warp issues them,
-    each as its opcode (``LDG.E.EF.128``: a 16-byte load marked evict-first, the weight streams' form)."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from triton import knobs
-
-    with tempfile.TemporaryDirectory() as d:
-        cubin = Path(d) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        sass = subprocess.run([knobs.nvidia.nvdisasm.path, "-c", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
-    return re.findall(r"\bLDG(?:\.[\w]+)*", sass)
-
-
-def gemv_load_order() -> dict[str, dict]:
-    """v45: the one-token GEMV kernels with a LoRA (Inkling's ``n 2, H 6144, F 3072``, R 16 and 64, bfloat16, the
-    routed tiles ``gemv_for`` gives there: 8 features by 512 of ``H`` up, 8 rows of ``w2`` by 512 down, 4 warps,
-    PDL): how many of the weight stream's loads the warp issues before its first other load (the token's slot),
-    and how many two steps of the stream take a thread."""
-    import torch
-
-    from inkling_lab.forward import kernels
-
-    bf, (n, H, F) = torch.bfloat16, (2, 6144, 3072)
-    i32, f32 = torch.empty(1, dtype=torch.int32), torch.empty(8)
-    out = {}
-    for R in (16, 64):
-        up = compile_for_sm90(
-            (torch.empty(1, H, dtype=bf), torch.empty(n * 2 * F, H, dtype=bf), torch.empty(1, n, dtype=bf),
-             torch.empty(1, n * F, dtype=bf), i32, f32, torch.empty(2 * R), torch.empty(4, n, 2 * F, R, dtype=bf),
-             torch.empty(4, n, R, F, dtype=bf), torch.empty(R), H, F, R, 1, n, 0, 2, 1),
-            dict(HAS_LORA=True, BF=8, BK=512, BR=R, PDL=True, num_warps=4), kernels.gemv_up_kernel)
-        down = compile_for_sm90(
-            (torch.empty(1, n * F, dtype=bf), torch.empty(n, H, F, dtype=bf), torch.empty(1, H, dtype=bf), i32, f32,
-             torch.empty(R), torch.empty(4, 1, H, R, dtype=bf), torch.empty(2 * R), H, F, R, 1, n, H * F, F),
-            dict(HAS_LORA=True, BH=8, BK=512, BR=R, PDL=True, num_warps=4), kernels.gemv_down_kernel)
-        for name, k, step_bytes in (("up", up, 2 * 8 * 512 * 2), ("down", down, 8 * 512 * 2)):
-            loads = sass_loads(k)
-            first_other = next(i for i, op in enumerate(loads) if op != "LDG.E.EF.128")
-            out[f"gemv_{name}_R{R}"] = {"stream_first": first_other, "two_steps": 2 * step_bytes // (128 * 16)}
-    return out
-
-
 def forward_widths(shape: str, tokens) -> None:
     """Prints each distinct Triton launch of the default kit's forward (``triton_backend.launch`` on ``plan``'s own
     route, CPU tensors of the shape's real sizes, the launches captured instead of run) at R 16 / 64, S 1 / 4 and each
@@ -145,4 +99,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--forward"]:
         forward_widths(sys.argv[2], [int(t) for t in sys.argv[3].split(",")])
     else:
-        print(json.dumps({**activation_widths(), **gemv_load_order()}))
+        print(json.dumps(activation_widths()))

@@ -1,5 +1,4 @@
-"""The activation's reads of cuBLAS's ``y`` for sm_90 as v43 measured them best (``kernels._y_tile``), and the
-one-token GEMV's weight stream issued before the token's slot is read (v45).
+"""The activation's reads of cuBLAS's ``y`` for sm_90 as v43 measured them best (``kernels._y_tile``).
 
 With the interleaved gate/up rows (sglang's layout, the side by side's) the pair load was masked per feature
 (``f0 + jj // 2 < F``), which the compiler sees constant over two elements only: 4-byte ``cp.async`` copies in
@@ -42,14 +41,3 @@ def test_expand_act_copies_y_16_bytes_at_a_time(widths, R):
 def test_up_kernels_epilogue_keeps_the_loads_v43_measured_faster(widths):
     got = widths["up_epilogue"]
     assert "ld.global.b32" in got["ld"] and "ld.global.v4.b32" not in got["ld"], got
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["gemv_up", "gemv_down"])
-@pytest.mark.parametrize("R", [16, 64])
-def test_the_gemv_streams_two_steps_before_it_reads_the_slot(widths, kernel, R):
-    """The slot's load and the factor loads whose addresses wait on it come after the first two steps of the weight
-    stream in the SASS (``ptxas`` hoisted them above it until the barrier between them), so a program's stream does
-    not start a memory trip late."""
-    got = widths[f"{kernel}_R{R}"]
-    assert got["stream_first"] == got["two_steps"] > 0, got

@@ -694,13 +694,6 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     f0 = (pid % fb_per_e) * BF
     fs = f0 + tl.arange(0, BF)
     f_ok = fs < F
-    jj = tl.arange(0, 2 * BF)  # (gate f0, up f0, gate f0+1, ...)
-    f_of_j = f0 + jj // 2
-    w_ok = f_of_j < F
-    w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
-    kk = tl.arange(0, BK)
-    w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
-    tl.debug_barrier()  # v45b: ptxas would hoist the slot's loads above the stream's first step; a barrier is not crossed
     r = tl.arange(0, BR)
     o = e * O_STEP
     gam = tl.load(gam_ptr + e).to(tl.float32)
@@ -714,7 +707,13 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
         da = tl.load(da_ptr + ((s * N_EXP + e) * R + r)[None, :] * F + fs[:, None], mask=f_ok[:, None] & rk[None, :],
                      other=0.0).to(tl.float32)                                                         # [BF, BR]
         scale = tl.load(scale_ptr + s)
+    jj = tl.arange(0, 2 * BF)  # (gate f0, up f0, gate f0+1, ...)
+    f_of_j = f0 + jj // 2
+    w_ok = f_of_j < F
+    w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
+    kk = tl.arange(0, BK)
     acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
+    w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
     for k in range(0, H, BK):
         kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
         w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
@@ -752,6 +751,12 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     hs = pid * BH + tl.arange(0, BH)
     h_ok = hs < H
     r = tl.arange(0, BR)
+    if HAS_LORA:
+        s, bound = _token_slot(slot_ptr, R)
+        rk = r < bound
+        db0 = tl.load(db_ptr + (s * O * H + hs)[None, :] * R + r[:, None], mask=rk[:, None] & h_ok[None, :],
+                      other=0.0).to(tl.float32)                                                        # [BR, BH]
+        scale = tl.load(scale_ptr + s)
     kk = tl.arange(0, BK)
     kb = tl.cdiv(F, BK)
     steps = N_EXP * kb
@@ -761,13 +766,6 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     f1 = (1 - e1 * kb) * BK + kk
     w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
                  other=0.0, eviction_policy="evict_first")
-    tl.debug_barrier()  # v45b: as gemv_up_kernel's, the slot's loads after the stream's first steps
-    if HAS_LORA:
-        s, bound = _token_slot(slot_ptr, R)
-        rk = r < bound
-        db0 = tl.load(db_ptr + (s * O * H + hs)[None, :] * R + r[:, None], mask=rk[:, None] & h_ok[None, :],
-                      other=0.0).to(tl.float32)                                                        # [BR, BH]
-        scale = tl.load(scale_ptr + s)
     if PDL:
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BH, BK), dtype=tl.float32)
