@@ -117,8 +117,9 @@ def test_the_gemv_scripts_correctness_pass_checks_each_candidate(script, monkeyp
     monkeypatch.setattr(gemv, "h200_pdl", script)
     monkeypatch.setitem(gemv.CANDIDATES, "f4k1024", dict(bf=4, bk=16, bn=4, dk=8, pdl=False))
     monkeypatch.setitem(gemv.CANDIDATES, "f8k512", dict(bf=8, bk=16, bn=8, dk=16, pdl=False))
+    monkeypatch.setitem(gemv.CANDIDATES, "f8k512x", dict(bf=8, bk=16, bn=8, dk=16, pdl=False, xtile=True))
     rows = gemv.correctness()
-    assert len(rows) == 16 and {r["variant"] for r in rows} == set(gemv.CHECKED) == {"f4k1024", "f8k512"}
+    assert len(rows) == 24 and {r["variant"] for r in rows} == set(gemv.CHECKED) == {"f4k1024", "f8k512", "f8k512x"}
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert {"mixed", "no_adapter", "graph", "rank0"} <= set(rows[0]["rel_err"])
 

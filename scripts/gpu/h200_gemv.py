@@ -50,20 +50,24 @@ CANDIDATES = {
     "f4k1024n16": dict(bf=4, bk=1024, bn=16, dk=256),
     "f8k512n16": dict(bf=8, bk=512, bn=16, dk=256),
     "f8k512n32": dict(bf=8, bk=512, bn=32, dk=128),
+    "f4k1024x": dict(bf=4, bk=1024, bn=4, dk=1024, xtile=True),
+    "f8k512x": dict(bf=8, bk=512, bn=8, dk=512, xtile=True),
+    "f4k1024n16x": dict(bf=4, bk=1024, bn=16, dk=256, xtile=True),
 }
 """``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``n16``, ``n32``: v35's down
-programs of 16 or 32 rows of ``w2`` in 256- or 128-wide steps, where the others take as many rows as features). v14's run
+programs of 16 or 32 rows of ``w2`` in 256- or 128-wide steps, where the others take as many rows as features; ``x``: v46's
+``Tiles.xtile``, the three routed tiles with ``x`` and ``act`` loaded in the weight tile's layout). v14's run
 (``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
 (``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``, ``h200_gemv_v32.json``) a split of
 ``H``, the LoRA's loads under the stream, the shrink inside the up kernel and a sum per step, each level or
 behind; v34's (``h100_gemv_v34.json``) persistent programs, two a multiprocessor, 2-22 % behind; the two runs before v14's (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens
 (one row-sum per token and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all
 slower than the three launches there."""
-STREAMED = ("f4k1024", "f8k512")
+STREAMED = ("f4k1024", "f8k512", "f8k512x")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
-CHECKED = ("f4k1024", "f8k512")
-"""The candidates the correctness pass checks (the two step shapes)."""
+CHECKED = ("f4k1024", "f8k512", "f8k512x")
+"""The candidates the correctness pass checks (the two step shapes, and v46's loads of ``x``)."""
 
 
 def gemv(name: str) -> tb.Tiles:
