@@ -71,7 +71,7 @@ class Tiles:
     (v33, the pool's LoRA, few tokens): the up launch is ``up_act_kernel`` on the base ``w13`` with the LoRA
     epilogue, on these tiles (``UP_ACT_TILES`` or ``UP_ACT_SPLIT_TILES``), the shrink and the down kernel
     on the rest of these; ``ksplit``: ``up_act_kernel``'s programs per tile, each a slice of ``H``; ``xtile``
-(v46, off until timed): the GEMV kernels load ``x`` and ``act`` in their weight tile's layout (``X_TILE``)."""
+    (v46, off until timed): the GEMV kernels load ``x`` and ``act`` in their weight tile's layout (``X_TILE``)."""
 
     bm: int
     bf: int
