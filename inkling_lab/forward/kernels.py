@@ -722,14 +722,13 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
         kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
         w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
                          eviction_policy="evict_first")
-        if X_TILE:
+        if X_TILE:  # [2*BF, BK]: every row the same addresses
             tl.debug_barrier()  # the weight loads above stay first: ptxas would sink them under x's
             xt = tl.load(x_ptr + (k + kk)[None, :] + 0 * jj[:, None], mask=(k + kk < H)[None, :] & w_ok[:, None],
-                         other=0.0)
-            acc += w.to(tl.float32) * xt.to(tl.float32)
-        else:
-            xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * xt[None, :]
+                         other=0.0).to(tl.float32)
+        else:               # [1, BK], brought to the tile's layout through shared memory
+            xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)[None, :]
+        acc += w.to(tl.float32) * xt
         w = w_next
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
     if PDL:
@@ -788,14 +787,13 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
                          other=0.0, eviction_policy="evict_first")
         e = i // kb
         fc = (i - e * kb) * BK + kk
-        if X_TILE:
+        if X_TILE:  # as gemv_up_kernel's x
             tl.debug_barrier()
             at = tl.load(act_ptr + e * F + fc[None, :] + 0 * hs[:, None], mask=(fc < F)[None, :] & h_ok[:, None],
-                         other=0.0)
-            acc += w.to(tl.float32) * at.to(tl.float32)
+                         other=0.0).to(tl.float32)
         else:
-            at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * at[None, :]
+            at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)[None, :]
+        acc += w.to(tl.float32) * at
         w = w1
         w1 = w_next
     out = tl.sum(acc, axis=1)
