@@ -676,7 +676,7 @@ def _zero_rows(sh_ptr, rows, ok, SH_COLS, BM: tl.constexpr, BSH: tl.constexpr):
 def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
                    H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                   PDL: tl.constexpr = False, X_TILE: tl.constexpr = False):
+                   PDL: tl.constexpr = False, X_TILE: tl.constexpr = False, STAGES: tl.constexpr = 1):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
     across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
@@ -689,7 +689,9 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     slice of ``x`` is loaded in the weight tile's own layout (every row the same addresses,
     served by L1), where the plain slice goes through shared memory between two barriers
     a step to meet the tile (sm_90's SASS); a barrier keeps the next step's weight loads
-    issued before it."""
+    issued before it. ``STAGES`` > 1 (v47, not yet timed): the stream is Triton's pipelined
+    loop instead, ``STAGES - 1`` steps in flight through shared memory (16-byte ``cp.async``),
+    where the register double buffer holds one."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -717,19 +719,26 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     w_base = w13_ptr + (e * 2 * F + f_of_j * ROW_STEP + (jj % 2) * UP_OFFSET)[:, None] * H
     kk = tl.arange(0, BK)
     acc = tl.zeros((2 * BF, BK), dtype=tl.float32)
-    w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0, eviction_policy="evict_first")
-    for k in range(0, H, BK):
-        kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
-        w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
-                         eviction_policy="evict_first")
-        if X_TILE:  # [2*BF, BK]: every row the same addresses
-            tl.debug_barrier()  # the weight loads above stay first: ptxas would sink them under x's
-            xt = tl.load(x_ptr + (k + kk)[None, :] + 0 * jj[:, None], mask=(k + kk < H)[None, :] & w_ok[:, None],
-                         other=0.0).to(tl.float32)
-        else:               # [1, BK], brought to the tile's layout through shared memory
-            xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)[None, :]
-        acc += w.to(tl.float32) * xt
-        w = w_next
+    if STAGES > 1:  # the compiler's ring of shared-memory buffers: more bytes in flight for fewer registers
+        for k in tl.range(0, H, BK, num_stages=STAGES):
+            w = tl.load(w_base + (k + kk)[None, :], mask=w_ok[:, None] & (k + kk < H)[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            acc += w.to(tl.float32) * tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)[None, :]
+    else:
+        w = tl.load(w_base + kk[None, :], mask=w_ok[:, None] & (kk < H)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        for k in range(0, H, BK):
+            kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
+            w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
+                             eviction_policy="evict_first")
+            if X_TILE:  # [2*BF, BK]: every row the same addresses
+                tl.debug_barrier()  # the weight loads above stay first: ptxas would sink them under x's
+                xt = tl.load(x_ptr + (k + kk)[None, :] + 0 * jj[:, None],
+                             mask=(k + kk < H)[None, :] & w_ok[:, None], other=0.0).to(tl.float32)
+            else:               # [1, BK], brought to the tile's layout through shared memory
+                xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * xt
+            w = w_next
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -748,7 +757,7 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
 def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
                      H, F, R, O, N_EXP, W2_E, W2_H,
                      HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                     PDL: tl.constexpr = False, X_TILE: tl.constexpr = False):
+                     PDL: tl.constexpr = False, X_TILE: tl.constexpr = False, STAGES: tl.constexpr = 1):
     """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
     ``w2 [n, H, F]`` at strides ``(W2_E, W2_H, 1)`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
     unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
@@ -756,7 +765,8 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
     kernel's programmatic dependent, it issues those and its first two steps of ``w2``
     (which nothing writes) and only then waits for the up kernel. ``X_TILE``: ``act``'s slice
-    in the weight tile's layout, as ``gemv_up_kernel``'s ``x``."""
+    in the weight tile's layout, as ``gemv_up_kernel``'s ``x``. ``STAGES`` > 1 (v47): as
+    ``gemv_up_kernel``'s, the wait for the up kernel before the loop (its first steps read ``act``)."""
     pid = tl.program_id(0)
     hs = pid * BH + tl.arange(0, BH)
     h_ok = hs < H
@@ -771,31 +781,42 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
     kb = tl.cdiv(F, BK)
     steps = N_EXP * kb
     w_base = w2_ptr + hs[:, None] * W2_H
-    w = tl.load(w_base + kk[None, :], mask=h_ok[:, None] & (kk < F)[None, :], other=0.0, eviction_policy="evict_first")
-    e1 = 1 // kb
-    f1 = (1 - e1 * kb) * BK + kk
-    w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
-                 other=0.0, eviction_policy="evict_first")
-    if PDL:
-        tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BH, BK), dtype=tl.float32)
-    for i in range(0, steps):
-        en = (i + 2) // kb
-        fn = (i + 2 - en * kb) * BK + kk
-        w_next = tl.load(w_base + en * W2_E + fn[None, :],
-                         mask=h_ok[:, None] & ((fn < F) & (kk * 0 + i + 2 < steps))[None, :],
-                         other=0.0, eviction_policy="evict_first")
-        e = i // kb
-        fc = (i - e * kb) * BK + kk
-        if X_TILE:  # as gemv_up_kernel's x
-            tl.debug_barrier()
-            at = tl.load(act_ptr + e * F + fc[None, :] + 0 * hs[:, None], mask=(fc < F)[None, :] & h_ok[:, None],
-                         other=0.0).to(tl.float32)
-        else:
-            at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)[None, :]
-        acc += w.to(tl.float32) * at
-        w = w1
-        w1 = w_next
+    if STAGES > 1:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        for i in tl.range(0, steps, num_stages=STAGES):
+            e = i // kb
+            fc = (i - e * kb) * BK + kk
+            w = tl.load(w_base + e * W2_E + fc[None, :], mask=h_ok[:, None] & (fc < F)[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            acc += w.to(tl.float32) * tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)[None, :]
+    else:
+        w = tl.load(w_base + kk[None, :], mask=h_ok[:, None] & (kk < F)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        e1 = 1 // kb
+        f1 = (1 - e1 * kb) * BK + kk
+        w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
+                     other=0.0, eviction_policy="evict_first")
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        for i in range(0, steps):
+            en = (i + 2) // kb
+            fn = (i + 2 - en * kb) * BK + kk
+            w_next = tl.load(w_base + en * W2_E + fn[None, :],
+                             mask=h_ok[:, None] & ((fn < F) & (kk * 0 + i + 2 < steps))[None, :],
+                             other=0.0, eviction_policy="evict_first")
+            e = i // kb
+            fc = (i - e * kb) * BK + kk
+            if X_TILE:  # as gemv_up_kernel's x
+                tl.debug_barrier()
+                at = tl.load(act_ptr + e * F + fc[None, :] + 0 * hs[:, None], mask=(fc < F)[None, :] & h_ok[:, None],
+                             other=0.0).to(tl.float32)
+            else:
+                at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)[None, :]
+            acc += w.to(tl.float32) * at
+            w = w1
+            w1 = w_next
     out = tl.sum(acc, axis=1)
     if HAS_LORA:
         for o in range(0, O):

@@ -71,7 +71,9 @@ class Tiles:
     (v33, the pool's LoRA, few tokens): the up launch is ``up_act_kernel`` on the base ``w13`` with the LoRA
     epilogue, on these tiles (``UP_ACT_TILES`` or ``UP_ACT_SPLIT_TILES``), the shrink and the down kernel
     on the rest of these; ``ksplit``: ``up_act_kernel``'s programs per tile, each a slice of ``H``; ``xtile``
-    (v46, off until timed): the GEMV kernels load ``x`` and ``act`` in their weight tile's layout (``X_TILE``)."""
+    (v46, off until timed): the GEMV kernels load ``x`` and ``act`` in their weight tile's layout (``X_TILE``);
+    with ``gemv``, ``stages`` / ``dstages`` > 1 (v47, off until timed): the up / down GEMV streams as Triton's
+    pipelined loops, that many steps deep in shared memory (``STAGES``)."""
 
     bm: int
     bf: int
@@ -92,6 +94,7 @@ class Tiles:
     lora_up: "Tiles | None" = None
     ksplit: int = 1
     xtile: bool = False
+    dstages: int = 1
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -184,12 +187,13 @@ def gemv_for(hidden: int, features: int = 0) -> Tiles:
 
 
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True,
-               xtile: bool = False) -> Tiles:
+               xtile: bool = False, stages: int = 1, dstages: int = 1) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
-    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=1, gemv=True, dk=dk, pdl=pdl,
-                 xtile=xtile)
+    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices); ``stages`` /
+    ``dstages``: the up / down stream's depth (1: the register double buffer)."""
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=stages, gemv=True, dk=dk, pdl=pdl,
+                 xtile=xtile, dstages=dstages)
 
 
 UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
@@ -726,12 +730,12 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
           H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl,
-         X_TILE=t.xtile, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+         X_TILE=t.xtile, STAGES=t.stages, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
          (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
           w2.stride(0), w2.stride(1)),
          fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
-         X_TILE=t.xtile, num_warps=t.warps, num_stages=1, **_pdl(pdl))
+         X_TILE=t.xtile, STAGES=t.dstages, num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
 def _up_act(ops: SinkOperands, x, gammas, w13: torch.Tensor, act, p: Plan, key: tuple, t: Tiles,
