@@ -543,24 +543,26 @@ def test_the_up_gemm_with_the_lora_epilogue_is_planned_for_one_slot_of_the_tp8_s
     assert tb.plan(sink.operands(), 17, *make_case(2, 40, 24, 3, 1, 17, True, True, seed=5)[3:], x.device).tiles.lora_up is None
 
 
-@pytest.mark.parametrize("stream", [{}, {"xtile": True}, {"stages": 3, "dstages": 4}],
-                         ids=["x_sliced", "x_in_the_weight_tile", "pipelined"])
+@pytest.mark.parametrize("stages", [1, 3], ids=["double_buffered", "pipelined"])
 @pytest.mark.parametrize("outer_shared, interleaved", [(True, True), (False, False)],
                          ids=["shared_outer_interleaved", "per_expert_outer_contiguous"])
-def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved, stream):
+def test_one_token_takes_the_gemv_kernels_and_matches_the_reference(outer_shared, interleaved, stages):
     """One token on small weights routes to the GEMV launches (``pick_tiles``); here with
     steps smaller than the sizes, so the K loops run several steps and mask a partial one;
-    ``stream``: v46's loads of ``x`` and ``act`` in the weight tile's layout, v47's pipelined streams
-    (3 up steps, 6 down: more than the stages; neither routed until timed)."""
+    ``stages``: the register double buffer, or v47's pipelined streams (3 up steps, 6 down, against 3 stages;
+    routed from Inkling's ``H``)."""
     assert tb.pick_tiles(1, weight_elems=2 * 768 * 1536).gemv and not tb.pick_tiles(2).gemv
     assert tb.pick_tiles(1, weight_elems=2 * 3072 * 6144, hidden=6144).gemv  # Inkling-sized too (v31)
     tp8, inkling = tb.pick_tiles(1, 2 * 384 * 6144, 6144), tb.pick_tiles(1, 2 * 3072 * 6144, 6144)
     assert (tp8.bf, tp8.bk, tp8.bn, tp8.dk) == (4, 1024, 16, 256)  # v35: the TP-8 slice's short down rows
-    assert (inkling.bf, inkling.bk, inkling.bn, inkling.dk) == (8, 512, 8, 512) == (tb.gemv_for(6144).bf, 512, 8, 512)
-    assert not any(t.xtile or t.stages > 1 or t.dstages > 1 for t in (tp8, inkling, tb.gemv_for(1536)))
+    b, kept = tb.pick_tiles(1, 2 * 2048 * 4096, 4096), tb.gemv_for(6144)  # B; the kept copies' stream at Inkling's H
+    assert (inkling.bf, inkling.bk, inkling.bn, inkling.dk, inkling.stages) == (4, 1024, 16, 256, 4)  # v47
+    assert (kept.bf, kept.bk, kept.bn, kept.dk, kept.stages) == (8, 512, 8, 512, 4)
+    assert (b.bf, b.bk, b.bn, b.dk, b.stages) == (8, 512, 8, 512, 1)  # B: the double buffer (v47 lost there)
+    assert tp8.stages == 4 and tb.gemv_for(1536).stages == 1
     sink, x, gammas, _ = make_case(2, 37, 21, 5, 3, 1, outer_shared, interleaved, seed=31 + int(outer_shared))
     ops = sink.operands()
-    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8, **stream)  # 3 feature and 5 row tiles, the last of each partial
+    tiles = tb.gemv_tiles(bf=8, bk=16, bn=8, dk=8, stages=stages)  # 3 feature and 5 row tiles, the last of each partial
     for slot in (2, -1, 1):  # a LoRA token (scaled), base only, a rank-0 slot
         batch = SlotBatch.from_token_slots([slot], 3, lora_ranks=[5, 0, 5], scalings=[1.0, 1.0, 0.6])
         p = tb.plan(ops, 1, batch, x.device, tiles)

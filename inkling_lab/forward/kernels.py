@@ -676,7 +676,7 @@ def _zero_rows(sh_ptr, rows, ok, SH_COLS, BM: tl.constexpr, BSH: tl.constexpr):
 def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr, gb_ptr, da_ptr, mid_ptr,
                    H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET,
                    HAS_LORA: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                   PDL: tl.constexpr = False, X_TILE: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                   PDL: tl.constexpr = False, STAGES: tl.constexpr = 1):
     """One token, grid ``(n * cdiv(F, BF),)``: program ``(e, block)`` streams the ``2*BF``
     gate/up rows of ``BF`` features of expert ``e`` (rows as ``up_kernel`` reads them)
     across all of ``H`` in ``[2*BF, BK]`` steps, the next step's loads issued before this
@@ -685,13 +685,9 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
     shrink added into ``mid``. The token's gate-up B, down A, scaling and gamma are loaded
     before the stream, so the epilogue waits for nothing but ``sh`` (in L2). ``PDL``: the
     down kernel may launch at once; this kernel, the shrink's programmatic dependent,
-    streams before it waits for the shrink. ``X_TILE`` (v46, off: not yet timed): each step's
-    slice of ``x`` is loaded in the weight tile's own layout (every row the same addresses,
-    served by L1), where the plain slice goes through shared memory between two barriers
-    a step to meet the tile (sm_90's SASS); a barrier keeps the next step's weight loads
-    issued before it. ``STAGES`` > 1 (v47, not yet timed): the stream is Triton's pipelined
-    loop instead, ``STAGES - 1`` steps in flight through shared memory (16-byte ``cp.async``),
-    where the register double buffer holds one."""
+    streams before it waits for the shrink. ``STAGES`` > 1 (v47): the stream is Triton's
+    pipelined loop instead, ``STAGES - 1`` steps in flight through shared memory (16-byte
+    ``cp.async``), where the register double buffer holds one."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -731,13 +727,8 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
             kn = k + BK + kk  # the next step's loads go out before this step's arithmetic
             w_next = tl.load(w_base + kn[None, :], mask=w_ok[:, None] & (kn < H)[None, :], other=0.0,
                              eviction_policy="evict_first")
-            if X_TILE:  # [2*BF, BK]: every row the same addresses
-                tl.debug_barrier()  # the weight loads above stay first: ptxas would sink them under x's
-                xt = tl.load(x_ptr + (k + kk)[None, :] + 0 * jj[:, None],
-                             mask=(k + kk < H)[None, :] & w_ok[:, None], other=0.0).to(tl.float32)
-            else:               # [1, BK], brought to the tile's layout through shared memory
-                xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)[None, :]
-            acc += w.to(tl.float32) * xt
+            xt = tl.load(x_ptr + k + kk, mask=k + kk < H, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * xt[None, :]
             w = w_next
     gate, up = tl.split(tl.reshape(tl.sum(acc, axis=1), (BF, 2)))
     if PDL:
@@ -757,15 +748,14 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
 def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
                      H, F, R, O, N_EXP, W2_E, W2_H,
                      HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
-                     PDL: tl.constexpr = False, X_TILE: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                     PDL: tl.constexpr = False, STAGES: tl.constexpr = 1):
     """One token, grid ``(cdiv(H, BH),)``: program ``p`` streams rows ``p*BH ...`` of
     ``w2 [n, H, F]`` at strides ``(W2_E, W2_H, 1)`` (each expert's ``F`` in ``BK`` steps, two in flight, FMAs into an
     unreduced tile) into ``out = act @ w2_lin + Σ_o mid[o] @ down_B[s, o].T``
     (``down_kernel``'s LoRA term), and program 0 zeroes ``sh`` for the next forward. The
     token's down B (outer 0) and scaling are loaded first. ``PDL``: launched as the up
     kernel's programmatic dependent, it issues those and its first two steps of ``w2``
-    (which nothing writes) and only then waits for the up kernel. ``X_TILE``: ``act``'s slice
-    in the weight tile's layout, as ``gemv_up_kernel``'s ``x``. ``STAGES`` > 1 (v47): as
+    (which nothing writes) and only then waits for the up kernel. ``STAGES`` > 1 (v47): as
     ``gemv_up_kernel``'s, the wait for the up kernel before the loop (its first steps read ``act``)."""
     pid = tl.program_id(0)
     hs = pid * BH + tl.arange(0, BH)
@@ -808,13 +798,8 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
                              other=0.0, eviction_policy="evict_first")
             e = i // kb
             fc = (i - e * kb) * BK + kk
-            if X_TILE:  # as gemv_up_kernel's x
-                tl.debug_barrier()
-                at = tl.load(act_ptr + e * F + fc[None, :] + 0 * hs[:, None], mask=(fc < F)[None, :] & h_ok[:, None],
-                             other=0.0).to(tl.float32)
-            else:
-                at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)[None, :]
-            acc += w.to(tl.float32) * at
+            at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * at[None, :]
             w = w1
             w1 = w_next
     out = tl.sum(acc, axis=1)

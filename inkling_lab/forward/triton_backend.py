@@ -70,10 +70,9 @@ class Tiles:
     slot's factors (``[bm, 16, bf]`` register tiles, no loop over the tile's slots; v28); ``lora_up``
     (v33, the pool's LoRA, few tokens): the up launch is ``up_act_kernel`` on the base ``w13`` with the LoRA
     epilogue, on these tiles (``UP_ACT_TILES`` or ``UP_ACT_SPLIT_TILES``), the shrink and the down kernel
-    on the rest of these; ``ksplit``: ``up_act_kernel``'s programs per tile, each a slice of ``H``; ``xtile``
-    (v46, off until timed): the GEMV kernels load ``x`` and ``act`` in their weight tile's layout (``X_TILE``);
-    with ``gemv``, ``stages`` / ``dstages`` > 1 (v47, off until timed): the up / down GEMV streams as Triton's
-    pipelined loops, that many steps deep in shared memory (``STAGES``)."""
+    on the rest of these; ``ksplit``: ``up_act_kernel``'s programs per tile, each a slice of ``H``. With
+    ``gemv``, ``stages`` > 1 (v47): both GEMV streams as Triton's pipelined loops, that many steps deep in
+    shared memory (``STAGES``); 1: the register double buffer."""
 
     bm: int
     bf: int
@@ -93,8 +92,6 @@ class Tiles:
     gather: bool = False
     lora_up: "Tiles | None" = None
     ksplit: int = 1
-    xtile: bool = False
-    dstages: int = 1
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -174,26 +171,35 @@ def folds(num_tokens: int, weight_elems: int) -> bool:
 
 
 def gemv_for(hidden: int, features: int = 0) -> Tiles:
-    """The GEMV tiles for ``H = hidden`` and ``features = n*F`` (``h200_gemv.json``' sweep winners; 0: not
-    known, the kept copies' stream): where ``H > 2048`` and the features are few (``NARROW_FEATURES``: the TP-8
-    slice, whose down rows are 768 long), 4 features a step of 1024 up and 16 rows of ``w2`` in 256-wide steps
-    down (v35, ``h100_gemv_v35.json``: 21.6-22.9 µs against 24.0-25.3 for the tiles before at its six T = 1
-    points, 0.92-0.97x sglang's base; on A, B and Inkling those tiles were 1-20 % behind the routed ones)."""
+    """The GEMV tiles for ``H = hidden`` and ``features = n*F`` (the sweep winners of ``h200_gemv.json`` and its
+    successors; 0: not known, the kept copies' stream). From ``PIPELINED_HIDDEN`` (the real model and its TP
+    slices) both streams are Triton's pipelined loops, 4 steps deep (v47, ``h100_gemv_v47.json``, ``_v47b.json``):
+    with the pool's LoRA 4 features a step of 1024 up and 16 rows of ``w2`` in 256-wide steps down (Inkling 0.97x
+    the tiles before at its six T = 1 points, the TP-8 slice 0.96-1.00x); the kept copies' bare stream on 8
+    features by 512 and 8 rows (the one pipelined tile timed bare: Inkling 0.97x, the TP-8 slice 0.84x). Below it,
+    where ``H > 2048`` and the features are few (``NARROW_FEATURES``), 4 features by 1024 up and 16 rows by 256 down
+    (v35, ``h100_gemv_v35.json``); B's 8 by 512 (v47's pipelined tiles 1.04-1.12x them there)."""
     if hidden <= 2048:
         return gemv_tiles()
+    if hidden >= PIPELINED_HIDDEN:
+        return gemv_tiles(bn=16, dk=256, stages=4) if features else gemv_tiles(bf=8, bk=512, bn=8, dk=512, stages=4)
     if 0 < features <= NARROW_FEATURES:
         return gemv_tiles(bn=16, dk=256)
     return gemv_tiles(bf=8, bk=512, bn=8, dk=512)
 
 
+PIPELINED_HIDDEN = 6144
+"""The ``H`` from which one token's GEMV streams are pipelined (``gemv_for``): Inkling's, where they won on an H100
+(v47), and not B's 4096, where they lost (the register double buffer already at 0.95 of the stream ceiling there)."""
+
+
 def gemv_tiles(bf: int = 4, bk: int = 1024, bn: int = 4, dk: int = 1024, warps: int = 4, pdl: bool = True,
-               xtile: bool = False, stages: int = 1, dstages: int = 1) -> Tiles:
+               stages: int = 1) -> Tiles:
     """The GEMV path's tiles (``Tiles.gemv``): ``bf`` features (``2*bf`` weight rows) and
     ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F`` per down step,
-    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices); ``stages`` /
-    ``dstages``: the up / down stream's depth (1: the register double buffer)."""
-    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=stages, gemv=True, dk=dk, pdl=pdl,
-                 xtile=xtile, dstages=dstages)
+    the shrink as the few-token path's (16-token tile, ``H`` in 128-wide slices); ``stages``:
+    both streams' depth (1: the register double buffer; more: Triton's pipelined loops, v47)."""
+    return Tiles(bm=16, bf=bf, bn=bn, bk=bk, k_chunk=128, warps=warps, stages=stages, gemv=True, dk=dk, pdl=pdl)
 
 
 UP_ACT_TILES = Tiles(bm=16, bf=64, bn=0, bk=128, k_chunk=0, warps=4, stages=4, up_act=True)
@@ -730,12 +736,12 @@ def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tupl
          (x, w13, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid,
           H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset),
          fast=(p.fast, ("gemv_up", key)), HAS_LORA=lora.on, BF=t.bf, BK=t.bk, BR=lora.br, PDL=pdl,
-         X_TILE=t.xtile, STAGES=t.stages, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
+         STAGES=t.stages, num_warps=t.warps, num_stages=1, **_pdl(pdl and lora.on))
     _run(kernels.gemv_down_kernel, (triton.cdiv(H, t.bn),),
          (act, w2, out, p.slots, p.scalings, lora.mid, lora.db, p.sh if lora.on else lora.sh, H, F, lora.R, lora.O, n,
           w2.stride(0), w2.stride(1)),
          fast=(p.fast, ("gemv_down", key)), HAS_LORA=lora.on, BH=t.bn, BK=t.dk, BR=lora.br, PDL=pdl,
-         X_TILE=t.xtile, STAGES=t.dstages, num_warps=t.warps, num_stages=1, **_pdl(pdl))
+         STAGES=t.stages, num_warps=t.warps, num_stages=1, **_pdl(pdl))
 
 
 def _up_act(ops: SinkOperands, x, gammas, w13: torch.Tensor, act, p: Plan, key: tuple, t: Tiles,

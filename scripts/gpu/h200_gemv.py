@@ -50,30 +50,27 @@ CANDIDATES = {
     "f4k1024n16": dict(bf=4, bk=1024, bn=16, dk=256),
     "f8k512n16": dict(bf=8, bk=512, bn=16, dk=256),
     "f8k512n32": dict(bf=8, bk=512, bn=32, dk=128),
-    "f4k1024x": dict(bf=4, bk=1024, bn=4, dk=1024, xtile=True),
-    "f8k512x": dict(bf=8, bk=512, bn=8, dk=512, xtile=True),
-    "f4k1024n16x": dict(bf=4, bk=1024, bn=16, dk=256, xtile=True),
     "f8k512s4": dict(bf=8, bk=512, bn=8, dk=512, stages=4),
-    "f8k512s4d4": dict(bf=8, bk=512, bn=8, dk=512, stages=4, dstages=4),
-    "f4k1024s4d4": dict(bf=4, bk=1024, bn=4, dk=1024, stages=4, dstages=4),
-    "f4k1024n16s4d4": dict(bf=4, bk=1024, bn=16, dk=256, stages=4, dstages=4),
-    "f8k256s6d6": dict(bf=8, bk=256, bn=8, dk=256, stages=6, dstages=6),
+    "f4k1024s4": dict(bf=4, bk=1024, bn=4, dk=1024, stages=4),
+    "f4k1024n16s4": dict(bf=4, bk=1024, bn=16, dk=256, stages=4),
+    "f8k256s6": dict(bf=8, bk=256, bn=8, dk=256, stages=6),
 }
 """``gemv_tiles`` candidates: features per up program and K step (``w8``: 8 warps; ``n16``, ``n32``: v35's down
-programs of 16 or 32 rows of ``w2`` in 256- or 128-wide steps, where the others take as many rows as features; ``x``: v46's
-``Tiles.xtile``, the three routed tiles with ``x`` and ``act`` loaded in the weight tile's layout; ``s4``, ``d4``: v47's
-up / down streams as Triton's pipelined loops, 4 (``s6``, ``d6``: 6) steps deep in shared memory). v14's run
+programs of 16 or 32 rows of ``w2`` in 256- or 128-wide steps, where the others take as many rows as features; ``s4``,
+``s6``: v47's streams as Triton's pipelined loops, 4 or 6 steps deep in shared memory, routed from Inkling's ``H`` as
+``f4k1024n16s4``). v47's runs (``h100_gemv_v47.json``, ``_v47b.json``, commit 641c162) also had v46's ``x`` and ``act``
+loaded in the weight tile's layout (1.06-1.35x the routed tiles) and the up stream pipelined alone (1.01-1.04x). v14's run
 (``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
 (``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``, ``h200_gemv_v32.json``) a split of
 ``H``, the LoRA's loads under the stream, the shrink inside the up kernel and a sum per step, each level or
 behind; v34's (``h100_gemv_v34.json``) persistent programs, two a multiprocessor, 2-22 % behind; the two runs before v14's (``history/h200_gemv_v14a.json``, ``_v14b.json``) also swept 2-32 tokens
 (one row-sum per token and step, an unreduced ``[T, 2*bf, bk]`` tile, ``tl.dot`` over a 16-token tile): all
 slower than the three launches there."""
-STREAMED = ("f4k1024", "f8k512", "f8k512x", "f8k512s4d4")
+STREAMED = ("f4k1024", "f8k512", "f8k512s4", "f4k1024n16s4")
 """Candidates also timed without an adapter: the two GEMVs alone, against the stream ceiling."""
 TOKENS = (1,)
-CHECKED = ("f4k1024", "f8k512", "f8k512x", "f8k512s4d4")
-"""The candidates the correctness pass checks (the two step shapes, v46's loads of ``x``, v47's pipelined streams)."""
+CHECKED = ("f4k1024", "f8k512", "f4k1024n16s4")
+"""The candidates the correctness pass checks (the two step shapes, v47's pipelined streams)."""
 
 
 def gemv(name: str) -> tb.Tiles:
