@@ -174,9 +174,10 @@ def gemv_for(hidden: int, features: int = 0) -> Tiles:
     """The GEMV tiles for ``H = hidden`` and ``features = n*F`` (the sweep winners of ``h200_gemv.json`` and its
     successors; 0: not known, the kept copies' stream). From ``PIPELINED_HIDDEN`` (the real model and its TP
     slices) both streams are Triton's pipelined loops, 4 steps deep (v47, ``h100_gemv_v47.json``, ``_v47b.json``):
-    with the pool's LoRA 4 features a step of 1024 up and 16 rows of ``w2`` in 256-wide steps down (Inkling 0.97x
-    the tiles before at its six T = 1 points, the TP-8 slice 0.96-1.00x); the kept copies' bare stream on 8
-    features by 512 and 8 rows (the one pipelined tile timed bare: Inkling 0.97x, the TP-8 slice 0.84x). Below it,
+    with the pool's LoRA 4 features a step of 1024 up and 16 rows of ``w2`` in 256-wide steps down (Inkling
+    0.97-0.99x the tiles before at its six T = 1 points; at the TP-8 slice within 0.5 % of the 8 by 512 pipelined
+    tile, 0.95x the tiles before at R 64 S 4); the kept copies' bare stream on 8 features by 512 and 8 rows (the one
+    pipelined tile timed bare: Inkling 0.97x, the TP-8 slice 0.84x). Below it,
     where ``H > 2048`` and the features are few (``NARROW_FEATURES``), 4 features by 1024 up and 16 rows by 256 down
     (v35, ``h100_gemv_v35.json``); B's 8 by 512 (v47's pipelined tiles 1.04-1.12x them there)."""
     if hidden <= 2048:
