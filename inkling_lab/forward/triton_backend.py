@@ -100,8 +100,7 @@ SMALL_WEIGHTS = 4 << 20
 
 def pick_tiles(num_tokens: int, weight_elems: int = SMALL_WEIGHTS, hidden: int = 0) -> Tiles:
     """Tiles by token count (and ``weight_elems = n*F*H``, ``hidden = H``): one token is two
-    GEMV launches after the shrink (``gemv_tiles``:
-    8 rows of ``w13`` by 1024 of ``H`` per step where ``H <= 2048``, else 16 by 512); few
+    GEMV launches after the shrink (``gemv_for``: by ``H``, the streams pipelined from Inkling's); few
     tokens stream weights (narrow tiles, many programs, the shrink split over ``H``,
     three launches); many tokens are a GEMM, run by cuBLAS with the kernels as prologue
     and epilogues (narrower epilogue tiles where the features are few, ``NARROW_FEATURES``).
