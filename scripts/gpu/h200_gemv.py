@@ -59,7 +59,7 @@ CANDIDATES = {
 programs of 16 or 32 rows of ``w2`` in 256- or 128-wide steps, where the others take as many rows as features; ``s4``,
 ``s6``: v47's streams as Triton's pipelined loops, 4 or 6 steps deep in shared memory, routed from Inkling's ``H`` as
 ``f4k1024n16s4``). v47's runs (``h100_gemv_v47.json``, ``_v47b.json``, commit 641c162) also had v46's ``x`` and ``act``
-loaded in the weight tile's layout (1.06-1.35x the routed tiles) and the up stream pipelined alone (1.01-1.04x). v14's run
+loaded in the weight tile's layout (1.04-1.35x the routed tiles) and the up stream pipelined alone (1.01-1.05x). v14's run
 (``h200_gemv.json``) also had ``f2k2048`` and ``f4k1024w8``, behind at every shape; v29's to v31's
 (``h100_gemv_v29.json``, ``_v30.json``, ``_v31.json``, ``_v31b.json``, ``h200_gemv_v32.json``) a split of
 ``H``, the LoRA's loads under the stream, the shrink inside the up kernel and a sum per step, each level or
