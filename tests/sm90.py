@@ -7,7 +7,7 @@ matter only through ``% 16`` and ``== 1``). It needs ``@triton.jit`` functions c
 in a process of its own (``test_sm90_codegen.py``); ``experiments/``' sm_90 reports use it too. Triton here is the
 local one, the GPU machines run their own: counts can differ a little, the widths of plain copies should not.
 
-    python tests/sm90.py     # the widths test_sm90_codegen.py asserts, as JSON
+    python tests/sm90.py     # the widths test_sm90_codegen.py asserts, as JSON (the activation's, the GEMV's)
     python tests/sm90.py --forward B 512,2048   # every Triton launch of the default kit's forward there, a line each
 """
 from __future__ import annotations
@@ -65,6 +65,29 @@ def activation_widths() -> dict[str, dict]:
     return out
 
 
+def gemv_widths() -> dict[str, dict]:
+    """One token's two GEMV kernels on the tiles ``gemv_for`` routes at Inkling's sizes (``n 2, H 6144, F 3072``,
+    R 64, bfloat16, rows interleaved, PDL): v47's pipelined streams, whose weight steps should be 16-byte
+    ``cp.async`` copies into shared memory."""
+    import torch
+
+    from inkling_lab.forward import kernels, triton_backend as tb
+
+    bf, (n, H, F, R) = torch.bfloat16, (2, 6144, 3072, 64)
+    t = tb.gemv_for(H, n * F)
+    x, w13, w2 = torch.empty(1, H, dtype=bf), torch.empty(n * 2 * F, H, dtype=bf), torch.empty(n, H, F, dtype=bf)
+    g, act, out = torch.empty(1, n, dtype=bf), torch.empty(1, n * F, dtype=bf), torch.empty(1, H, dtype=bf)
+    i32, f32, sh = torch.empty(1, dtype=torch.int32), torch.empty(4), torch.empty(2 * R)
+    gb, da, db = torch.empty(4, n, 2 * F, R, dtype=bf), torch.empty(4, n, R, F, dtype=bf), torch.empty(4, 1, H, R, dtype=bf)
+    meta = dict(HAS_LORA=True, BR=R, PDL=True, STAGES=t.stages, num_warps=t.warps, num_stages=1)
+    up = compile_for_sm90((x, w13, g, act, i32, f32, sh, gb, da, sh, H, F, R, 1, n, 0, 2, 1),
+                          dict(BF=t.bf, BK=t.bk, **meta), kernels.gemv_up_kernel)
+    down = compile_for_sm90((act, w2, out, i32, f32, sh, db, sh, H, F, R, 1, n, H * F, F),
+                            dict(BH=t.bn, BK=t.dk, **meta), kernels.gemv_down_kernel)
+    return {"gemv_up": {**access_widths(up.asm["ptx"]), "stages": t.stages},
+            "gemv_down": {**access_widths(down.asm["ptx"]), "stages": t.stages}}
+
+
 def forward_widths(shape: str, tokens) -> None:
     """Prints each distinct Triton launch of the default kit's forward (``triton_backend.launch`` on ``plan``'s own
     route, CPU tensors of the shape's real sizes, the launches captured instead of run) at R 16 / 64, S 1 / 4 and each
@@ -99,4 +122,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--forward"]:
         forward_widths(sys.argv[2], [int(t) for t in sys.argv[3].split(",")])
     else:
-        print(json.dumps(activation_widths()))
+        print(json.dumps({**activation_widths(), **gemv_widths()}))

@@ -41,3 +41,14 @@ def test_expand_act_copies_y_16_bytes_at_a_time(widths, R):
 def test_up_kernels_epilogue_keeps_the_loads_v43_measured_faster(widths):
     got = widths["up_epilogue"]
     assert "ld.global.b32" in got["ld"] and "ld.global.v4.b32" not in got["ld"], got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["gemv_up", "gemv_down"])
+def test_the_routed_one_token_streams_at_inklings_size_are_16_byte_async_copies(widths, kernel):
+    """v47: at Inkling's ``H`` both GEMV kernels run Triton's pipelined loop (``gemv_for``), their weight steps copied
+    into shared memory 16 bytes at a time (`cp.async`), several in flight; the register double buffer before it had
+    no async copy at all. An address the compiler cannot prove 16-byte aligned would fall back to narrower copies."""
+    got = widths[kernel]
+    assert got["stages"] > 1 and 16 in got["cp_async"], got
+
