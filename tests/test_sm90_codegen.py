@@ -1,4 +1,5 @@
-"""The activation's reads of cuBLAS's ``y`` for sm_90 as v43 measured them best (``kernels._y_tile``).
+"""The activation's reads of cuBLAS's ``y`` for sm_90 as v43 measured them best (``kernels._y_tile``), and the
+one-token GEMV streams at Inkling's size as v47 measured them best (pipelined 16-byte ``cp.async`` copies).
 
 With the interleaved gate/up rows (sglang's layout, the side by side's) the pair load was masked per feature
 (``f0 + jj // 2 < F``), which the compiler sees constant over two elements only: 4-byte ``cp.async`` copies in

@@ -745,6 +745,14 @@ def gemv_up_kernel(x_ptr, w13_ptr, gam_ptr, act_ptr, slot_ptr, scale_ptr, sh_ptr
 
 
 @triton.jit
+def _w2_step(i, kb, BK: tl.constexpr):
+    """Step ``i`` of ``gemv_down_kernel``'s walk over ``n`` experts of ``kb`` steps each: its expert and the first
+    column of ``F`` it reads."""
+    e = i // kb
+    return e, (i - e * kb) * BK
+
+
+@triton.jit
 def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr,
                      H, F, R, O, N_EXP, W2_E, W2_H,
                      HAS_LORA: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
@@ -776,28 +784,28 @@ def gemv_down_kernel(act_ptr, w2_ptr, out_ptr, slot_ptr, scale_ptr, mid_ptr, db_
         if PDL:
             tl.extra.cuda.gdc_wait()
         for i in tl.range(0, steps, num_stages=STAGES):
-            e = i // kb
-            fc = (i - e * kb) * BK + kk
+            e, f = _w2_step(i, kb, BK)
+            fc = f + kk
             w = tl.load(w_base + e * W2_E + fc[None, :], mask=h_ok[:, None] & (fc < F)[None, :], other=0.0,
                         eviction_policy="evict_first")
             acc += w.to(tl.float32) * tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)[None, :]
     else:
         w = tl.load(w_base + kk[None, :], mask=h_ok[:, None] & (kk < F)[None, :], other=0.0,
                     eviction_policy="evict_first")
-        e1 = 1 // kb
-        f1 = (1 - e1 * kb) * BK + kk
+        e1, f1 = _w2_step(1, kb, BK)
+        f1 += kk
         w1 = tl.load(w_base + e1 * W2_E + f1[None, :], mask=h_ok[:, None] & ((f1 < F) & (kk * 0 + 1 < steps))[None, :],
                      other=0.0, eviction_policy="evict_first")
         if PDL:
             tl.extra.cuda.gdc_wait()
         for i in range(0, steps):
-            en = (i + 2) // kb
-            fn = (i + 2 - en * kb) * BK + kk
+            en, fn = _w2_step(i + 2, kb, BK)
+            fn += kk
             w_next = tl.load(w_base + en * W2_E + fn[None, :],
                              mask=h_ok[:, None] & ((fn < F) & (kk * 0 + i + 2 < steps))[None, :],
                              other=0.0, eviction_policy="evict_first")
-            e = i // kb
-            fc = (i - e * kb) * BK + kk
+            e, f = _w2_step(i, kb, BK)
+            fc = f + kk
             at = tl.load(act_ptr + e * F + fc, mask=fc < F, other=0.0).to(tl.float32)
             acc += w.to(tl.float32) * at[None, :]
             w = w1
