@@ -189,3 +189,27 @@ def test_the_one_slot_scripts_down_pass_checks_each_several_slot_path(one_slot, 
     assert one_slot.tb.DOWN_RUN_TOKENS == 256
     monkeypatch.setattr(one_slot.tb, "_down_expand", lambda ops, act, out, *a, **k: out.fill_(float("nan")))
     assert not any(r["ok"] for r in one_slot.multi_correctness(down=True) if r["outer"] == 1)
+
+
+@pytest.mark.slow
+def test_the_few_tile_scripts_correctness_pass_checks_each_candidate(script, monkeypatch):
+    """``scripts/gpu/h200_few_tiles.py``'s pass (v48; it drives ``h200_pdl``'s checks): every candidate right on every
+    layout of the tiny shape at 8 and 32 tokens (a rank-0 slot and base-only tokens in the batch), at steps under the
+    tiny ``H``, with 4 features a tile and 8 tokens a tile (a ``tl.dot`` Triton pads to 16 both ways), so its device call cannot
+    die of a typo; a forward that leaves its output unwritten is flagged."""
+    few = import_interpreted("h200_few_tiles")
+    sys.modules.pop("h200_few_tiles", None)
+    monkeypatch.setattr(few, "tb", script.tb)
+    monkeypatch.setattr(few, "h200_pdl", script)
+    small = {"f4k16s2": script.tb.Tiles(8, 4, 8, 16, 128, 4, 2, gather=True),
+             "f8k32s3w2": script.tb.Tiles(8, 8, 16, 32, 128, 2, 3, gather=True)}
+    monkeypatch.setattr(few, "CANDIDATES", small)
+    assert few.tiles("f4k16s2", 8).bm == 8 and few.tiles("f4k16s2", 32).bm == 32  # one token tile of all of them
+    rows = few.correctness()
+    assert len(rows) == 32 and {r["variant"] for r in rows} == set(small)
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    assert {"mixed", "no_adapter", "graph", "resident", "base_only"} <= set(rows[0]["rel_err"])
+    unwritten = lambda ops, x, *a: torch.full_like(x, float("nan"))  # noqa: E731
+    monkeypatch.setattr(script, "run", unwritten)
+    monkeypatch.setattr(script, "graph_replays", unwritten)
+    assert not any(r["ok"] for r in few.correctness())
