@@ -14,6 +14,7 @@ from interpreted import import_interpreted, without_overflow_checks
 from inkling_lab import profile as pr, records
 from inkling_lab.geometry import PRESETS
 from inkling_lab.batch import SlotBatch
+from inkling_lab.forward.reference import reference_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +94,6 @@ def test_the_bare_forwards_are_the_forward_without_its_lora(script):
     """``--bare``'s three contenders (the default kit's launches, ``up_act_kernel`` and the down kernel,
     ``up_act_kernel`` and the down GEMM) give the reference forward without the LoRA, twice in a row (the second
     launch on the workspaces the first left), on the tiny shape where ``up_act_kernel`` runs split."""
-    from inkling_lab.forward.reference import reference_forward
 
     sc = pr.Case.of("A", 16, 2, 9).scenario("cuda")
     ops = sc.sink.operands()
@@ -213,3 +213,32 @@ def test_the_few_tile_scripts_correctness_pass_checks_each_candidate(script, mon
     monkeypatch.setattr(script, "run", unwritten)
     monkeypatch.setattr(script, "graph_replays", unwritten)
     assert not any(r["ok"] for r in few.correctness())
+
+
+@pytest.mark.slow
+def test_the_few_tile_scripts_sweep_times_every_candidate_with_and_without_its_lora(script, monkeypatch):
+    """The sweep's contenders (``h200_few_tiles.contenders``) at 8 tokens of the tiny shape: ``auto``, each candidate
+    with the batch's LoRA, ``auto``'s tiles and each candidate without an adapter (``*_bare_base``), and the upstream
+    class's no-LoRA base, each the forward it names (the float64 reference with or without the LoRA)."""
+    few = import_interpreted("h200_few_tiles")
+    sys.modules.pop("h200_few_tiles", None)
+    monkeypatch.setattr(few, "tb", script.tb)
+    monkeypatch.setattr(few, "CANDIDATES", {"f4k16s2": script.tb.Tiles(8, 4, 8, 16, 128, 4, 2, gather=True)})
+
+    class Base:  # sglang's no-LoRA base stands in as the sink's own base forward
+        def __init__(self, sink, batch, min_slots):
+            self.sink = sink
+
+        def forward(self, x, gammas, lora):
+            assert lora is False
+            return self.sink.base_forward(x, gammas)
+
+    sc = pr.Case.of("A", 16, 4, 8).scenario("cuda")
+    ops = sc.sink.operands()
+    fns = few.contenders(Base)(sc.sink, ops, sc.x, sc.gammas, sc.batch)
+    assert set(fns) == {"auto", "auto_bare_base", "f4k16s2", "f4k16s2_bare_base", "sglang_base"}
+    ref, ref_base = (reference_forward(ops, sc.x, sc.gammas, b) for b in (sc.batch, None))
+    for name, fn in fns.items():
+        want = ref_base if name.endswith("_base") else ref
+        assert records.relative_error(fn(), want, "fro") < 1e-5, name
+    assert records.relative_error(ref, ref_base, "fro") > 1e-3  # the batch's LoRA matters
