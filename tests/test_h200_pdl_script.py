@@ -47,10 +47,16 @@ def test_the_correctness_pass_runs_every_check_and_flags_an_unwritten_output(scr
     assert len(rows) == 8  # every layout and dtype of A, one variant
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert {"mixed", "no_adapter", "graph", "resident", "base_only"} <= set(rows[0]["rel_err"])
+    assert_unwritten_output_flagged(script, monkeypatch, script.correctness)
+
+
+def assert_unwritten_output_flagged(script, monkeypatch, correctness) -> None:
+    """``correctness()`` (a pass built on ``script``'s ``check``) fails every row once the forward leaves its output
+    unwritten (NaN), eagerly and in graph replays."""
     unwritten = lambda ops, x, *a: torch.full_like(x, float("nan"))  # noqa: E731
     monkeypatch.setattr(script, "run", unwritten)
     monkeypatch.setattr(script, "graph_replays", unwritten)
-    assert not any(r["ok"] for r in script.correctness())
+    assert not any(r["ok"] for r in correctness())
 
 
 @pytest.mark.slow
@@ -209,10 +215,7 @@ def test_the_few_tile_scripts_correctness_pass_checks_each_candidate(script, mon
     assert len(rows) == 32 and {r["variant"] for r in rows} == set(small)
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert {"mixed", "no_adapter", "graph", "resident", "base_only"} <= set(rows[0]["rel_err"])
-    unwritten = lambda ops, x, *a: torch.full_like(x, float("nan"))  # noqa: E731
-    monkeypatch.setattr(script, "run", unwritten)
-    monkeypatch.setattr(script, "graph_replays", unwritten)
-    assert not any(r["ok"] for r in few.correctness())
+    assert_unwritten_output_flagged(script, monkeypatch, few.correctness)
 
 
 @pytest.mark.slow
@@ -223,6 +226,7 @@ def test_the_few_tile_scripts_sweep_times_every_candidate_with_and_without_its_l
     few = import_interpreted("h200_few_tiles")
     sys.modules.pop("h200_few_tiles", None)
     monkeypatch.setattr(few, "tb", script.tb)
+    monkeypatch.setattr(few, "h200_pdl", script)
     monkeypatch.setattr(few, "CANDIDATES", {"f4k16s2": script.tb.Tiles(8, 4, 8, 16, 128, 4, 2, gather=True)})
 
     class Base:  # sglang's no-LoRA base stands in as the sink's own base forward

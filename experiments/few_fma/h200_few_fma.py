@@ -34,15 +34,13 @@ TOKENS = (2, 4, 8)
 def contenders(upstream_cls):
     def fns_for(sink, ops, x, gammas, batch):
         T = x.shape[0]
-        kit = tb.plan(ops, T, None, x.device, tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden))
+        picked = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden)
+        fns = h200_pdl.launches(ops, x, gammas, [("auto_bare_base", None, picked)])
         act = torch.empty(T, ops.n * ops.intermediate, dtype=x.dtype, device=x.device)
-        outs = {k: torch.empty_like(x) for k in ["auto_bare_base", *CONFIGS]}
-        fns = {"auto_bare_base": lambda: tb.launch(ops, x, gammas, kit, outs["auto_bare_base"])}
         for name, cfg in CONFIGS.items():
-            fns[name + "_base"] = (lambda cfg=cfg, o=outs[name]: few_fma.bare_forward(
-                x, gammas, ops.w13, ops.w2, ops.interleaved, act=act, out=o, **cfg))
-        up = upstream_cls(sink, batch, min_slots=2)
-        fns["sglang_base"] = lambda: up.forward(x, gammas, lora=False)
+            fns[name + "_base"] = (lambda cfg=cfg, out=torch.empty_like(x): few_fma.bare_forward(
+                x, gammas, ops.w13, ops.w2, ops.interleaved, act=act, out=out, **cfg))
+        h200_pdl.with_sglang_base(fns, upstream_cls, sink, batch, x, gammas)
         return fns
     return fns_for
 
@@ -72,10 +70,7 @@ def main() -> int:
                              if k != "sglang_base")
                   + "  worst err " + f"{max(row['rel_err'].values()):.1e}", flush=True)
         records.write_json(args.out, rec)
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
-    print(f"{rec['seconds']} s")
-    return 0
+    return h200_pdl.finish_record(rec, args.out, t0)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,12 @@ def test_the_scripts_contenders_are_the_forward_without_lora(monkeypatch):
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts" / "gpu"))
     tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
+    pdl = import_interpreted("h200_pdl")
     script = import_interpreted("h200_few_fma")
-    sys.modules.pop("h200_few_fma", None)
+    for name in ("h200_pdl", "h200_few_fma"):
+        sys.modules.pop(name, None)
+    monkeypatch.setattr(pdl, "tb", tb)
+    monkeypatch.setattr(script, "h200_pdl", pdl)
     monkeypatch.setattr(script, "tb", tb)
     monkeypatch.setattr(script, "few_fma", few)
     monkeypatch.setattr(script, "CONFIGS", {"fma_small": dict(bf=2, bk=16, bh=4, dk=8, stages=3)})

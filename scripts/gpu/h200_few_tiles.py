@@ -30,9 +30,7 @@ import torch
 
 import h200_pdl  # this folder's: check(), time_point, the record's head, the stream ceilings
 from inkling_lab import profile as pr, records
-from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
-from inkling_lab.forward.reference import reference_forward
 
 CANDIDATES = {
     "f4k512s4": tb.Tiles(8, 4, 8, 512, 128, 4, 4, gather=True),
@@ -58,43 +56,18 @@ def tiles(name: str, T: int) -> tb.Tiles:
 
 
 def correctness() -> list[dict]:
-    rows = []
-    layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
-    for shape in pr.SHAPES:
-        for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
-            for T in TOKENS:
-                c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
-                sc = c.scenario("cuda", seed=T)
-                x, gammas, g = sc.x, sc.gammas, c.geometry
-                ids = torch.randint(-1, g.slots, (T,), generator=torch.Generator().manual_seed(T + 7))
-                ids[0] = 0
-                batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
-                ops = sc.sink.operands()
-                ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-                for v in CANDIDATES:
-                    try:
-                        errs = h200_pdl.check(ops, x, gammas, batch, tiles(v, T), ref, ref_base, c)
-                    except Exception as exc:  # recorded, and the run goes on
-                        errs = {"failure": float("nan")}
-                        print(f"check {shape} T={T} {v} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                    ok = all(e == e and e < 1e-2 for e in errs.values())
-                    rows.append({**c.record(), "variant": v, "rel_err": errs, "ok": ok})
-                    print(f"check {shape} T={T} O={o} il={i} {d} {v}: worst {max(errs.values()):.1e}", flush=True)
-    return rows
+    return h200_pdl.checked_layouts(TOKENS, CANDIDATES, lambda v, ops, x, gammas, batch, ref, ref_base, c: h200_pdl.check(
+        ops, x, gammas, batch, tiles(v, x.shape[0]), ref, ref_base, c))
 
 
 def contenders(upstream_cls):
     def fns_for(sink, ops, x, gammas, batch):
         T = x.shape[0]
         picked = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden)
-        fns = {}
-        for label, b, t in ([("auto", batch, None), ("auto_bare_base", None, picked)]
-                            + [(v, batch, tiles(v, T)) for v in CANDIDATES]
-                            + [(v + "_bare_base", None, tiles(v, T)) for v in CANDIDATES]):
-            p, out = tb.plan(ops, T, b, x.device, t), torch.empty_like(x)
-            fns[label] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
-        up = upstream_cls(sink, batch, min_slots=2)
-        fns["sglang_base"] = lambda: up.forward(x, gammas, lora=False)
+        fns = h200_pdl.launches(ops, x, gammas, [("auto", batch, None), ("auto_bare_base", None, picked)]
+                                + [(v, batch, tiles(v, T)) for v in CANDIDATES]
+                                + [(v + "_bare_base", None, tiles(v, T)) for v in CANDIDATES])
+        h200_pdl.with_sglang_base(fns, upstream_cls, sink, batch, x, gammas)
         return fns
     return fns_for
 
@@ -132,10 +105,7 @@ def main() -> int:
                       + " ".join(f"{v} {us[v] / b:.3f}/{us.get(v + '_bare_base', float('nan')) / b:.3f}"
                                  for v in CANDIDATES if v in us) + f"  best {best}", flush=True)
             records.write_json(args.out, rec)
-    rec["seconds"] = round(time.time() - t0, 1)
-    records.write_json(args.out, rec)
-    print(f"{rec['seconds']} s")
-    return 0
+    return h200_pdl.finish_record(rec, args.out, t0)
 
 
 if __name__ == "__main__":

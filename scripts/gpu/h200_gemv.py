@@ -89,31 +89,12 @@ def three_launches(ops, batch) -> tb.Tiles:
 
 
 def correctness() -> list[dict]:
-    rows = []
-    layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
-    for shape in pr.SHAPES:
-        for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
-            for T in (1,):
-                c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
-                sc = c.scenario("cuda", seed=T)
-                x, gammas, g = sc.x, sc.gammas, c.geometry
-                ids = torch.randint(-1, g.slots, (T,), generator=torch.Generator().manual_seed(T + 7))
-                ids[0] = 0
-                batch = SlotBatch.from_token_slots(ids, g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
-                ops = sc.sink.operands()
-                ref, ref_base = reference_forward(ops, x, gammas, batch), reference_forward(ops, x, gammas, None)
-                for v in CHECKED:
-                    try:
-                        errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
-                        rank0 = SlotBatch.from_token_slots([2], g.slots, lora_ranks=[g.max_rank, g.max_rank, 0])
-                        errs["rank0"] = records.relative_error(h200_pdl.run(ops, x, gammas, rank0, gemv(v)), ref_base, "fro")
-                    except Exception as exc:  # recorded, and the run goes on
-                        errs = {"failure": float("nan")}
-                        print(f"check {shape} T={T} {v} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                    ok = all(e == e and e < 1e-2 for e in errs.values())
-                    rows.append({**c.record(), "variant": v, "rel_err": errs, "ok": ok})
-                    print(f"check {shape} T={T} O={o} il={i} {d} {v}: worst {max(errs.values()):.1e}", flush=True)
-    return rows
+    def errors(v, ops, x, gammas, batch, ref, ref_base, c):
+        errs = h200_pdl.check(ops, x, gammas, batch, gemv(v), ref, ref_base, c)
+        rank0 = SlotBatch.from_token_slots([2], c.geometry.slots, lora_ranks=[c.geometry.max_rank] * 2 + [0])
+        errs["rank0"] = records.relative_error(h200_pdl.run(ops, x, gammas, rank0, gemv(v)), ref_base, "fro")
+        return errs
+    return h200_pdl.checked_layouts((1,), CHECKED, errors)
 
 
 def time_point(c: pr.Case, fns_for, flush, reps: int, base=None):
@@ -126,13 +107,10 @@ def time_point(c: pr.Case, fns_for, flush, reps: int, base=None):
 def contenders(names, upstream_cls):
     def fns_for(sink, ops, x, gammas, batch):
         T = x.shape[0]
-        fns = {}
-        for label, b, tiles in [("triton_v13", batch, three_launches(ops, batch))] + [(v, batch, gemv(v)) for v in names if fits(v, T)] \
-                + [(v + "_stream_base", None, gemv(v)) for v in STREAMED if fits(v, T)]:
-            p, out = tb.plan(ops, T, b, x.device, tiles), torch.empty_like(x)
-            fns[label] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
-        up = upstream_cls(sink, batch, min_slots=2)
-        fns["sglang_base"] = lambda: up.forward(x, gammas, lora=False)
+        fns = h200_pdl.launches(ops, x, gammas, [("triton_v13", batch, three_launches(ops, batch))]
+                                + [(v, batch, gemv(v)) for v in names if fits(v, T)]
+                                + [(v + "_stream_base", None, gemv(v)) for v in STREAMED if fits(v, T)])
+        h200_pdl.with_sglang_base(fns, upstream_cls, sink, batch, x, gammas)
         return fns
     return fns_for
 

@@ -98,11 +98,21 @@ def graph_replays(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
 
 
 def correctness() -> list[dict]:
+    return checked_layouts(CHECK_TOKENS, CHECKED, lambda v, ops, x, gammas, batch, ref, ref_base, c: check(
+        ops, x, gammas, batch, tiles(v, x.shape[0], ops), ref, ref_base, c))
+
+
+def checked_layouts(tokens, variants, errors) -> list[dict]:
+    """The correctness pass of this folder's scripts: every layout of A and two of each other shape (both outer
+    layouts, both gate/up layouts, bf16 and fp16: the first and last of those), at each of ``tokens``, a batch of
+    random slots (token 0 in slot 0, slot 2 of rank 0, base-only tokens), each of ``variants`` judged by
+    ``errors(variant, ops, x, gammas, batch, ref, ref_base, case)`` -> its relative errors; a failure is recorded
+    as NaN and the pass goes on. -> a row per check, ``ok`` where every error is under 1e-2."""
     rows = []
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
     for shape in pr.SHAPES:
         for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
-            for T in CHECK_TOKENS:
+            for T in tokens:
                 c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
                 sc = c.scenario("cuda", seed=T)
                 x, gammas = sc.x, sc.gammas
@@ -114,10 +124,9 @@ def correctness() -> list[dict]:
                 ops = sc.sink.operands()
                 ref = reference_forward(ops, x, gammas, batch)
                 ref_base = reference_forward(ops, x, gammas, None)
-                for v in CHECKED:
-                    t = tiles(v, T, ops)
+                for v in variants:
                     try:
-                        errs = check(ops, x, gammas, batch, t, ref, ref_base, c)
+                        errs = errors(v, ops, x, gammas, batch, ref, ref_base, c)
                     except Exception as exc:  # recorded, and the run goes on
                         errs = {"failure": float("nan")}
                         print(f"check {shape} T={T} {v} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -241,6 +250,16 @@ def finish_record(rec: dict, path: str, t0: float) -> int:
     records.write_json(path, rec)
     print(f"{rec['seconds']} s")
     return 0
+
+
+def launches(ops, x: torch.Tensor, gammas: torch.Tensor, contenders) -> dict:
+    """Each ``(label, batch, tiles)`` of ``contenders`` as a forward of no arguments: ``triton_backend.launch`` on a
+    plan of its own (``tiles`` ``None``: the one ``auto`` routes) into an output of its own."""
+    fns = {}
+    for label, b, t in contenders:
+        p, out = tb.plan(ops, x.shape[0], b, x.device, t), torch.empty_like(x)
+        fns[label] = (lambda p=p, out=out: tb.launch(ops, x, gammas, p, out))
+    return fns
 
 
 def with_sglang_base(fns: dict, upstream_cls, sink, batch, x: torch.Tensor, gammas: torch.Tensor):
