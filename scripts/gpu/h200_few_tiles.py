@@ -38,10 +38,13 @@ CANDIDATES = {
     "f8k256s4w2": tb.Tiles(8, 8, 16, 256, 128, 2, 4, gather=True),
     "f4k1024s3": tb.Tiles(8, 4, 8, 1024, 128, 4, 3, gather=True),
     "f16k512s3": tb.Tiles(8, 16, 16, 512, 128, 4, 3, gather=True),
+    "f4k512s4p": tb.Tiles(8, 4, 8, 512, 128, 4, 4, gather=True, pdl=True),
+    "f8k512s4p": tb.Tiles(8, 8, 16, 512, 128, 4, 4, gather=True, pdl=True),
 }
 """v48's tiles (``bm, bf, bn, bk, k_chunk, warps, stages``), all with the gathered epilogues: ``f<bf>k<bk>s<stages>``
-(``w2``: two warps); the token tile as tall as the batch (``tiles``: 8 rows at 8 tokens, so the pipeline's buffers of
-``x`` hold no padding). ``pick_tiles``' own few-token tile is ``Tiles(16, 16, 16, 128, 128, 2, 4)``; the old sweep
+(``w2``: two warps; ``p``: the three launches chained by PDL, as ``use_pdl`` has them for one slot on A and B up
+to 16 tokens, where ``auto``'s tiles may take it); the token tile as tall as the batch (``tiles``: 8 rows at 8
+tokens, so the pipeline's buffers of ``x`` hold no padding). ``pick_tiles``' own few-token tile is ``Tiles(16, 16, 16, 128, 128, 2, 4)``; the old sweep
 (``h200_tiles.py``' ``SMALL``) had 16 and 32 features at 64-512-wide steps, never fewer than 16 features."""
 TOKENS = (8, 32)
 POINTS = ((16, 1), (64, 4))
