@@ -7,7 +7,7 @@ matter only through ``% 16`` and ``== 1``). It needs ``@triton.jit`` functions c
 in a process of its own (``test_sm90_codegen.py``); ``experiments/``' sm_90 reports use it too. Triton here is the
 local one, the GPU machines run their own: counts can differ a little, the widths of plain copies should not.
 
-    python tests/sm90.py     # the widths test_sm90_codegen.py asserts, as JSON (the activation's, the GEMV's)
+    python tests/sm90.py     # what test_sm90_codegen.py asserts, as JSON (the activation's and the GEMV's widths, the split's barrier)
     python tests/sm90.py --forward B 512,2048   # every Triton launch of the default kit's forward there, a line each
 """
 from __future__ import annotations
@@ -88,6 +88,32 @@ def gemv_widths() -> dict[str, dict]:
             "gemv_down": {**access_widths(down.asm["ptx"]), "stages": t.stages}}
 
 
+def split_reduce_order() -> dict[str, bool]:
+    """``up_kernel``'s ``K`` split (``_split_reduce``) for sm_90 at the TP-8 slice's sizes (``n 2, H 6144, F 384``, 8
+    tokens, bfloat16, no adapter) on v48's 8 x 8 tile (4 warps) and on ``pick_tiles``' own few-token tile: whether every
+    read of the finished sum (``ld.volatile``) comes before a barrier that comes before the workspace's zeroing store.
+    Without it the 8 x 8 tile read and zeroed the sum in different layouts, so one thread could zero an element another
+    had yet to read: v48's wrong sums on an H100."""
+    import torch
+
+    from inkling_lab.forward import kernels, triton_backend as tb
+
+    bf, (n, H, F, T) = torch.bfloat16, (2, 6144, 384, 8)
+    x, w13, act = torch.empty(T, H, dtype=bf), torch.empty(n * 2 * F, H, dtype=bf), torch.empty(T, n * F, dtype=bf)
+    g, i32, f32, ws = torch.empty(T, n, dtype=bf), torch.empty(T, dtype=torch.int32), torch.empty(T, 32), torch.empty(T, n * 2 * F)
+    out = {}
+    for name, t, split in (("v48_8x8", tb.Tiles(8, 4, 8, 512, 128, 4, 4), 2), ("few_tokens", tb.pick_tiles(T, n * F * H, H), 6)):
+        k = compile_for_sm90((x, w13, act, g, act, i32, f32, f32, w13, w13, f32, ws, torch.empty(1024, dtype=torch.int32),
+                              T, H, F, 16, 1, n, 1, 2, 1, n * F),
+                             dict(Y_IN=False, HAS_LORA=False, BM=t.bm, BF=t.bf, BK=t.bk, BR=16, GROUP_M=8, INTERLEAVED=True,
+                                  SPLIT=split, num_warps=t.warps, num_stages=t.stages), kernels.up_kernel)
+        lines = k.asm["ptx"].splitlines()
+        reads = [i for i, line in enumerate(lines) if "ld.volatile.global" in line]
+        zero = next(i for i, line in enumerate(lines) if i > reads[-1] and re.search(r"\bst\.global", line))
+        out[name] = any("bar.sync" in line for line in lines[reads[-1]:zero])
+    return out
+
+
 def forward_widths(shape: str, tokens) -> None:
     """Prints each distinct Triton launch of the default kit's forward (``triton_backend.launch`` on ``plan``'s own
     route, CPU tensors of the shape's real sizes, the launches captured instead of run) at R 16 / 64, S 1 / 4 and each
@@ -122,4 +148,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--forward"]:
         forward_widths(sys.argv[2], [int(t) for t in sys.argv[3].split(",")])
     else:
-        print(json.dumps({**activation_widths(), **gemv_widths()}))
+        print(json.dumps({**activation_widths(), **gemv_widths(), "split_reduce_barrier": split_reduce_order()}))

@@ -1,5 +1,6 @@
-"""The activation's reads of cuBLAS's ``y`` for sm_90 as v43 measured them best (``kernels._y_tile``), and the
-one-token GEMV streams at Inkling's size as v47 measured them best (pipelined 16-byte ``cp.async`` copies).
+"""The activation's reads of cuBLAS's ``y`` for sm_90 as v43 measured them best (``kernels._y_tile``), the
+one-token GEMV streams at Inkling's size as v47 measured them best (pipelined 16-byte ``cp.async`` copies), and the
+split's reduction ordered as v48's wrong sums showed it must be (``_split_reduce``).
 
 With the interleaved gate/up rows (sglang's layout, the side by side's) the pair load was masked per feature
 (``f0 + jj // 2 < F``), which the compiler sees constant over two elements only: 4-byte ``cp.async`` copies in
@@ -53,3 +54,13 @@ def test_the_routed_one_token_streams_at_inklings_size_are_16_byte_async_copies(
     got = widths[kernel]
     assert got["stages"] > 1 and 16 in got["cp_async"], got
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tile", ["v48_8x8", "few_tokens"])
+def test_a_split_reads_its_whole_sum_before_any_thread_zeroes_the_workspace(widths, tile):
+    """``_split_reduce``: the last program of a split reads the finished sum, then zeroes the workspace for the next
+    launch. v48's 8 x 8 tile on 4 warps held the read and the zeroing store in different layouts (different threads),
+    and came out wrong on an H100 (``h100_few_tiles_v48.json``); a barrier between them orders every read before any
+    zero, on that tile and on ``pick_tiles``' own few-token tile."""
+    assert widths["split_reduce_barrier"][tile]

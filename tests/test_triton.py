@@ -288,17 +288,6 @@ def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert tb.pick_tiles(8192).cublas and tb.pick_tiles(8192).bm >= 64
 
 
-def test_a_tile_with_fewer_elements_than_threads_is_never_split():
-    """v48: 8 x 8 up tiles on 4 warps summed wrong on an H100 where ``K`` was split (the TP-8 slice's 6144-long rows at
-    8 tokens), right unsplit; the same rows on 8 x 16 tiles and on ``pick_tiles``' own split as before."""
-    n, H, F = 2, 6144, 384  # the TP-8 slice
-    tiny = tb.Tiles(8, 4, 8, 512, 128, 4, 4, gather=True)
-    sp = tb._splits(8, n, H, F, tiny, "cpu")
-    assert (sp.up, sp.down) == (1, 1)
-    assert tb._splits(8, n, H, F, replace(tiny, bf=8, bn=16), "cpu").up > 1  # 8 x 16 on 4 warps: split, measured right
-    assert tb._splits(8, n, H, F, tb.pick_tiles(8, n * F * H, H), "cpu").up > 1
-
-
 @pytest.mark.parametrize("T", [129, 512, 2048, 8192])
 def test_few_features_take_narrow_epilogue_tiles_on_the_cublas_path(T):
     tp8, a = tb.pick_tiles(T, 2 * 384 * 6144, 6144), tb.pick_tiles(T, 2 * 768 * 1536, 1536)  # n*F 768 and 1536

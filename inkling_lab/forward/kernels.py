@@ -97,6 +97,9 @@ def _split_reduce(acc, ws, ok, cnt, SPLIT: tl.constexpr):
     # the flag as a tensor of the tile's shape (a scalar mask is not accepted everywhere)
     last = (tl.zeros(acc.shape, dtype=tl.int32) + arrived) == SPLIT - 1
     total = tl.load(ws, mask=ok & last, other=0.0, volatile=True)
+    # The compiler may hold `total` in another layout than the zeroing store's (v48's 8 x 8 tile on 4 warps did):
+    # then one thread zeroes an element another has yet to read. Every read first, then the zeros.
+    tl.debug_barrier()
     tl.store(ws, tl.zeros_like(total), mask=ok & last)
     tl.atomic_xchg(cnt, 0, mask=arrived == SPLIT - 1)
     return total, arrived

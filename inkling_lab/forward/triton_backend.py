@@ -404,21 +404,16 @@ one token) and cost 2-6 µs where rows are short (A, ``K = 1536``), ``h200_split
 
 def _splits(num_tokens: int, n: int, H: int, F: int, t: Tiles, device) -> Split | None:
     """How far to split ``K`` so the up and down launches have ~``TARGET_PROGRAMS``
-    programs, each reducing at least ``MIN_SPLIT_K``; ``None`` on the cuBLAS path. A tile with fewer elements than
-    its launch has threads is never split: v48's 8 x 8 up tiles on 4 warps (each element held by two threads) summed
-    wrong on an H100 where ``K`` was split (``h100_few_tiles_v48.json``, the TP-8 slice at 8 tokens), right unsplit and
-    at 8 x 16 and up; no tile ``pick_tiles`` gives is that small."""
+    programs, each reducing at least ``MIN_SPLIT_K``; ``None`` on the cuBLAS path."""
     if t.cublas or t.gemv:
         return None
     m = triton.cdiv(num_tokens, t.bm)
     up_tiles, down_tiles = m * n * triton.cdiv(F, t.bf), m * triton.cdiv(H, t.bn)
     up = max(1, min(TARGET_PROGRAMS // up_tiles, H // MIN_SPLIT_K))
-    if t.bm * 2 * t.bf < 32 * t.warps:  # v48: a tile under one element a thread came out wrong split (H100, TP-8 slice)
-        up = 1
     if t.lora_up is not None:  # up_act_kernel's own tiles and split (lora_ups)
         up_tiles = n * triton.cdiv(F, t.lora_up.bf)
         up = t.lora_up.ksplit
-    down = max(1, min(TARGET_PROGRAMS // down_tiles, n * F // MIN_SPLIT_K)) if t.bm * t.bn >= 32 * t.warps else 1
+    down = max(1, min(TARGET_PROGRAMS // down_tiles, n * F // MIN_SPLIT_K))
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
     return Split(up, down, torch.zeros(num_tokens, n * 2 * F, **f32) if up > 1 else torch.zeros(1, **f32),
