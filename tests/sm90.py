@@ -7,7 +7,7 @@ matter only through ``% 16`` and ``== 1``). It needs ``@triton.jit`` functions c
 in a process of its own (``test_sm90_codegen.py``); ``experiments/``' sm_90 reports use it too. Triton here is the
 local one, the GPU machines run their own: counts can differ a little, the widths of plain copies should not.
 
-    python tests/sm90.py     # what test_sm90_codegen.py asserts, as JSON (the activation's and the GEMV's widths, the split's barrier)
+    python tests/sm90.py     # what test_sm90_codegen.py asserts, as JSON (widths, the split's barrier)
     python tests/sm90.py --forward B 512,2048   # every Triton launch of the default kit's forward there, a line each
 """
 from __future__ import annotations
@@ -100,10 +100,12 @@ def split_reduce_order() -> dict[str, bool]:
 
     bf, (n, H, F, T) = torch.bfloat16, (2, 6144, 384, 8)
     x, w13, act = torch.empty(T, H, dtype=bf), torch.empty(n * 2 * F, H, dtype=bf), torch.empty(T, n * F, dtype=bf)
-    g, i32, f32, ws = torch.empty(T, n, dtype=bf), torch.empty(T, dtype=torch.int32), torch.empty(T, 32), torch.empty(T, n * 2 * F)
+    g, i32, f32 = torch.empty(T, n, dtype=bf), torch.empty(T, dtype=torch.int32), torch.empty(T, 32)
+    ws, cnt = torch.empty(T, n * 2 * F), torch.empty(1024, dtype=torch.int32)
     out = {}
-    for name, t, split in (("v48_8x8", tb.Tiles(8, 4, 8, 512, 128, 4, 4), 2), ("few_tokens", tb.pick_tiles(T, n * F * H, H), 6)):
-        k = compile_for_sm90((x, w13, act, g, act, i32, f32, f32, w13, w13, f32, ws, torch.empty(1024, dtype=torch.int32),
+    tiles = (("v48_8x8", tb.Tiles(8, 4, 8, 512, 128, 4, 4), 2), ("few_tokens", tb.pick_tiles(T, n * F * H, H), 6))
+    for name, t, split in tiles:
+        k = compile_for_sm90((x, w13, act, g, act, i32, f32, f32, w13, w13, f32, ws, cnt,
                               T, H, F, 16, 1, n, 1, 2, 1, n * F),
                              dict(Y_IN=False, HAS_LORA=False, BM=t.bm, BF=t.bf, BK=t.bk, BR=16, GROUP_M=8, INTERLEAVED=True,
                                   SPLIT=split, num_warps=t.warps, num_stages=t.stages), kernels.up_kernel)

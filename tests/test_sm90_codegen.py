@@ -55,7 +55,6 @@ def test_the_routed_one_token_streams_at_inklings_size_are_16_byte_async_copies(
     assert got["stages"] > 1 and 16 in got["cp_async"], got
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tile", ["v48_8x8", "few_tokens"])
 def test_a_split_reads_its_whole_sum_before_any_thread_zeroes_the_workspace(widths, tile):

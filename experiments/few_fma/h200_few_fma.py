@@ -1,7 +1,9 @@
 """v48b on a CUDA GPU: the FMA stream of a few tokens (``few_fma.bare_forward``, no LoRA) against the kit's
-few-token launches without an adapter and sglang's no-LoRA base, at 2, 4 and 8 tokens on every shape.
+few-token launches without an adapter and sglang's no-LoRA base (``forward_with_lora`` of
+``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no active adapter, added by ``h200_pdl.with_sglang_base``), at 2, 4
+and 8 tokens on every shape.
 
-Each contender is checked against the float64 reference without LoRA first (``h200_pdl.time_point``), then timed as
+Each contender is checked against the float64 reference without LoRA first (``h200_pdl.time_read_point``), then timed as
 graphs taking turns under the read flush (medians); each row carries the shape's stream ceiling (``--ceiling``).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu:experiments/few_fma python3 experiments/few_fma/h200_few_fma.py \
@@ -15,7 +17,7 @@ import time
 import torch
 
 import few_fma
-import h200_pdl  # scripts/gpu's: time_point, the record's head, the stream ceilings
+import h200_pdl  # scripts/gpu's: time_read_point, the record's head, the stream ceilings
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
 
@@ -59,9 +61,8 @@ def main() -> int:
     for shape in args.shapes.split(","):
         base = None
         for T in TOKENS:
-            base, row = h200_pdl.time_point(pr.Case.of(shape, 16, 1, T), contenders(UpstreamSink), {"read": flush},
-                                            args.reps, base)
-            row["us"] = {k.removesuffix("@read"): u for k, u in row["us"].items()}
+            base, row = h200_pdl.time_read_point(pr.Case.of(shape, 16, 1, T), contenders(UpstreamSink), flush,
+                                                 args.reps, base)
             row["stream_ceiling_us"] = ceiling[h200_pdl.CEILING[shape]]
             rec["sweep"].append(row)
             us, b = row["us"], row["us"]["sglang_base"]

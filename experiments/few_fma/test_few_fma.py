@@ -10,12 +10,14 @@ from inkling_lab import records
 few = import_interpreted("few_fma")
 
 
-def forward(T, n, H, F, interleaved, seed, **tiles):
+def forward(T, n, H, F, interleaved, seed, told=None, **tiles):
+    """The kernels' output (told the gate/up layout ``told``, by default the weights' own) and the float64 forward
+    written out here with einsum, on random weights of layout ``interleaved``."""
     gen = torch.Generator().manual_seed(seed)
     w13, w2 = torch.randn(n, 2 * F, H, generator=gen), torch.randn(n, H, F, generator=gen)
     x, gammas = torch.randn(T, H, generator=gen), torch.rand(T, n, generator=gen)
     with interpreter_on(), without_overflow_checks():
-        got = few.bare_forward(x, gammas, w13, w2, interleaved, **tiles)
+        got = few.bare_forward(x, gammas, w13, w2, interleaved if told is None else told, **tiles)
     gate, up = (w13[:, 0::2], w13[:, 1::2]) if interleaved else (w13[:, :F], w13[:, F:])
     g, u = (torch.einsum("th,efh->tef", x.double(), m.double()) for m in (gate, up))
     act = torch.nn.functional.silu(g) * u * gammas.double()[:, :, None]
@@ -33,13 +35,10 @@ def test_the_fma_stream_is_the_forward_without_lora(T, n, H, F, interleaved, v, 
 def test_a_wrong_gate_up_layout_is_caught():
     """The reference reads the layout it is told: the kernel told the other one is far off (so the test above can
     fail)."""
-    got, want = forward(4, 2, 40, 12, True, 3, bf=2, bk=16, bh=4, dk=8, v=1, stages=3)
-    gen = torch.Generator().manual_seed(3)
+    tiles = dict(bf=2, bk=16, bh=4, dk=8, v=1, stages=3)
+    got, want = forward(4, 2, 40, 12, True, 3, **tiles)
     assert records.relative_error(got, want, "fro") < 1e-5
-    w13, w2 = torch.randn(2, 24, 40, generator=gen), torch.randn(2, 40, 12, generator=gen)
-    x, gammas = torch.randn(4, 40, generator=gen), torch.rand(4, 2, generator=gen)
-    with interpreter_on(), without_overflow_checks():
-        other = few.bare_forward(x, gammas, w13, w2, False, bf=2, bk=16, bh=4, dk=8, v=1, stages=3)
+    other, _ = forward(4, 2, 40, 12, True, 3, told=False, **tiles)
     assert records.relative_error(other, want, "fro") > 1e-2
 
 

@@ -14,8 +14,9 @@ ones (``Tiles.gather``: no ``tl.dot`` over a ``K`` of ``bf < 16`` features).
    and fp16, both gate/up layouts, both outer layouts on A, two layouts on the others) at 8 and 32 tokens.
 2. The sweep: at 8 and 32 tokens, R 16 S 1 and R 64 S 4 per shape, every candidate with its LoRA and
    without an adapter (``*_bare_base``: the stream alone), ``auto`` (what the kit routes), ``auto``'s
-   tiles without an adapter (``auto_bare_base``) and sglang's no-LoRA base, as graphs taking turns under
-   the read flush, medians; each row's stream ceiling (``--ceiling``: this card's record).
+   tiles without an adapter (``auto_bare_base``) and sglang's no-LoRA base (``forward_with_lora`` of
+   ``srt/lora/trtllm_lora_temp/inkling_dense.py`` with no active adapter, added by ``h200_pdl.with_sglang_base``),
+   as graphs taking turns under the read flush, medians; each row's stream ceiling (``--ceiling``: this card's record).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu python3 scripts/gpu/h200_few_tiles.py --wheel WHEEL \
         --ceiling data/profiles/h100_stream_ceiling.json --out $OUT/h100_few_tiles_v48.json
@@ -28,7 +29,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-import h200_pdl  # this folder's: check(), time_point, the record's head, the stream ceilings
+import h200_pdl  # this folder's: the checks, time_read_point, the record's head, the stream ceilings
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
 
@@ -44,8 +45,9 @@ CANDIDATES = {
 """v48's tiles (``bm, bf, bn, bk, k_chunk, warps, stages``), all with the gathered epilogues: ``f<bf>k<bk>s<stages>``
 (``w2``: two warps; ``p``: the three launches chained by PDL, as ``use_pdl`` has them for one slot on A and B up
 to 16 tokens, where ``auto``'s tiles may take it); the token tile as tall as the batch (``tiles``: 8 rows at 8
-tokens, so the pipeline's buffers of ``x`` hold no padding). ``pick_tiles``' own few-token tile is ``Tiles(16, 16, 16, 128, 128, 2, 4)``; the old sweep
-(``h200_tiles.py``' ``SMALL``) had 16 and 32 features at 64-512-wide steps, never fewer than 16 features."""
+tokens, so the pipeline's buffers of ``x`` hold no padding). ``pick_tiles``' own few-token tile is
+``Tiles(16, 16, 16, 128, 128, 2, 4)``; the old sweep (``h200_tiles.py``' ``SMALL``) had 16 and 32 features at
+64-512-wide steps, never fewer than 16 features."""
 TOKENS = (8, 32)
 POINTS = ((16, 1), (64, 4))
 """(R, S) of the sweep's points: one slot at a low rank, and v14's R 64 S 4."""
@@ -96,9 +98,8 @@ def main() -> int:
         base = None
         for R, S in POINTS:
             for T in TOKENS:
-                base, row = h200_pdl.time_point(pr.Case.of(shape, R, S, T), contenders(UpstreamSink),
-                                                {"read": flush}, args.reps, base)
-                row["us"] = {k.removesuffix("@read"): u for k, u in row["us"].items()}
+                base, row = h200_pdl.time_read_point(pr.Case.of(shape, R, S, T), contenders(UpstreamSink), flush,
+                                                     args.reps, base)
                 row["stream_ceiling_us"] = ceiling[h200_pdl.CEILING[shape]]
                 rec["sweep"].append(row)
                 us, b = row["us"], row["us"]["sglang_base"]

@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import torch
 
-import h200_pdl  # this folder's (the script's own, first on sys.path): check(), the matrix of one layout, time_point
+import h200_pdl  # this folder's (the script's own, first on sys.path): the checks, time_read_point
 from inkling_lab import profile as pr, records
 from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
@@ -96,13 +96,6 @@ def correctness() -> list[dict]:
         return errs
     return h200_pdl.checked_layouts((1,), CHECKED, errors)
 
-
-def time_point(c: pr.Case, fns_for, flush, reps: int, base=None):
-    """``h200_pdl.time_point`` under the one flush of this script's records, whose ``us``
-    name each contender alone; -> (sink, row)."""
-    sink, row = h200_pdl.time_point(c, fns_for, {"read": flush}, reps, base)
-    row["us"] = {k.removesuffix("@read"): u for k, u in row["us"].items()}
-    return sink, row
 
 def contenders(names, upstream_cls):
     def fns_for(sink, ops, x, gammas, batch):
@@ -213,8 +206,8 @@ def main() -> int:
     for shape in shapes:
         base = None
         for T in TOKENS:
-            base, row = time_point(pr.Case.of(shape, 64, 4, T), contenders(CANDIDATES, UpstreamSink), flush,
-                                   args.reps, base)
+            base, row = h200_pdl.time_read_point(pr.Case.of(shape, 64, 4, T), contenders(CANDIDATES, UpstreamSink),
+                                                 flush, args.reps, base)
             row["stream_ceiling_us"] = ceiling[h200_pdl.CEILING[shape]]
             rec["sweep"].append(row)
             us = row["us"]
@@ -242,7 +235,7 @@ def main() -> int:
                                 "auto": lambda: tb.launch(ops, x, gammas, a, a_out),
                                 "sglang_base": lambda: up.forward(x, gammas, lora=False)}
 
-                    base, row = time_point(c, fns_for, flush, args.reps, base)
+                    base, row = h200_pdl.time_read_point(c, fns_for, flush, args.reps, base)
                     row.update(gemv_config=v, stream_ceiling_us=ceiling[h200_pdl.CEILING[shape]],
                                roofline_us=pr.roofline(c, **ceilings).us)
                     rec["points"].append(row)

@@ -362,6 +362,14 @@ def time_point(c: pr.Case, fns_for, flushes: dict, reps: int, base=None):
     return sink, {**c.record(), "us": us, "rel_err": errs}
 
 
+def time_read_point(c: pr.Case, fns_for, flush, reps: int, base=None):
+    """``time_point`` under the read flush alone, the row's ``us`` naming each contender without its flush (the
+    one-flush records of ``h200_gemv.py``, ``h200_few_tiles.py``, ``experiments/few_fma``); -> (sink, row)."""
+    sink, row = time_point(c, fns_for, {"read": flush}, reps, base)
+    row["us"] = {k.removesuffix("@read"): u for k, u in row["us"].items()}
+    return sink, row
+
+
 CEILING_RECORD = "data/profiles/h200_stream_ceiling.json"
 
 
