@@ -215,6 +215,9 @@ def test_the_few_tile_scripts_correctness_pass_checks_each_candidate(script, mon
     assert len(rows) == 32 and {r["variant"] for r in rows} == set(small)
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert {"mixed", "no_adapter", "graph", "resident", "base_only"} <= set(rows[0]["rel_err"])
+    narrowed = few.correctness(["f4k16s2"], ["A"])  # --check-only's pass: one candidate, the shapes named
+    assert [(r["variant"], r["T"], r["dtype"]) for r in narrowed] == [
+        (r["variant"], r["T"], r["dtype"]) for r in rows if r["variant"] == "f4k16s2"]
     assert_unwritten_output_flagged(script, monkeypatch, few.correctness)
 
 

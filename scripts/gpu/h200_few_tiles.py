@@ -60,9 +60,10 @@ def tiles(name: str, T: int) -> tb.Tiles:
     return replace(t, bm=max(t.bm, 1 << (T - 1).bit_length())) if T <= 32 else t
 
 
-def correctness() -> list[dict]:
-    return h200_pdl.checked_layouts(TOKENS, CANDIDATES, lambda v, ops, x, gammas, batch, ref, ref_base, c: h200_pdl.check(
-        ops, x, gammas, batch, tiles(v, x.shape[0]), ref, ref_base, c))
+def correctness(variants=None, shapes=None) -> list[dict]:
+    """The pass of point 1: ``variants`` (default every candidate) at ``shapes`` (default every shape)."""
+    return h200_pdl.checked_layouts(TOKENS, variants or CANDIDATES, lambda v, ops, x, gammas, batch, ref, ref_base, c: h200_pdl.check(
+        ops, x, gammas, batch, tiles(v, x.shape[0]), ref, ref_base, c), shapes)
 
 
 def contenders(upstream_cls):
@@ -88,10 +89,12 @@ def main() -> int:
     ceiling = h200_pdl.stream_ceilings(args.ceiling)
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel,
                                candidates={k: asdict(t) for k, t in CANDIDATES.items()})
-    rec["correctness"] = correctness()
+    rec["correctness"] = correctness(args.check_only and args.check_only.split(","), args.shapes.split(","))
     records.write_json(args.out, rec)
     print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
           f"{time.time() - t0:.0f} s", flush=True)
+    if args.check_only:
+        return h200_pdl.finish_record(rec, args.out, t0)
     flush = pr.L2Flush("cuda")
     rec["sweep"] = []
     for shape in args.shapes.split(","):

@@ -102,15 +102,15 @@ def correctness() -> list[dict]:
         ops, x, gammas, batch, tiles(v, x.shape[0], ops), ref, ref_base, c))
 
 
-def checked_layouts(tokens, variants, errors) -> list[dict]:
+def checked_layouts(tokens, variants, errors, shapes=None) -> list[dict]:
     """The correctness pass of this folder's scripts: every layout of A and two of each other shape (both outer
     layouts, both gate/up layouts, bf16 and fp16: the first and last of those), at each of ``tokens``, a batch of
     random slots (token 0 in slot 0, slot 2 of rank 0, base-only tokens), each of ``variants`` judged by
     ``errors(variant, ops, x, gammas, batch, ref, ref_base, case)`` -> its relative errors; a failure is recorded
-    as NaN and the pass goes on. -> a row per check, ``ok`` where every error is under 1e-2."""
+    as NaN and the pass goes on; ``shapes`` (default ``profile.SHAPES``) narrows it. -> a row per check, ``ok`` where every error is under 1e-2."""
     rows = []
     layouts = [(o, i, d) for o in (1, 2) for i in (True, False) for d in ("bfloat16", "float16")]
-    for shape in pr.SHAPES:
+    for shape in shapes or pr.SHAPES:
         for o, i, d in layouts if shape == "A" else layouts[:1] + layouts[-1:]:
             for T in tokens:
                 c = pr.Case.of(shape, 16, 3, T, outer=o, interleaved=i, dtype=d)
