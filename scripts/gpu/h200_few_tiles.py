@@ -82,6 +82,8 @@ def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
     ap.add_argument("--ceiling", default=h200_pdl.CEILING_RECORD,
                     help="the stream-ceiling record of this card (h200_stream_ceiling.py's)")
+    ap.add_argument("--check-only", metavar="CANDIDATES",
+                    help="only the correctness pass, of these candidates (comma-separated) at --shapes' shapes")
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 
