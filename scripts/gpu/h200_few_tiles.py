@@ -20,6 +20,9 @@ ones (``Tiles.gather``: no ``tl.dot`` over a ``K`` of ``bf < 16`` features).
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu python3 scripts/gpu/h200_few_tiles.py --wheel WHEEL \
         --ceiling data/profiles/h100_stream_ceiling.json --out $OUT/h100_few_tiles_v48.json
+
+``--check-only f4k512s4,f4k1024s3 --shapes Inkling-TP8`` runs point 1 alone for those candidates at those shapes (v49: the
+check of ``_split_reduce``'s barrier on the tiles whose ``K`` split raced without it).
 """
 from __future__ import annotations
 
