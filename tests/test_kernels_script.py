@@ -7,7 +7,7 @@ from inkling_lab import profile as pr, records
 from inkling_lab.forward.reference import reference_forward
 
 
-def test_a_point_profiles_the_routed_forward_and_the_base_without_lora(monkeypatch):
+def test_a_point_profiles_the_routed_forward_its_launches_bare_and_the_base_without_lora(monkeypatch):
     tb = import_interpreted("inkling_lab.forward.kernels", "inkling_lab.forward.triton_backend")
     with gpu_script("h200_kernels") as module:
         sys.modules.pop("h200_pdl", None)  # the script's neighbour, imported with it: no other test sees it
@@ -33,10 +33,13 @@ def test_a_point_profiles_the_routed_forward_and_the_base_without_lora(monkeypat
         assert seen["lora"] is False and seen["min_slots"] == 2
         sc = pr.Case.of("B", 16, 3, 40).scenario("cpu")
         ops = sc.sink.operands()
-        kit, base = seen["outs"]
+        kit, bare, base = seen["outs"]
         assert records.relative_error(kit, reference_forward(ops, sc.x, sc.gammas, sc.batch), "fro") < 1e-5
-        assert records.relative_error(base, reference_forward(ops, sc.x, sc.gammas, None), "fro") < 1e-5
-        assert set(row) == {"shape", "R", "S", "T", "plan", "kit", "sglang_base"}
+        for no_lora in (bare, base):  # the kit's own launches without an adapter, and sglang's base
+            assert records.relative_error(no_lora, reference_forward(ops, sc.x, sc.gammas, None), "fro") < 1e-5
+        assert set(row) == {"shape", "R", "S", "T", "plan", "kit", "kit_bare", "sglang_base"}
+        assert module.points("") == module.POINTS
+        assert module.points("A:16:1:8,Inkling-TP8:64:8:32") == [("A", 16, 1, 8), ("Inkling-TP8", 64, 8, 32)]
 
 
 def _toy_case():
