@@ -61,7 +61,8 @@ class Tiles:
     the two base GEMMs through cuBLAS, the kernels as their prologue and epilogues;
     ``sbm``/``swarps``: the shrink's own token tile and warps (0: ``bm``, 4 warps);
     ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
-    of the launch before them, so each starts while that one runs (``use_pdl``);
+    of the launch before them, so each starts while that one runs (``use_pdl``); ``pdl_up`` (v50b): only the
+    up launch is (it streams ``w13`` while the shrink runs), the down launch waits for the whole up grid;
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
     per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
@@ -92,6 +93,7 @@ class Tiles:
     gather: bool = False
     lora_up: "Tiles | None" = None
     ksplit: int = 1
+    pdl_up: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -619,7 +621,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         return _launch_single(ops, x, gammas, p, out, w2_cat)
     key = _launch_key(ops, x, gammas, out)
     act_cat, act = _act_slot_cat(ops, x, p.cats)
-    pdl = t.pdl and not t.cublas and not interpreting()
+    pdl = (t.pdl or t.pdl_up) and not t.cublas and not interpreting()
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
         _run(kernels.slots_kernel, (b.num_segments,),
@@ -695,7 +697,7 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     sp = p.split
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
-    pdl = t.pdl and not t.cublas
+    pdl = (t.pdl or t.pdl_up) and not t.cublas
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),

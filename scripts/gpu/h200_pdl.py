@@ -24,6 +24,7 @@ the up launch (``Tiles.lora_up``), with PDL and without, and what ``auto`` route
 ``--bare`` (v33's breakdown): also the forward without its LoRA three ways, ``kit_bare_base`` (``up_kernel`` and
 ``down_kernel``, the default kit's launches), ``upact_bare_base`` (``up_act_kernel`` and ``down_kernel``) and
 ``upact_cublas_base`` (``up_act_kernel`` and cuBLAS's down GEMM: ``kit_kept``'s two launches, on the base weights);
+``--pdl-up`` (v50b): also ``pdl_up`` (``PDL_UP``), checked and timed, and what ``auto`` routes;
 ``--ranks`` and ``--slots`` the pool ranks and slot counts timed.
 """
 from __future__ import annotations
@@ -49,6 +50,10 @@ CHECKED = ["pdl"]
 GATHER = {"gather": dict(pdl=True, gather=True), "gather_v9": dict(pdl=False, gather=True)}
 """v28's variants (``--gather``): the LoRA epilogues read each token's own slot's factors (``Tiles.gather``),
 with PDL and without."""
+PDL_UP = {"pdl_up": dict(pdl=False, pdl_up=True)}
+"""v50b's variant (``--pdl-up``): the up launch the shrink's programmatic dependent, the down launch after the whole
+up grid (``Tiles.pdl_up``): the shrink under the up stream without the waiting down programs that cost ``pdl`` 10-23 %
+at the real model's weights."""
 UP_ACT = {"upact": dict(pdl=True, lora_up=True), "upact_v9": dict(pdl=False, lora_up=True)}
 """v33's variants (``--up-act``): ``up_act_kernel`` with the LoRA epilogue as the up launch (``lora_up_tiles``),
 the shrink and the down kernel as ``pick_tiles`` has them (gathered where ``gathers`` says), with PDL and without."""
@@ -97,9 +102,11 @@ def graph_replays(ops, x, gammas, batch, t: tb.Tiles) -> torch.Tensor:
     return out
 
 
-def correctness() -> list[dict]:
-    return checked_layouts(CHECK_TOKENS, CHECKED, lambda v, ops, x, gammas, batch, ref, ref_base, c: check(
-        ops, x, gammas, batch, tiles(v, x.shape[0], ops), ref, ref_base, c))
+def correctness(shapes=None, tokens=None) -> list[dict]:
+    """Point 1: every variant of ``CHECKED`` at ``tokens`` (default ``CHECK_TOKENS``), on ``shapes`` (default every
+    shape)."""
+    return checked_layouts(tokens or CHECK_TOKENS, CHECKED, lambda v, ops, x, gammas, batch, ref, ref_base, c: check(
+        ops, x, gammas, batch, tiles(v, x.shape[0], ops), ref, ref_base, c), shapes)
 
 
 def checked_layouts(tokens, variants, errors, shapes=None) -> list[dict]:
@@ -503,6 +510,9 @@ def main() -> int:
     ap.add_argument("--ranks", default="16,64")
     ap.add_argument("--slots", default="1,4,8")
     ap.add_argument("--bare", action="store_true", help="also the forward without its LoRA three ways (bare_forwards)")
+    ap.add_argument("--check-tokens", default=",".join(map(str, CHECK_TOKENS)),
+                    help="the correctness pass's token counts (it checks the --shapes timed)")
+    ap.add_argument("--pdl-up", action="store_true", help="also v50b's PDL on the shrink-to-up edge alone (Tiles.pdl_up)")
     ap.add_argument("--ceiling", default=CEILING_RECORD,
                     help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another card is refused)")
     args = ap.parse_args()
@@ -512,19 +522,22 @@ def main() -> int:
     if args.up_act:
         VARIANTS.update(UP_ACT)
         CHECKED.extend(UP_ACT)
+    if args.pdl_up:
+        VARIANTS.update(PDL_UP)
+        CHECKED.extend(PDL_UP)
     t0 = time.time()
     env = run_environment()
     hp = host_phases(args.host_seconds)  # first: the process's first seconds are one of the phases
     rec = record_head(env, variants=dict(VARIANTS), host_phases=hp)
     ceilings = rec["ceilings"]
     records.write_json(args.out, rec)
-    rec["correctness"] = correctness()
+    rec["correctness"] = correctness(args.shapes.split(","), [int(t) for t in args.check_tokens.split(",")])
     records.write_json(args.out, rec)
     if not all(r["ok"] for r in rec["correctness"]):
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
     rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
                            [int(r) for r in args.ranks.split(",")], [int(s) for s in args.slots.split(",")],
-                           [int(t) for t in args.tokens.split(",")], auto=args.up_act, ceiling_record=args.ceiling, bare=args.bare)
+                           [int(t) for t in args.tokens.split(",")], auto=args.up_act or args.pdl_up, ceiling_record=args.ceiling, bare=args.bare)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     wins = {v: sum(1 for r in rec["points"] if v in r["us"] and r["us"][v] < r["us"]["sglang_base"])
