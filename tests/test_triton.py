@@ -493,7 +493,17 @@ def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
         inkling = 2 * 3072 * 6144
         assert tb.use_pdl(16, b, 1) and not tb.use_pdl(17, b, 1) and not tb.use_pdl(8, b, 2)  # v33: B, one slot
         assert not tb.use_pdl(8, inkling, 1) and tb.PDL_ONE_SLOT_WEIGHTS < inkling
+        # v50b: at the real model's weights only the up launch is the shrink's dependent, one slot, 2-16 tokens
+        assert tb.use_pdl_up(2, inkling, 1) and tb.use_pdl_up(16, inkling, 1)
+        assert not tb.use_pdl_up(17, inkling, 1) and not tb.use_pdl_up(1, inkling, 1)  # 32 tokens: level or behind
+        assert not tb.use_pdl_up(8, inkling, 4)  # a shrink grid S times larger: 2-11 µs over the unchained launches
+        assert not tb.use_pdl_up(8, b, 1)        # B chains all three (use_pdl)
+        ops = SimpleNamespace(n=2, intermediate=3072, hidden=6144, max_rank=16)
+        eight = tb._streaming_tiles(tb.pick_tiles(8, inkling, 6144), 8, ops, 1)
+        assert eight.pdl_up and not eight.pdl
+        assert not tb._streaming_tiles(tb.pick_tiles(8, inkling, 6144), 8, ops, 4).pdl_up
     assert not tb.use_pdl(1, a, 1)       # the interpreter has no grid dependency control
+    assert not tb.use_pdl_up(8, 2 * 3072 * 6144, 1)
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 7, True, True, seed=4)
     assert not tb.plan(sink.operands(), 7, batch, x.device).tiles.pdl
 

@@ -295,10 +295,12 @@ def lora_ups(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> Tiles 
 
 def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -> Tiles:
     """``pick_tiles``' tiles with v28's gathered epilogues (``gathers``), v33's up launch (``lora_ups``) and PDL
-    (``use_pdl``) where measured faster."""
+    (``use_pdl``, or on the shrink's edge alone, ``use_pdl_up``) where measured faster."""
     gather, lora_up = gathers(num_tokens, ops, t, slots), lora_ups(num_tokens, ops, t, slots)
-    pdl = use_pdl(num_tokens, ops.n * ops.intermediate * ops.hidden, slots, gather, lora_up is not None)
-    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up) if gather or pdl or lora_up else t
+    weight_elems = ops.n * ops.intermediate * ops.hidden
+    pdl = use_pdl(num_tokens, weight_elems, slots, gather, lora_up is not None)
+    pdl_up = not (pdl or gather or lora_up or t.cublas or t.gemv) and use_pdl_up(num_tokens, weight_elems, slots)
+    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up) if gather or pdl or lora_up or pdl_up else t
 
 
 PDL_ONE_SLOT_WEIGHTS = 16 << 20
@@ -337,6 +339,19 @@ def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False
     if gather:
         return num_tokens <= GATHER_TOKENS
     return (num_tokens <= 32 and slots == 1) or (num_tokens <= 8 and slots <= 4)
+
+
+def use_pdl_up(num_tokens: int, weight_elems: int, slots: int) -> bool:
+    """Make only the up launch the shrink's programmatic dependent (``Tiles.pdl_up``, v50b) for one slot at 2-16
+    tokens on weights over ``PDL_ONE_SLOT_WEIGHTS``, where ``use_pdl`` leaves the launches unchained: the up grid
+    streams ``w13`` while the shrink runs (2.7-4.9 µs of its own at 8 tokens, ``h100_kernels_v50.json``) and the
+    down launch still waits for the whole up grid. ``h100_pdl_up_v50b.json`` (an H100, the real model, read flush):
+    one slot at 8 tokens 1.6 / 3.1 µs under the unchained launches at R 16 / 64 (89.8 / 92.5 against 91.4 / 95.6); with
+    4 or 8 slots 2-11 µs over them (the shrink's grid is ``S`` times larger), and at 32 tokens level or behind, so
+    not there. 2-16 tokens share the 8-token launch's grid (one 16-token tile, 16-feature blocks). Off under the
+    interpreter, as ``use_pdl``."""
+    return (not interpreting() and slots == 1 and 2 <= num_tokens <= 16
+            and weight_elems > PDL_ONE_SLOT_WEIGHTS)
 
 
 @dataclass(frozen=True)
