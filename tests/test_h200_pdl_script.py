@@ -249,3 +249,16 @@ def test_the_few_tile_scripts_sweep_times_every_candidate_with_and_without_its_l
         want = ref_base if name.endswith("_base") else ref
         assert records.relative_error(fn(), want, "fro") < 1e-5, name
     assert records.relative_error(ref, ref_base, "fro") > 1e-3  # the batch's LoRA matters
+
+
+@pytest.mark.slow
+def test_pdl_on_the_shrinks_edge_alone_passes_the_same_checks(script, monkeypatch):
+    """v50b's variant (``--pdl-up``): ``Tiles.pdl_up`` through every check of the pass, and at tokens the caller names
+    (``--check-tokens``); the interpreter has no grid dependency control, so this holds its launches to the same
+    math (the GPU run checks the chaining)."""
+    monkeypatch.setitem(script.VARIANTS, "pdl_up", script.PDL_UP["pdl_up"])  # what --pdl-up adds
+    monkeypatch.setattr(script, "CHECKED", list(script.PDL_UP))
+    assert script.tiles("pdl_up", 5, PRESETS["A"]).pdl_up
+    rows = script.correctness(tokens=(5,))
+    assert len(rows) == 8 and {r["variant"] for r in rows} == {"pdl_up"} and {r["T"] for r in rows} == {5}
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]

@@ -300,7 +300,8 @@ def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -
     weight_elems = ops.n * ops.intermediate * ops.hidden
     pdl = use_pdl(num_tokens, weight_elems, slots, gather, lora_up is not None)
     pdl_up = not (pdl or gather or lora_up or t.cublas or t.gemv) and use_pdl_up(num_tokens, weight_elems, slots)
-    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up) if gather or pdl or lora_up or pdl_up else t
+    changed = gather or pdl or lora_up or pdl_up
+    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up) if changed else t
 
 
 PDL_ONE_SLOT_WEIGHTS = 16 << 20
@@ -712,7 +713,7 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     sp = p.split
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
-    pdl = (t.pdl or t.pdl_up) and not t.cublas
+    pdl = (t.pdl or t.pdl_up) and not t.cublas and not interpreting()  # the interpreter has no grid dependency control
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),
@@ -729,7 +730,7 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
     t, sp = p.tiles, p.split
     split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
     grid = triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn) * split
-    pdl = t.pdl and not t.cublas
+    pdl = t.pdl and not t.cublas and not interpreting()
     # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
     _run(kernels.down_kernel, (grid,),
          (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,
