@@ -24,7 +24,8 @@ the up launch (``Tiles.lora_up``), with PDL and without, and what ``auto`` route
 ``--bare`` (v33's breakdown): also the forward without its LoRA three ways, ``kit_bare_base`` (``up_kernel`` and
 ``down_kernel``, the default kit's launches), ``upact_bare_base`` (``up_act_kernel`` and ``down_kernel``) and
 ``upact_cublas_base`` (``up_act_kernel`` and cuBLAS's down GEMM: ``kit_kept``'s two launches, on the base weights);
-``--pdl-up`` (v50b): also ``pdl_up`` (``PDL_UP``), checked and timed, and what ``auto`` routes;
+``--pdl-up`` (v50b): also ``pdl_up`` (``PDL_UP``), checked and timed, and what ``auto`` routes; ``--check-tokens``
+the correctness pass's token counts (it checks the shapes timed, ``--shapes``);
 ``--ranks`` and ``--slots`` the pool ranks and slot counts timed.
 """
 from __future__ import annotations
