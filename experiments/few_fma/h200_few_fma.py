@@ -48,8 +48,7 @@ def contenders(upstream_cls):
 
 
 def main() -> int:
-    ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
-    ap.add_argument("--ceiling", default=h200_pdl.CEILING_RECORD, help="the stream-ceiling record of this card")
+    ap = h200_pdl.run_arguments(__doc__, pr.SHAPES, ceiling=True)
     args = ap.parse_args()
     from inkling_lab.upstream_wheel import UpstreamSink
 

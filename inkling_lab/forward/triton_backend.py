@@ -299,7 +299,7 @@ def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -
     gather, lora_up = gathers(num_tokens, ops, t, slots), lora_ups(num_tokens, ops, t, slots)
     weight_elems = ops.n * ops.intermediate * ops.hidden
     pdl = use_pdl(num_tokens, weight_elems, slots, gather, lora_up is not None)
-    pdl_up = not (pdl or gather or lora_up or t.cublas or t.gemv) and use_pdl_up(num_tokens, weight_elems, slots)
+    pdl_up = not pdl and use_pdl_up(num_tokens, weight_elems, slots)  # one slot: never gathered; lora_up has pdl
     changed = gather or pdl or lora_up or pdl_up
     return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up) if changed else t
 

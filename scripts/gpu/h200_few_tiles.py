@@ -82,9 +82,7 @@ def contenders(upstream_cls):
 
 
 def main() -> int:
-    ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
-    ap.add_argument("--ceiling", default=h200_pdl.CEILING_RECORD,
-                    help="the stream-ceiling record of this card (h200_stream_ceiling.py's)")
+    ap = h200_pdl.run_arguments(__doc__, pr.SHAPES, ceiling=True)
     ap.add_argument("--check-only", metavar="CANDIDATES",
                     help="only the correctness pass, of these candidates (comma-separated) at --shapes' shapes")
     args = ap.parse_args()
@@ -94,10 +92,8 @@ def main() -> int:
     ceiling = h200_pdl.stream_ceilings(args.ceiling)
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel,
                                candidates={k: asdict(t) for k, t in CANDIDATES.items()})
-    rec["correctness"] = correctness(args.check_only and args.check_only.split(","), args.shapes.split(","))
-    records.write_json(args.out, rec)
-    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
-          f"{time.time() - t0:.0f} s", flush=True)
+    h200_pdl.record_checks(rec, correctness(args.check_only and args.check_only.split(","), args.shapes.split(",")),
+                           args.out, t0)
     if args.check_only:
         return h200_pdl.finish_record(rec, args.out, t0)
     flush = pr.L2Flush("cuda")

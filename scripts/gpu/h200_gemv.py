@@ -173,10 +173,8 @@ def print_host(host: list[dict]) -> None:
 
 
 def main() -> int:
-    ap = h200_pdl.run_arguments(__doc__, pr.SHAPES)
+    ap = h200_pdl.run_arguments(__doc__, pr.SHAPES, ceiling=True)
     ap.add_argument("--host-seconds", type=float, default=0.0, help="time the host cost per call first (h200_pdl)")
-    ap.add_argument("--ceiling", default=h200_pdl.CEILING_RECORD,
-                    help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another card is refused)")
     ap.add_argument("--host-only", action="store_true",
                     help="only the host cost (with --host-seconds), then the static-tensor check (static_check)")
     args = ap.parse_args()
@@ -196,10 +194,7 @@ def main() -> int:
     ceiling = h200_pdl.stream_ceilings(args.ceiling)  # h200_gemv_v32.json carries an H100's: the check came after it
     rec = h200_pdl.record_head(env, args.wheel, candidates=CANDIDATES, host_phases=host)
     ceilings = rec["ceilings"]
-    rec["correctness"] = correctness()
-    records.write_json(args.out, rec)
-    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, {time.time() - t0:.0f} s",
-          flush=True)
+    h200_pdl.record_checks(rec, correctness(), args.out, t0)
     flush = pr.L2Flush("cuda")
     shapes = args.shapes.split(",")
     rec["sweep"], best = [], {}

@@ -413,9 +413,7 @@ def main() -> int:
     variants = EXPAND_VARIANTS if args.expand else VARIANTS
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, variants=variants)
     if args.multi:
-        rec["correctness"] = multi_correctness(args.expand, args.cats, args.down)
-        records.write_json(args.out, rec)
-        print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok", flush=True)
+        h200_pdl.record_checks(rec, multi_correctness(args.expand, args.cats, args.down), args.out)
         rec["points"] = multi_sweep(UpstreamSink, args.reps, args.shapes.split(","), args.expand, args.cats, args.down,
                                     [int(T) for T in args.tokens.split(",")] if args.tokens else None)
         rec["seconds"] = round(time.time() - t0, 1)
@@ -433,10 +431,7 @@ def main() -> int:
                     print_against_kit(rec["points"], k, fl)
         print(f"{rec['seconds']} s")
         return 0
-    rec["correctness"] = correctness(variants)
-    records.write_json(args.out, rec)
-    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
-          f"{time.time() - t0:.0f} s", flush=True)
+    h200_pdl.record_checks(rec, correctness(variants), args.out, t0)
     if args.breakdown:
         rec["breakdown"] = breakdown(UpstreamSink, args.reps)
         records.write_json(args.out, rec)

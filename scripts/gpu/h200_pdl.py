@@ -157,15 +157,29 @@ def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
     return errs
 
 
-def run_arguments(doc: str, shapes) -> argparse.ArgumentParser:
+def run_arguments(doc: str, shapes, ceiling: bool = False) -> argparse.ArgumentParser:
     """The options every H200 run script of this folder takes: the sglang wheel, the record's
-    path, the replays per point and the shapes (default ``shapes``); ``doc``'s first line describes it."""
+    path, the replays per point and the shapes (default ``shapes``), and with ``ceiling`` the card's
+    stream-ceiling record (``stream_ceilings``); ``doc``'s first line describes it."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--wheel", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(shapes))
+    if ceiling:
+        ap.add_argument("--ceiling", default=CEILING_RECORD,
+                        help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another "
+                             "card is refused)")
     return ap
+
+
+def record_checks(rec: dict, rows: list[dict], path: str, t0: float | None = None) -> None:
+    """A correctness pass's ``rows`` into ``rec`` (written to ``path`` at once, so they survive a later failure),
+    and how many are right printed (with the seconds since ``t0``)."""
+    rec["correctness"] = rows
+    records.write_json(path, rec)
+    took = "" if t0 is None else f", {time.time() - t0:.0f} s"
+    print(f"correctness: {sum(r['ok'] for r in rows)}/{len(rows)} ok{took}", flush=True)
 
 
 def run_environment() -> dict:
@@ -329,10 +343,7 @@ def sweep_main(doc: str, modes, correctness, breakdown, sweep) -> dict:
 
     t0 = time.time()
     rec = record_head(run_environment(), args.wheel, modes=list(modes))
-    rec["correctness"] = correctness()
-    records.write_json(args.out, rec)
-    print(f"correctness: {sum(r['ok'] for r in rec['correctness'])}/{len(rec['correctness'])} ok, "
-          f"{time.time() - t0:.0f} s", flush=True)
+    record_checks(rec, correctness(), args.out, t0)
     if breakdown is not None and args.breakdown:
         rec["breakdown"] = breakdown(args.reps)
         records.write_json(args.out, rec)
@@ -503,7 +514,7 @@ def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
 
 
 def main() -> int:
-    ap = run_arguments(__doc__, pr.SHAPES)
+    ap = run_arguments(__doc__, pr.SHAPES, ceiling=True)
     ap.add_argument("--tokens", default="1,8,32")
     ap.add_argument("--host-seconds", type=float, default=20.0)
     ap.add_argument("--gather", action="store_true", help="also v28's gathered LoRA epilogues (GATHER), checked and timed")
@@ -514,18 +525,11 @@ def main() -> int:
     ap.add_argument("--check-tokens", default=",".join(map(str, CHECK_TOKENS)),
                     help="the correctness pass's token counts (it checks the --shapes timed)")
     ap.add_argument("--pdl-up", action="store_true", help="also v50b's PDL on the shrink-to-up edge alone (Tiles.pdl_up)")
-    ap.add_argument("--ceiling", default=CEILING_RECORD,
-                    help="the stream-ceiling record of this card (h200_stream_ceiling.py's; one made on another card is refused)")
     args = ap.parse_args()
-    if args.gather:
-        VARIANTS.update(GATHER)
-        CHECKED.extend(GATHER)
-    if args.up_act:
-        VARIANTS.update(UP_ACT)
-        CHECKED.extend(UP_ACT)
-    if args.pdl_up:
-        VARIANTS.update(PDL_UP)
-        CHECKED.extend(PDL_UP)
+    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP)):
+        if asked:
+            VARIANTS.update(extra)
+            CHECKED.extend(extra)
     t0 = time.time()
     env = run_environment()
     hp = host_phases(args.host_seconds)  # first: the process's first seconds are one of the phases
