@@ -63,6 +63,8 @@ class Tiles:
     ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
     of the launch before them, so each starts while that one runs (``use_pdl``); ``pdl_up`` (v50b): only the
     up launch is (it streams ``w13`` while the shrink runs), the down launch waits for the whole up grid;
+    ``pdl_late`` (v51): the down launch is the up launch's programmatic dependent, released only when every up
+    program has finished its ``K`` loop (``up_kernel``'s ``LATE``), with ``pdl`` or ``pdl_up`` or alone;
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
     per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
@@ -94,6 +96,7 @@ class Tiles:
     lora_up: "Tiles | None" = None
     ksplit: int = 1
     pdl_up: bool = False
+    pdl_late: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -714,12 +717,13 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
     sp = p.split
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
     pdl = (t.pdl or t.pdl_up) and not t.cublas and not interpreting()  # the interpreter has no grid dependency control
+    late = t.pdl_late and not t.cublas and not interpreting()
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),
          fast=None if key is None else (p.fast, ("up", key, act.stride(0))),  # the stride specializes too
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), num_warps=t.warps,
+         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), LATE=late, num_warps=t.warps,
          num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
@@ -730,7 +734,7 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
     t, sp = p.tiles, p.split
     split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
     grid = triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn) * split
-    pdl = t.pdl and not t.cublas and not interpreting()
+    pdl = (t.pdl or t.pdl_late) and not t.cublas and not interpreting()
     # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
     _run(kernels.down_kernel, (grid,),
          (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,
