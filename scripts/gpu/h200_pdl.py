@@ -58,10 +58,12 @@ PDL_UP = {"pdl_up": dict(pdl=False, pdl_up=True)}
 up grid (``Tiles.pdl_up``): the shrink under the up stream without the waiting down programs that cost ``pdl`` 10-23 %
 at the real model's weights."""
 LATE = {"late": dict(pdl=False, pdl_up=True, pdl_late=True), "down_late": dict(pdl=False, pdl_late=True),
-        "pdl_late": dict(pdl=True, pdl_late=True)}
+        "pdl_late": dict(pdl=True, pdl_late=True), "gather_late": dict(pdl=False, gather=True, pdl_late=True)}
 """v51's variants (``--late``): the down launch the up launch's programmatic dependent, released only when every up
 program has finished its ``K`` loop (``Tiles.pdl_late``): after ``pdl_up``'s shrink edge (``late``), with the shrink
-unchained (``down_late``), and with full PDL's shrink edge (``pdl_late``, the release moved from the up kernel's start)."""
+unchained (``down_late``), with full PDL's shrink edge (``pdl_late``, the release moved from the up kernel's start; the
+same launches as ``late``, so the two are one configuration timed twice), and on v28's gathered epilogues with the
+shrink unchained (``gather_late``, what ``auto`` runs at rank 16 with several slots, plus the late edge)."""
 UP_ACT = {"upact": dict(pdl=True, lora_up=True), "upact_v9": dict(pdl=False, lora_up=True)}
 """v33's variants (``--up-act``): ``up_act_kernel`` with the LoRA epilogue as the up launch (``lora_up_tiles``),
 the shrink and the down kernel as ``pick_tiles`` has them (gathered where ``gathers`` says), with PDL and without."""
