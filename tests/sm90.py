@@ -7,7 +7,7 @@ matter only through ``% 16`` and ``== 1``). It needs ``@triton.jit`` functions c
 in a process of its own (``test_sm90_codegen.py``); ``experiments/``' sm_90 reports use it too. Triton here is the
 local one, the GPU machines run their own: counts can differ a little, the widths of plain copies should not.
 
-    python tests/sm90.py     # what test_sm90_codegen.py asserts, as JSON (widths, the split's barrier, PDL's release)
+    python tests/sm90.py     # what test_sm90_codegen.py asserts, as JSON (widths, the split's barrier)
     python tests/sm90.py --forward B 512,2048   # every Triton launch of the default kit's forward there, a line each
 """
 from __future__ import annotations
@@ -116,37 +116,6 @@ def split_reduce_order() -> dict[str, bool]:
     return out
 
 
-def pdl_release() -> dict[str, dict]:
-    """Where ``up_kernel`` lets its programmatic dependent (the down kernel) launch, for sm_90, on ``pick_tiles``' 8-token
-    tiles at Inkling's sizes (``n 2, H 6144, F 3072``, R 16, bfloat16, the shrink's dependent: ``PDL``), with the release
-    at the start and (``LATE``, v51) after the ``K`` loop: the PTX line of ``griddepcontrol.launch_dependents`` against
-    the first ``cp.async`` (the stream's first copy), the loop's backward branches and ``griddepcontrol.wait`` (the
-    wait for the shrink, before the epilogue)."""
-    import torch
-
-    from inkling_lab.forward import kernels, triton_backend as tb
-
-    bf, (n, H, F, T, R) = torch.bfloat16, (2, 6144, 3072, 8, 16)
-    t = tb.pick_tiles(T, n * F * H, H)
-    x, w13, act = torch.empty(T, H, dtype=bf), torch.empty(n * 2 * F, H, dtype=bf), torch.empty(T, n * F, dtype=bf)
-    g, i32, f32 = torch.empty(T, n, dtype=bf), torch.empty(T, dtype=torch.int32), torch.empty(T, 2 * R)
-    gb, da = torch.empty(4, n, 2 * F, R, dtype=bf), torch.empty(4, n, R, F, dtype=bf)
-    out = {}
-    for name, late in (("start", False), ("late", True)):
-        k = compile_for_sm90((x, w13, act, g, act, i32, f32, f32, gb, da, f32, f32, i32, T, H, F, R, 1, n, 0, 2, 1, n * F),
-                             dict(Y_IN=False, HAS_LORA=True, BM=t.bm, BF=t.bf, BK=t.bk, BR=R, GROUP_M=8, INTERLEAVED=True,
-                                  SPLIT=1, PDL=True, LATE=late, num_warps=t.warps, num_stages=t.stages), kernels.up_kernel)
-        lines = k.asm["ptx"].splitlines()
-        labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\$\w+):", line.strip()))}
-        back = [i for i, line in enumerate(lines)
-                if (m := re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", line)) and labels.get(m.group(1), i) < i]
-        find = lambda pat: [i for i, line in enumerate(lines) if re.search(pat, line)]
-        wait = find(r"griddepcontrol\.wait")
-        out[name] = {"release": find(r"griddepcontrol\.launch_dependents"), "first_copy": find(r"cp\.async\.c")[0],
-                     "loop_ends": [i for i in back if i < wait[0]], "wait": wait}
-    return out
-
-
 def forward_widths(shape: str, tokens) -> None:
     """Prints each distinct Triton launch of the default kit's forward (``triton_backend.launch`` on ``plan``'s own
     route, CPU tensors of the shape's real sizes, the launches captured instead of run) at R 16 / 64, S 1 / 4 and each
@@ -181,5 +150,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--forward"]:
         forward_widths(sys.argv[2], [int(t) for t in sys.argv[3].split(",")])
     else:
-        print(json.dumps({**activation_widths(), **gemv_widths(), "split_reduce_barrier": split_reduce_order(),
-                          "pdl_release": pdl_release()}))
+        print(json.dumps({**activation_widths(), **gemv_widths(), "split_reduce_barrier": split_reduce_order()}))

@@ -1,7 +1,6 @@
 """The activation's reads of cuBLAS's ``y`` for sm_90 as v43 measured them best (``kernels._y_tile``), the
 one-token GEMV streams at Inkling's size as v47 measured them best (pipelined 16-byte ``cp.async`` copies), and the
-split's reduction ordered as v48's wrong sums showed it must be (``_split_reduce``), and where the up kernel lets
-the down kernel launch (v51's late release).
+split's reduction ordered as v48's wrong sums showed it must be (``_split_reduce``).
 
 With the interleaved gate/up rows (sglang's layout, the side by side's) the pair load was masked per feature
 (``f0 + jj // 2 < F``), which the compiler sees constant over two elements only: 4-byte ``cp.async`` copies in
@@ -64,15 +63,3 @@ def test_a_split_reads_its_whole_sum_before_any_thread_zeroes_the_workspace(widt
     and came out wrong on an H100 (``h100_few_tiles_v48.json``); a barrier between them orders every read before any
     zero, on that tile and on ``pick_tiles``' own few-token tile."""
     assert widths["split_reduce_barrier"][tile]
-
-
-@pytest.mark.slow
-def test_the_late_release_lets_the_down_kernel_launch_only_after_the_up_stream(widths):
-    """v51 (``up_kernel``'s ``LATE``, ``Tiles.pdl_late``): the up kernel releases its programmatic dependent after its
-    ``K`` loop, just before it waits for the shrink, so the down grid launches once every up program has streamed
-    its rows and none of its programs waits on a multiprocessor the stream needs; without ``LATE`` the release is the
-    kernel's first act, before its first copy (full PDL as v13 measured it)."""
-    start, late = widths["pdl_release"]["start"], widths["pdl_release"]["late"]
-    assert len(start["release"]) == len(late["release"]) == 1, widths["pdl_release"]
-    assert start["release"][0] < start["first_copy"] < start["loop_ends"][-1] < start["wait"][0], start
-    assert late["first_copy"] < late["loop_ends"][-1] < late["release"][0] < late["wait"][0], late

@@ -494,16 +494,24 @@ def test_pdl_is_planned_only_where_the_h200_measured_it_faster(monkeypatch):
         assert tb.use_pdl(16, b, 1) and not tb.use_pdl(17, b, 1) and not tb.use_pdl(8, b, 2)  # v33: B, one slot
         assert not tb.use_pdl(8, inkling, 1) and tb.PDL_ONE_SLOT_WEIGHTS < inkling
         # v50b: at the real model's weights only the up launch is the shrink's dependent, one slot, 2-16 tokens
-        assert tb.use_pdl_up(2, inkling, 1) and tb.use_pdl_up(16, inkling, 1)
-        assert not tb.use_pdl_up(17, inkling, 1) and not tb.use_pdl_up(1, inkling, 1)  # 32 tokens: level or behind
-        assert not tb.use_pdl_up(8, inkling, 4)  # a shrink grid S times larger: 2-11 µs over the unchained launches
-        assert not tb.use_pdl_up(8, b, 1)        # B chains all three (use_pdl)
-        ops = SimpleNamespace(n=2, intermediate=3072, hidden=6144, max_rank=16)
-        eight = tb._streaming_tiles(tb.pick_tiles(8, inkling, 6144), 8, ops, 1)
+        ops = {k: SimpleNamespace(n=g.n, intermediate=g.intermediate, hidden=g.hidden, max_rank=16)
+               for k, g in PRESETS.items() if k in ("B", "inkling", "inkling-tp8")}
+        assert tb.use_pdl_up(2, ops["inkling"], 1) and tb.use_pdl_up(16, ops["inkling"], 1)
+        assert not tb.use_pdl_up(17, ops["inkling"], 1) and not tb.use_pdl_up(1, ops["inkling"], 1)  # 32: level or behind
+        assert not tb.use_pdl_up(8, ops["inkling"], 4)  # a shrink grid S times larger: 2-11 µs over the unchained launches
+        assert not tb.use_pdl_up(8, ops["B"], 1)        # B chains all three (use_pdl)
+        eight = tb._streaming_tiles(tb.pick_tiles(8, inkling, 6144), 8, ops["inkling"], 1)
         assert eight.pdl_up and not eight.pdl
-        assert not tb._streaming_tiles(tb.pick_tiles(8, inkling, 6144), 8, ops, 4).pdl_up
+        assert not tb._streaming_tiles(tb.pick_tiles(8, inkling, 6144), 8, ops["inkling"], 4).pdl_up
+        # v51b: the TP-8 slice's one slot at 2-8 tokens, pdl_up on up_kernel in place of v33's up_act_kernel
+        tp8, w = ops["inkling-tp8"], 2 * 384 * 6144
+        assert tb.use_pdl_up(2, tp8, 1) and tb.use_pdl_up(8, tp8, 1) and not tb.use_pdl_up(9, tp8, 1)
+        assert not tb.use_pdl_up(8, tp8, 2)
+        eight, nine = (tb._streaming_tiles(tb.pick_tiles(t, w, 6144), t, tp8, 1) for t in (8, 9))
+        assert eight.pdl_up and not eight.pdl and eight.lora_up is None
+        assert nine.lora_up is not None and nine.pdl and not nine.pdl_up  # v33's kernel from 9 tokens, as before
     assert not tb.use_pdl(1, a, 1)       # the interpreter has no grid dependency control
-    assert not tb.use_pdl_up(8, 2 * 3072 * 6144, 1)
+    assert not tb.use_pdl_up(8, SimpleNamespace(n=2, intermediate=3072, hidden=6144), 1)
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 7, True, True, seed=4)
     assert not tb.plan(sink.operands(), 7, batch, x.device).tiles.pdl
 
@@ -530,15 +538,17 @@ def test_gathered_epilogues_are_planned_for_several_slots_at_a_low_rank_and_few_
 
 
 def test_the_up_gemm_with_the_lora_epilogue_is_planned_for_one_slot_of_the_tp8_slice():
-    """v33's routing read off ``h100_up_act_v33.json`` at the benchmark shapes' real sizes: one slot, 2-16 tokens,
-    where ``up_act_kernel`` runs split (the TP-8 slice), with PDL; not on A, B or Inkling (level or behind), not
-    with several slots, not past 16 tokens, and through ``plan`` for a host batch and a device-resident one."""
+    """v33's routing read off ``h100_up_act_v33.json`` at the benchmark shapes' real sizes: one slot, 9-16 tokens
+    (2-8 take ``pdl_up`` since v51b), where ``up_act_kernel`` runs split (the TP-8 slice), with PDL; not on A, B or
+    Inkling (level or behind), not with several slots, not past 16 tokens, and through ``plan`` for a host batch and
+    a device-resident one."""
     def routed(preset, tokens, slots=1):
         g = PRESETS[preset]
         ops = SimpleNamespace(n=g.n, intermediate=g.intermediate, hidden=g.hidden)
         return tb.lora_ups(tokens, ops, tb.pick_tiles(tokens, g.n * g.intermediate * g.hidden), slots)
 
-    assert [routed("inkling-tp8", t) for t in (1, 2, 16, 17)] == [None, tb.UP_ACT_SPLIT_TILES, tb.UP_ACT_SPLIT_TILES, None]
+    assert [routed("inkling-tp8", t) for t in (1, 2, 8, 9, 16, 17)] == [None, None, None, tb.UP_ACT_SPLIT_TILES,
+                                                                         tb.UP_ACT_SPLIT_TILES, None]
     assert all(routed(p, t) is None for p in ("A", "B", "inkling") for t in (2, 8, 16))
     assert routed("inkling-tp8", 8, slots=2) is None and routed("inkling-tp8", 8, slots=0) is None
     sink, x, gammas, batch = make_case(2, 40, 24, 3, 1, 9, True, True, seed=5)

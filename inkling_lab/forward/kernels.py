@@ -190,7 +190,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, LD_ACT,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
               BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
-              PDL: tl.constexpr = False, GATHER: tl.constexpr = 0, LATE: tl.constexpr = False):
+              PDL: tl.constexpr = False, GATHER: tl.constexpr = 0):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
     up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F). ``act``'s rows are
@@ -208,11 +208,8 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     ``PDL`` (programmatic dependent launch, few tokens): the down kernel may launch at
     once, and this kernel, launched as the shrink's dependent, streams ``w13`` before it
     waits for the shrink (``gdc_wait``: everything the shrink wrote is visible after it;
-    ``x`` and the workspaces were complete before the shrink began). ``LATE`` (v51): the down
-    kernel may launch only once every program has finished its stream (the release after the
-    ``K`` loop, not at the start), so no waiting down program holds a multiprocessor the
-    stream needs, and its launch runs under the epilogues."""
-    if PDL and not LATE:
+    ``x`` and the workspaces were complete before the shrink began)."""
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0) // SPLIT
     pid_m, pid_f = _grouped_tile(tile, tl.cdiv(T, BM), N_EXP * tl.cdiv(F, BF), GROUP_M)
@@ -241,8 +238,6 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
             wt = tl.load(w13_ptr + w_row[:, None] * H + kk[None, :], mask=w_ok[:, None] & k_ok[None, :],
                          other=0.0)
             acc = tl.dot(xt, tl.trans(wt), acc)
-        if LATE:
-            tl.extra.cuda.gdc_launch_dependents()
         if PDL:
             tl.extra.cuda.gdc_wait()
         if SPLIT > 1:

@@ -63,8 +63,6 @@ class Tiles:
     ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
     of the launch before them, so each starts while that one runs (``use_pdl``); ``pdl_up`` (v50b): only the
     up launch is (it streams ``w13`` while the shrink runs), the down launch waits for the whole up grid;
-    ``pdl_late`` (v51): the down launch is the up launch's programmatic dependent, released only when every up
-    program has finished its ``K`` loop (``up_kernel``'s ``LATE``), with ``pdl`` or ``pdl_up`` or alone;
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
     per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
@@ -96,7 +94,6 @@ class Tiles:
     lora_up: "Tiles | None" = None
     ksplit: int = 1
     pdl_up: bool = False
-    pdl_late: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -280,17 +277,22 @@ def gathers(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> bool:
             and not (t.cublas or t.gemv))
 
 
+def few_up_programs(ops: SinkOperands) -> bool:
+    """``up_act_kernel`` has fewer than ``UP_ACT_PROGRAMS`` programs unsplit on these weights (the TP-8 slice)."""
+    return ops.n * triton.cdiv(ops.intermediate, UP_ACT_TILES.bf) < UP_ACT_PROGRAMS
+
+
 def lora_ups(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> Tiles | None:
     """The up launch of ``num_tokens`` weight-streaming tokens whose LoRA tokens use ``slots`` slots as
     ``up_act_kernel`` with the LoRA epilogue (``Tiles.lora_up``, v33), on these tiles, or ``None``
-    (``up_kernel``): one slot, 2 to ``UP_ACT_SPLIT_TOKENS`` tokens, where ``up_act_kernel`` runs split (fewer
-    than ``UP_ACT_PROGRAMS`` programs unsplit: the TP-8 slice), with PDL. Measured on an H100
+    (``up_kernel``): one slot, more than ``PDL_UP_SLICE_TOKENS`` (below them ``pdl_up``, v51b) and up to
+    ``UP_ACT_SPLIT_TOKENS`` tokens, where ``up_act_kernel`` runs split (``few_up_programs``: the TP-8 slice),
+    with PDL. Measured on an H100
     (``h100_up_act_v33.json``, read flush, against what was routed): TP8 R 64 at 2 / 8 / 16 tokens 0.97 / 0.92 /
     0.82x (29.6 / 30.3 / 30.5 µs), R 16 0.99 / 1.01 / 0.94x. Not on A, B or Inkling, where it was level with
     or behind ``up_kernel``'s launches at every point (0.94x only at A R 64 T 16), nor with several slots (TP8 S 4
     and 8 at 8 and 32 tokens 1.16-1.34x: the epilogue's loop over the tile's slots)."""
-    n, F = ops.n, ops.intermediate
-    if (slots == 1 and 2 <= num_tokens <= UP_ACT_SPLIT_TOKENS and n * triton.cdiv(F, UP_ACT_TILES.bf) < UP_ACT_PROGRAMS
+    if (slots == 1 and PDL_UP_SLICE_TOKENS < num_tokens <= UP_ACT_SPLIT_TOKENS and few_up_programs(ops)
             and not (t.cublas or t.gemv)):
         return UP_ACT_SPLIT_TILES
     return None
@@ -301,8 +303,8 @@ def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -
     (``use_pdl``, or on the shrink's edge alone, ``use_pdl_up``) where measured faster."""
     gather, lora_up = gathers(num_tokens, ops, t, slots), lora_ups(num_tokens, ops, t, slots)
     weight_elems = ops.n * ops.intermediate * ops.hidden
-    pdl = use_pdl(num_tokens, weight_elems, slots, gather, lora_up is not None)
-    pdl_up = not pdl and use_pdl_up(num_tokens, weight_elems, slots)  # one slot: never gathered; lora_up has pdl
+    pdl_up = use_pdl_up(num_tokens, ops, slots)  # one slot: never gathered; never with lora_up (their tokens differ)
+    pdl = not pdl_up and use_pdl(num_tokens, weight_elems, slots, gather, lora_up is not None)
     changed = gather or pdl or lora_up or pdl_up
     return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up) if changed else t
 
@@ -345,17 +347,34 @@ def use_pdl(num_tokens: int, weight_elems: int, slots: int, gather: bool = False
     return (num_tokens <= 32 and slots == 1) or (num_tokens <= 8 and slots <= 4)
 
 
-def use_pdl_up(num_tokens: int, weight_elems: int, slots: int) -> bool:
+PDL_UP_SLICE_TOKENS = 8
+"""The most tokens for which one slot on weights of ``few_up_programs`` (the TP-8 slice) takes ``pdl_up`` on
+``up_kernel`` (``use_pdl_up``) in place of v33's ``up_act_kernel`` (``lora_ups``). Measured on an H100 in two runs
+(``h100_pdl_late_v51.json`` at 8 tokens, ``h100_pdl_late_v51b.json`` at 2, 8 and 16; read flush, graphs): at 2 and 8
+tokens 0.8-1.7 µs under what was routed at all six point-runs (R 16 8 tokens 26.9 / 27.2 against 28.6 / 28.7 µs; R 64
+28.8 / 29.1 against 30.0 / 29.9; 2 tokens 27.4 / 28.1 against 28.7 / 29.4), at 16 tokens 0.4 under at R 16 and 2.8 over
+at R 64, so not there. Full PDL on ``up_kernel`` (what ``use_pdl`` would give these weights) was 0.4-2.1 µs over v33's
+kernel (29.1-32.0 µs): the waiting down programs again."""
+
+
+def use_pdl_up(num_tokens: int, ops: SinkOperands, slots: int) -> bool:
     """Make only the up launch the shrink's programmatic dependent (``Tiles.pdl_up``, v50b) for one slot at 2-16
-    tokens on weights over ``PDL_ONE_SLOT_WEIGHTS``, where ``use_pdl`` leaves the launches unchained: the up grid
+    tokens on weights over ``PDL_ONE_SLOT_WEIGHTS``, and (v51b) at 2 to ``PDL_UP_SLICE_TOKENS`` on weights of
+    ``few_up_programs`` (the TP-8 slice), where ``use_pdl`` would chain all three launches: the up grid
     streams ``w13`` while the shrink runs (2.7-4.9 µs of its own at 8 tokens, ``h100_kernels_v50.json``) and the
     down launch still waits for the whole up grid. ``h100_pdl_up_v50b.json`` (an H100, the real model, read flush):
     one slot at 8 tokens 1.6 / 3.1 µs under the unchained launches at R 16 / 64 (89.8 / 92.5 against 91.4 / 95.6); with
     4 or 8 slots 2-11 µs over them (the shrink's grid is ``S`` times larger), and at 32 tokens level or behind, so
-    not there. 2-16 tokens share the 8-token launch's grid (one 16-token tile, 16-feature blocks). Off under the
-    interpreter, as ``use_pdl``."""
-    return (not interpreting() and slots == 1 and 2 <= num_tokens <= 16
-            and weight_elems > PDL_ONE_SLOT_WEIGHTS)
+    not there. 2-16 tokens share the 8-token launch's grid (one 16-token tile, 16-feature blocks). The run after
+    (``h100_pdl_late_v51b.json``, another lease) had the real model the other way round, ``pdl_up`` 1.9-2.4 µs behind the
+    unchained launches at 2 and 8 tokens, R 16 and 64; the side by side at the routing commit had those points 1.7-4.6
+    µs under the pair before it (``h100_side_by_side.json``), and ``h100_pdl_late_v51.json`` 0.9 / 2.9 µs ahead: kept.
+    Off under the interpreter, as ``use_pdl``."""
+    if interpreting() or slots != 1 or num_tokens < 2:
+        return False
+    if ops.n * ops.intermediate * ops.hidden > PDL_ONE_SLOT_WEIGHTS:
+        return num_tokens <= 16
+    return num_tokens <= PDL_UP_SLICE_TOKENS and few_up_programs(ops)
 
 
 @dataclass(frozen=True)
@@ -717,13 +736,12 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
     sp = p.split
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
     pdl = (t.pdl or t.pdl_up) and not t.cublas and not interpreting()  # the interpreter has no grid dependency control
-    late = t.pdl_late and not t.cublas and not interpreting()
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),
          fast=None if key is None else (p.fast, ("up", key, act.stride(0))),  # the stride specializes too
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), LATE=late, num_warps=t.warps,
+         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), num_warps=t.warps,
          num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
@@ -734,7 +752,7 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
     t, sp = p.tiles, p.split
     split, ws, cnt = (sp.down, sp.ws_down, sp.cnt_down) if sp is not None else (1, out, out)
     grid = triton.cdiv(T, t.bm) * triton.cdiv(H, t.bn) * split
-    pdl = (t.pdl or t.pdl_late) and not t.cublas and not interpreting()
+    pdl = t.pdl and not t.cublas and not interpreting()
     # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
     _run(kernels.down_kernel, (grid,),
          (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,

@@ -24,9 +24,9 @@ the up launch (``Tiles.lora_up``), with PDL and without, and what ``auto`` route
 ``--bare`` (v33's breakdown): also the forward without its LoRA three ways, ``kit_bare_base`` (``up_kernel`` and
 ``down_kernel``, the default kit's launches), ``upact_bare_base`` (``up_act_kernel`` and ``down_kernel``) and
 ``upact_cublas_base`` (``up_act_kernel`` and cuBLAS's down GEMM: ``kit_kept``'s two launches, on the base weights);
-``--pdl-up`` (v50b): also ``pdl_up`` (``PDL_UP``), checked and timed, and what ``auto`` routes; ``--late`` (v51):
-also the down launch released after the up programs' streams (``LATE``: with ``pdl_up``, alone, and with ``pdl``),
-checked and timed, and what ``auto`` routes; ``--check-tokens``
+``--pdl-up`` (v50b): also ``pdl_up`` (``PDL_UP``), checked and timed, and what ``auto`` routes (v51's ``--late``
+variants, the down launch released after the up streams, ran at 47338c0: ``h100_pdl_late_v51*.json``; not routed, so
+taken out with ``Tiles.pdl_late``); ``--check-tokens``
 the correctness pass's token counts (it checks the shapes timed, ``--shapes``);
 ``--ranks`` and ``--slots`` the pool ranks and slot counts timed.
 """
@@ -57,13 +57,6 @@ PDL_UP = {"pdl_up": dict(pdl=False, pdl_up=True)}
 """v50b's variant (``--pdl-up``): the up launch the shrink's programmatic dependent, the down launch after the whole
 up grid (``Tiles.pdl_up``): the shrink under the up stream without the waiting down programs that cost ``pdl`` 10-23 %
 at the real model's weights."""
-LATE = {"late": dict(pdl=False, pdl_up=True, pdl_late=True), "down_late": dict(pdl=False, pdl_late=True),
-        "pdl_late": dict(pdl=True, pdl_late=True), "gather_late": dict(pdl=False, gather=True, pdl_late=True)}
-"""v51's variants (``--late``): the down launch the up launch's programmatic dependent, released only when every up
-program has finished its ``K`` loop (``Tiles.pdl_late``): after ``pdl_up``'s shrink edge (``late``), with the shrink
-unchained (``down_late``), with full PDL's shrink edge (``pdl_late``, the release moved from the up kernel's start; the
-same launches as ``late``, so the two are one configuration timed twice), and on v28's gathered epilogues with the
-shrink unchained (``gather_late``, what ``auto`` runs at rank 16 with several slots, plus the late edge)."""
 UP_ACT = {"upact": dict(pdl=True, lora_up=True), "upact_v9": dict(pdl=False, lora_up=True)}
 """v33's variants (``--up-act``): ``up_act_kernel`` with the LoRA epilogue as the up launch (``lora_up_tiles``),
 the shrink and the down kernel as ``pick_tiles`` has them (gathered where ``gathers`` says), with PDL and without."""
@@ -534,9 +527,8 @@ def main() -> int:
     ap.add_argument("--check-tokens", default=",".join(map(str, CHECK_TOKENS)),
                     help="the correctness pass's token counts (it checks the --shapes timed)")
     ap.add_argument("--pdl-up", action="store_true", help="also v50b's PDL on the shrink-to-up edge alone (Tiles.pdl_up)")
-    ap.add_argument("--late", action="store_true", help="also v51's down launch released after the up streams (Tiles.pdl_late)")
     args = ap.parse_args()
-    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP), (args.late, LATE)):
+    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP)):
         if asked:
             VARIANTS.update(extra)
             CHECKED.extend(extra)
@@ -552,7 +544,7 @@ def main() -> int:
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
     rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
                            [int(r) for r in args.ranks.split(",")], [int(s) for s in args.slots.split(",")],
-                           [int(t) for t in args.tokens.split(",")], auto=args.up_act or args.pdl_up or args.late, ceiling_record=args.ceiling, bare=args.bare)
+                           [int(t) for t in args.tokens.split(",")], auto=args.up_act or args.pdl_up, ceiling_record=args.ceiling, bare=args.bare)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     wins = {v: sum(1 for r in rec["points"] if v in r["us"] and r["us"][v] < r["us"]["sglang_base"])
