@@ -367,9 +367,9 @@ def use_pdl_up(num_tokens: int, ops: SinkOperands, slots: int) -> bool:
     4 or 8 slots 2-11 µs over them (the shrink's grid is ``S`` times larger), and at 32 tokens level or behind, so
     not there. 2-16 tokens share the 8-token launch's grid (one 16-token tile, 16-feature blocks). The run after
     (``h100_pdl_late_v51b.json``, another lease) had the real model the other way round, ``pdl_up`` 1.9-2.4 µs behind the
-    unchained launches at 2 and 8 tokens, R 16 and 64; the side by side at the routing commit had those points 1.7-4.6
-    µs under the pair before it (``h100_side_by_side.json``), and ``h100_pdl_late_v51.json`` 0.9 / 2.9 µs ahead: kept.
-    Off under the interpreter, as ``use_pdl``."""
+    unchained launches at 2 and 8 tokens, R 16 and 64; the side by side at the routing commit
+    (``history/h100_side_by_side_v50b.json``) had those points 1.7-4.6 µs under the pair before it, and
+    ``h100_pdl_late_v51.json`` had ``pdl_up`` 0.9 / 2.9 µs ahead: kept. Off under the interpreter, as ``use_pdl``."""
     if interpreting() or slots != 1 or num_tokens < 2:
         return False
     if ops.n * ops.intermediate * ops.hidden > PDL_ONE_SLOT_WEIGHTS:
