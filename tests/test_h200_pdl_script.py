@@ -252,13 +252,18 @@ def test_the_few_tile_scripts_sweep_times_every_candidate_with_and_without_its_l
 
 
 @pytest.mark.slow
-def test_pdl_on_the_shrinks_edge_alone_passes_the_same_checks(script, monkeypatch):
-    """v50b's variant (``--pdl-up``): ``Tiles.pdl_up`` through every check of the pass, and at tokens the caller names
-    (``--check-tokens``); the interpreter has no grid dependency control, so this holds its launches to the same
-    math (the GPU run checks the chaining)."""
-    monkeypatch.setitem(script.VARIANTS, "pdl_up", script.PDL_UP["pdl_up"])  # what --pdl-up adds
-    monkeypatch.setattr(script, "CHECKED", list(script.PDL_UP))
-    assert script.tiles("pdl_up", 5, PRESETS["A"]).pdl_up
+@pytest.mark.parametrize("flag, field", [("PDL_UP", "pdl_up"), ("FOLD", "down_shrink")])
+def test_the_optional_variants_pass_the_same_checks(script, monkeypatch, flag, field):
+    """v50b's variant (``--pdl-up``: ``Tiles.pdl_up``) and v52's (``--fold``: ``Tiles.down_shrink`` on each chaining)
+    through every check of the pass, the one-slot batch's among them (where the fold applies), and at tokens the
+    caller names (``--check-tokens``); the interpreter has no grid dependency control, so this holds their launches
+    to the same math (the GPU run checks the chaining)."""
+    extra = getattr(script, flag)
+    for name, fields in extra.items():  # what the flag adds
+        monkeypatch.setitem(script.VARIANTS, name, fields)
+        assert getattr(script.tiles(name, 5, PRESETS["A"]), field)
+    monkeypatch.setattr(script, "CHECKED", list(extra))
     rows = script.correctness(tokens=(5,))
-    assert len(rows) == 8 and {r["variant"] for r in rows} == {"pdl_up"} and {r["T"] for r in rows} == {5}
+    assert len(rows) == 8 * len(extra) and {r["variant"] for r in rows} == set(extra) and {r["T"] for r in rows} == {5}
+    assert all("one_slot" in r["rel_err"] for r in rows)
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]

@@ -281,6 +281,56 @@ def test_the_up_gemm_with_the_lora_epilogue_matches_the_reference(n, H, F, R, S,
     assert not p.split.ws_up.any() and not p.split.cnt_up.any()
 
 
+def launch_recording(ops, x, gammas, p, m) -> tuple[torch.Tensor, dict]:
+    """``launch`` of plan ``p`` into a NaN-poisoned output, each kernel's launch options recorded by its name (``m``:
+    a ``MonkeyPatch`` whose scope holds the recording) -> (out, options)."""
+    seen, launch_ = {}, tb._run
+    m.setattr(tb, "_run", lambda kern, grid, args, fast=None, **meta: (
+        seen.__setitem__(kern.fn.__name__, meta), launch_(kern, grid, args, fast, **meta)))
+    out = torch.full_like(x, float("nan"))
+    tb.launch(ops, x, gammas, p, out)
+    return out, seen
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 3), H=st.integers(16, 48), F=st.integers(8, 40), R=st.integers(1, 20), S=st.integers(1, 4),
+       T=st.integers(2, 34), interleaved=st.booleans(), slot=st.integers(0, 3), split=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_the_down_shrink_made_in_the_down_kernel_matches_the_reference(n, H, F, R, S, T, interleaved, slot, split, seed):
+    """v52 (``Tiles.down_shrink``): every token on one slot of a host batch, shared outer, the down launch unsplit: the
+    down kernel makes the down shrink from the ``act`` tiles it streams (``SHRINK``) and the up kernel adds nothing
+    into ``mid`` (``MID=False``); over one or two token tiles, steps that do not divide ``F``, either gate/up layout.
+    Where the down launch is split (``MIN_SPLIT_K``) the tiles run as without it. A second launch of the same plan
+    gives the same output, and both leave the shrink's workspace zero."""
+    sink, x, gammas, _ = make_case(n, H, F, R, S, T, True, interleaved, seed)
+    slot = slot % S
+    batch = SlotBatch.from_token_slots([slot] * T, S, lora_ranks=[R] * S, scalings=[0.5 + 0.25 * s for s in range(S)])
+    ops = sink.operands()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tb, "MIN_SPLIT_K", 16 if split else 1 << 20)
+        p = tb.plan(ops, T, batch, x.device, replace(FUSED, down_shrink=True))
+        assert p.single_slot == slot and (split or p.split.down == 1)
+        (first, seen), (second, _) = (launch_recording(ops, x, gammas, p, m) for _ in range(2))
+    folded = p.split.down == 1
+    assert seen["down_kernel"]["SHRINK"] is folded and seen["up_kernel"]["MID"] is not folded
+    assert rel(first, reference_forward(ops, x, gammas, batch)) < 1e-5 and torch.equal(first, second)
+    assert torch.count_nonzero(p.sh) == 0
+
+
+def test_the_down_shrink_stays_in_the_up_kernel_where_the_tokens_use_several_slots_or_experts_own_outers():
+    """``Tiles.down_shrink`` needs one slot for every token and a shared outer; elsewhere the same tiles run the
+    down shrink through ``mid`` as before, and still match the reference."""
+    for outer_shared in (True, False):
+        sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 9, outer_shared, True, seed=3)
+        ops = sink.operands()
+        p = tb.plan(ops, 9, batch, x.device, replace(FUSED, down_shrink=True))
+        with pytest.MonkeyPatch.context() as m:
+            out, seen = launch_recording(ops, x, gammas, p, m)
+        assert p.single_slot < 0 or not outer_shared
+        assert not seen["down_kernel"]["SHRINK"] and seen["up_kernel"]["MID"]
+        assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+
+
 def test_tile_pick_streams_weights_for_few_tokens_and_uses_cublas_for_many():
     assert not tb.pick_tiles(1).cublas and not tb.pick_tiles(32).cublas
     assert not tb.pick_tiles(128, weight_elems=2 * 768 * 1536).cublas       # shape A

@@ -190,7 +190,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
               T, H, F, R, O, N_EXP, O_STEP, ROW_STEP, UP_OFFSET, LD_ACT,
               Y_IN: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, BK: tl.constexpr,
               BR: tl.constexpr, GROUP_M: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
-              PDL: tl.constexpr = False, GATHER: tl.constexpr = 0):
+              PDL: tl.constexpr = False, GATHER: tl.constexpr = 0, MID: tl.constexpr = True):
     """Grid ``(cdiv(T, BM) * n * cdiv(F, BF),)``: one tile of ``BM`` tokens by ``BF``
     features of expert ``e``. Gate row of feature ``f`` is ``e*2F + f*ROW_STEP``, its
     up row ``UP_OFFSET`` further (interleaved: 2, 1; contiguous: 1, F). ``act``'s rows are
@@ -208,7 +208,8 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
     ``PDL`` (programmatic dependent launch, few tokens): the down kernel may launch at
     once, and this kernel, launched as the shrink's dependent, streams ``w13`` before it
     waits for the shrink (``gdc_wait``: everything the shrink wrote is visible after it;
-    ``x`` and the workspaces were complete before the shrink began)."""
+    ``x`` and the workspaces were complete before the shrink began). ``MID=False`` (v52): no down shrink
+    into ``mid`` (``down_kernel`` makes it from ``act`` itself, ``SHRINK``)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0) // SPLIT
@@ -295,7 +296,7 @@ def up_kernel(x_ptr, w13_ptr, y_ptr, gam_ptr, act_ptr,
                          mask=ld[:, :, None] & f_ok[None, None, :], other=0.0)                # [BM, GATHER, BF]
             m = tl.sum(act_lp.to(tl.float32)[:, None, :] * da.to(tl.float32), axis=2)
             tl.atomic_add(mid_ptr + rows[:, None] * (O * R) + o * R + rc[None, :], m, mask=ld)
-    elif HAS_LORA and not Y_IN:
+    elif HAS_LORA and not Y_IN and MID:
         for s in range(smin, smax + 1):
             sel = row_ok & (slot == s)
             a_sel = tl.where(sel[:, None], act_lp, 0.0).to(act_lp.dtype)
@@ -420,11 +421,11 @@ def spread_kernel(mid_ptr, slot_ptr, scale_ptr, block_ptr, cat_ptr, sh_ptr, T, R
 
 @triton.jit
 def down_kernel(act_ptr, w2_ptr, out_ptr,
-                slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, ws_ptr, cnt_ptr,
+                slot_ptr, scale_ptr, mid_ptr, db_ptr, sh_ptr, ws_ptr, cnt_ptr, acat_ptr,
                 T, H, F, R, O, N_EXP,
                 BASE: tl.constexpr, HAS_LORA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BR: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-                PDL: tl.constexpr = False, GATHER: tl.constexpr = 0):
+                PDL: tl.constexpr = False, GATHER: tl.constexpr = 0, SHRINK: tl.constexpr = False):
     """Grid ``(cdiv(T, BM) * cdiv(H, BN),)``: ``out [BM, BN]`` over ``K = n*F``, read as
     ``cdiv(F, BK)`` steps inside each expert so every load stays contiguous in ``F``.
     ``BASE=False``: ``out`` holds cuBLAS's ``act @ w2_lin`` already and the LoRA term is added to it.
@@ -433,7 +434,11 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
     ``ws [T, H]`` and ``cnt`` as ``up_kernel`` does; the last adds the LoRA term.
 
     ``PDL``: launched as the up kernel's programmatic dependent, it starts while the up
-    kernel streams and waits for it (``gdc_wait``) before reading anything it wrote."""
+    kernel streams and waits for it (``gdc_wait``) before reading anything it wrote.
+
+    ``SHRINK`` (v52; ``BASE``, unsplit, one slot, shared outer): the down shrink made here, every program from the
+    ``act`` tiles its loop reads anyway and ``acat [S, R, n*F]`` (``a_cat``), in place of ``mid``, which the up
+    kernel then leaves alone (``MID=False``): no atomics onto ``mid``, no wait on them."""
     tile = tl.program_id(0) // SPLIT
     pid_m, pid_n = _grouped_tile(tile, tl.cdiv(T, BM), tl.cdiv(H, BN), GROUP_M)
     if PDL:
@@ -448,6 +453,11 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
         acc = tl.load(out_ptr + rows[:, None] * H + hs[None, :], mask=row_ok[:, None] & h_ok[None, :],
                       other=0.0).to(tl.float32)
     if BASE:
+        if SHRINK:  # the tile's one slot (its rows' largest: every LoRA row has it; -1: none)
+            _, _, s_fold = _tile_slots(slot_ptr, rows, row_ok)
+            rf = tl.arange(0, BR)
+            a_ok = (rf < R) & ((rf * 0 + s_fold) >= 0)  # the flag as a tensor (a scalar mask is not accepted everywhere)
+            mid_acc = tl.zeros((BM, BR), dtype=tl.float32)
         kb = tl.cdiv(F, BK)
         per = tl.cdiv(N_EXP * kb, SPLIT)
         i_lo = (tl.program_id(0) % SPLIT) * per
@@ -460,6 +470,10 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
             wt = tl.load(w2_ptr + e * H * F + hs[None, :] * F + fs[:, None],
                          mask=f_ok[:, None] & h_ok[None, :], other=0.0)                 # [BK, BN]
             acc = tl.dot(at, wt, acc)
+            if SHRINK:
+                ac = tl.load(acat_ptr + (s_fold * R + rf)[:, None] * (N_EXP * F) + e * F + fs[None, :],
+                             mask=a_ok[:, None] & f_ok[None, :], other=0.0)                 # [BR, BK]
+                mid_acc = tl.dot(at, tl.trans(ac), mid_acc)
         if SPLIT > 1:
             acc, arrived = _split_reduce(acc, ws_ptr + rows[:, None] * H + hs[None, :], row_ok[:, None] & h_ok[None, :],
                                       cnt_ptr + tile, SPLIT)
@@ -484,8 +498,11 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
             sel = row_ok & (slot == s)
             scale = tl.load(scale_ptr + s)
             for o in range(0, O):
-                m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
-                            mask=sel[:, None] & r_ok[None, :], other=0.0)
+                if SHRINK:
+                    m = tl.where(sel[:, None] & r_ok[None, :], mid_acc, 0.0)
+                else:
+                    m = tl.load(mid_ptr + rows[:, None] * (O * R) + o * R + r[None, :],
+                                mask=sel[:, None] & r_ok[None, :], other=0.0)
                 b = tl.load(db_ptr + ((s * O + o) * H + hs)[None, :] * R + r[:, None],
                             mask=r_ok[:, None] & h_ok[None, :], other=0.0)              # [BR, BN]
                 acc += scale * tl.dot(m.to(b.dtype), b)

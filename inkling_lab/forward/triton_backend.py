@@ -63,6 +63,9 @@ class Tiles:
     ``pdl`` (the all-Triton path): the up and down launches are programmatic dependents
     of the launch before them, so each starts while that one runs (``use_pdl``); ``pdl_up`` (v50b): only the
     up launch is (it streams ``w13`` while the shrink runs), the down launch waits for the whole up grid;
+    ``down_shrink`` (v52): where every token is on one slot of a host batch, the pool's outer is shared and the down
+    launch unsplit, ``down_kernel`` makes the down shrink from the ``act`` tiles it streams (``SHRINK``) and the up
+    kernel adds nothing into ``mid`` (elsewhere these tiles run as without it);
     ``gemv`` (one token): ``gemv_up_kernel`` / ``gemv_down_kernel`` instead, ``bf``
     features and ``bk`` of ``H`` per up step, ``bn`` rows of ``w2`` and ``dk`` of ``F``
     per down step; ``up_act`` (a few tokens of one kept slot, ``up_acts``): ``up_act_kernel``
@@ -94,6 +97,7 @@ class Tiles:
     lora_up: "Tiles | None" = None
     ksplit: int = 1
     pdl_up: bool = False
+    down_shrink: bool = False
 
 
 SMALL_WEIGHTS = 4 << 20
@@ -610,8 +614,9 @@ class Lora:
     """The LoRA operands of one forward's launches (``kernels``' docstrings name them):
     ``sh [T, O*2R]`` the gate/up shrink and ``mid [T, O*R]`` the down shrink (float32),
     ``gb``/``da``/``db`` the pool's gate-up B, down A and down B, the rank ``R``, the
-    outer count ``O``, ``o_step`` (0: shared outer, 1: per expert) and ``br``, the rank
-    tile. ``Lora.none(x)`` for a base-only launch: ``HAS_LORA=False`` drops every use
+    outer count ``O``, ``o_step`` (0: shared outer, 1: per expert), ``br``, the rank
+    tile, and ``fold``: the down kernel makes the down shrink itself (``Tiles.down_shrink`` where it applies).
+    ``Lora.none(x)`` for a base-only launch: ``HAS_LORA=False`` drops every use
     of its tensors (``x`` only fills the arguments)."""
 
     on: bool
@@ -624,6 +629,7 @@ class Lora:
     O: int = 0
     o_step: int = 0
     br: int = 16
+    fold: bool = False
 
     @staticmethod
     def none(x: torch.Tensor) -> "Lora":
@@ -674,11 +680,13 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         R = two_r // 2
         br = max(16, triton.next_power_of_2(R))
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
+        fold = (t.down_shrink and p.single_slot >= 0 and O == 1 and not (t.cublas or t.gemv)
+                and (p.split is None or p.split.down == 1))
         with side:
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
-                    a_outer=2 * R, halves=2, br=br, zero_mid=True, key=("shrink_up", key), pdl=pdl)
+                    a_outer=2 * R, halves=2, br=br, zero_mid=not fold, key=("shrink_up", key), pdl=pdl)
             _cat_slot_rows(ops, p.cats)
-        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br)
+        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br, fold)
     else:
         lora = Lora.none(x)
     if t.gemv:  # one token (pick_tiles)
@@ -741,8 +749,8 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),
          fast=None if key is None else (p.fast, ("up", key, act.stride(0))),  # the stride specializes too
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), num_warps=t.warps,
-         num_stages=t.stages, **_pdl(pdl and lora.on))
+         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), MID=not lora.fold,
+         num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
 def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> None:
@@ -756,10 +764,11 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
     # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
     _run(kernels.down_kernel, (grid,),
          (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,
-          T, H, ops.intermediate, lora.R, lora.O, ops.n),
+          ops.a_cat if lora.fold else lora.da, T, H, ops.intermediate, lora.R, lora.O, ops.n),
          fast=(p.fast, ("down", key)),
          BASE=not t.cublas, HAS_LORA=lora.on, BM=t.bm, BN=t.bn, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         SPLIT=split, PDL=pdl, GATHER=_gather(t), num_warps=t.warps, num_stages=t.stages, **_pdl(pdl))
+         SPLIT=split, PDL=pdl, GATHER=_gather(t), SHRINK=lora.fold, num_warps=t.warps, num_stages=t.stages,
+         **_pdl(pdl))
 
 
 def _gemv(ops: SinkOperands, x, gammas, act, out, p: Plan, lora: Lora, key: tuple,

@@ -26,7 +26,9 @@ the up launch (``Tiles.lora_up``), with PDL and without, and what ``auto`` route
 ``upact_cublas_base`` (``up_act_kernel`` and cuBLAS's down GEMM: ``kit_kept``'s two launches, on the base weights);
 ``--pdl-up`` (v50b): also ``pdl_up`` (``PDL_UP``), checked and timed, and what ``auto`` routes (v51's ``--late``
 variants, the down launch released after the up streams, ran at 47338c0: ``h100_pdl_late_v51*.json``; not routed, so
-taken out with ``Tiles.pdl_late``); ``--check-tokens``
+taken out with ``Tiles.pdl_late``); ``--fold`` (v52): also the down shrink made in the down kernel
+(``FOLD``: without PDL, with it and with ``pdl_up``), checked (every variant also on a batch whose tokens are all on one
+slot, where the fold applies) and timed, and what ``auto`` routes; ``--check-tokens``
 the correctness pass's token counts (it checks the shapes timed, ``--shapes``);
 ``--ranks`` and ``--slots`` the pool ranks and slot counts timed.
 """
@@ -57,6 +59,12 @@ PDL_UP = {"pdl_up": dict(pdl=False, pdl_up=True)}
 """v50b's variant (``--pdl-up``): the up launch the shrink's programmatic dependent, the down launch after the whole
 up grid (``Tiles.pdl_up``): the shrink under the up stream without the waiting down programs that cost ``pdl`` 10-23 %
 at the real model's weights."""
+FOLD = {"fold_v9": dict(pdl=False, down_shrink=True), "fold_pdl": dict(pdl=True, down_shrink=True),
+        "fold_pdl_up": dict(pdl=False, pdl_up=True, down_shrink=True)}
+"""v52's variants (``--fold``): ``Tiles.down_shrink``, the down shrink made by the down kernel from the ``act`` tiles it
+streams (one slot, shared outer, the down launch unsplit; elsewhere the same as without it), on the three chainings
+``auto`` routes at one slot: none (``v9``), full PDL (A and B) and the shrink's edge alone (the real model, the TP-8
+slice at 2-8 tokens)."""
 UP_ACT = {"upact": dict(pdl=True, lora_up=True), "upact_v9": dict(pdl=False, lora_up=True)}
 """v33's variants (``--up-act``): ``up_act_kernel`` with the LoRA epilogue as the up launch (``lora_up_tiles``),
 the shrink and the down kernel as ``pick_tiles`` has them (gathered where ``gathers`` says), with PDL and without."""
@@ -149,7 +157,9 @@ def checked_layouts(tokens, variants, errors, shapes=None) -> list[dict]:
 
 def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
     T = x.shape[0]
+    one = SlotBatch.from_token_slots([0] * T, c.geometry.slots, lora_ranks=[c.geometry.max_rank] * c.geometry.slots)
     errs = {"mixed": records.relative_error(run(ops, x, gammas, batch, t), ref, "fro"),
+            "one_slot": records.relative_error(run(ops, x, gammas, one, t), reference_forward(ops, x, gammas, one), "fro"),
             "no_adapter": records.relative_error(run(ops, x, gammas, None, t), ref_base, "fro"),
             "graph": records.relative_error(graph_replays(ops, x, gammas, batch, t), ref, "fro")}
     if c.geometry.outer == 1 and c.dtype == "bfloat16":
@@ -527,8 +537,9 @@ def main() -> int:
     ap.add_argument("--check-tokens", default=",".join(map(str, CHECK_TOKENS)),
                     help="the correctness pass's token counts (it checks the --shapes timed)")
     ap.add_argument("--pdl-up", action="store_true", help="also v50b's PDL on the shrink-to-up edge alone (Tiles.pdl_up)")
+    ap.add_argument("--fold", action="store_true", help="also v52's down shrink in the down kernel (Tiles.down_shrink)")
     args = ap.parse_args()
-    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP)):
+    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP), (args.fold, FOLD)):
         if asked:
             VARIANTS.update(extra)
             CHECKED.extend(extra)
@@ -544,7 +555,7 @@ def main() -> int:
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
     rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
                            [int(r) for r in args.ranks.split(",")], [int(s) for s in args.slots.split(",")],
-                           [int(t) for t in args.tokens.split(",")], auto=args.up_act or args.pdl_up, ceiling_record=args.ceiling, bare=args.bare)
+                           [int(t) for t in args.tokens.split(",")], auto=args.up_act or args.pdl_up or args.fold, ceiling_record=args.ceiling, bare=args.bare)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     wins = {v: sum(1 for r in rec["points"] if v in r["us"] and r["us"][v] < r["us"]["sglang_base"])
