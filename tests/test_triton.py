@@ -317,6 +317,25 @@ def test_the_down_shrink_made_in_the_down_kernel_matches_the_reference(n, H, F, 
     assert torch.count_nonzero(p.sh) == 0
 
 
+def test_the_down_shrink_is_planned_in_the_down_kernel_for_one_slot_of_a_few_tokens_on_small_weights():
+    """v52's routing read off ``h100_fold_v52*.json`` at the benchmark shapes' real sizes: one slot, 2-16 tokens, A-sized
+    weights; not on B, the real model or its TP-8 slice, not with several slots, not at one token (the GEMV) or past
+    16; through ``plan`` for a one-slot host batch."""
+    a, b, tp8 = (PRESETS[k] for k in ("A", "B", "inkling-tp8"))
+    w = {k: g.n * g.intermediate * g.hidden for k, g in (("A", a), ("B", b), ("tp8", tp8))}
+    assert tb.down_shrinks(2, w["A"], 1) and tb.down_shrinks(16, w["A"], 1)
+    assert not tb.down_shrinks(1, w["A"], 1) and not tb.down_shrinks(17, w["A"], 1)
+    assert not tb.down_shrinks(8, w["A"], 2) and not tb.down_shrinks(8, w["B"], 1) and not tb.down_shrinks(8, w["tp8"], 1)
+    sink, x, gammas, _ = make_case(2, 40, 24, 3, 3, 8, True, True, seed=3)  # 8 tokens: not v33's up launch either
+    one = SlotBatch.from_token_slots([1] * 8, 3, lora_ranks=[3, 3, 3])
+    p = tb.plan(sink.operands(), 8, one, x.device)
+    assert p.tiles.down_shrink and p.single_slot == 1
+    with pytest.MonkeyPatch.context() as m:
+        out, seen = launch_recording(sink.operands(), x, gammas, p, m)
+    assert seen["down_kernel"]["SHRINK"] is (p.split.down == 1)
+    assert rel(out, reference_forward(sink.operands(), x, gammas, one)) < 1e-5
+
+
 def test_the_down_shrink_stays_in_the_up_kernel_where_the_tokens_use_several_slots_or_experts_own_outers():
     """``Tiles.down_shrink`` needs one slot for every token and a shared outer; elsewhere the same tiles run the
     down shrink through ``mid`` as before, and still match the reference."""

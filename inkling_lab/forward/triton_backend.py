@@ -303,14 +303,29 @@ def lora_ups(num_tokens: int, ops: SinkOperands, t: Tiles, slots: int) -> Tiles 
 
 
 def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -> Tiles:
-    """``pick_tiles``' tiles with v28's gathered epilogues (``gathers``), v33's up launch (``lora_ups``) and PDL
-    (``use_pdl``, or on the shrink's edge alone, ``use_pdl_up``) where measured faster."""
+    """``pick_tiles``' tiles with v28's gathered epilogues (``gathers``), v33's up launch (``lora_ups``), PDL
+    (``use_pdl``, or on the shrink's edge alone, ``use_pdl_up``) and v52's down shrink in the down kernel
+    (``down_shrinks``) where measured faster."""
     gather, lora_up = gathers(num_tokens, ops, t, slots), lora_ups(num_tokens, ops, t, slots)
     weight_elems = ops.n * ops.intermediate * ops.hidden
     pdl_up = use_pdl_up(num_tokens, ops, slots)  # one slot: never gathered; never with lora_up (their tokens differ)
     pdl = not pdl_up and use_pdl(num_tokens, weight_elems, slots, gather, lora_up is not None)
-    changed = gather or pdl or lora_up or pdl_up
-    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up) if changed else t
+    fold = down_shrinks(num_tokens, weight_elems, slots) and lora_up is None
+    changed = gather or pdl or lora_up or pdl_up or fold
+    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up, down_shrink=fold) if changed else t
+
+
+def down_shrinks(num_tokens: int, weight_elems: int, slots: int) -> bool:
+    """The down kernel makes the down shrink from the ``act`` tiles it streams (``Tiles.down_shrink``, v52) for one slot
+    at 2-16 tokens on A-sized weights (``n*F*H <= SMALL_WEIGHTS``); ``launch`` applies it where every token is on that
+    slot, the outer is shared and the down launch unsplit. Every down program then reads the slot's whole ``a_cat``
+    from L2 beside its ``w2`` rows, which pays where those bytes stay small beside the stream and costs where they do
+    not: on an H100 (``h100_fold_v52.json``, then ``h100_fold_v52b.json`` on the same lease; read flush, graphs, against
+    full PDL, what ``auto`` runs there) A at R 64 1.1-3.1 µs under at 8-16 tokens and level at 2-4, at R 16 1.1-1.5 under
+    at 16 tokens and 0.0-0.3 at 2-12; on B and the real model (33.5 and 75 MB of ``a_cat`` reads at R 16, against A's 4.7)
+    0.6-3.9 µs over at R 16 and up to 12 over at R 64; on the TP-8 slice at R 16 0.7-1.0 under in the first run, level in
+    the second, so not there."""
+    return slots == 1 and 2 <= num_tokens <= 16 and weight_elems <= SMALL_WEIGHTS
 
 
 PDL_ONE_SLOT_WEIGHTS = 16 << 20
