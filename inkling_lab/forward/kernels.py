@@ -13,7 +13,9 @@ One forward is three launches, each reading its weights once:
    and the down shrink ``act @ down_A[s, e].T`` atomically added into ``mid [T, O, R]``
    (for the shared outer, ``O = 1`` and the add over experts *is* the expert sum).
 3. ``down_kernel``: ``out = act @ w2_lin + Σ_o mid[:, o] @ down_B[s, o].T`` per slot,
-   and ``sh`` zeroed again for the next forward.
+   and ``sh`` zeroed again for the next forward. Where every token is on one slot of small
+   weights (v52, ``SHRINK``), it makes ``mid`` itself from the ``act`` it streams and the up
+   kernel adds nothing into it.
 
 One token runs the shrink, then ``gemv_up_kernel`` and ``gemv_down_kernel`` in place of 2 and 3: the same
 epilogues, but each program streams a few weight rows across all of ``K`` with no
