@@ -252,12 +252,12 @@ def test_the_few_tile_scripts_sweep_times_every_candidate_with_and_without_its_l
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flag, field", [("PDL_UP", "pdl_up"), ("FOLD", "down_shrink")])
+@pytest.mark.parametrize("flag, field", [("PDL_UP", "pdl_up"), ("DOWN_SHRINK", "down_shrink")])
 def test_the_optional_variants_pass_the_same_checks(script, monkeypatch, flag, field):
-    """v50b's variant (``--pdl-up``: ``Tiles.pdl_up``) and v52's (``--fold``: ``Tiles.down_shrink`` on each chaining)
-    through every check of the pass, the one-slot batch's among them (where the fold applies), and at tokens the
-    caller names (``--check-tokens``); the interpreter has no grid dependency control, so this holds their launches
-    to the same math (the GPU run checks the chaining)."""
+    """v50b's variant (``--pdl-up``: ``Tiles.pdl_up``) and v52's (``--down-shrink``: ``Tiles.down_shrink`` on each
+    chaining) through every check of the pass, the one-slot batch's among them (where the down shrink moves), and at
+    tokens the caller names (``--check-tokens``); the interpreter has no grid dependency control, so this holds their
+    launches to the same math (the GPU run checks the chaining)."""
     extra = getattr(script, flag)
     for name, fields in extra.items():  # what the flag adds
         monkeypatch.setitem(script.VARIANTS, name, fields)

@@ -456,9 +456,9 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                       other=0.0).to(tl.float32)
     if BASE:
         if SHRINK:  # the tile's one slot (its rows' largest: every LoRA row has it; -1: none)
-            _, _, s_fold = _tile_slots(slot_ptr, rows, row_ok)
+            _, _, s_one = _tile_slots(slot_ptr, rows, row_ok)
             rf = tl.arange(0, BR)
-            a_ok = (rf < R) & ((rf * 0 + s_fold) >= 0)  # the flag as a tensor (a scalar mask is not accepted everywhere)
+            a_ok = (rf < R) & ((rf * 0 + s_one) >= 0)  # the flag as a tensor (a scalar mask is not accepted everywhere)
             mid_acc = tl.zeros((BM, BR), dtype=tl.float32)
         kb = tl.cdiv(F, BK)
         per = tl.cdiv(N_EXP * kb, SPLIT)
@@ -473,7 +473,7 @@ def down_kernel(act_ptr, w2_ptr, out_ptr,
                          mask=f_ok[:, None] & h_ok[None, :], other=0.0)                 # [BK, BN]
             acc = tl.dot(at, wt, acc)
             if SHRINK:
-                ac = tl.load(acat_ptr + (s_fold * R + rf)[:, None] * (N_EXP * F) + e * F + fs[None, :],
+                ac = tl.load(acat_ptr + (s_one * R + rf)[:, None] * (N_EXP * F) + e * F + fs[None, :],
                              mask=a_ok[:, None] & f_ok[None, :], other=0.0)                 # [BR, BK]
                 mid_acc = tl.dot(at, tl.trans(ac), mid_acc)
         if SPLIT > 1:

@@ -310,9 +310,9 @@ def _streaming_tiles(t: Tiles, num_tokens: int, ops: SinkOperands, slots: int) -
     weight_elems = ops.n * ops.intermediate * ops.hidden
     pdl_up = use_pdl_up(num_tokens, ops, slots)  # one slot: never gathered; never with lora_up (their tokens differ)
     pdl = not pdl_up and use_pdl(num_tokens, weight_elems, slots, gather, lora_up is not None)
-    fold = down_shrinks(num_tokens, weight_elems, slots) and lora_up is None
-    changed = gather or pdl or lora_up or pdl_up or fold
-    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up, down_shrink=fold) if changed else t
+    down = down_shrinks(num_tokens, weight_elems, slots) and lora_up is None
+    changed = gather or pdl or lora_up or pdl_up or down
+    return replace(t, gather=gather, pdl=pdl, lora_up=lora_up, pdl_up=pdl_up, down_shrink=down) if changed else t
 
 
 def down_shrinks(num_tokens: int, weight_elems: int, slots: int) -> bool:
@@ -630,7 +630,7 @@ class Lora:
     ``sh [T, O*2R]`` the gate/up shrink and ``mid [T, O*R]`` the down shrink (float32),
     ``gb``/``da``/``db`` the pool's gate-up B, down A and down B, the rank ``R``, the
     outer count ``O``, ``o_step`` (0: shared outer, 1: per expert), ``br``, the rank
-    tile, and ``fold``: the down kernel makes the down shrink itself (``Tiles.down_shrink`` where it applies).
+    tile, and ``down_shrink``: the down kernel makes the down shrink itself (``Tiles.down_shrink`` where it applies).
     ``Lora.none(x)`` for a base-only launch: ``HAS_LORA=False`` drops every use
     of its tensors (``x`` only fills the arguments)."""
 
@@ -644,7 +644,7 @@ class Lora:
     O: int = 0
     o_step: int = 0
     br: int = 16
-    fold: bool = False
+    down_shrink: bool = False
 
     @staticmethod
     def none(x: torch.Tensor) -> "Lora":
@@ -695,13 +695,13 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         R = two_r // 2
         br = max(16, triton.next_power_of_2(R))
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        fold = (t.down_shrink and p.single_slot >= 0 and O == 1 and not (t.cublas or t.gemv)
+        in_down = (t.down_shrink and p.single_slot >= 0 and O == 1 and not (t.cublas or t.gemv)
                 and (p.split is None or p.split.down == 1))
         with side:
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
-                    a_outer=2 * R, halves=2, br=br, zero_mid=not fold, key=("shrink_up", key), pdl=pdl)
+                    a_outer=2 * R, halves=2, br=br, zero_mid=not in_down, key=("shrink_up", key), pdl=pdl)
             _cat_slot_rows(ops, p.cats)
-        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br, fold)
+        lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br, in_down)
     else:
         lora = Lora.none(x)
     if t.gemv:  # one token (pick_tiles)
@@ -764,7 +764,7 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),
          fast=None if key is None else (p.fast, ("up", key, act.stride(0))),  # the stride specializes too
          Y_IN=t.cublas, HAS_LORA=lora.on, BM=t.bm, BF=t.bf, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), MID=not lora.fold,
+         INTERLEAVED=ops.interleaved, SPLIT=split, PDL=pdl, GATHER=_gather(t), MID=not lora.down_shrink,
          num_warps=t.warps, num_stages=t.stages, **_pdl(pdl and lora.on))
 
 
@@ -779,10 +779,10 @@ def _down(ops: SinkOperands, act, out, p: Plan, lora: Lora, mid, key: tuple) -> 
     # sh: the plan's workspace, which the down kernel re-zeroes (a cuBLAS shrink's output is not it)
     _run(kernels.down_kernel, (grid,),
          (act, ops.w2, out, p.slots, p.scalings, mid, lora.db, p.sh if lora.on else lora.sh, ws, cnt,
-          ops.a_cat if lora.fold else lora.da, T, H, ops.intermediate, lora.R, lora.O, ops.n),
+          ops.a_cat if lora.down_shrink else lora.da, T, H, ops.intermediate, lora.R, lora.O, ops.n),
          fast=(p.fast, ("down", key)),
          BASE=not t.cublas, HAS_LORA=lora.on, BM=t.bm, BN=t.bn, BK=t.bk, BR=lora.br, GROUP_M=t.group_m,
-         SPLIT=split, PDL=pdl, GATHER=_gather(t), SHRINK=lora.fold, num_warps=t.warps, num_stages=t.stages,
+         SPLIT=split, PDL=pdl, GATHER=_gather(t), SHRINK=lora.down_shrink, num_warps=t.warps, num_stages=t.stages,
          **_pdl(pdl))
 
 

@@ -26,9 +26,10 @@ the up launch (``Tiles.lora_up``), with PDL and without, and what ``auto`` route
 ``upact_cublas_base`` (``up_act_kernel`` and cuBLAS's down GEMM: ``kit_kept``'s two launches, on the base weights);
 ``--pdl-up`` (v50b): also ``pdl_up`` (``PDL_UP``), checked and timed, and what ``auto`` routes (v51's ``--late``
 variants, the down launch released after the up streams, ran at 47338c0: ``h100_pdl_late_v51*.json``; not routed, so
-taken out with ``Tiles.pdl_late``); ``--fold`` (v52): also the down shrink made in the down kernel
-(``FOLD``: without PDL, with it and with ``pdl_up``), checked (every variant also on a batch whose tokens are all on one
-slot, where the fold applies) and timed, and what ``auto`` routes; ``--check-tokens``
+taken out with ``Tiles.pdl_late``); ``--down-shrink`` (v52): also the down shrink made in the down kernel
+(``DOWN_SHRINK``: without PDL, with it and with ``pdl_up``), checked (every variant also on a batch whose tokens are all
+on one slot, where it applies) and timed, and what ``auto`` routes (v52's records, ``h100_fold_v52*.json``, ran it as
+``--fold`` with variants named ``fold_*``, at f39a410 and 550caac); ``--check-tokens``
 the correctness pass's token counts (it checks the shapes timed, ``--shapes``);
 ``--ranks`` and ``--slots`` the pool ranks and slot counts timed.
 """
@@ -59,10 +60,10 @@ PDL_UP = {"pdl_up": dict(pdl=False, pdl_up=True)}
 """v50b's variant (``--pdl-up``): the up launch the shrink's programmatic dependent, the down launch after the whole
 up grid (``Tiles.pdl_up``): the shrink under the up stream without the waiting down programs that cost ``pdl`` 10-23 %
 at the real model's weights."""
-FOLD = {"fold_v9": dict(pdl=False, down_shrink=True), "fold_pdl": dict(pdl=True, down_shrink=True),
-        "fold_pdl_up": dict(pdl=False, pdl_up=True, down_shrink=True)}
-"""v52's variants (``--fold``): ``Tiles.down_shrink``, the down shrink made by the down kernel from the ``act`` tiles it
-streams (one slot, shared outer, the down launch unsplit; elsewhere the same as without it), on the three chainings
+DOWN_SHRINK = {"down_shrink_v9": dict(pdl=False, down_shrink=True), "down_shrink_pdl": dict(pdl=True, down_shrink=True),
+               "down_shrink_pdl_up": dict(pdl=False, pdl_up=True, down_shrink=True)}
+"""v52's variants (``--down-shrink``): ``Tiles.down_shrink``, the down shrink made by the down kernel from the ``act``
+tiles it streams (one slot, shared outer, the down launch unsplit; elsewhere the same as without it), on the chainings
 ``auto`` routes at one slot: none (``v9``), full PDL (A and B) and the shrink's edge alone (the real model, the TP-8
 slice at 2-8 tokens)."""
 UP_ACT = {"upact": dict(pdl=True, lora_up=True), "upact_v9": dict(pdl=False, lora_up=True)}
@@ -537,9 +538,10 @@ def main() -> int:
     ap.add_argument("--check-tokens", default=",".join(map(str, CHECK_TOKENS)),
                     help="the correctness pass's token counts (it checks the --shapes timed)")
     ap.add_argument("--pdl-up", action="store_true", help="also v50b's PDL on the shrink-to-up edge alone (Tiles.pdl_up)")
-    ap.add_argument("--fold", action="store_true", help="also v52's down shrink in the down kernel (Tiles.down_shrink)")
+    ap.add_argument("--down-shrink", action="store_true",
+                    help="also v52's down shrink in the down kernel (Tiles.down_shrink)")
     args = ap.parse_args()
-    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP), (args.fold, FOLD)):
+    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP), (args.down_shrink, DOWN_SHRINK)):
         if asked:
             VARIANTS.update(extra)
             CHECKED.extend(extra)
@@ -555,7 +557,7 @@ def main() -> int:
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
     rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
                            [int(r) for r in args.ranks.split(",")], [int(s) for s in args.slots.split(",")],
-                           [int(t) for t in args.tokens.split(",")], auto=args.up_act or args.pdl_up or args.fold, ceiling_record=args.ceiling, bare=args.bare)
+                           [int(t) for t in args.tokens.split(",")], auto=args.up_act or args.pdl_up or args.down_shrink, ceiling_record=args.ceiling, bare=args.bare)
     rec["seconds"] = round(time.time() - t0, 1)
     records.write_json(args.out, rec)
     wins = {v: sum(1 for r in rec["points"] if v in r["us"] and r["us"][v] < r["us"]["sglang_base"])
