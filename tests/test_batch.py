@@ -13,6 +13,22 @@ def test_runs_of_equal_slots_become_segments():
     assert b.max_len == 2 and b.num_tokens == 6 and b.permutation is None
 
 
+def test_the_token_count_follows_an_in_place_rewrite_of_the_segments():
+    """``num_tokens`` is kept with the ``seg_indptr`` storage and version it was read at (every forward asks for it):
+    a rewrite in place, whole or through a view, is read again; an equal batch is still equal."""
+    b = SlotBatch.from_token_slots([0, 0, 2, -1, -1, 0], num_slots=3)
+    twin = SlotBatch.from_token_slots([0, 0, 2, -1, -1, 0], num_slots=3)
+    assert b.num_tokens == 6 and b.num_tokens == 6
+    b.seg_indptr[-1] = 7  # a longer last segment, written in place
+    assert b.num_tokens == 7
+    b.seg_indptr.copy_(torch.tensor([0, 1, 2, 3, 4]))
+    assert b.num_tokens == 4
+    tail = b.seg_indptr[3:]
+    tail.add_(1)
+    assert b.num_tokens == 5
+    assert twin.num_tokens == 6 and twin.weight_indices.equal(b.weight_indices)
+
+
 def test_grouping_sorts_tokens_by_slot_stably():
     b = SlotBatch.from_token_slots([1, 0, 1, -1, 0], num_slots=2, group=True)
     assert b.weight_indices.tolist() == [-1, 0, 1]
