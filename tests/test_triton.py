@@ -337,15 +337,19 @@ def test_the_down_shrink_is_planned_in_the_down_kernel_for_one_slot_of_a_few_tok
 
 
 def test_the_down_shrink_stays_in_the_up_kernel_where_the_tokens_use_several_slots_or_experts_own_outers():
-    """``Tiles.down_shrink`` needs one slot for every token and a shared outer; elsewhere the same tiles run the
-    down shrink through ``mid`` as before, and still match the reference."""
-    for outer_shared in (True, False):
+    """``Tiles.down_shrink`` needs one slot for every token, a shared outer and the loop epilogues; elsewhere the same
+    tiles run the down shrink through ``mid`` as before, and still match the reference (with the gathered epilogues,
+    which read ``mid`` themselves, even on one slot)."""
+    one = SlotBatch.from_token_slots([2] * 9, 3, lora_ranks=[3, 3, 3])
+    for outer_shared, batch_of, gather in ((True, None, False), (False, None, False), (True, one, True)):
         sink, x, gammas, batch = make_case(2, 40, 24, 3, 3, 9, outer_shared, True, seed=3)
+        batch = batch_of or batch
         ops = sink.operands()
-        p = tb.plan(ops, 9, batch, x.device, replace(FUSED, down_shrink=True))
         with pytest.MonkeyPatch.context() as m:
+            m.setattr(tb, "MIN_SPLIT_K", 1 << 20)  # an unsplit down launch: the fold's own condition met
+            p = tb.plan(ops, 9, batch, x.device, replace(FUSED, down_shrink=True, gather=gather))
             out, seen = launch_recording(ops, x, gammas, p, m)
-        assert p.single_slot < 0 or not outer_shared
+        assert p.split.down == 1 and (p.single_slot < 0 or not outer_shared or gather)
         assert not seen["down_kernel"]["SHRINK"] and seen["up_kernel"]["MID"]
         assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
 

@@ -695,8 +695,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         R = two_r // 2
         br = max(16, triton.next_power_of_2(R))
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
-        in_down = (t.down_shrink and p.single_slot >= 0 and O == 1 and not (t.cublas or t.gemv)
-                and (p.split is None or p.split.down == 1))
+        in_down = (t.down_shrink and p.single_slot >= 0 and O == 1 and not (t.cublas or t.gemv or t.gather)
+                and (p.split is None or p.split.down == 1))  # the gathered epilogues read mid themselves
         with side:
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
                     a_outer=2 * R, halves=2, br=br, zero_mid=not in_down, key=("shrink_up", key), pdl=pdl)
