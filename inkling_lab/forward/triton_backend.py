@@ -680,7 +680,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         return _launch_single(ops, x, gammas, p, out, w2_cat)
     key = _launch_key(ops, x, gammas, out)
     act_cat, act = _act_slot_cat(ops, x, p.cats)
-    pdl = (t.pdl or t.pdl_up) and not t.cublas and not interpreting()
+    pdl = _shrink_edge(t)
     if p.batch is not None:  # a device-resident batch: its slots, from its metadata, now
         b = p.batch
         _run(kernels.slots_kernel, (b.num_segments,),
@@ -696,7 +696,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         br = max(16, triton.next_power_of_2(R))
         sh, mid = p.sh, torch.empty(T, O * R, dtype=torch.float32, device=x.device)
         in_down = (t.down_shrink and p.single_slot >= 0 and O == 1 and not (t.cublas or t.gemv or t.gather)
-                and (p.split is None or p.split.down == 1))  # the gathered epilogues read mid themselves
+                   and (p.split is None or p.split.down == 1))  # the gathered epilogues read mid themselves
         with side:
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
                     a_outer=2 * R, halves=2, br=br, zero_mid=not in_down, key=("shrink_up", key), pdl=pdl)
@@ -737,6 +737,12 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     return out
 
 
+def _shrink_edge(t: Tiles) -> bool:
+    """The up launch is the shrink's programmatic dependent (``Tiles.pdl`` or ``pdl_up``, the weight-streaming
+    launches; never under the interpreter, which has no grid dependency control)."""
+    return (t.pdl or t.pdl_up) and not t.cublas and not interpreting()
+
+
 def _pdl(on: bool) -> dict:
     """The launch option of a programmatic dependent launch, where wanted (the
     interpreter's launcher takes no such option, and never gets it)."""
@@ -758,7 +764,7 @@ def _up(ops: SinkOperands, x, y, gammas, act, p: Plan, lora: Lora, key: tuple | 
     row_step, up_offset = (2, 1) if ops.interleaved else (1, F)
     sp = p.split
     split, ws, cnt = (sp.up, sp.ws_up, sp.cnt_up) if sp is not None else (1, x, x)
-    pdl = (t.pdl or t.pdl_up) and not t.cublas and not interpreting()  # the interpreter has no grid dependency control
+    pdl = _shrink_edge(t)
     _run(kernels.up_kernel, (triton.cdiv(T, t.bm) * n * triton.cdiv(F, t.bf) * split,),
          (x, ops.w13, y, gammas, act, p.slots, p.scalings, lora.sh, lora.gb, lora.da, lora.mid, ws, cnt,
           T, H, F, lora.R, lora.O, n, lora.o_step, row_step, up_offset, act.stride(0)),

@@ -551,8 +551,7 @@ def main() -> int:
     rec = record_head(env, variants=dict(VARIANTS), host_phases=hp)
     ceilings = rec["ceilings"]
     records.write_json(args.out, rec)
-    rec["correctness"] = correctness(args.shapes.split(","), [int(t) for t in args.check_tokens.split(",")])
-    records.write_json(args.out, rec)
+    record_checks(rec, correctness(args.shapes.split(","), [int(t) for t in args.check_tokens.split(",")]), args.out, t0)
     if not all(r["ok"] for r in rec["correctness"]):
         print("correctness FAILED for", [(r["shape"], r["T"], r["variant"]) for r in rec["correctness"] if not r["ok"]])
     rec["points"] = timing(args.wheel, args.reps, ceilings, args.shapes.split(","),
