@@ -135,14 +135,19 @@ def main() -> int:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--against", default="", help="another tree's record of this script: each contender over its own "
                     "there, printed at the end")
+    ap.add_argument("--tiles", default="", help="more of expand's tiles, NAME:BM,BF,WARPS,STAGES;... (beside TILES)")
+    ap.add_argument("--ranks", default=",".join(map(str, RANKS)))
     args = ap.parse_args()
+    for item in filter(None, args.tiles.split(";")):
+        name, spec = item.split(":")
+        TILES[name] = tuple(int(v) for v in spec.split(","))
     from inkling_lab.upstream_wheel import UpstreamSink
 
     t0 = time.time()
     rec = h200_pdl.record_head(h200_pdl.run_environment(), args.wheel, tiles=TILES, points=[])
     flushes = h200_pdl.both_flushes()
     for shape in args.shapes.split(","):
-        for R in RANKS:
+        for R in (int(r) for r in args.ranks.split(",")):
             for S in SLOTS:
                 for T in (int(t) for t in args.tokens.split(",")):
                     row = point(shape, R, S, T, flushes, args.reps, timer=h200_pdl.timed_medians,
