@@ -771,6 +771,29 @@ def test_several_slots_add_the_down_expand_as_more_k_of_the_down_gemm(interleave
     assert torch.equal(rows, ops.buffers[3][p.cats.slots, 0].transpose(1, 2))
 
 
+def test_the_spread_copies_each_used_slots_down_b_in_column_blocks_every_forward(monkeypatch):
+    """v55: ``spread_kernel`` writes the used slots' ``B_s^T`` rows of ``w2_cat`` itself, ``SPREAD_ROWS_H`` columns a
+    program (16 here: three blocks of ``H = 40``, the last one short), at every launch: a pool slot written in place
+    between two launches of one plan (an adapter loaded into it) is the one the second forward reads."""
+    route_slot_cats(monkeypatch)
+    monkeypatch.setattr(tb, "grouped_mode", lambda *a: "")
+    monkeypatch.setattr(tb, "SPREAD_ROWS_H", 16)
+    sink, x, gammas, _ = make_case(2, 40, 24, 8, 4, 29, True, True, seed=5)
+    batch = SlotBatch.from_segments([9, 11, 9], [2, 0, 3], 4, lora_ranks=[8, 8, 8, 8], scalings=[0.6, 1.0, -1.4, 0.8])
+    ops = sink.operands()
+    p = tb.plan(ops, 29, batch, x.device)
+    assert p.cats is not None and p.cats.slots.tolist() == [0, 2, 3]
+    rows = ops.w2_cat[48:48 + 3 * 8].view(3, 8, 40)
+    for step in range(2):
+        if step:
+            with torch.no_grad():
+                ops.buffers[3][2].copy_(torch.randn_like(ops.buffers[3][2]) * 3)  # slot 2 refilled in place
+        rows.fill_(float("nan"))
+        out = tb.launch(ops, x, gammas, p, torch.empty_like(x))
+        assert torch.equal(rows, ops.buffers[3][p.cats.slots, 0].transpose(1, 2))
+        assert rel(out, reference_forward(ops, x, gammas, batch)) < 1e-5
+
+
 @settings(max_examples=10, deadline=None)
 @given(n=st.integers(1, 3), H=st.integers(8, 40), F=st.integers(4, 24), R=st.integers(1, 9), S=st.integers(2, 5),
        T=st.integers(2, 40), interleaved=st.booleans(), seed=st.integers(0, 2**16))

@@ -397,28 +397,45 @@ def expand_down_kernel(out_ptr, mid_ptr, db_ptr, sh_ptr, run_slot_ptr, run_end_p
 
 
 @triton.jit
-def spread_kernel(mid_ptr, slot_ptr, scale_ptr, block_ptr, cat_ptr, sh_ptr, T, R, G, LD_CAT, SH_COLS,
-                  BM: tl.constexpr, BR: tl.constexpr, BSH: tl.constexpr, ZERO_SH: tl.constexpr):
+def spread_kernel(mid_ptr, slot_ptr, scale_ptr, block_ptr, cat_ptr, sh_ptr, db_ptr, used_ptr, rows_ptr,
+                  T, R, G, H, LD_CAT, SH_COLS, DB_SLOT, DB_H, DB_R,
+                  BM: tl.constexpr, BR: tl.constexpr, BSH: tl.constexpr, BH: tl.constexpr, ZERO_SH: tl.constexpr):
     """The several-slot down shrink ``mid [T, R]`` (float32 or the working dtype) spread into the down GEMM's extra
     ``K`` (v37, ``triton_backend._down_slot_cats``): ``cat[t, g*R + r] = scale_s * mid[t, r]`` where ``g = block[s]``
     is token ``t``'s slot's block, ``0`` in the other ``G - 1`` blocks and in all of a base-only token's; ``cat``
     is the last ``G*R`` columns of ``act_cat [T, n*F + G*R]`` (rows ``LD_CAT`` apart). With ``ZERO_SH`` it also
     zeroes its rows of ``sh [T, SH_COLS]``, the gate/up shrink's workspace, for the next forward (``down_kernel``
-    does it on the other paths). Grid ``(cdiv(T, BM),)``."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    row_ok = rows < T
-    live, sl, scale = _row_slots(slot_ptr, scale_ptr, rows, row_ok)
-    blk = tl.load(block_ptr + sl, mask=live, other=-1)
+    does it on the other paths).
+
+    The same launch writes the GEMM's extra rows of ``K`` (v55): ``rows [G*R, H]`` (``w2_cat``'s rows after ``n*F``)
+    block ``g`` is ``down_B[used[g], 0]^T``, read from the pool's ``down_B [S, O, H, R]`` (element strides
+    ``DB_SLOT``, ``DB_H``, ``DB_R``). Grid ``(cdiv(T, BM) + G * cdiv(H, BH),)``: the first ``cdiv(T, BM)`` programs
+    spread a row tile each, the rest copy ``[BH, R]`` of one block each."""
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(T, BM)
     r = tl.arange(0, BR)
     r_ok = r < R
-    m = tl.load(mid_ptr + rows[:, None] * R + r[None, :], mask=live[:, None] & r_ok[None, :], other=0.0)
-    v = (scale[:, None] * m.to(tl.float32)).to(cat_ptr.dtype.element_ty)
-    keep = row_ok[:, None] & r_ok[None, :]
-    for g in range(0, G):
-        tl.store(cat_ptr + rows[:, None] * LD_CAT + g * R + r[None, :], tl.where((blk == g)[:, None], v, 0.0),
-                 mask=keep)
-    if ZERO_SH:
-        _zero_rows(sh_ptr, rows, row_ok, SH_COLS, BM, BSH)
+    if pid < tiles:
+        rows = pid * BM + tl.arange(0, BM)
+        row_ok = rows < T
+        live, sl, scale = _row_slots(slot_ptr, scale_ptr, rows, row_ok)
+        blk = tl.load(block_ptr + sl, mask=live, other=-1)
+        m = tl.load(mid_ptr + rows[:, None] * R + r[None, :], mask=live[:, None] & r_ok[None, :], other=0.0)
+        v = (scale[:, None] * m.to(tl.float32)).to(cat_ptr.dtype.element_ty)
+        keep = row_ok[:, None] & r_ok[None, :]
+        for g in range(0, G):
+            tl.store(cat_ptr + rows[:, None] * LD_CAT + g * R + r[None, :], tl.where((blk == g)[:, None], v, 0.0),
+                     mask=keep)
+        if ZERO_SH:
+            _zero_rows(sh_ptr, rows, row_ok, SH_COLS, BM, BSH)
+    else:
+        hb = tl.cdiv(H, BH)
+        g = (pid - tiles) // hb
+        hs = ((pid - tiles) % hb) * BH + tl.arange(0, BH)
+        ok = (hs < H)[:, None] & r_ok[None, :]
+        s = tl.load(used_ptr + g)
+        b = tl.load(db_ptr + s * DB_SLOT + hs[:, None] * DB_H + r[None, :] * DB_R, mask=ok, other=0.0)
+        tl.store(rows_ptr + (g * R + r[None, :]) * H + hs[:, None], b.to(rows_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit

@@ -700,7 +700,6 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
         with side:
             _shrink(x, p, ga, sh, mid, k=H, ldx=H, x_o_off=0, rank=R, outer=O, a_slot=O * 2 * R,
                     a_outer=2 * R, halves=2, br=br, zero_mid=not in_down, key=("shrink_up", key), pdl=pdl)
-            _cat_slot_rows(ops, p.cats)
         lora = Lora(True, sh, gb, da, db, mid, R, O, 0 if O == 1 else 1, br, in_down)
     else:
         lora = Lora.none(x)
@@ -1102,29 +1101,30 @@ def _act_slot_cat(ops: SinkOperands, x: torch.Tensor, cats: SlotCats | None) -> 
     return act_cat, act_cat[:, :nf]
 
 
-def _cat_slot_rows(ops: SinkOperands, cats: SlotCats | None) -> None:
-    """The used slots' ``B_s^T [R, H]`` into ``ops.w2_cat``'s rows after ``n*F``, block by block, if ``cats``."""
-    if cats is not None:
-        nf, R, G = ops.n * ops.intermediate, ops.max_rank, cats.slots.numel()
-        rows = ops.w2_cat[nf:nf + G * R].view(G, R, ops.hidden)
-        rows.copy_(ops.buffers[3].index_select(0, cats.slots)[:, 0].transpose(1, 2))
-
-
 def _down_slot_cats(ops: SinkOperands, act_cat: torch.Tensor, mid: torch.Tensor, p: Plan, out: torch.Tensor,
                     zero_sh: bool = False) -> torch.Tensor:
     """The down side of several slots as one GEMM (v37, ``_down_cat`` for each used slot): ``act_cat = [act |
     scale_s * mid in slot s's block]`` ``[T, n*F + G*R]`` (``kernels.spread_kernel``, from the down shrink
     ``mid [T, R]``) times ``w2_cat = [w2_lin ; B_0^T ; ... ; B_{G-1}^T]`` ``[n*F + G*R, H]``: ``out`` is written once,
     where the down epilogue reads it and writes it again, for ``G*R`` more steps of ``K`` (zeros outside a
-    token's own block). ``zero_sh``: the spread also zeroes ``p.sh`` (the Triton shrinks' workspace)."""
-    T, nf, R = act_cat.shape[0], ops.n * ops.intermediate, ops.max_rank
+    token's own block). The same launch copies the used slots' ``B_s^T`` into ``w2_cat`` (v55: where two launches
+    of torch's beside the up GEMM did, 7-33 µs of index-select and copy in ``h100_kernels_v39.log``).
+    ``zero_sh``: the spread also zeroes ``p.sh`` (the Triton shrinks' workspace)."""
+    T, nf, R, H = act_cat.shape[0], ops.n * ops.intermediate, ops.max_rank, ops.hidden
     G = p.cats.slots.numel()
     sh, bsh = _workspace(p, mid, zero_sh)
-    _run(kernels.spread_kernel, (triton.cdiv(T, 64),),
-         (mid, p.slots, p.scalings, p.cats.block, act_cat[:, nf:], sh, T, R, G, act_cat.stride(0), sh.shape[1]),
+    db = ops.buffers[3]
+    bh = SPREAD_ROWS_H
+    _run(kernels.spread_kernel, (triton.cdiv(T, 64) + G * triton.cdiv(H, bh),),
+         (mid, p.slots, p.scalings, p.cats.block, act_cat[:, nf:], sh, db, p.cats.slots, ops.w2_cat[nf:], T, R, G, H,
+          act_cat.stride(0), sh.shape[1], db.stride(0), db.stride(2), db.stride(3)),
          fast=(p.fast, ("spread", zero_sh, mid.dtype, act_cat.dtype)), BM=64, BR=max(16, triton.next_power_of_2(R)),
-         BSH=bsh, ZERO_SH=zero_sh, num_warps=4)
+         BSH=bsh, BH=bh, ZERO_SH=zero_sh, num_warps=4)
     return torch.mm(act_cat, ops.w2_cat[:nf + G * R], out=out)
+
+
+SPREAD_ROWS_H = 128
+"""``spread_kernel``'s copy of a used slot's ``B_s^T``: ``[SPREAD_ROWS_H, R]`` a program."""
 
 
 def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) -> torch.Tensor:
@@ -1144,8 +1144,6 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) ->
     side = _Beside(x)
     with side:
         torch.mm(x, ops.w13_lin.T, out=y)
-        # after the GEMM on its stream: v40's copy beside it on this one ran 1-2 % slower (h100_side_by_side_v40*)
-        _cat_slot_rows(ops, p.cats)
     sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
     side.join()
     if p.act_runs is not None:
