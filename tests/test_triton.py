@@ -732,6 +732,21 @@ def test_the_down_runs_are_planned_from_the_measured_run_length(monkeypatch):
     assert tb.plan(ops, 768, even, x.device).down_runs is None  # the down GEMM's K carries it instead (v37)
 
 
+def test_the_activation_tiles_follow_v54s_measurements():
+    """v54 (``h100_activation_v54*.json``): the activation with the expand keeps a second buffer in flight (three
+    stages) at every measured point but several slots' runs at rank 64 on A's and the TP-8 slice's features, which
+    keep two; the one-slot chain takes it on those shapes too."""
+    def ops(shape: str, R: int) -> SimpleNamespace:
+        g = PRESETS[shape]
+        return SimpleNamespace(n=g.n, intermediate=g.intermediate, max_rank=R)
+    for shape in ("A", "B", "inkling", "inkling-tp8"):
+        for R in (16, 64):
+            assert tb.expand_tiles(ops(shape, R), False).stages == 3
+            deep = R == 16 or shape in ("B", "inkling")
+            assert tb.expand_tiles(ops(shape, R), True).stages == (3 if deep else 2), (shape, R)
+    assert tb.expand_tiles(ops("B", 64), True) == replace(tb.ONE_SLOT_TILES, stages=3)
+
+
 def route_slot_cats(monkeypatch) -> None:
     """Send several-slot batches of these tiny weights down the cuBLAS path with v37's down side."""
     monkeypatch.setattr(tb, "pick_tiles", lambda *a: CUBLAS)

@@ -711,7 +711,8 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if t.lora_up is not None:  # v33: up_act_kernel with the LoRA epilogue
         _up_act(ops, x, gammas, ops.w13, act, p, key, t.lora_up, lora)
     elif p.act_runs is not None and lora.on:
-        _expand_act(ops, y, gammas, act, lora.sh, lora.gb, ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
+        _expand_act(ops, y, gammas, act, lora.sh, lora.gb, expand_tiles(ops, True), runs=p.act_runs,
+                    scalings=p.scalings)
     else:
         _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
@@ -878,7 +879,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     """Every token on one slot ``s``, the cuBLAS path, shared outer: each shrink a cuBLAS GEMM
     on a side stream beside the base GEMM that reads the same input (``_Beside``), so the chain
     is four steps deep: ``sh = x A_s^T`` beside ``y = x w13_lin^T``; the expand ``scale_s * sh W1Δ_s^T``
-    and the activation (``_expand_act`` on ``p.tiles``, ``ONE_SLOT_TILES``); ``mid = act a_cat_s^T`` beside
+    and the activation (``_expand_act`` on ``expand_tiles``); ``mid = act a_cat_s^T`` beside
     ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``). Where ``chain_tokens``:
     ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
     flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17). ``w2_cat``: the
@@ -895,7 +896,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
     act = act_cat[:, :ops.n * ops.intermediate]
-    _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), p.tiles, s, scale)
+    _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), expand_tiles(ops, False), s, scale)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
@@ -1147,7 +1148,8 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) ->
     sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
     side.join()
     if p.act_runs is not None:
-        _expand_act(ops, y, gammas, act, sh, gb.contiguous(), ONE_SLOT_TILES, runs=p.act_runs, scalings=p.scalings)
+        _expand_act(ops, y, gammas, act, sh, gb.contiguous(), expand_tiles(ops, True), runs=p.act_runs,
+                    scalings=p.scalings)
     else:
         _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
     if p.cats is not None:  # v37
@@ -1376,6 +1378,26 @@ row tiles in flight (v36, ``h100_one_slot_v36.json``: the best of five tiles at 
 flush, within 1 % of the best at 26 read and 28 write, 3 % at all; the chain 0.94-1.01x the epilogue of ``up_kernel`` before it on these tiles and 0.89-1.00x its
 ``addmm`` fold, routed at R 64 from ``T * n*F`` of 2 M; B R 64 T 2048 350 -> 336 µs, Inkling R 64 T 2048 752 -> 728).
 As ``up_kernel``'s tiles (v17): 192 programs at TP8 T = 512, where 64 x 128 gave 48."""
+
+EXPAND_TILES = replace(ONE_SLOT_TILES, stages=3)
+"""``expand_act_kernel``'s tiles (``expand_tiles``): ``ONE_SLOT_TILES``' 32 x 64 on 4 warps with a second buffer of
+``y`` and ``sh``, the next row tile's copy in flight while a program computes (v54, ``h100_activation_v54*.json``, an
+H100, the activation alone at 2048 and 8192 tokens, every shape, R 16 / 64, S 1 / 4, both flushes): 0.85-0.97x two
+stages at 29 of 32 points read (B R 64 S 1 T 2048 28.9 -> 26.4 µs, Inkling R 64 S 4 T 8192 155 -> 133); four stages
+1.3-1.7x. Behind only on the runs of several slots at rank 64 on A's and the TP-8 slice's few features (1.01-1.09x
+read), which keep two (``EXPAND_NARROW_FEATURES``)."""
+
+EXPAND_NARROW_FEATURES = 1536
+"""``n*F`` up to which several slots' runs at ranks over 16 keep ``ONE_SLOT_TILES``' two stages (A's 1536, the TP-8
+slice's 768: v54)."""
+
+
+def expand_tiles(ops: SinkOperands, runs: bool) -> Tiles:
+    """The tiles of an ``expand_act_kernel`` launch on ``ops``' pool: one slot (``runs=False``) or several slots' runs
+    (``EXPAND_TILES``, v54)."""
+    narrow = runs and ops.max_rank > 16 and ops.n * ops.intermediate <= EXPAND_NARROW_FEATURES
+    return ONE_SLOT_TILES if narrow else EXPAND_TILES
+
 
 GRAPH_TOKENS = 256
 """Up to this many tokens an eager call on CUDA replays a CUDA graph of its launches."""

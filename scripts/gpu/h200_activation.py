@@ -3,8 +3,8 @@ sglang 0.5.23's own (``silu_and_mul_triton`` of ``sglang/kernels/ops/moe/inkling
 ``InklingBatchDenseMLP._swiglu`` of ``sglang/srt/models/inkling_common/dense_mlp.py`` calls for interleaved ``w13``), at 512-8192 tokens on every shape, R 16 / 64, one slot
 and four, both flushes, the sink's gate/up rows interleaved (the layout sglang's kernel reads):
 
-* ``expand``: ``expand_act_kernel`` with the LoRA's gate/up expand in it, as the forward runs it (one slot on
-  ``ONE_SLOT_TILES``; several slots over the batch's runs, ``plan``'s ``act_runs``), and on ``TILES``;
+* ``expand``: ``expand_act_kernel`` with the LoRA's gate/up expand in it, as the forward runs it (on ``expand_tiles``:
+  one slot, or several slots over the batch's runs, ``plan``'s ``act_runs``), and on ``TILES``;
 * ``bare``: the kit's activation without the LoRA (``up_kernel``'s epilogue over ``y``, ``plan``'s tiles: what the
   merged and folded paths run);
 * ``swiglu``: sglang's (with ``--wheel``).
@@ -34,7 +34,8 @@ TOKENS = (512, 2048, 8192)
 RANKS = (16, 64)
 SLOTS = (1, 4)
 TILES = {"x32f128w4": (32, 128, 4, 2), "x64f64w4": (64, 64, 4, 2)}
-"""``expand``'s other tiles: tokens and features a tile, warps, row tiles in flight (``ONE_SLOT_TILES``: 32, 64, 4, 2)."""
+"""``expand``'s other tiles: tokens and features a tile, warps, row tiles in flight (``ONE_SLOT_TILES``: 32, 64, 4, 2;
+``EXPAND_TILES``: 32, 64, 4, 3, v54)."""
 
 
 def reference(ops, y: torch.Tensor, sh: torch.Tensor, gammas: torch.Tensor, slots: torch.Tensor,
@@ -83,7 +84,7 @@ def contenders(ops, x: torch.Tensor, y: torch.Tensor, sh: torch.Tensor, gammas: 
         tb._up(ops, x, y, gammas, act, p, tb.Lora.none(x))
         return act
 
-    fns = {"expand": expand(tb.ONE_SLOT_TILES), "bare": bare}
+    fns = {"expand": expand(tb.expand_tiles(ops, not one)), "bare": bare}
     for name, (bm, bf, warps, stages) in TILES.items():
         fns[f"expand_{name}"] = expand(dataclasses.replace(tb.ONE_SLOT_TILES, bm=bm, bf=bf, warps=warps, stages=stages))
     if swiglu is not None:
