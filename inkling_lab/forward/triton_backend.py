@@ -1385,7 +1385,8 @@ EXPAND_TILES = replace(ONE_SLOT_TILES, stages=3)
 H100, the activation alone at 2048 and 8192 tokens, every shape, R 16 / 64, S 1 / 4, both flushes): 0.85-0.97x two
 stages at 29 of 32 points read (B R 64 S 1 T 2048 28.9 -> 26.4 µs, Inkling R 64 S 4 T 8192 155 -> 133); four stages
 1.3-1.7x. Behind only on the runs of several slots at rank 64 on A's and the TP-8 slice's few features (1.01-1.09x
-read), which keep two (``EXPAND_NARROW_FEATURES``)."""
+read), which keep two (``EXPAND_NARROW_FEATURES``). Measured at 2048 and 8192 tokens only: the chain from 17 tokens
+and the runs from 64 a run take it untimed (a program there walks few row tiles, so the second buffer is mostly idle)."""
 
 EXPAND_NARROW_FEATURES = 1536
 """``n*F`` up to which several slots' runs at ranks over 16 keep ``ONE_SLOT_TILES``' two stages (A's 1536, the TP-8
