@@ -711,8 +711,7 @@ def launch(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
     if t.lora_up is not None:  # v33: up_act_kernel with the LoRA epilogue
         _up_act(ops, x, gammas, ops.w13, act, p, key, t.lora_up, lora)
     elif p.act_runs is not None and lora.on:
-        _expand_act(ops, y, gammas, act, lora.sh, lora.gb, expand_tiles(ops, True), runs=p.act_runs,
-                    scalings=p.scalings)
+        _expand_act(ops, y, gammas, act, lora.sh, lora.gb, runs=p.act_runs, scalings=p.scalings)
     else:
         _up(ops, x, y, gammas, act, p, lora, key)
     mid = lora.mid
@@ -896,7 +895,7 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
     act = act_cat[:, :ops.n * ops.intermediate]
-    _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), expand_tiles(ops, False), s, scale)
+    _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), slot=s, scale=scale)
     if w2_cat is not None:
         return _down_cat(ops, act_cat, s, scale, w2_cat, out)
     mid = torch.empty(T, R, dtype=x.dtype, device=x.device)
@@ -954,12 +953,14 @@ def _workspace(p: Plan, mid: torch.Tensor, zero_sh: bool) -> tuple[torch.Tensor,
 
 
 def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: torch.Tensor, sh: torch.Tensor,
-                gb: torch.Tensor, t: Tiles, slot: int = 0, scale: float = 1.0, runs: "Runs | None" = None,
+                gb: torch.Tensor, t: Tiles | None = None, slot: int = 0, scale: float = 1.0, runs: "Runs | None" = None,
                 scalings: torch.Tensor | None = None) -> None:
     """One ``expand_act_kernel`` launch (its docstring names the operands): ``y [T, n*2F]``, ``sh [T, O*2R]`` and
     ``gb``, the pool's gate-up B (contiguous), into ``act [T, n*F]`` (any row stride), every token on ``slot`` at
     ``scale``, or (``runs``) each run on its own slot at ``scalings[s]``; ``t.bm`` tokens by ``t.bf`` features a tile,
-    ``t.warps``, ``t.stages`` row tiles in flight, ~``TARGET_PROGRAMS`` programs."""
+    ``t.warps``, ``t.stages`` row tiles in flight, ~``TARGET_PROGRAMS`` programs (``t`` as routed, ``expand_tiles``,
+    unless given)."""
+    t = t or expand_tiles(ops, runs is not None)
     T, (n, F) = y.shape[0], (ops.n, ops.intermediate)
     O = ops.buffers[0].shape[1]
     R = sh.shape[1] // (2 * O)
@@ -1109,7 +1110,7 @@ def _down_slot_cats(ops: SinkOperands, act_cat: torch.Tensor, mid: torch.Tensor,
     ``mid [T, R]``) times ``w2_cat = [w2_lin ; B_0^T ; ... ; B_{G-1}^T]`` ``[n*F + G*R, H]``: ``out`` is written once,
     where the down epilogue reads it and writes it again, for ``G*R`` more steps of ``K`` (zeros outside a
     token's own block). The same launch copies the used slots' ``B_s^T`` into ``w2_cat`` (v55: where two launches
-    of torch's beside the up GEMM did, 7-33 µs of index-select and copy in ``h100_kernels_v39.log``).
+    of torch's on the up GEMM's side stream did, 7-33 µs of index-select and copy in ``h100_kernels_v39.log``).
     ``zero_sh``: the spread also zeroes ``p.sh`` (the Triton shrinks' workspace)."""
     T, nf, R, H = act_cat.shape[0], ops.n * ops.intermediate, ops.max_rank, ops.hidden
     G = p.cats.slots.numel()
@@ -1148,8 +1149,7 @@ def _launch_grouped(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor) ->
     sh = torch._grouped_mm(x, ga[:, 0].transpose(1, 2), offs=offs)            # [T, 2R]
     side.join()
     if p.act_runs is not None:
-        _expand_act(ops, y, gammas, act, sh, gb.contiguous(), expand_tiles(ops, True), runs=p.act_runs,
-                    scalings=p.scalings)
+        _expand_act(ops, y, gammas, act, sh, gb.contiguous(), runs=p.act_runs, scalings=p.scalings)
     else:
         _up(ops, x, y, gammas, act, p, Lora(True, sh, gb, da, db, x, R, 1, 0, br))
     if p.cats is not None:  # v37

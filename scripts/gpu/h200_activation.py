@@ -71,7 +71,7 @@ def contenders(ops, x: torch.Tensor, y: torch.Tensor, sh: torch.Tensor, gammas: 
     slot = int(runs.slots[0])
     scale = float(p.scalings[slot])  # read before capture: a device-to-host copy cannot sit inside a CUDA graph
 
-    def expand(t: tb.Tiles):
+    def expand(t: "tb.Tiles | None"):
         def run():
             if one:
                 tb._expand_act(ops, y, gammas, act, sh, gb, t, slot, scale)
@@ -84,7 +84,7 @@ def contenders(ops, x: torch.Tensor, y: torch.Tensor, sh: torch.Tensor, gammas: 
         tb._up(ops, x, y, gammas, act, p, tb.Lora.none(x))
         return act
 
-    fns = {"expand": expand(tb.expand_tiles(ops, not one)), "bare": bare}
+    fns = {"expand": expand(None), "bare": bare}  # None: the tiles the forward routes (expand_tiles)
     for name, (bm, bf, warps, stages) in TILES.items():
         fns[f"expand_{name}"] = expand(dataclasses.replace(tb.ONE_SLOT_TILES, bm=bm, bf=bf, warps=warps, stages=stages))
     if swiglu is not None:

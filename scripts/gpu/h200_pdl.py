@@ -541,7 +541,8 @@ def main() -> int:
     ap.add_argument("--down-shrink", action="store_true",
                     help="also v52's down shrink in the down kernel (Tiles.down_shrink)")
     args = ap.parse_args()
-    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP), (args.down_shrink, DOWN_SHRINK)):
+    for asked, extra in ((args.gather, GATHER), (args.up_act, UP_ACT), (args.pdl_up, PDL_UP),
+                         (args.down_shrink, DOWN_SHRINK)):
         if asked:
             VARIANTS.update(extra)
             CHECKED.extend(extra)
