@@ -170,12 +170,14 @@ def check(ops, x, gammas, batch, t, ref, ref_base, c) -> dict:
     return errs
 
 
-def run_arguments(doc: str, shapes, ceiling: bool = False) -> argparse.ArgumentParser:
-    """The options every H200 run script of this folder takes: the sglang wheel, the record's
-    path, the replays per point and the shapes (default ``shapes``), and with ``ceiling`` the card's
-    stream-ceiling record (``stream_ceilings``); ``doc``'s first line describes it."""
+def run_arguments(doc: str, shapes, ceiling: bool = False, wheel: bool = True) -> argparse.ArgumentParser:
+    """The options every H200 run script of this folder takes: the sglang wheel (unless ``wheel`` is off: a
+    sweep that times no sglang path), the record's path, the replays per point and the shapes (default
+    ``shapes``), and with ``ceiling`` the card's stream-ceiling record (``stream_ceilings``); ``doc``'s first
+    line describes it."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
-    ap.add_argument("--wheel", required=True)
+    if wheel:
+        ap.add_argument("--wheel", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(shapes))

@@ -11,14 +11,13 @@ each token with its own slot's factor before it is timed.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
 
 import torch
 
-import h200_pdl  # this folder's: run_environment, record_head, timed_medians, finish_record
+import h200_pdl  # this folder's: run_arguments, run_environment, record_head, timed_medians, finish_record
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
 
@@ -96,10 +95,7 @@ def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--shapes", default=",".join(pr.SIDE_SHAPES))
+    ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES, wheel=False)
     ap.add_argument("--ranks", default="64")
     args = ap.parse_args()
     t0 = time.time()
