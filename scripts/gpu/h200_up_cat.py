@@ -8,7 +8,10 @@ CUDA graphs taking turns under both flushes:
 - ``beside``: the kit's pair, the shrink beside the up GEMM (one slot: ``torch.mm``; several: the grouped GEMM);
 - ``up_cat``: one cuBLAS GEMM over ``[w13_lin; A_g for each used slot g]`` ``[n*2F + G*2R, H]`` (a copy made once,
   outside the timing): ``y`` in the first ``n*2F`` columns, each used slot's shrink of every token after them
-  (``G`` times the shrink's FLOPs for ``G`` slots, one launch and one read of ``x``).
+  (``G`` times the shrink's FLOPs for ``G`` slots, one launch and one read of ``x``);
+- at one slot also (v56b) the pair arranged as the several-slot path has it: ``grouped_side``, the shrink as a grouped
+  GEMM of one group on the side stream; ``swapped``, the up GEMM on the side stream and ``torch.mm``'s shrink on this
+  one; ``grouped_swapped``, the up GEMM on the side stream and the one-group grouped GEMM on this one.
 
 Each contender's ``y`` and each token's own slot's ``sh`` are checked against the float64 products first; one that is
 wrong is not timed.
@@ -67,7 +70,28 @@ def contenders(ops, x: torch.Tensor, p: tb.Plan) -> dict:
         torch.mm(x, w13_cat.T, out=y_cat)
         return y_cat[:, :N], y_cat.gather(1, cols)
 
-    return {"up": up, "beside": beside, "up_cat": up_cat}
+    fns = {"up": up, "beside": beside, "up_cat": up_cat}
+    if len(used) == 1:
+        a1 = ga[used[0]:used[0] + 1].transpose(1, 2)           # one group: [1, H, 2R]
+        offs = torch.tensor([T], dtype=torch.int32, device=x.device)
+
+        def pair(shrink_on_side: bool, grouped: bool):
+            def shrink():
+                if grouped:
+                    sh.copy_(torch._grouped_mm(x, a1, offs=offs))
+                else:
+                    torch.mm(x, ga[used[0]].T, out=sh)
+
+            def run():
+                side = tb._Beside(x)
+                with side:
+                    shrink() if shrink_on_side else torch.mm(x, ops.w13_lin.T, out=y)
+                torch.mm(x, ops.w13_lin.T, out=y) if shrink_on_side else shrink()
+                side.join()
+                return y, sh
+            return run
+        fns.update(grouped_side=pair(True, True), swapped=pair(False, False), grouped_swapped=pair(False, True))
+    return fns
 
 
 def errors(fns: dict, x: torch.Tensor, ops, slots: torch.Tensor) -> dict:
@@ -101,14 +125,16 @@ def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: 
 def main() -> int:
     ap = h200_pdl.run_arguments(__doc__, pr.SIDE_SHAPES, wheel=False)
     ap.add_argument("--ranks", default="16,64")
+    ap.add_argument("--slots", default=",".join(map(str, SLOTS)))
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     args = ap.parse_args()
     t0 = time.time()
     rec = h200_pdl.record_head(h200_pdl.run_environment(), None, points=[])
     flushes = h200_pdl.both_flushes()
     for shape in args.shapes.split(","):
         for R in map(int, args.ranks.split(",")):
-            for S in SLOTS:
-                for T in TOKENS:
+            for S in map(int, args.slots.split(",")):
+                for T in map(int, args.tokens.split(",")):
                     row = point(shape, R, S, T, flushes, args.reps, timer=h200_pdl.timed_medians)
                     rec["points"].append(row)
                     for fl in flushes:
