@@ -960,7 +960,7 @@ def _expand_act(ops: SinkOperands, y: torch.Tensor, gammas: torch.Tensor, act: t
     ``scale``, or (``runs``) each run on its own slot at ``scalings[s]``; ``t.bm`` tokens by ``t.bf`` features a tile,
     ``t.warps``, ``t.stages`` row tiles in flight, ~``TARGET_PROGRAMS`` programs (``t`` as routed, ``expand_tiles``,
     unless given)."""
-    t = t or expand_tiles(ops, runs is not None)
+    t = t if t is not None else expand_tiles(ops, runs is not None)
     T, (n, F) = y.shape[0], (ops.n, ops.intermediate)
     O = ops.buffers[0].shape[1]
     R = sh.shape[1] // (2 * O)

@@ -269,6 +269,16 @@ def kept_plan(tb, sink, p, x: torch.Tensor, batch) -> tuple:
                                     split=None, tiles=p.tiles if p.tiles.cublas else tb.ONE_SLOT_TILES)
 
 
+def own_slot_products(src: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``[T, N]`` float64: each token times its own slot's ``a [S, N, K]`` (slot ``-1``: zeros)."""
+    out = torch.zeros(src.shape[0], a.shape[1], dtype=torch.float64, device=src.device)
+    for s in slots.unique().tolist():
+        if s >= 0:
+            rows = slots == s
+            out[rows] = src[rows].double() @ a[s].double().T
+    return out
+
+
 def both_flushes() -> dict:
     """The L2 flush modes a sweep times each point under, by the name its record keys carry."""
     return {"read": pr.L2Flush("cuda"), "write": pr.L2Flush("cuda", mode="write")}

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-import h200_pdl  # this folder's: run_arguments, run_environment, record_head, timed_medians, finish_record
+import h200_pdl  # this folder's: the record, the timing and the products' reference (own_slot_products)
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
 
@@ -57,16 +57,6 @@ def shrink_contenders(ops, x: torch.Tensor, act: torch.Tensor, p: tb.Plan, side:
     return fns
 
 
-def reference(src: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """``[T, N]`` float64: each token times its own slot's ``a [S, N, K]`` (slot ``-1``: zeros)."""
-    out = torch.zeros(src.shape[0], a.shape[1], dtype=torch.float64, device=src.device)
-    for s in slots.unique().tolist():
-        if s >= 0:
-            rows = slots == s
-            out[rows] = src[rows].double() @ a[s].double().T
-    return out
-
-
 def kit_variant(T: int, ops) -> str:
     """The ``VARIANTS`` name of the shrink tiles ``pick_tiles`` gives the several-slot path at ``T`` tokens."""
     t = tb.pick_tiles(T, ops.n * ops.intermediate * ops.hidden, ops.hidden)
@@ -85,7 +75,7 @@ def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: 
     rows = []
     for side in ("up", "down"):
         fns = shrink_contenders(ops, sc.x, act, p, side)
-        ref = reference(*shrink_operands(ops, sc.x, act, side), p.slots.long())
+        ref = h200_pdl.own_slot_products(*shrink_operands(ops, sc.x, act, side), p.slots.long())
         errs = {k: records.relative_error(fn().clone(), ref, "fro") for k, fn in fns.items()}
         ok = {k: fn for k, fn in fns.items() if errs[k] < 1e-2}
         us = timer(ok, flushes, reps) if timer else {}

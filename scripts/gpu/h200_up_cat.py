@@ -10,7 +10,7 @@ CUDA graphs taking turns under both flushes:
   outside the timing): ``y`` in the first ``n*2F`` columns, each used slot's shrink of every token after them
   (``G`` times the shrink's FLOPs for ``G`` slots, one launch and one read of ``x``);
 - at one slot also (v56b) the pair arranged as the several-slot path has it: ``grouped_side``, the shrink as a grouped
-  GEMM of one group on the side stream; ``swapped``, the up GEMM on the side stream and ``torch.mm``'s shrink on this
+  GEMM (one group: the batch's ``offs``) on the side stream; ``swapped``, the up GEMM on the side stream and ``torch.mm``'s shrink on this
   one; ``grouped_swapped``, the up GEMM on the side stream and the one-group grouped GEMM on this one.
 
 Each contender's ``y`` and each token's own slot's ``sh`` are checked against the float64 products first; one that is
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-import h200_pdl  # this folder's: run_arguments, run_environment, record_head, both_flushes, timed_medians, finish_record
+import h200_pdl  # this folder's: the record, the timing and the products' reference (own_slot_products)
 from inkling_lab import profile as pr, records
 from inkling_lab.forward import triton_backend as tb
 
@@ -48,57 +48,43 @@ def contenders(ops, x: torch.Tensor, p: tb.Plan) -> dict:
         block[slots == s] = g
     cols = N + block.clamp(min=0)[:, None] * R2 + torch.arange(R2, device=x.device)
 
-    def up():
-        torch.mm(x, ops.w13_lin.T, out=y)
-        return y, None
+    def gemm():
+        return torch.mm(x, ops.w13_lin.T, out=y)
 
-    def beside():
-        side = tb._Beside(x)
-        if len(used) == 1:
-            with side:
-                torch.mm(x, ga[used[0]].T, out=sh)
-            torch.mm(x, ops.w13_lin.T, out=y)
-            side.join()
-            return y, sh
-        with side:
-            torch.mm(x, ops.w13_lin.T, out=y)
-        grouped = torch._grouped_mm(x, ga.transpose(1, 2), offs=p.offs)
-        side.join()
-        return y, grouped
+    def up():
+        return gemm(), None
 
     def up_cat():
         torch.mm(x, w13_cat.T, out=y_cat)
         return y_cat[:, :N], y_cat.gather(1, cols)
 
-    fns = {"up": up, "beside": beside, "up_cat": up_cat}
-    if len(used) == 1:
-        a1 = ga[used[0]:used[0] + 1].transpose(1, 2)           # one group: [1, H, 2R]
-        offs = torch.tensor([T], dtype=torch.int32, device=x.device)
+    def pair(shrink_on_side: bool, grouped: bool):
+        """The up GEMM and the shrink, one of them on the side stream (``_Beside``); the shrink ``torch.mm`` (one slot)
+        or ``torch._grouped_mm`` over the slots' runs (``p.offs``)."""
+        def shrink():
+            return torch._grouped_mm(x, ga.transpose(1, 2), offs=p.offs) if grouped else torch.mm(x, ga[used[0]].T, out=sh)
 
-        def pair(shrink_on_side: bool, grouped: bool):
-            def shrink():
-                if grouped:
-                    sh.copy_(torch._grouped_mm(x, a1, offs=offs))
-                else:
-                    torch.mm(x, ga[used[0]].T, out=sh)
+        def run():
+            first, second = (shrink, gemm) if shrink_on_side else (gemm, shrink)
+            side = tb._Beside(x)
+            with side:
+                a = first()
+            b = second()
+            side.join()
+            return y, (a if shrink_on_side else b)
+        return run
 
-            def run():
-                side = tb._Beside(x)
-                with side:
-                    shrink() if shrink_on_side else torch.mm(x, ops.w13_lin.T, out=y)
-                torch.mm(x, ops.w13_lin.T, out=y) if shrink_on_side else shrink()
-                side.join()
-                return y, sh
-            return run
-        fns.update(grouped_side=pair(True, True), swapped=pair(False, False), grouped_swapped=pair(False, True))
-    return fns
+    if len(used) > 1:  # the kit's pair as _launch_grouped has it
+        return {"up": up, "beside": pair(False, True), "up_cat": up_cat}
+    # the kit's pair as _launch_single has it, then v56b's three other arrangements of it
+    return {"up": up, "beside": pair(True, False), "up_cat": up_cat, "grouped_side": pair(True, True),
+            "swapped": pair(False, False), "grouped_swapped": pair(False, True)}
 
 
 def errors(fns: dict, x: torch.Tensor, ops, slots: torch.Tensor) -> dict:
     """Each contender's worst relative error (Frobenius) over ``y`` and, where it makes one, ``sh``, against float64."""
-    ga = ops.buffers[0][:, 0].double()
     y_ref = x.double() @ ops.w13_lin.double().T
-    sh_ref = torch.stack([x[t].double() @ ga[s].T for t, s in enumerate(slots.tolist())])
+    sh_ref = h200_pdl.own_slot_products(x, ops.buffers[0][:, 0], slots)
     out = {}
     for name, fn in fns.items():
         y, sh = fn()
