@@ -195,7 +195,7 @@ def test_a_replay_copies_only_what_the_caller_did_not_write_in_place(monkeypatch
     assert tb.static_io(ops, batch, 6) is io and io.x is not x and second is not io.out
     path.take()
     x2, g2 = torch.randn_like(x), torch.rand_like(gammas)
-    for args, copies in (((x2, g2, None), ["foreach_copy", "clone"]),        # the old call: in, then out
+    for args, copies in (((x2, g2, None), ["foreach_copy", "copy"]),         # the old call: in, then out
                          ((x2, g2, out), ["foreach_copy", "copy"]),          # out=: a copy, no new tensor
                          ((io.x, g2, out), ["copy", "copy"]),                # x written in place: gammas only
                          ((x2, io.gammas, io.out), ["copy"])):               # x only
@@ -209,6 +209,47 @@ def test_a_replay_copies_only_what_the_caller_did_not_write_in_place(monkeypatch
         assert got is args[2] if args[2] is not None else got is not io.out
         assert rel(got, reference_forward(ops, x2, g2, batch)) < 1e-5
     assert len(path.captured) == 1
+
+
+def test_a_callers_tensors_at_the_same_addresses_get_a_graph_of_their_own(monkeypatch):
+    """v57: the second time ``x``, ``gammas`` and ``out`` come at the same addresses, a graph is captured around them
+    and later calls copy nothing; new values written into them in place are read by each replay. Up to
+    ``OWN_GRAPHS`` address sets (3 here); any other set, an ``out`` that overlaps ``x``, and an ``x`` that is not
+    contiguous keep copying in and out, every result the reference's."""
+    monkeypatch.setattr(tb, "OWN_GRAPHS", 3)
+    sink, x, gammas, batch = make_case(2, 20, 10, 3, 3, 6, True, False, seed=29)
+    ops = sink.operands()
+    path = GraphPath(monkeypatch)
+    outs = [torch.full_like(x, float("nan")) for _ in range(4)]
+    tb.triton_forward(ops, x, gammas, batch, outs[0])                   # launched
+    tb.triton_forward(ops, x, gammas, batch, outs[0])                   # the static graph captured, copies
+    assert len(path.captured) == 1
+    gen = torch.Generator().manual_seed(3)
+    for i, out in enumerate(outs):
+        calls = [] if i == 0 else [["foreach_copy", "copy"]]            # a new address set: copied the first time
+        calls += [[], []]                                               # then its own graph, nothing copied
+        for copies in calls:
+            x.copy_(torch.randn(x.shape, generator=gen))                # new values at the same addresses
+            gammas.copy_(torch.rand(gammas.shape, generator=gen))
+            path.take()
+            got = tb.triton_forward(ops, x, gammas, batch, out)
+            want = copies if i < 3 else ["foreach_copy", "copy"]        # OWN_GRAPHS taken: the fourth set copies
+            assert path.take() == want and got is out
+            assert rel(got, reference_forward(ops, x, gammas, batch)) < 1e-5
+    own = [io for io in path.captured[1:]]
+    assert len(own) == 3 and all(io.x is x and io.gammas is gammas for io in own)
+    assert [io.out for io in own] == outs[:3]
+    strided = torch.randn(x.shape[1], 2 * x.shape[0], generator=gen)[:, ::2].T   # x's shape, not contiguous
+    keep = x.clone()
+    for args in ((strided, gammas, torch.empty_like(x)), (x, gammas, x)):           # then out is x itself
+        want = reference_forward(ops, args[0].clone(), gammas, batch)
+        for _ in range(3):                                          # the same addresses every time
+            x.copy_(keep)
+            path.take()
+            got = tb.triton_forward(ops, args[0], args[1], batch, args[2])
+            assert path.take() == ["foreach_copy", "copy"] and got is args[2]
+            assert rel(got, want) < 1e-5
+    assert len(path.captured) == 4                                  # no graph of their own
 
 
 def test_a_graph_is_keyed_on_the_storage_it_reads():

@@ -1416,7 +1416,8 @@ def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
     tensors (``static_io``: copies of the inputs where the caller has not asked for them
     first), every later one copies ``x`` and ``gammas`` in, replays and returns a copy
     of the output; ``x``, ``gammas`` or ``out`` that are those static tensors themselves
-    are not copied. The graph reads the batch's device tensors and the pool at every
+    are not copied, and a caller's own tensors that come back at the addresses of an
+    earlier call get a graph captured around them (``_own_graph``). The graph reads the batch's device tensors and the pool at every
     replay, so in-place updates of a ``SlotBatch.to(device)`` batch and of the pool
     are followed; new weight or pool storage makes a new graph. Inside a capture of
     the caller's own, the launches are enqueued directly. On the CPU it runs only under
@@ -1480,7 +1481,8 @@ def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """The graph of ``launch`` on plan ``p`` for ``x [T, H]``, ``gammas [T, n]`` (see
     ``triton_forward``) -> ``out [T, H]``: the caller's, else a new one. The plan's
-    static tensors (``p.fast["io"]``, a ``StaticIO``) are the graph's inputs and output."""
+    static tensors (``p.fast["io"]``, a ``StaticIO``) are the graph's inputs and output;
+    the caller's own tensors are, where they come back at the same addresses (``_own_graph``)."""
     key = graph_key(ops, x)
     graph = p.fast.get(key)
     if graph is None:  # first call: launch (compiles, fills the launch cache)
@@ -1492,17 +1494,60 @@ def _replay(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, p: Plan,
             io = p.fast["io"] = StaticIO(x.contiguous().clone(), gammas.contiguous().clone(), torch.empty_like(x))
         graph = p.fast[key] = _capture(ops, p, io)
     # Identity, not values: the caller's own static tensors are already the graph's inputs.
+    static = x is io.x, gammas is io.gammas, out is io.out
+    if all(static):
+        graph.replay()
+        return out
+    out = torch.empty_like(x) if out is None else out
+    own = _own_graph(ops, x, gammas, out, p, key) if not any(static) else None
+    if own is not None:
+        own.replay()
+        return out
     # Both copies are one dispatcher call (on CUDA one kernel where x and gammas share a dtype).
-    if x is not io.x:
-        if gammas is not io.gammas:
+    if not static[0]:
+        if not static[1]:
             torch._foreach_copy_([io.x, io.gammas], [x, gammas])
         else:
             io.x.copy_(x)
-    elif gammas is not io.gammas:
+    elif not static[1]:
         io.gammas.copy_(gammas)
     graph.replay()
-    if out is None:
-        return io.out.clone()  # io.out is the graph's: the next replay overwrites it
-    if out is not io.out:
-        out.copy_(io.out)
+    if not static[2]:
+        out.copy_(io.out)  # io.out is the graph's: the next replay overwrites it
     return out
+
+
+OWN_GRAPHS = 4
+"""Graphs a plan captures around a caller's own ``x``, ``gammas`` and ``out`` (``_own_graph``), per pool storage."""
+
+
+def _own_graph(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: torch.Tensor, p: Plan,
+               key: tuple) -> "torch.cuda.CUDAGraph | None":
+    """A graph of ``launch`` that reads ``x [T, H]`` and ``gammas [T, n]`` and writes ``out [T, H]`` where they
+    are: nothing copied in or out (v57, issue 26 target 4). A graph reads addresses, so it serves any later call
+    whose tensors sit at the same three addresses with the same dtypes, as a loop's do (the caching allocator
+    hands a freed block back to the next request of its size): captured the second time an address set comes,
+    up to ``OWN_GRAPHS`` of them; ``None`` (copy in and out) for any other set, for tensors that are not
+    contiguous, and for an ``out`` that shares memory with ``x`` or ``gammas`` (a launch reads ``x`` after it
+    starts writing)."""
+    if not (x.is_contiguous() and gammas.is_contiguous() and out.is_contiguous()):
+        return None
+    at = (x.data_ptr(), gammas.data_ptr(), gammas.dtype, out.data_ptr())
+    own = p.fast.get(("own", key))
+    if own is None:
+        own = p.fast[("own", key)] = ({}, set())
+    graphs, seen = own
+    graph = graphs.get(at)
+    if graph is not None or _shares_memory(out, x) or _shares_memory(out, gammas):  # the sizes are the plan's
+        return graph
+    if at in seen and len(graphs) < OWN_GRAPHS:
+        graph = graphs[at] = _capture(ops, p, StaticIO(x, gammas, out))
+    elif len(seen) < 16 * OWN_GRAPHS:
+        seen.add(at)
+    return graph
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes of contiguous ``a`` and ``b`` overlap."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()

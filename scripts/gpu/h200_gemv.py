@@ -146,6 +146,9 @@ def static_check(tokens=(1, 8, 32), calls: int = 200) -> list[dict]:
             row["out_rel_err"] = records.relative_error(sink(x, gammas, batch=batch, backend="triton", out=mine),
                                                         ref, "fro")
             row["plain_rel_err"] = records.relative_error(sink(x, gammas, batch=batch, backend="triton"), ref, "fro")
+            row["own_rel_err"] = own_check(sink, batch, now, x, gammas, mine)
+            key = ("own", tb.graph_key(ops, x))
+            row["own_graphs"] = len(tb.cached_plan(ops, T, batch, x.device).fast.get(key, ({}, ()))[0])
             row["host_us"] = {}
             for kind, fn in (("plain", lambda: sink(x, gammas, batch=batch, backend="triton")),
                              ("out", lambda: sink(x, gammas, batch=batch, backend="triton", out=mine)),
@@ -153,12 +156,29 @@ def static_check(tokens=(1, 8, 32), calls: int = 200) -> list[dict]:
                 torch.cuda.synchronize()
                 row["host_us"][kind] = pr.host_us(fn, calls)
             torch.cuda.synchronize()
-            row["ok"] = (row["static_out_returned"] and row["captured_around_io"]
-                         and max(errs + [row["out_rel_err"], row["plain_rel_err"]]) < 1e-2)
+            row["ok"] = (row["static_out_returned"] and row["captured_around_io"] and row["own_graphs"] > 0
+                         and max(errs + row["own_rel_err"] + [row["out_rel_err"], row["plain_rel_err"]]) < 1e-2)
             rows.append(row)
             print(f"static T={T} {label}: ok {row['ok']} errs {max(errs):.1e} host µs "
                   + " ".join(f"{k} {v:.1f}" for k, v in row["host_us"].items()), flush=True)
     return rows
+
+
+def own_check(sink, batch, slots_batch, x, gammas, out, calls: int = 4) -> list[float]:
+    """v57's graphs around the caller's own tensors (``_own_graph``): ``calls`` rounds of new inputs written into
+    ``x`` and ``gammas`` in place, each round a call with ``out=`` and a plain call (its result dropped before the
+    next round, so the caching allocator hands its block back), each against the float64 reference."""
+    errs, gen = [], torch.Generator().manual_seed(7)
+    ops = sink.operands()
+    for _ in range(calls):
+        x.copy_(torch.randn(x.shape, generator=gen))
+        gammas.copy_(torch.rand(gammas.shape, generator=gen))
+        ref = reference_forward(ops, x, gammas, slots_batch)
+        errs.append(records.relative_error(sink(x, gammas, batch=batch, backend="triton", out=out), ref, "fro"))
+        plain = sink(x, gammas, batch=batch, backend="triton")
+        errs.append(records.relative_error(plain, ref, "fro"))
+        del plain
+    return errs
 
 
 HOST_COLUMNS = ("resident_us", "resident_out_us", "resident_static_us", "host_batch_us", "host_batch_out_us",
