@@ -123,7 +123,7 @@ class GraphPath:
     copies its arguments back)."""
 
     def __init__(self, monkeypatch):
-        self.captured, self.copies, self._launching = [], [], False
+        self.captured, self.shares, self.copies, self._launching = [], [], [], False
         path = self
 
         class Graph:
@@ -137,8 +137,9 @@ class GraphPath:
                 finally:
                     path._launching = False
 
-        def capture(ops, p, io):
+        def capture(ops, p, io, share=None):
             self.captured.append(io)
+            self.shares.append(share)
             return Graph(ops, p, io)
 
         def counted(name, real):
@@ -239,6 +240,8 @@ def test_a_callers_tensors_at_the_same_addresses_get_a_graph_of_their_own(monkey
     own = [io for io in path.captured[1:]]
     assert len(own) == 3 and all(io.x is x and io.gammas is gammas for io in own)
     assert [io.out for io in own] == outs[:3]
+    static = tb.cached_plan(ops, 6, batch, x.device).fast[tb.graph_key(ops, x)]
+    assert path.shares == [None] + [static] * 3                      # one memory pool: the static graph's
     strided = torch.randn(x.shape[1], 2 * x.shape[0], generator=gen)[:, ::2].T   # x's shape, not contiguous
     keep = x.clone()
     for args in ((strided, gammas, torch.empty_like(x)), (x, gammas, x)):           # then out is x itself

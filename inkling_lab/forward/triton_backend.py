@@ -1451,16 +1451,20 @@ def static_io(ops: SinkOperands, batch: SlotBatch | None, tokens: int) -> Static
     return io
 
 
-def _capture(ops: SinkOperands, p: Plan, io: StaticIO) -> torch.cuda.CUDAGraph:
+def _capture(ops: SinkOperands, p: Plan, io: StaticIO, share: "torch.cuda.CUDAGraph | None" = None
+             ) -> torch.cuda.CUDAGraph:
     """A CUDA graph of ``launch`` on plan ``p``, reading ``io.x`` and ``io.gammas`` and
-    writing ``io.out`` (a warm-up launch on a side stream first, as torch's capture wants)."""
+    writing ``io.out`` (a warm-up launch on a side stream first, as torch's capture wants);
+    its workspaces from ``share``'s memory pool where given (the graphs of one plan already
+    share its workspaces, ``p.sh`` and the split's, so they are replayed one after another,
+    and nothing a replay leaves in its workspaces is read by the next)."""
     side = torch.cuda.Stream(io.x.device)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         launch(ops, io.x, io.gammas, p, io.out)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=None if share is None else share.pool()):
         launch(ops, io.x, io.gammas, p, io.out)
     return graph
 
@@ -1527,7 +1531,8 @@ def _own_graph(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: to
     are: nothing copied in or out (v57, issue 26 target 4). A graph reads addresses, so it serves any later call
     whose tensors sit at the same three addresses with the same dtypes, as a loop's do (the caching allocator
     hands a freed block back to the next request of its size): captured the second time an address set comes,
-    up to ``OWN_GRAPHS`` of them; ``None`` (copy in and out) for any other set, for tensors that are not
+    up to ``OWN_GRAPHS`` of them, their workspaces in the memory pool of the plan's graph on its static tensors;
+    ``None`` (copy in and out) for any other set, for tensors that are not
     contiguous, and for an ``out`` that shares memory with ``x`` or ``gammas`` (a launch reads ``x`` after it
     starts writing)."""
     if not (x.is_contiguous() and gammas.is_contiguous() and out.is_contiguous()):
@@ -1541,7 +1546,7 @@ def _own_graph(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: to
     if graph is not None or _shares_memory(out, x) or _shares_memory(out, gammas):  # the sizes are the plan's
         return graph
     if at in seen and len(graphs) < OWN_GRAPHS:
-        graph = graphs[at] = _capture(ops, p, StaticIO(x, gammas, out))
+        graph = graphs[at] = _capture(ops, p, StaticIO(x, gammas, out), share=p.fast[key])
     elif len(seen) < 16 * OWN_GRAPHS:
         seen.add(at)
     return graph
