@@ -114,6 +114,14 @@ def test_a_graph_replay_reads_each_calls_inputs_and_hands_out_its_own_output():
     assert len({first.data_ptr(), second.data_ptr(), outs.data_ptr()}) == 3
 
 
+def test_graphs_are_for_a_batch_of_1_to_graph_tokens_tokens_on_cuda():
+    batch = SlotBatch.from_segments([4], [0], 2, lora_ranks=[3, 3])
+    cuda = torch.device("cuda")
+    assert [tb.takes_graph(batch, cuda, T) for T in (0, 1, 256, 257)] == [False, True, True, False]
+    assert tb.GRAPH_TOKENS == 256
+    assert not tb.takes_graph(None, cuda, 4) and not tb.takes_graph(batch, torch.device("cpu"), 4)
+
+
 class GraphPath:
     """The graph path of ``triton_forward`` on the host: ``takes_graph`` says yes for any
     batch, no capture of the caller's runs, and ``_capture`` hands back a stand-in whose

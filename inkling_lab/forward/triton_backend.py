@@ -1432,8 +1432,8 @@ def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
 
 def takes_graph(batch: SlotBatch | None, device: torch.device, tokens: int) -> bool:
     """An eager forward of ``tokens`` tokens with ``batch`` on ``device`` replays a graph
-    (``_replay``): a batch, CUDA, up to ``GRAPH_TOKENS`` tokens."""
-    return batch is not None and device.type == "cuda" and tokens <= GRAPH_TOKENS
+    (``_replay``): a batch, CUDA, 1 to ``GRAPH_TOKENS`` tokens (none: nothing to launch)."""
+    return batch is not None and device.type == "cuda" and 0 < tokens <= GRAPH_TOKENS
 
 
 def static_io(ops: SinkOperands, batch: SlotBatch | None, tokens: int) -> StaticIO | None:
