@@ -261,6 +261,27 @@ def test_a_callers_tensors_at_the_same_addresses_get_a_graph_of_their_own(monkey
             assert path.take() == ["foreach_copy", "copy"] and got is args[2]
             assert rel(got, want) < 1e-5
     assert len(path.captured) == 4                                  # no graph of their own
+    seen = tb.cached_plan(ops, 6, batch, x.device).fast[("own", tb.graph_key(ops, x))][1]
+    assert 0 < len(seen) <= 16 * tb.OWN_GRAPHS
+
+
+def test_the_count_of_address_sets_seen_once_is_bounded_and_starts_again(monkeypatch):
+    """A run of new address sets (each seen once) never grows the count past ``16 * OWN_GRAPHS``: it starts again,
+    so a set that then comes twice still gets its graph."""
+    monkeypatch.setattr(tb, "OWN_GRAPHS", 1)
+    sink, x, gammas, batch = make_case(2, 20, 10, 3, 3, 6, True, True, seed=31)
+    ops = sink.operands()
+    path = GraphPath(monkeypatch)
+    outs = [torch.empty_like(x) for _ in range(41)]                 # held: 41 addresses, none twice
+    tb.triton_forward(ops, x, gammas, batch, outs[0])               # launched
+    for out in outs:                                                # the static graph, then one set each
+        tb.triton_forward(ops, x, gammas, batch, out)
+    seen = tb.cached_plan(ops, 6, batch, x.device).fast[("own", tb.graph_key(ops, x))][1]
+    assert len(seen) == 41 - 16 * 2 and len(path.captured) == 1
+    path.take()
+    got = tb.triton_forward(ops, x, gammas, batch, outs[-1])        # the last one's second call: its graph
+    assert path.take() == [] and len(path.captured) == 2 and path.captured[-1].out is outs[-1]
+    assert rel(got, reference_forward(ops, x, gammas, batch)) < 1e-5
 
 
 def test_a_graph_is_keyed_on_the_storage_it_reads():

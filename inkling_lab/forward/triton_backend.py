@@ -1533,8 +1533,8 @@ def _own_graph(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: to
     hands a freed block back to the next request of its size): captured the second time an address set comes,
     up to ``OWN_GRAPHS`` of them, their workspaces in the memory pool of the plan's graph on its static tensors;
     ``None`` (copy in and out) for any other set, for tensors that are not
-    contiguous, and for an ``out`` that shares memory with ``x`` or ``gammas`` (a launch reads ``x`` after it
-    starts writing)."""
+    contiguous, and for an ``out`` that shares memory with ``x`` or ``gammas`` (nothing orders every read of
+    ``x`` in the launches before their first write of ``out``)."""
     if not (x.is_contiguous() and gammas.is_contiguous() and out.is_contiguous()):
         return None
     at = (x.data_ptr(), gammas.data_ptr(), gammas.dtype, out.data_ptr())
@@ -1545,11 +1545,14 @@ def _own_graph(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: to
     graph = graphs.get(at)
     if graph is not None or _shares_memory(out, x) or _shares_memory(out, gammas):  # the sizes are the plan's
         return graph
-    if at in seen and len(graphs) < OWN_GRAPHS:
-        graph = graphs[at] = _capture(ops, p, StaticIO(x, gammas, out), share=p.fast[key])
-    elif len(seen) < 16 * OWN_GRAPHS:
-        seen.add(at)
-    return graph
+    if at in seen:
+        if len(graphs) < OWN_GRAPHS:
+            graph = graphs[at] = _capture(ops, p, StaticIO(x, gammas, out), share=p.fast[key])
+        return graph
+    if len(seen) >= 16 * OWN_GRAPHS:  # bounded: a run of new address sets starts the count again
+        seen.clear()
+    seen.add(at)
+    return None
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
