@@ -11,6 +11,7 @@ One module per part, each importable alone; this package's names are the whole o
 * ``side_by_side``: the kit against sglang 0.5.23's paths from its wheel (``--vs-upstream``);
 * ``passes``: how two passes of the side by side agree (``--show FIRST --against SECOND``);
 * ``graph_capture``: the user-level forward in a CUDA graph (``--graph-check``);
+* ``host_phases``: a recorded run's host cost per call in the CPU's fast and slow phases (target 4);
 * ``command``: ``inkling-lab profile`` (``register_cli``; ``python -m inkling_lab.profile``).
 
 Every case's inputs come from the one seeded factory (``Case.scenario`` ->
@@ -21,6 +22,7 @@ from .benchmark import (Record, backend_runner, check_correctness, correctness_c
                         load_record, run_grid, summary_table, time_case)
 from .command import main, profile_command, register_cli
 from .graph_capture import graph_check
+from .host_phases import host_phase_rows, host_phase_table, phase_windows
 from .passes import pass_agreement, pass_agreement_text
 from .roofline_model import (GRID_RANKS, GRID_SLOTS, GRID_TOKENS, RECORD_FIELDS, SHAPES, SIDE_SHAPES, SIDE_TOKENS,
                              TARGET_LARGE_T, TARGET_SMALL_T, TARGET_VS_BASE_LARGE_T, UPSTREAM_ISSUE4, Case, Issue4,
@@ -42,5 +44,5 @@ __all__ = [
     "load_side_by_side", "run_side_by_side", "side_by_side_case", "side_by_side_cases", "side_by_side_rows",
     "side_by_side_summary", "side_by_side_table", "side_by_side_variants", "stream_ceiling_table", "KIT_VARIANTS",
     "kits", "base_outliers", "BASE_SPREAD",
-    "pass_agreement", "pass_agreement_text", "graph_check", "main", "profile_command", "register_cli",
+    "pass_agreement", "pass_agreement_text", "graph_check", "host_phase_rows", "host_phase_table", "phase_windows", "main", "profile_command", "register_cli",
 ]
