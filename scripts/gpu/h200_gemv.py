@@ -30,7 +30,6 @@ their host µs); exit status 1 if a check failed.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -181,15 +180,11 @@ def own_check(sink, batch, slots_batch, x, gammas, out, calls: int = 4) -> list[
     return errs
 
 
-HOST_COLUMNS = ("resident_us", "resident_out_us", "resident_static_us", "host_batch_us", "host_batch_out_us",
-                "host_batch_static_us", "python_loop_us")
-
-
 def print_host(host: list[dict]) -> None:
-    for label in HOST_COLUMNS if host else ():
-        v = sorted(r[label] for r in host)
-        print(f"host {label}: min {v[0]:.1f} median {statistics.median(v):.1f} max {v[-1]:.1f}")
-        print("   ", " ".join(f"{r[label]:.1f}" for r in host))
+    """The host windows by the CPU's phase (``profile.host_phase_table``), then each window's fixed loop."""
+    if host:
+        print(pr.host_phase_table(host))
+        print("host python_loop_us:", " ".join(f"{w['python_loop_us']:.1f}" for w in host))
 
 
 def main() -> int:
