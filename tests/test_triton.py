@@ -245,9 +245,9 @@ def test_a_callers_tensors_at_the_same_addresses_get_a_graph_of_their_own(monkey
             want = copies if i < 3 else ["foreach_copy", "copy"]        # OWN_GRAPHS taken: the fourth set copies
             assert path.take() == want and got is out
             assert rel(got, reference_forward(ops, x, gammas, batch)) < 1e-5
-    own = [io for io in path.captured[1:]]
+    own = path.captured[1:]
     assert len(own) == 3 and all(io.x is x and io.gammas is gammas for io in own)
-    assert [io.out for io in own] == outs[:3]
+    assert all(io.out is o for io, o in zip(own, outs[:3]))
     static = tb.cached_plan(ops, 6, batch, x.device).fast[tb.graph_key(ops, x)]
     assert path.shares == [None] + [static] * 3                      # one memory pool: the static graph's
     strided = torch.randn(x.shape[1], 2 * x.shape[0], generator=gen)[:, ::2].T   # x's shape, not contiguous

@@ -1417,8 +1417,8 @@ def triton_forward(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor,
     first), every later one copies ``x`` and ``gammas`` in, replays and returns a copy
     of the output; ``x``, ``gammas`` or ``out`` that are those static tensors themselves
     are not copied, and a caller's own tensors that come back at the addresses of an
-    earlier call get a graph captured around them (``_own_graph``). The graph reads the batch's device tensors and the pool at every
-    replay, so in-place updates of a ``SlotBatch.to(device)`` batch and of the pool
+    earlier call get a graph captured around them (``_own_graph``). The graph reads the
+    batch's device tensors and the pool at every replay, so in-place updates of a ``SlotBatch.to(device)`` batch and of the pool
     are followed; new weight or pool storage makes a new graph. Inside a capture of
     the caller's own, the launches are enqueued directly. On the CPU it runs only under
     Triton's interpreter (``TRITON_INTERPRET=1``), else ``ISL-E014``."""
@@ -1532,9 +1532,9 @@ def _own_graph(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: to
     whose tensors sit at the same three addresses with the same dtypes, as a loop's do (the caching allocator
     hands a freed block back to the next request of its size): captured the second time an address set comes,
     up to ``OWN_GRAPHS`` of them, their workspaces in the memory pool of the plan's graph on its static tensors;
-    ``None`` (copy in and out) for any other set, for tensors that are not
-    contiguous, and for an ``out`` that shares memory with ``x`` or ``gammas`` (nothing orders every read of
-    ``x`` in the launches before their first write of ``out``)."""
+    ``None`` (copy in and out) for any other set, for tensors that are not contiguous, and for an ``out`` that
+    shares memory with ``x`` or ``gammas`` (nothing orders every read of ``x`` in the launches before their first
+    write of ``out``)."""
     if not (x.is_contiguous() and gammas.is_contiguous() and out.is_contiguous()):
         return None
     at = (x.data_ptr(), gammas.data_ptr(), gammas.dtype, out.data_ptr())

@@ -44,5 +44,6 @@ __all__ = [
     "load_side_by_side", "run_side_by_side", "side_by_side_case", "side_by_side_cases", "side_by_side_rows",
     "side_by_side_summary", "side_by_side_table", "side_by_side_variants", "stream_ceiling_table", "KIT_VARIANTS",
     "kits", "base_outliers", "BASE_SPREAD",
-    "pass_agreement", "pass_agreement_text", "graph_check", "host_phase_rows", "host_phase_table", "phase_windows", "main", "profile_command", "register_cli",
+    "pass_agreement", "pass_agreement_text", "graph_check", "host_phase_rows", "host_phase_table", "phase_windows",
+    "main", "profile_command", "register_cli",
 ]

@@ -44,7 +44,8 @@ def host_phase_rows(windows: Iterable[dict]) -> list[dict]:
         loop = statistics.median(w["python_loop_us"] for w in ws)
         for batch in ("resident", "host_batch"):
             for way, column in WAYS.items():
-                v = sorted(w[column.format(batch)] for w in ws if column.format(batch) in w)
+                col = column.format(batch)
+                v = sorted(w[col] for w in ws if col in w)
                 if v:
                     rows.append({"phase": phase, "batch": batch, "way": way, "windows": len(v), "min": v[0],
                                  "median": statistics.median(v), "max": v[-1], "loop": loop,
