@@ -480,6 +480,43 @@ def test_auto_sends_one_slot_batches_past_16_tokens_to_the_cublas_chain(monkeypa
     assert tb.folds(tb.FOLD_TOKENS, 1) and not tb.folds(tb.FOLD_TOKENS, 0)  # A-sized weights keep the chain
 
 
+def test_swaps_follows_the_grouped_gemms_conditions():
+    """v56b's arrangement of ``_launch_single`` from ``SWAP_TOKENS`` (512) where torch's grouped GEMM takes the shrink:
+    bfloat16 on CUDA (other dtypes there loop on the host), 16-byte rows (``H``, ``R`` multiples of 8)."""
+    ops = SimpleNamespace(max_rank=16, hidden=6144, dtype=torch.bfloat16)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert tb.SWAP_TOKENS == 512
+    assert tb.swaps(512, ops, cuda) and not tb.swaps(511, ops, cuda)
+    assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "dtype": torch.float16}), cuda)
+    assert tb.swaps(2048, SimpleNamespace(**{**vars(ops), "dtype": torch.float32}), cpu)
+    assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "max_rank": 12}), cuda)
+    assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "hidden": 6148}), cuda)
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_one_slot_chain_past_swap_tokens_takes_the_grouped_shrink(interleaved, monkeypatch):
+    """A routed one-slot batch from ``SWAP_TOKENS`` gets ``offs [1]`` (its token count) at plan time and its shrink as a
+    one-group grouped GEMM of its own slot's factor (slot 2 of 3, not the first), to the reference; below the count,
+    or at a rank the grouped GEMM does not take, the plan has no ``offs`` and the shrink stays ``torch.mm``."""
+    route_one_slot(monkeypatch, "chain")
+    monkeypatch.setattr(tb, "SWAP_TOKENS", 20)
+    grouped = []
+    real = torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: grouped.append(a[1].shape) or real(*a, **k))
+    sink, x, gammas, _ = make_case(2, 40, 24, 8, 3, 21, True, interleaved, seed=27)
+    batch = SlotBatch.from_segments([21], [2], 3, lora_ranks=[8, 8, 8], scalings=[1.0, 1.0, -0.6])
+    out, p = run(sink, x, gammas, batch)
+    assert p.tiles == tb.ONE_SLOT_TILES and p.single_slot == 2 and p.offs.tolist() == [21]
+    assert grouped == [(1, 40, 16)]
+    assert rel(out, reference_forward(sink.operands(), x, gammas, batch)) < 1e-5
+    assert tb.plan(sink.operands(), 19, SlotBatch.from_segments([19], [2], 3, lora_ranks=[8, 8, 8]), x.device).offs is None
+    odd, x5, g5, _ = make_case(2, 40, 24, 5, 3, 21, True, interleaved, seed=27)
+    odd_batch = SlotBatch.from_segments([21], [2], 3, lora_ranks=[5, 5, 5])
+    out5, p5 = run(odd, x5, g5, odd_batch)
+    assert p5.single_slot == 2 and p5.offs is None and len(grouped) == 1
+    assert rel(out5, reference_forward(odd.operands(), x5, g5, odd_batch)) < 1e-5
+
+
 def test_cats_follows_the_measured_tokens_and_rank():
     ops = SimpleNamespace(w2_cat=object(), n=2, intermediate=3072, hidden=6144, max_rank=16)
     assert tb.cats(tb.CAT_TOKENS, ops) and not tb.cats(tb.CAT_TOKENS - 1, ops)
@@ -525,13 +562,19 @@ on 32-feature tiles (v36)."""
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 3), H=st.integers(8, 40), F=st.integers(4, 24), R=st.integers(1, 9), T=st.integers(1, 40),
        folded=st.booleans(), interleaved=st.booleans(), tiles=st.sampled_from(EXPANDS),
-       scale=st.floats(-2.0, 2.0, allow_nan=False), seed=st.integers(0, 2**16))
+       scale=st.floats(-2.0, 2.0, allow_nan=False), seed=st.integers(0, 2**16), swapped=st.booleans())
 def test_the_down_expand_as_more_k_matches_the_reference_on_random_shapes(n, H, F, R, T, folded, interleaved,
-                                                                         tiles, scale, seed):
+                                                                         tiles, scale, seed, swapped):
+    """``swapped``: the chain's v56b arrangement (``offs``: its shrink a one-group grouped GEMM), at ``H`` and ``R``
+    rounded up to multiples of 8 as ``swaps`` asks."""
+    if swapped:
+        H, R = 8 * -(-H // 8), 8 * -(-R // 8)
     sink, x, gammas, _ = make_case(n, H, F, R, 2, T, True, interleaved, seed)
     batch = SlotBatch.from_segments([T], [1], 2, lora_ranks=[R, R], scalings=[1.0, scale])
     ops = sink.operands()
     p = tb.plan(ops, T, batch, x.device, tiles)
+    if swapped:
+        p = replace(p, offs=torch.tensor([T], dtype=torch.int32))
     out = torch.full_like(x, float("nan"))
     if folded:
         tb._launch_folded(ops, x, gammas, p, out, ops.w2_cat)

@@ -535,6 +535,8 @@ def plan(ops: SinkOperands, num_tokens: int, batch: SlotBatch | None, device: to
     elif single >= 0:
         if routed and merges(num_tokens, ops, 1):
             extra = merge_operands(slots, device)
+        elif routed and swaps(num_tokens, ops, device) and not folds(num_tokens, weight_elems):
+            extra = {"offs": torch.tensor([num_tokens], dtype=torch.int32, device=device)}
     elif routed and (mode := grouped_mode(num_tokens, ops, device, len(active))):
         offs = segment_offsets(slots, ga.shape[0])  # None: not every token in its slot's run, in order
         if offs is not None:
@@ -882,17 +884,26 @@ def _launch_single(ops: SinkOperands, x, gammas, p: Plan, out: torch.Tensor,
     ``out = act w2_lin``; ``out += scale_s * mid B_s^T`` (``addmm``). Where ``chain_tokens``:
     ``h200_one_slot.json`` measured it 0.80-0.99x sglang's one-slot chain at 32-2048 tokens (both
     flushes), where the kit's v15 paths were 0.84-1.05x (KERNEL_NOTES.md v17). ``w2_cat``: the
-    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM."""
+    down side as ``_down_cat`` (v27), its ``B_s^T`` copied beside the up GEMM. With ``p.offs`` (``offs [1]``,
+    ``swaps``: v56b) the pair the other way round, as ``_launch_grouped`` has it: the up GEMM enqueued first, on
+    the side stream, and the shrink after it on this one, a grouped GEMM of one group."""
     s, scale = p.single_slot, p.single_scale
     ga, _, _, db = ops.buffers
     T, R = x.shape[0], ga.shape[2] // 2
     side = _Beside(x)
-    sh = torch.empty(T, 2 * R, dtype=x.dtype, device=x.device)
     act_cat = _act_cat(ops, x, w2_cat)                 # allocated on this stream: it is used on it
-    with side:
-        torch.mm(x, ga[s, 0].T, out=sh)                # [T, 2R]
+    if p.offs is None:
+        sh = torch.empty(T, 2 * R, dtype=x.dtype, device=x.device)
+        with side:
+            torch.mm(x, ga[s, 0].T, out=sh)            # [T, 2R]
+            _cat_rows(ops, s, w2_cat)
+        y = torch.mm(x, ops.w13_lin.T)                 # [T, n*2F], rows as in w13_lin
+    else:  # v56b: the up GEMM first, on the side stream; the shrink a one-group grouped GEMM after it
+        y = torch.empty(T, ops.w13_lin.shape[0], dtype=x.dtype, device=x.device)
+        with side:
+            torch.mm(x, ops.w13_lin.T, out=y)
+        sh = torch._grouped_mm(x, ga[s:s + 1, 0].transpose(1, 2), offs=p.offs)      # [T, 2R]
         _cat_rows(ops, s, w2_cat)
-    y = torch.mm(x, ops.w13_lin.T)                     # [T, n*2F], rows as in w13_lin
     side.join()
     act = act_cat[:, :ops.n * ops.intermediate]
     _expand_act(ops, y, gammas, act, sh, ops.buffers[1].contiguous(), slot=s, scale=scale)
@@ -1356,6 +1367,21 @@ def cats(num_tokens: int, ops: SinkOperands) -> bool:
     weights over ``SMALL_WEIGHTS``."""
     return (ops.w2_cat is not None and ops.n * ops.intermediate * ops.hidden > SMALL_WEIGHTS
             and num_tokens >= CAT_TOKENS * max(1, ops.max_rank // 16))
+
+
+SWAP_TOKENS = 512
+"""From this many tokens ``_launch_single`` enqueues the up GEMM first, on the side stream, and the shrink after it as
+a one-group grouped GEMM (``swaps``). Predicted from ``h100_up_cat_v56.json`` (v56: the one-slot shrink beside the
+up GEMM cost 6-16 µs over the GEMM alone at 2048 tokens, the several-slot grouped one 1-3 µs); v56b measures it."""
+
+
+def swaps(num_tokens: int, ops: SinkOperands, device) -> bool:
+    """A one-slot batch of ``num_tokens`` on ``_launch_single``'s chain takes v56b's arrangement (``SWAP_TOKENS``):
+    the grouped GEMM's conditions (``grouped_mode``: bfloat16 on CUDA, any dtype on the CPU; 16-byte rows of ``x``
+    and of the shrink, ``H`` and ``R`` multiples of 8)."""
+    cuda = torch.device(device).type == "cuda"
+    return (num_tokens >= SWAP_TOKENS and ops.max_rank % 8 == 0 and ops.hidden % 8 == 0
+            and not (cuda and ops.dtype != torch.bfloat16))
 
 
 GROUPED_TOKENS = 8192
