@@ -481,12 +481,15 @@ def test_auto_sends_one_slot_batches_past_16_tokens_to_the_cublas_chain(monkeypa
 
 
 def test_swaps_follows_the_grouped_gemms_conditions():
-    """v56b's arrangement of ``_launch_single`` from ``SWAP_TOKENS`` (512) where torch's grouped GEMM takes the shrink:
+    """v56b's arrangement of ``_launch_single`` from ``SWAP_TOKENS`` (512) on up GEMMs from ``SWAP_FEATURES`` (8192)
+    wide, as measured (B's ``n * 2F`` is 8192, the TP-8 slice's 1536), where torch's grouped GEMM takes the shrink:
     bfloat16 on CUDA (other dtypes there loop on the host), 16-byte rows (``H``, ``R`` multiples of 8)."""
-    ops = SimpleNamespace(max_rank=16, hidden=6144, dtype=torch.bfloat16)
+    ops = SimpleNamespace(max_rank=16, hidden=6144, dtype=torch.bfloat16, n=2, intermediate=2048)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert tb.SWAP_TOKENS == 512
+    assert (tb.SWAP_TOKENS, tb.SWAP_FEATURES) == (512, 8192)
     assert tb.swaps(512, ops, cuda) and not tb.swaps(511, ops, cuda)
+    assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "intermediate": 2047}), cuda)
+    assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "intermediate": 384}), cuda)  # the TP-8 slice
     assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "dtype": torch.float16}), cuda)
     assert tb.swaps(2048, SimpleNamespace(**{**vars(ops), "dtype": torch.float32}), cpu)
     assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "max_rank": 12}), cuda)
@@ -500,6 +503,7 @@ def test_one_slot_chain_past_swap_tokens_takes_the_grouped_shrink(interleaved, m
     or at a rank the grouped GEMM does not take, the plan has no ``offs`` and the shrink stays ``torch.mm``."""
     route_one_slot(monkeypatch, "chain")
     monkeypatch.setattr(tb, "SWAP_TOKENS", 20)
+    monkeypatch.setattr(tb, "SWAP_FEATURES", 96)  # n * 2F here
     grouped = []
     real = torch._grouped_mm
     monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: grouped.append(a[1].shape) or real(*a, **k))

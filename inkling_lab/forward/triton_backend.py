@@ -1369,19 +1369,23 @@ def cats(num_tokens: int, ops: SinkOperands) -> bool:
             and num_tokens >= CAT_TOKENS * max(1, ops.max_rank // 16))
 
 
-SWAP_TOKENS = 512
-"""From this many tokens ``_launch_single`` enqueues the up GEMM first, on the side stream, and the shrink after it as
-a one-group grouped GEMM (``swaps``). Predicted from ``h100_up_cat_v56.json`` (v56: the one-slot shrink beside the
-up GEMM cost 6-16 µs over the GEMM alone at 2048 tokens, the several-slot grouped one 1-3 µs); v56b measures it."""
+SWAP_TOKENS, SWAP_FEATURES = 512, 8192
+"""From ``SWAP_TOKENS`` tokens, on an up GEMM ``SWAP_FEATURES`` wide or wider (``n * 2F``: B and the real model, not A
+or the TP-8 slice), ``_launch_single`` enqueues the up GEMM first, on the side stream, and the shrink after it as a
+one-group grouped GEMM (``swaps``). v56b's probe (``h100_up_cat_v56b.json``, an H100, one slot, both flushes) timed that
+pair at 0.94-1.00x the kit's pair before (the shrink by ``torch.mm`` on the side stream) on B and Inkling at 512 and
+2048 tokens at both ranks (B R 16 T 512 under the write flush 1.024x), 1-6 µs over the up GEMM alone where the old
+pair was 3-16; at 128 tokens 1.02-1.18x; on A 1.03-1.59x and on the TP-8 slice 0.99-1.56x at every count (there the
+grouped GEMM on this stream waits for its share of an up GEMM too narrow to fill the GPU)."""
 
 
 def swaps(num_tokens: int, ops: SinkOperands, device) -> bool:
-    """A one-slot batch of ``num_tokens`` on ``_launch_single``'s chain takes v56b's arrangement (``SWAP_TOKENS``):
-    the grouped GEMM's conditions (``grouped_mode``: bfloat16 on CUDA, any dtype on the CPU; 16-byte rows of ``x``
-    and of the shrink, ``H`` and ``R`` multiples of 8)."""
+    """A one-slot batch of ``num_tokens`` on ``_launch_single``'s chain takes v56b's arrangement (``SWAP_TOKENS``,
+    ``SWAP_FEATURES``) where torch's grouped GEMM takes the shrink: bfloat16 on CUDA, any dtype on the CPU; 16-byte rows
+    of ``x`` and of the shrink (``H`` and ``R`` multiples of 8)."""
     cuda = torch.device(device).type == "cuda"
-    return (num_tokens >= SWAP_TOKENS and ops.max_rank % 8 == 0 and ops.hidden % 8 == 0
-            and not (cuda and ops.dtype != torch.bfloat16))
+    return (num_tokens >= SWAP_TOKENS and ops.n * 2 * ops.intermediate >= SWAP_FEATURES
+            and ops.max_rank % 8 == 0 and ops.hidden % 8 == 0 and not (cuda and ops.dtype != torch.bfloat16))
 
 
 GROUPED_TOKENS = 8192
