@@ -147,6 +147,17 @@ def sweep_script(name: str, monkeypatch, folder: Path = GPU_SCRIPTS) -> Iterator
             yield module, tb
 
 
+def sweep_fixture(name: str) -> Callable:
+    """A test module's ``script`` fixture: ``sweep_script(name)`` around each test that asks for it."""
+    import pytest
+
+    @pytest.fixture
+    def script(monkeypatch):
+        with sweep_script(name, monkeypatch) as loaded:
+            yield loaded
+    return script
+
+
 def recording_timer(seen: list) -> Callable:
     """A sweep script's ``timer`` for the CPU: appends the names it is given to time to ``seen`` and times each at 1 µs
     under the read flush."""

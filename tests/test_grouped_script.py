@@ -5,13 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from interpreted import stubbed_sweep, sweep_script
+from interpreted import stubbed_sweep, sweep_fixture
 
 
-@pytest.fixture
-def script(monkeypatch):
-    with sweep_script("h200_grouped", monkeypatch) as loaded:
-        yield loaded
+script = sweep_fixture("h200_grouped")
 
 
 @pytest.mark.slow

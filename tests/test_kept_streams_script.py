@@ -1,15 +1,11 @@
 """``scripts/gpu/h200_kept_streams.py``'s correctness pass on the CPU (``interpreted.sweep_script``), so the
 H200 call cannot die of a typo: every contender, the kept copies with ``run_streams`` on and off among
 them, is the adapters' forward for runs with an empty kept slot between them."""
-import pytest
 
-from interpreted import stubbed_sweep, sweep_script
+from interpreted import stubbed_sweep, sweep_fixture
 
 
-@pytest.fixture
-def script(monkeypatch):
-    with sweep_script("h200_kept_streams", monkeypatch) as loaded:
-        yield loaded
+script = sweep_fixture("h200_kept_streams")
 
 
 def test_the_kept_streams_pass_checks_every_contender(script):

@@ -8,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from interpreted import stubbed_sweep, sweep_script
+from interpreted import stubbed_sweep, sweep_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def script(monkeypatch):
-    with sweep_script("h200_merge", monkeypatch) as loaded:
-        yield loaded
+script = sweep_fixture("h200_merge")
 
 
 @pytest.mark.slow

@@ -2,17 +2,13 @@
 the unpadded product (zero rows of ``w13_lin`` add columns nobody reads, zero columns of ``act`` against zero rows of
 ``w2_lin`` add nothing), so the GPU call cannot die of a typo; a contender whose product is wrong is left out of the
 timing."""
-import pytest
 import torch
 
-from interpreted import recording_timer, sweep_script
+from interpreted import recording_timer, sweep_fixture
 from inkling_lab import profile as pr
 
 
-@pytest.fixture
-def script(monkeypatch):
-    with sweep_script("h200_pad", monkeypatch) as loaded:
-        yield loaded
+script = sweep_fixture("h200_pad")
 
 
 def test_every_pad_gives_the_unpadded_products(script):

@@ -7,14 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from interpreted import recording_timer, sweep_script
+from interpreted import recording_timer, sweep_fixture
 from inkling_lab import profile as pr
 
 
-@pytest.fixture
-def script(monkeypatch):
-    with sweep_script("h200_up_cat", monkeypatch) as loaded:
-        yield loaded
+script = sweep_fixture("h200_up_cat")
 
 
 @pytest.mark.parametrize("slots", [1, 3])
