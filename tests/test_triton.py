@@ -247,6 +247,7 @@ def test_a_callers_tensors_at_the_same_addresses_get_a_graph_of_their_own(monkey
             assert rel(got, reference_forward(ops, x, gammas, batch)) < 1e-5
     own = path.captured[1:]
     assert len(own) == 3 and all(io.x is x and io.gammas is gammas for io in own)
+    assert tb.own_graphs(ops, x, tb.cached_plan(ops, 6, batch, x.device)) == 3
     assert all(io.out is o for io, o in zip(own, outs[:3]))
     static = tb.cached_plan(ops, 6, batch, x.device).fast[tb.graph_key(ops, x)]
     assert path.shares == [None] + [static] * 3                      # one memory pool: the static graph's

@@ -1585,6 +1585,13 @@ def _own_graph(ops: SinkOperands, x: torch.Tensor, gammas: torch.Tensor, out: to
     return None
 
 
+def own_graphs(ops: SinkOperands, x: torch.Tensor, p: Plan) -> int:
+    """How many graphs around a caller's own tensors (``_own_graph``) plan ``p`` holds for ``x``'s graph (its dtype and
+    the pool's storages, ``graph_key``): what a GPU run records beside its host times, so a slow window can be told
+    apart from one that captured."""
+    return len(p.fast.get(("own", graph_key(ops, x)), ({}, ()))[0])
+
+
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the bytes of contiguous ``a`` and ``b`` overlap."""
     a0, b0 = a.data_ptr(), b.data_ptr()

@@ -146,8 +146,7 @@ def static_check(tokens=(1, 8, 32), calls: int = 200) -> list[dict]:
                                                         ref, "fro")
             row["plain_rel_err"] = records.relative_error(sink(x, gammas, batch=batch, backend="triton"), ref, "fro")
             row["own_rel_err"] = own_check(sink, batch, now, x, gammas, mine)
-            key = ("own", tb.graph_key(ops, x))
-            row["own_graphs"] = len(tb.cached_plan(ops, T, batch, x.device).fast.get(key, ({}, ()))[0])
+            row["own_graphs"] = tb.own_graphs(ops, x, tb.cached_plan(ops, T, batch, x.device))
             row["host_us"] = {}
             for kind, fn in (("plain", lambda: sink(x, gammas, batch=batch, backend="triton")),
                              ("out", lambda: sink(x, gammas, batch=batch, backend="triton", out=mine)),

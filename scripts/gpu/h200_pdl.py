@@ -511,9 +511,12 @@ def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
     batch) and of a fixed pure-Python loop; each batch three ways, one after the other in
     the window: the plain call (``{batch}_us``: a new output, the inputs copied in), with a
     caller's ``out=`` (``{batch}_out_us``: one output copy, no new tensor), and on the graph's
-    own static tensors (``{batch}_static_us``: ``sink.static_io``, nothing copied)."""
+    own static tensors (``{batch}_static_us``: ``sink.static_io``, nothing copied); and the graphs around the caller's
+    own tensors each batch's plan holds after the window (``{batch}_own_graphs``: one more than the window before, a
+    capture in that window)."""
     sc = pr.Case.of("A", 16, 4, 8).scenario("cuda")
     sink, x, gammas, batch = sc.sink, sc.x, sc.gammas, sc.batch
+    ops = sink.operands()
     resident, out = batch.to("cuda"), torch.empty_like(x)
     for b in (resident, batch):
         for _ in range(3):
@@ -530,6 +533,7 @@ def host_phases(seconds: float, window: float = 0.5) -> list[dict]:
                              ("_static", lambda: sink(io.x, io.gammas, batch=b, backend="triton", out=io.out))):
                 row[f"{label}{kind}_us"] = pr.host_us(fn, 100)
                 torch.cuda.synchronize()
+            row[f"{label}_own_graphs"] = tb.own_graphs(ops, x, tb.cached_plan(ops, x.shape[0], b, x.device))
         row["python_loop_us"] = pr.host_us(lambda: sum(range(200)), 100)
         rows.append(row)
         rest = window - (time.perf_counter() - t_start - row["t_s"])
