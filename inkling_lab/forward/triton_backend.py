@@ -1374,9 +1374,9 @@ SWAP_TOKENS, SWAP_FEATURES = 512, 8192
 or the TP-8 slice), ``_launch_single`` enqueues the up GEMM first, on the side stream, and the shrink after it as a
 one-group grouped GEMM (``swaps``). v56b's probe (``h100_up_cat_v56b.json``, an H100, one slot, both flushes) timed that
 pair at 0.94-1.00x the kit's pair before (the shrink by ``torch.mm`` on the side stream) on B and Inkling at 512 and
-2048 tokens at both ranks (B R 16 T 512 under the write flush 1.024x), 1-6 µs over the up GEMM alone where the old
-pair was 3-16; at 128 tokens 1.02-1.18x; on A 1.03-1.59x and on the TP-8 slice 0.99-1.56x at every count (there the
-grouped GEMM on this stream waits for its share of an up GEMM too narrow to fill the GPU)."""
+2048 tokens at both ranks (B R 16 T 512 under the write flush 1.024x), 0.5-5.6 µs over the up GEMM alone where the
+old pair was 2.6-15.7; at 128 tokens 1.02-1.18x; on A 1.00-1.59x and on the TP-8 slice 0.99-1.56x at every count
+(there the grouped GEMM on this stream waits for its share of an up GEMM too narrow to fill the GPU)."""
 
 
 def swaps(num_tokens: int, ops: SinkOperands, device) -> bool:
