@@ -65,13 +65,9 @@ def contenders(ops, x: torch.Tensor, p: tb.Plan) -> dict:
 
 def point(shape: str, R: int, T: int, flush, reps: int, device: str = "cuda", timer=None) -> dict:
     """One point, one slot: each contender's error against float64 and (with ``timer``) medians."""
-    sc = pr.Case.of(shape, R, 1, T).scenario(device)
-    ops = sc.sink.operands()
-    p = tb.plan(ops, T, sc.batch, sc.x.device)
-    if p.offs is None:
-        p = h200_up_cat.dataclasses.replace(p, offs=tb.segment_offsets(p.slots.cpu(), ops.slots).to(sc.x.device))
-    fns = contenders(ops, sc.x, p)
-    errs = h200_up_cat.errors(fns, sc.x, ops, p.slots.long())
+    ops, x, p = h200_up_cat.slot_ordered(shape, R, 1, T, device)
+    fns = contenders(ops, x, p)
+    errs = h200_up_cat.errors(fns, x, ops, p.slots.long())
     ok = {k: fn for k, fn in fns.items() if errs[k] < 1e-2}
     return {"shape": shape, "R": R, "S": 1, "T": T, "rel_err": errs, "us": timer(ok, {"read": flush}, reps) if timer else {}}
 

@@ -593,7 +593,7 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
     ``"epi"`` was 0.95x it on B at rank 64 and level on Inkling, the two shapes it routed on
     (``h100_multi_v38.json``, ``h100_multi_v39_epi.json``)."""
     R, nf = ops.max_rank, ops.n * ops.intermediate
-    if not ops.shared_outer or (torch.device(device).type == "cuda" and ops.dtype != torch.bfloat16):
+    if not ops.shared_outer or not _grouped_gemm_takes(ops, device):
         return ""
     merged = merges(num_tokens, ops, used) and ops.hidden % 8 == 0 and nf % 4 == 0  # the merged GEMM's 16-byte rows
     if merged and not slot_cats(num_tokens, ops, used):
@@ -602,6 +602,13 @@ def grouped_mode(num_tokens: int, ops: SinkOperands, device, used: int) -> str:
         return ""
     first = GROUPED_RANK_TOKENS if R >= GROUPED_MIN_RANK else GROUPED_TOKENS
     return "epi" if num_tokens >= first else ""
+
+
+def _grouped_gemm_takes(ops: SinkOperands, device) -> bool:
+    """Whether torch's grouped GEMM (``torch._grouped_mm``, CUTLASS) runs ``ops``' dtype on ``device`` as one launch:
+    bfloat16 on CUDA (other dtypes fall back to a loop that reads the offsets on the host), any dtype on the CPU
+    (Triton's interpreter)."""
+    return torch.device(device).type != "cuda" or ops.dtype == torch.bfloat16
 
 
 _PLANS: dict[tuple, tuple[weakref.ref, Plan]] = {}
@@ -1383,9 +1390,8 @@ def swaps(num_tokens: int, ops: SinkOperands, device) -> bool:
     """A one-slot batch of ``num_tokens`` on ``_launch_single``'s chain takes v56b's arrangement (``SWAP_TOKENS``,
     ``SWAP_FEATURES``) where torch's grouped GEMM takes the shrink: bfloat16 on CUDA, any dtype on the CPU; 16-byte rows
     of ``x`` and of the shrink (``H`` and ``R`` multiples of 8)."""
-    cuda = torch.device(device).type == "cuda"
     return (num_tokens >= SWAP_TOKENS and ops.n * 2 * ops.intermediate >= SWAP_FEATURES
-            and ops.max_rank % 8 == 0 and ops.hidden % 8 == 0 and not (cuda and ops.dtype != torch.bfloat16))
+            and ops.max_rank % 8 == 0 and ops.hidden % 8 == 0 and _grouped_gemm_takes(ops, device))
 
 
 GROUPED_TOKENS = 8192

@@ -95,15 +95,22 @@ def errors(fns: dict, x: torch.Tensor, ops, slots: torch.Tensor) -> dict:
     return out
 
 
-def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: str = "cuda", timer=None) -> dict:
-    """One point: every slot of ``S`` used, tokens in slot order; each contender's error and (with ``timer``) medians."""
+def slot_ordered(shape: str, R: int, S: int, T: int, device: str = "cuda") -> tuple:
+    """``(ops, x, p)`` at one point, every slot of ``S`` used, tokens in slot order: the plan with its runs' ``offs``
+    (made here where its routing made none)."""
     sc = pr.Case.of(shape, R, S, T).scenario(device)
     ops = sc.sink.operands()
     p = tb.plan(ops, T, sc.batch, sc.x.device)
     if p.offs is None:
         p = dataclasses.replace(p, offs=tb.segment_offsets(p.slots.cpu(), ops.slots).to(sc.x.device))
-    fns = contenders(ops, sc.x, p)
-    errs = errors(fns, sc.x, ops, p.slots.long())
+    return ops, sc.x, p
+
+
+def point(shape: str, R: int, S: int, T: int, flushes: dict, reps: int, device: str = "cuda", timer=None) -> dict:
+    """One point (``slot_ordered``): each contender's error and (with ``timer``) medians."""
+    ops, x, p = slot_ordered(shape, R, S, T, device)
+    fns = contenders(ops, x, p)
+    errs = errors(fns, x, ops, p.slots.long())
     ok = {k: fn for k, fn in fns.items() if errs[k] < 1e-2}
     return {"shape": shape, "R": R, "S": S, "T": T, "rel_err": errs, "us": timer(ok, flushes, reps) if timer else {}}
 
