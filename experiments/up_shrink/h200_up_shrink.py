@@ -69,7 +69,25 @@ def point(shape: str, R: int, T: int, flush, reps: int, device: str = "cuda", ti
     fns = contenders(ops, x, p)
     errs = h200_up_cat.errors(fns, x, ops, p.slots.long())
     ok = {k: fn for k, fn in fns.items() if errs[k] < 1e-2}
-    return {"shape": shape, "R": R, "S": 1, "T": T, "rel_err": errs, "us": timer(ok, {"read": flush}, reps) if timer else {}}
+    return {"shape": shape, "R": R, "S": 1, "T": T, "rel_err": errs,
+            "us": timer(ok, {"read": flush}, reps) if timer else {}}
+
+
+def summary(row: dict) -> str:
+    """One line for a point: cuBLAS's ways, the best Triton launch against ``beside`` and the best Triton up GEMM alone
+    against cuBLAS's, the worst error, and what was not timed."""
+    got = {k.split("@")[0]: u for k, u in row["us"].items()}
+    parts = [f"{row['shape']:<11} R{row['R']:<2} T{row['T']:<4}"]
+    parts += [f"{k} {got[k]:.1f}" for k in ("up", "beside", "grouped_swapped", "up_cat", "up_cat_pad") if k in got]
+    for alone, against in ((False, "beside"), (True, "up")):
+        tri = [k for k in got if k.startswith("tri_") and k.endswith("_up") == alone]
+        if tri and against in got:
+            best = min(tri, key=got.get)
+            parts.append(f"| {best} {got[best]:.1f} ({got[best] / got[against]:.3f}x {against})")
+    parts.append(f"| worst err {max(row['rel_err'].values()):.1e}")
+    if missing := sorted(set(row["rel_err"]) - set(got)):
+        parts.append(f"| not timed: {missing}")
+    return " ".join(parts)
 
 
 def main() -> int:
@@ -85,16 +103,7 @@ def main() -> int:
             for T in map(int, args.tokens.split(",")):
                 row = point(shape, R, T, flush, args.reps, timer=h200_pdl.timed_medians)
                 rec["points"].append(row)
-                got = {k.split("@")[0]: u for k, u in row["us"].items()}
-                best = min((k for k in got if k.startswith("tri_") and not k.endswith("_up")), key=got.get, default=None)
-                best_up = min((k for k in got if k.endswith("_up")), key=got.get, default=None)
-                print(f"{shape:<11} R{R:<2} T{T:<4} " + " ".join(f"{k} {got[k]:.1f}" for k in
-                      ("up", "beside", "grouped_swapped", "up_cat", "up_cat_pad") if k in got)
-                      + (f" | {best} {got[best]:.1f} ({got[best] / got['beside']:.3f}x beside)" if best and "beside" in got else "")
-                      + (f" | {best_up} {got[best_up]:.1f} ({got[best_up] / got['up']:.3f}x up)" if best_up and "up" in got else "")
-                      + f" | worst err {max(row['rel_err'].values()):.1e}"
-                      + ("" if len(got) == len(row["rel_err"]) else
-                         f" | not timed: {sorted(set(row['rel_err']) - set(got))}"), flush=True)
+                print(summary(row), flush=True)
                 records.write_json(args.out, rec)
     return h200_pdl.finish_record(rec, args.out, t0)
 

@@ -6,13 +6,14 @@ another kernel there. If the kit's base GEMMs can be made faster than the same G
 the several-slot points of target 3 that sit 1-2 % over the line gain that much. Timed at each point, as CUDA graphs
 taking turns under the read flush (medians):
 
-- ``up+<p>``: ``y [T, n*2F + p] = x [T, H] w^T`` with ``w = [w13_lin; p zero rows]`` (``up+0``: the kit's and sglang's
-  up GEMM); the first ``n*2F`` columns are the product whatever ``p`` is;
+- ``up+<p>``: ``y [T, n*2F + p] = x [T, H] w^T`` with ``w = [w13_lin; p zero rows]`` (``up+0``: the kit's up GEMM and
+  sglang 0.5.23's, ``forward_with_lora`` in ``sglang/srt/lora/trtllm_lora_temp/inkling_dense.py``); the first ``n*2F``
+  columns are the product whatever ``p`` is;
 - ``down+<p>``: ``out [T, H] = act [T, n*F + p] w [n*F + p, H]`` with ``p`` zero columns of ``act`` and zero rows of
-  ``w2_lin`` (``down+0``: the down GEMM): the same product, a longer ``K``.
+  ``w2_lin`` (``down+0``: the down GEMM, the kit's and that function's): the same product, a longer ``K``.
 
-Each is checked against the float64 product first (the padded up GEMM's first ``n*2F`` columns); one that is wrong is not
-timed.
+Each is checked against the float64 product first (the padded up GEMM's first ``n*2F`` columns); one that is wrong is
+not timed.
 
     INKLING_LAB_COMMIT=<commit> PYTHONPATH=.:scripts/gpu python3 scripts/gpu/h200_pad.py --out $OUT/NAME.json
 """
