@@ -69,6 +69,16 @@ def test_the_scripts_contenders_are_the_two_products(monkeypatch):
         want = {"up", "beside", "grouped_swapped", "up_cat", "up_cat_pad", "tri_small", "tri_small_up"}
         assert seen == [want] and set(row["rel_err"]) == want
         assert max(row["rel_err"].values()) < 1e-5, row["rel_err"]
+        # the products themselves, against the sink's weights and its slot's factor read here, not by the script
+        ops, x, p = module.h200_up_cat.slot_ordered("A", 16, 1, 40, "cpu")
+        slot = int(p.slots[0])
+        want_y = x.double() @ ops.w13_lin.double().T
+        want_sh = x.double() @ ops.buffers[0][slot, 0].double().T
+        for name, fn in module.contenders(ops, x, p).items():
+            y, sh = fn()
+            assert torch.allclose(y.double(), want_y, atol=1e-4, rtol=1e-4), name
+            if sh is not None:
+                assert torch.allclose(sh.double(), want_sh, atol=1e-4, rtol=1e-4), name
 
         right = ups.up_shrink
 
