@@ -120,8 +120,7 @@ def correctness(variants: dict = VARIANTS) -> list[dict]:
                     c = pr.Case.of(shape, 16, 3, T, interleaved=interleaved, dtype=dtype)
                     sc = c.scenario("cuda", seed=T + int(interleaved))
                     x, gammas, g = sc.x, sc.gammas, c.geometry
-                    one = SlotBatch.from_token_slots([2] * T, g.slots, lora_ranks=[g.max_rank, 0, g.max_rank],
-                                                     scalings=[0.7, 1.3, 0.7])
+                    one = h200_pdl.one_slot_batch(g, T)
                     ops = sc.sink.operands()
                     ref = reference_forward(ops, x, gammas, one)
                     errs = {}

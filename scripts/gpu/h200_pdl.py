@@ -247,6 +247,12 @@ def routed_fastest(points: list[dict], flush: str, contenders) -> int:
                <= 1.01 * min(r["us"].get(f"{k}@{flush}", inf) for k in contenders))
 
 
+def one_slot_batch(g, T: int) -> SlotBatch:
+    """The one-slot checks' batch on geometry ``g`` (three slots): every one of ``T`` tokens on slot 2, not the first,
+    at scaling 0.7, beside a rank-0 slot."""
+    return SlotBatch.from_token_slots([2] * T, g.slots, lora_ranks=[g.max_rank, 0, g.max_rank], scalings=[0.7, 1.3, 0.7])
+
+
 def checked_row(c: pr.Case, fns: dict, ref: torch.Tensor, label: str) -> dict:
     """``c``'s record with every contender of ``fns`` checked against ``ref`` (``check_contender``,
     graph replays included): ``rel_err`` per contender and ``ok`` (every one finite and under 1e-2)."""

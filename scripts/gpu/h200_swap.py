@@ -26,7 +26,6 @@ import torch
 
 import h200_pdl  # this folder's: the record, the timing, the checks
 from inkling_lab import profile as pr
-from inkling_lab.batch import SlotBatch
 from inkling_lab.forward import triton_backend as tb
 from inkling_lab.forward.reference import reference_forward
 
@@ -69,9 +68,7 @@ def correctness() -> list[dict]:
         for interleaved in (True, False):
             c = pr.Case.of(shape, R, 3, T, interleaved=interleaved)
             sc = c.scenario("cuda", seed=T + int(interleaved))
-            g = c.geometry
-            one = SlotBatch.from_token_slots([2] * T, g.slots, lora_ranks=[g.max_rank, 0, g.max_rank],
-                                             scalings=[0.7, 1.3, 0.7])
+            one = h200_pdl.one_slot_batch(c.geometry, T)
             ref = reference_forward(sc.sink.operands(), sc.x, sc.gammas, one)
             fns = contenders(sc.sink, sc.x, sc.gammas, one)
             rows.append(h200_pdl.checked_row(c, fns, ref, f"{shape} R{R} T{T} il={interleaved}"))
