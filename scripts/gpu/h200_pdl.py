@@ -250,7 +250,8 @@ def routed_fastest(points: list[dict], flush: str, contenders) -> int:
 def one_slot_batch(g, T: int) -> SlotBatch:
     """The one-slot checks' batch on geometry ``g`` (three slots): every one of ``T`` tokens on slot 2, not the first,
     at scaling 0.7, beside a rank-0 slot."""
-    return SlotBatch.from_token_slots([2] * T, g.slots, lora_ranks=[g.max_rank, 0, g.max_rank], scalings=[0.7, 1.3, 0.7])
+    return SlotBatch.from_token_slots([2] * T, g.slots, lora_ranks=[g.max_rank, 0, g.max_rank],
+                                      scalings=[0.7, 1.3, 0.7])
 
 
 def checked_row(c: pr.Case, fns: dict, ref: torch.Tensor, label: str) -> dict:

@@ -5,7 +5,8 @@ the points without ``_down_cat``'s row copy 2.5-3.7 % lower (B and the real mode
 them, but not B R 16 S 1 T 2048: 1.068 -> 1.092-1.100x read, where the probe timed the pair alone at 0.98-1.00x the
 old one. The swapped chain also moved that copy (``_cat_rows``, slot ``s``'s down ``B^T`` into ``w2_cat``) from the
 side stream, beside the up GEMM, to this one, after the shrink. This times the forward both ways in one process, as
-CUDA graphs taking turns under both flushes (``h200_pdl.timed_cases``), beside sglang 0.5.23's no-LoRA base:
+CUDA graphs taking turns under both flushes (``h200_pdl.timed_cases``), beside sglang 0.5.23's no-LoRA base
+(``forward_with_lora`` of ``sglang/srt/lora/trtllm_lora_temp/inkling_dense.py`` with no active adapter):
 
 - ``routed``: ``plan`` as routed (``swaps``: the up GEMM on the side stream, the one-group grouped shrink and the
   copy on this one);
