@@ -1387,10 +1387,11 @@ old pair was 2.6-15.7; at 128 tokens 1.02-1.18x; on A 1.00-1.59x and on the TP-8
 
 
 SWAP_SHRINK_ELEMS = 3 << 16
-"""``swaps`` only where the slot's gate/up ``A_s`` ``[2R, H]`` has at least this many elements: v56c and v56d
-(``h100_swap_v56c_*.json``, ``h100_swap_v56d.json``, the whole one-slot forward both ways in one process, two leases) had
-the swap 1-4 % ahead from the real model's R 16 (196 608) up and behind at B R 16 (131 072: 1.2-1.4 % at 2048 tokens in
-the read flush, 3.3-3.6 % at 512 in the write flush)."""
+"""``swaps`` only where the slot's gate/up ``A_s`` ``[2R, H]`` has at least this many elements: v56c
+(``h100_swap_v56c_*.json``, the whole one-slot forward both ways in one process, twice on one lease) had the swap 0-4 %
+ahead from the real model's R 16 (196 608) up and behind at B R 16 (131 072: 1.2-1.4 % at 2048 tokens in the read flush,
+3.3-3.6 % at 512 in the write flush). DRAFT on branch ``v56d``: merge only if ``h200_swap.py`` on a second lease repeats
+B R 16's loss (KERNEL_NOTES.md, v56d), and name its record here."""
 
 
 def swaps(num_tokens: int, ops: SinkOperands, device) -> bool:
