@@ -18,6 +18,7 @@ def _swaps_at_a(tb, monkeypatch):
     monkeypatch.setattr(tb, "MERGE_RATIO", 1e9)  # tiny weights merge from a few tokens
     monkeypatch.setattr(tb, "SWAP_TOKENS", 32)
     monkeypatch.setattr(tb, "SWAP_FEATURES", 8)
+    monkeypatch.setattr(tb, "SWAP_SHRINK_ELEMS", 0)
 
 
 def test_the_arms_are_the_two_arrangements_and_each_is_the_forward(script, monkeypatch):

@@ -495,6 +495,9 @@ def test_swaps_follows_the_grouped_gemms_conditions():
     assert tb.swaps(2048, SimpleNamespace(**{**vars(ops), "dtype": torch.float32}), cpu)
     assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "max_rank": 12}), cuda)
     assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "hidden": 6148}), cuda)
+    assert tb.SWAP_SHRINK_ELEMS == 2 * 16 * 6144                                     # the real model's R 16 swaps
+    assert not tb.swaps(2048, SimpleNamespace(**{**vars(ops), "hidden": 4096, "max_rank": 16}), cuda)  # B R 16 does not
+    assert tb.swaps(2048, SimpleNamespace(**{**vars(ops), "hidden": 4096, "max_rank": 64}), cuda)      # B R 64 does
 
 
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
@@ -505,6 +508,7 @@ def test_one_slot_chain_past_swap_tokens_takes_the_grouped_shrink(interleaved, m
     route_one_slot(monkeypatch, "chain")
     monkeypatch.setattr(tb, "SWAP_TOKENS", 20)
     monkeypatch.setattr(tb, "SWAP_FEATURES", 96)  # n * 2F here
+    monkeypatch.setattr(tb, "SWAP_SHRINK_ELEMS", 0)
     grouped = []
     real = torch._grouped_mm
     monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: grouped.append(a[1].shape) or real(*a, **k))

@@ -1386,11 +1386,21 @@ old pair was 2.6-15.7; at 128 tokens 1.02-1.18x; on A 1.00-1.59x and on the TP-8
 (there the grouped GEMM on this stream waits for its share of an up GEMM too narrow to fill the GPU)."""
 
 
+SWAP_SHRINK_ELEMS = 3 << 16
+"""``swaps`` only where the slot's gate/up ``A_s`` ``[2R, H]`` has at least this many elements: v56c
+(``h100_swap_v56c_*.json``, the whole one-slot forward both ways in one process, twice on one lease) had the swap 0-4 %
+ahead from the real model's R 16 (196 608) up and behind at B R 16 (131 072: 1.2-1.4 % at 2048 tokens in the read flush,
+3.3-3.6 % at 512 in the write flush); v56d (``h100_swap_v56d.json``, another lease) had B R 16 behind again, 4.0 % at
+2048 tokens read, and the side by side with this routing (``h100_side_by_side.json``, 248e0fb) B R 16 S 1 T 2048 at
+1.069-1.070x the base read where the swap had it at 1.092-1.100x (KERNEL_NOTES.md, v56d)."""
+
+
 def swaps(num_tokens: int, ops: SinkOperands, device) -> bool:
     """A one-slot batch of ``num_tokens`` on ``_launch_single``'s chain takes v56b's arrangement (``SWAP_TOKENS``,
-    ``SWAP_FEATURES``) where torch's grouped GEMM takes the shrink: bfloat16 on CUDA, any dtype on the CPU; 16-byte rows
-    of ``x`` and of the shrink (``H`` and ``R`` multiples of 8)."""
+    ``SWAP_FEATURES``, ``SWAP_SHRINK_ELEMS``) where torch's grouped GEMM takes the shrink: bfloat16 on CUDA, any dtype
+    on the CPU; 16-byte rows of ``x`` and of the shrink (``H`` and ``R`` multiples of 8)."""
     return (num_tokens >= SWAP_TOKENS and ops.n * 2 * ops.intermediate >= SWAP_FEATURES
+            and 2 * ops.max_rank * ops.hidden >= SWAP_SHRINK_ELEMS
             and ops.max_rank % 8 == 0 and ops.hidden % 8 == 0 and _grouped_gemm_takes(ops, device))
 
 
