@@ -1,12 +1,12 @@
 """v56c probe on a CUDA GPU (issue 26 target 3): v56b's swapped pair in the whole one-slot forward, on and off.
 
-v56b's side by side (``h100_side_by_side.json`` at bde289a, against dc8ae6e's pair, the ratios to sglang's base) took
-the points without ``_down_cat``'s row copy 2.5-3.7 % lower (B and the real model R 64 S 1 T 512), as its probe had
-them, but not B R 16 S 1 T 2048: 1.068 -> 1.092-1.100x read, where the probe timed the pair alone at 0.98-1.00x the
-old one. The swapped chain also moved that copy (``_cat_rows``, slot ``s``'s down ``B^T`` into ``w2_cat``) from the
-side stream, beside the up GEMM, to this one, after the shrink. This times the forward both ways in one process, as
-CUDA graphs taking turns under both flushes (``h200_pdl.timed_cases``), beside sglang 0.5.23's no-LoRA base
-(``forward_with_lora`` of ``sglang/srt/lora/trtllm_lora_temp/inkling_dense.py`` with no active adapter):
+v56b's side by side (``history/h100_side_by_side_v56b.json`` at bde289a, against dc8ae6e's pair, the ratios to the
+base) took the points without ``_down_cat``'s row copy 2.5-3.7 % lower (B and the real model R 64 S 1 T 512), as its
+probe had them, but not B R 16 S 1 T 2048: 1.068 -> 1.092-1.100x read, where the probe timed the pair alone at
+0.98-1.00x the old one. The swapped chain also moved that copy (``_cat_rows``, slot ``s``'s down ``B^T`` into
+``w2_cat``) from the side stream, beside the up GEMM, to this one, after the shrink. This times the forward both ways
+in one process, as CUDA graphs taking turns under both flushes (``h200_pdl.timed_cases``), beside sglang 0.5.23's
+no-LoRA base (``forward_with_lora`` of ``sglang/srt/lora/trtllm_lora_temp/inkling_dense.py`` with no active adapter):
 
 - ``routed``: ``plan`` as routed (``swaps``: the up GEMM on the side stream, the one-group grouped shrink and the
   copy on this one);
@@ -34,7 +34,8 @@ SHAPES = ("B", "Inkling")
 RANKS = (16, 64)
 TOKENS = (512, 2048)
 CHECKS = (("B", 16, 515), ("Inkling", 64, 515))
-"""The correctness pass: shape, rank and a token count past ``SWAP_TOKENS`` with a partial tile, both gate/up layouts."""
+"""The correctness pass: shape, rank and a token count past ``SWAP_TOKENS`` with a partial tile, both gate/up
+layouts."""
 OFF = 1 << 62
 """``SWAP_TOKENS`` while ``beside`` is planned: no batch reaches it."""
 
